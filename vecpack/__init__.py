@@ -34,6 +34,7 @@ from .build import save as save
 
 # Lazily imported: these pull in torch.
 _LAZY = {
+    "FlexBatch": "vecpack.collate",
     "PackedChatDataset": "vecpack.torchtune",
     "StreamingPackedDataset": "vecpack.streaming",
     "collate_flash": "vecpack.collate",
@@ -42,7 +43,7 @@ _LAZY = {
 }
 
 __all__ = sorted([
-    "InputError", "Packed", "PackedChatDataset", "Plan", "StreamingPackedDataset", "Tokenized",
+    "FlexBatch", "InputError", "Packed", "PackedChatDataset", "Plan", "StreamingPackedDataset", "Tokenized",
     "VecpackError", "WorkerDiedError", "__version__", "build", "collate_flash", "collate_flex",
     "collate_torchtune", "load", "pack", "plan", "save", "tokenize",
 ])

@@ -1,0 +1,80 @@
+"""``tokenize(..., backend="ray")`` on a local Ray cluster: same bytes as loky, survives a killed worker."""
+
+import json
+import os
+import signal
+import sys
+
+import numpy as np
+import pytest
+
+ray = pytest.importorskip("ray")
+
+import vecpack  # noqa: E402
+from vecpack.encoder import ChatEncoder  # noqa: E402
+
+pytestmark = pytest.mark.ray
+
+
+@pytest.fixture(scope="module")
+def ray_cluster():
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, ignore_reinit_error=True)
+    from ray import cloudpickle  # Ray's own pickler ships this test's classes by value
+
+    cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    yield ray
+    ray.shutdown()
+
+
+class KillOnce:
+    """Wraps an encoder; SIGKILLs its own worker process at one row, the first time only."""
+
+    def __init__(self, inner, marker: str, at_row: dict):
+        self.inner = inner
+        self.marker = marker
+        self.at = at_row
+        self.backend = inner.backend
+
+    def encode_row(self, row):
+        if row == self.at and not os.path.exists(self.marker):
+            open(self.marker, "w").close()
+            os.kill(os.getpid(), signal.SIGKILL)
+        return self.inner.encode_row(row)
+
+
+def _arrays(t):
+    return [np.asarray(a) for a in (t.tokens, t.labels, t.offsets, t.row_ids)]
+
+
+def test_ray_matches_loky_byte_for_byte(ray_cluster, sharegpt_file, qwen_dir):
+    kw = dict(style="sharegpt", progress=False, chunk_bytes=64 << 10)
+    local = vecpack.tokenize(sharegpt_file, qwen_dir, n_jobs=2, **kw)
+    remote = vecpack.tokenize(sharegpt_file, qwen_dir, backend="ray", **kw)
+    assert local.stats["chunks"] > 2
+    for a, b in zip(_arrays(local), _arrays(remote)):
+        assert a.dtype == b.dtype
+        assert a.tobytes() == b.tobytes()
+    assert remote.stats["executor"] == "ray"
+    assert remote.stats["rows"] == local.stats["rows"] == 500
+
+
+def test_ray_retries_a_killed_worker(ray_cluster, sharegpt_file, qwen_dir, tmp_path):
+    enc = ChatEncoder.from_tokenizer(qwen_dir)
+    expected = vecpack.tokenize(sharegpt_file, encoder=enc, n_jobs=1, progress=False)
+    rows = open(sharegpt_file, encoding="utf-8").read().splitlines()
+    target = json.loads(rows[321])  # a row deep inside the file, not in the first chunk
+    killer = KillOnce(enc, str(tmp_path / "killed"), target)
+    got = vecpack.tokenize(sharegpt_file, encoder=killer, backend="ray", progress=False,
+                           chunk_bytes=64 << 10)
+    assert os.path.exists(tmp_path / "killed"), "the worker was never killed: the test proves nothing"
+    for a, b in zip(_arrays(expected), _arrays(got)):
+        assert a.tobytes() == b.tobytes()
+
+
+def test_ray_bad_row_is_located(ray_cluster, tmp_path, qwen_dir):
+    path = tmp_path / "bad.jsonl"
+    good = '{"conversations": [{"from": "human", "value": "hi"}, {"from": "gpt", "value": "yo"}]}'
+    path.write_text("\n".join([good] * 5 + ['{"conversations": [{"from": "wizard", "value": "x"}]}']
+                              + [good] * 3) + "\n", encoding="utf-8")
+    with pytest.raises(vecpack.InputError, match=r"bad\.jsonl:6: .*wizard"):
+        vecpack.tokenize(path, qwen_dir, backend="ray", progress=False)
