@@ -439,8 +439,10 @@ def _packed_from_entries(corpus, pentry, *, pad_id=None, ignore_index=-100) -> P
              stats=dict(pentry.meta.get("stats", {})))
     if pad_id is None:
         pad_id = int(corpus.meta.get("pad_id", 0))
+    # The entries' sizes and headers were checked on open and the plan was checked against
+    # this corpus when it was built: skip the O(documents) re-check so a reopen stays lazy.
     return Packed(corpus.arrays["tokens"], corpus.arrays["offsets"], p, labels=corpus.arrays["labels"],
-                  pad_id=pad_id, ignore_index=ignore_index)
+                  pad_id=pad_id, ignore_index=ignore_index, validate=False)
 
 
 def _log_build(packed, corpus, pentry, store, seconds):
@@ -586,7 +588,8 @@ def load(path: str | os.PathLike, *, verify: bool = False, pad_id: int | None = 
                  pack_offsets=a["pack_offsets"], max_len=int(meta["max_len"]), stats=dict(meta["stats"]))
         packed = Packed(a["tokens"], a["offsets"], p, labels=a["labels"],
                         pad_id=int(meta["pad_id"]) if pad_id is None else pad_id,
-                        ignore_index=int(meta["ignore_index"]) if ignore_index is None else ignore_index)
+                        ignore_index=int(meta["ignore_index"]) if ignore_index is None else ignore_index,
+                        validate=verify)
         prov = meta.get("provenance") or {}
         packed.build_info = BuildInfo(None, prov.get("corpus_key"), prov.get("plan_key"), None, None,
                                       True, True, dict(prov.get("tokenize_stats") or {}),

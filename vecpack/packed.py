@@ -101,6 +101,10 @@ class Packed:
         arrays: optional precomputed ``{"input_ids", "labels", "position_ids",
             "document_ids"}`` [P, max_len] int32 arrays (e.g. memory-mapped
             from a saved dataset), used instead of the fill.
+        validate: check that offsets and plan fit the corpus (reads every
+            offset and plan entry). Pass ``False`` only for arrays that were
+            checked when they were written, such as a cache entry, so that
+            reopening one touches no page it does not need.
 
     Attributes:
         tokens, token_labels, offsets, plan: the inputs (``token_labels`` is
@@ -112,9 +116,12 @@ class Packed:
     """
 
     def __init__(self, tokens, offsets, plan: Plan, labels=None, pad_id: int = 0,
-                 ignore_index: int = -100, *, arrays: dict | None = None):
+                 ignore_index: int = -100, *, arrays: dict | None = None, validate: bool = True):
         tokens = _check_tokens(tokens, "tokens")
-        offsets = _check_offsets(offsets, tokens.shape[0])
+        if validate:
+            offsets = _check_offsets(offsets, tokens.shape[0])
+        elif not (isinstance(offsets, np.ndarray) and offsets.ndim == 1 and offsets.dtype == np.int64):
+            raise TypeError("validate=False needs offsets as a 1-D int64 array")
         if labels is not None:
             labels = _check_tokens(labels, "labels")
             if labels.shape[0] != tokens.shape[0]:
@@ -130,10 +137,13 @@ class Packed:
         self.offsets = offsets
         self.plan = plan
         self._views()
-        code, where = _kernels.check_plan(_ro(np.diff(offsets)), self._doc_index, self._doc_start,
-                                          self._doc_length, self._pack_offsets, plan.max_len)
-        if code:
-            raise ValueError("plan does not fit this corpus: " + _PLAN_ERRORS[code].format(where))
+        if validate:
+            code, where = _kernels.check_plan(_ro(np.diff(offsets)), self._doc_index,
+                                              self._doc_start, self._doc_length,
+                                              self._pack_offsets, plan.max_len)
+            if code:
+                raise ValueError("plan does not fit this corpus: "
+                                 + _PLAN_ERRORS[code].format(where))
         self._arrays = None
         self._filled = False  # whether _arrays came from our own fill
         if arrays is not None:
