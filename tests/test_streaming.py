@@ -1,0 +1,406 @@
+"""StreamingPackedDataset: layout, sharding, epochs, bounded memory and exact resume."""
+
+from __future__ import annotations
+
+import io
+import json
+import random
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+stateful = pytest.importorskip("torchdata.stateful_dataloader")
+
+import vecpack  # noqa: E402
+from vecpack.errors import InputError  # noqa: E402
+from vecpack.stream_packer import BufferPacker  # noqa: E402
+from vecpack.streaming import StreamingPackedDataset  # noqa: E402
+from vecpack.testing import make_sharegpt  # noqa: E402
+
+StatefulDataLoader = stateful.StatefulDataLoader
+pytestmark = pytest.mark.filterwarnings("ignore:'set_vital' is deprecated:UserWarning")
+KEYS = ("input_ids", "labels", "position_ids", "document_ids", "seq_lens")
+
+
+class ByteEncoder:
+    """A fast stand-in tokenizer: one token per UTF-8 byte, a role token per message.
+
+    Only the assistant's tokens carry loss. Lengths follow the text's, so
+    packing sees a realistic spread without loading a real tokenizer.
+    """
+
+    backend = "bytes"
+    pad_id = 0
+
+    def encode_row(self, row):
+        if "conversations" not in row:
+            raise InputError("missing column 'conversations'")
+        toks, labs = [], []
+        for m in row["conversations"]:
+            t = np.frombuffer(m["value"].encode("utf-8"), np.uint8).astype(np.int32) + 1
+            t = np.concatenate([np.array([300 + len(m["from"])], np.int32), t])
+            toks.append(t)
+            labs.append(t if m["from"] == "gpt" else np.full_like(t, -100))
+        return np.concatenate(toks), np.concatenate(labs)
+
+
+@pytest.fixture(scope="module")
+def small_file(tmp_path_factory):
+    """400 short conversations (a few hundred bytes to several KB each)."""
+    path = tmp_path_factory.mktemp("stream") / "small.jsonl"
+    make_sharegpt(path, 400, seed=3, median_user=40, median_assistant=150)
+    return str(path)
+
+
+def make_ds(path, max_len=2048, buffer_size=32, **kw):
+    kw.setdefault("n_jobs", 1)
+    return StreamingPackedDataset(path, max_len=max_len, buffer_size=buffer_size,
+                                  encoder=ByteEncoder(), **kw)
+
+
+def encoded_rows(path):
+    enc = ByteEncoder()
+    with open(path, "rb") as f:
+        return [enc.encode_row(json.loads(line)) for line in f if line.strip()]
+
+
+def same(a: list, b: list) -> bool:
+    if len(a) != len(b):
+        return False
+    return all(np.array_equal(np.asarray(x[k]), np.asarray(y[k])) for x, y in zip(a, b) for k in KEYS)
+
+
+def loader_packs(ds, num_workers, *, state=None, stop=None):
+    """Run a StatefulDataLoader; return (packs, loader state when stopped or at the end)."""
+    loader = StatefulDataLoader(ds, batch_size=None, num_workers=num_workers)
+    if state is not None:
+        loader.load_state_dict(state)
+    out = []
+    for item in loader:
+        out.append({k: v.numpy() for k, v in item.items()})
+        if stop is not None and len(out) == stop:
+            break
+    return out, loader.state_dict()
+
+
+# --------------------------------------------------------------------------- the packer
+
+
+def test_buffer_packer_size_one_is_greedy_packing():
+    rng = np.random.default_rng(0)
+    lengths = rng.integers(1, 60, size=300)
+    p = BufferPacker(max_len=64, buffer_size=1)
+    packs = []
+    for i, n in enumerate(lengths):
+        p.add(i, int(n))
+        while p.full:
+            pack = p.step()
+            if pack is not None:
+                packs.append(pack)
+    packs += list(p.drain())
+    ref = vecpack.plan(lengths, 64, strategy="greedy")
+    assert [list(ref.doc_index[a:b]) for a, b in zip(ref.pack_offsets[:-1], ref.pack_offsets[1:])] == packs
+
+
+def test_buffer_packer_best_fit_rule_and_restore():
+    p = BufferPacker(max_len=10, buffer_size=3)
+    for h, n in enumerate([6, 5, 4, 4]):
+        p.add(h, n)
+    # longest first (6), then the longest that fits the gap of 4: the older 4 (handle 2)
+    assert p.step() is None and p.open_pack == [0]
+    assert p.step() == [0, 2]
+    saved = (p.buffered, [], p.next_seq)
+    rest = list(p.drain())
+    q = BufferPacker(max_len=10, buffer_size=3)
+    q.restore(*saved)
+    assert list(q.drain()) == rest == [[1, 3]]
+    with pytest.raises(ValueError, match="entry length"):
+        q.add(9, 11)
+
+
+# --------------------------------------------------------------------------- layout
+
+
+def test_greedy_stream_equals_map_style_pack(small_file):
+    rows = encoded_rows(small_file)
+    tokens = np.concatenate([t for t, _ in rows])
+    labels = np.concatenate([lab for _, lab in rows])
+    offsets = np.concatenate([[0], np.cumsum([len(t) for t, _ in rows])]).astype(np.int64)
+    ref = vecpack.pack(tokens, offsets, 2048, labels=labels, strategy="greedy", pad_id=0)
+    got = list(make_ds(small_file, strategy="greedy"))
+    assert same(got, [ref[i] for i in range(len(ref))])
+
+
+def test_bfd_places_every_document_once_with_its_tokens(small_file):
+    rows = encoded_rows(small_file)
+    ds = make_ds(small_file, max_len=2048, buffer_size=64)
+    packs = list(ds)
+    seen = {}
+    for p in packs:
+        ids, doc, pos, lab = p["input_ids"], p["document_ids"], p["position_ids"], p["labels"]
+        at = 0
+        for n in p["seq_lens"]:
+            d = int(doc[at])
+            assert (doc[at:at + n] == d).all() and (pos[at:at + n] == np.arange(n)).all()
+            assert lab[at] == -100
+            assert d not in seen
+            seen[d] = (ids[at:at + n], lab[at + 1:at + n])
+            at += n
+        assert (doc[at:] == -1).all() and (ids[at:] == 0).all() and (lab[at:] == -100).all()
+    assert sorted(seen) == list(range(len(rows)))
+    for d, (t, lab) in seen.items():
+        n = min(len(rows[d][0]), 2048)
+        assert np.array_equal(t, rows[d][0][:n]) and np.array_equal(lab, rows[d][1][1:n])
+    st = ds.stats
+    assert st["num_documents"] == len(rows) and st["num_packs"] == len(packs)
+    assert st["truncated"] == sum(len(t) > 2048 for t, _ in rows)
+    assert st["num_tokens"] == sum(int(p["seq_lens"].sum()) for p in packs)
+
+
+def test_long_policies_are_counted(small_file):
+    rows = encoded_rows(small_file)
+    n_long = sum(len(t) > 1024 for t, _ in rows)
+    assert n_long > 3
+    split = make_ds(small_file, max_len=1024, long="split")
+    packs = list(split)
+    assert split.stats["split"] == n_long
+    assert split.stats["num_tokens"] == sum(len(t) for t, _ in rows)
+    assert split.stats["split_chunks"] == sum(-(-len(t) // 1024) for t, _ in rows if len(t) > 1024)
+    assert all(p["labels"][0] == -100 for p in packs)
+    drop = make_ds(small_file, max_len=1024, long="drop")
+    list(drop)
+    assert drop.stats["dropped"] == n_long and drop.stats["num_documents"] == len(rows) - n_long
+    with pytest.raises(InputError, match=r"small\.jsonl:\d+: document is \d+ tokens"):
+        list(make_ds(small_file, max_len=1024, long="error"))
+
+
+def test_bad_rows_name_file_and_line(tmp_path, small_file):
+    lines = open(small_file, "rb").read().splitlines(keepends=True)[:50]
+    lines[9] = b'{"conversations": [1, 2\n'          # line 10: broken JSON
+    lines[20] = b"\n"                               # blank line: not a row
+    lines[30] = b'{"messages": []}\n'              # line 31: the encoder rejects it
+    path = tmp_path / "bad.jsonl"
+    path.write_bytes(b"".join(lines))
+    with pytest.raises(InputError, match=r"bad\.jsonl:10: invalid JSON"):
+        list(make_ds(str(path)))
+    ds = make_ds(str(path), on_error="skip")
+    packs = list(ds)
+    assert ds.stats["rejected"] == 2 and ds.stats["num_rows"] == 49
+    docs = np.unique(np.concatenate([p["document_ids"] for p in packs]))
+    assert len(docs[docs >= 0]) == 47
+
+
+def test_batches_through_the_collators(small_file):
+    loader = StatefulDataLoader(make_ds(small_file), batch_size=4, num_workers=0,
+                                collate_fn=vecpack.collate_flash)
+    batch = next(iter(loader))
+    n = int(batch["cu_seq_lens_k"][-1])
+    assert batch["input_ids"].shape == (1, n) and (batch["position_ids"][0, :1] == 0).all()
+
+
+# --------------------------------------------------------------------------- resume
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+@pytest.mark.parametrize("world_size", [1, 2])
+def test_resume_equals_uninterrupted(small_file, num_workers, world_size):
+    rng = random.Random(num_workers * 10 + world_size)
+    for rank in range(world_size):
+        kw = dict(rank=rank, world_size=world_size)
+        full, _ = loader_packs(make_ds(small_file, **kw), num_workers)
+        assert len(full) > 8
+        for stop in sorted(rng.sample(range(1, len(full)), 3)) + [len(full)]:
+            head, state = loader_packs(make_ds(small_file, **kw), num_workers, stop=stop)
+            buf = io.BytesIO()
+            torch.save(state, buf)                     # checkpoints carry the state
+            buf.seek(0)
+            state = torch.load(buf, weights_only=True)
+            tail, _ = loader_packs(make_ds(small_file, **kw), num_workers, state=state)
+            assert same(head + tail, full), (rank, stop)
+
+
+@pytest.mark.parametrize("long", ["truncate", "split"])
+def test_resume_at_every_pack(small_file, long):
+    kw = dict(max_len=1024, buffer_size=16, long=long, rank=1, world_size=2)
+    full = list(make_ds(small_file, **kw))
+    for stop in range(len(full) + 1):
+        a = make_ds(small_file, **kw)
+        it = iter(a)
+        head = [next(it) for _ in range(stop)]
+        b = make_ds(small_file, **kw)
+        b.load_state_dict(a.state_dict())
+        assert same(head + list(b), full), stop
+
+
+def test_state_is_small_and_holds_the_buffer(small_file):
+    ds = make_ds(small_file, buffer_size=32)
+    it = iter(ds)
+    assert ds.state_dict()["cursor"] == [0, 0, 0, 0]
+    next(it)
+    st = ds.state_dict()
+    # the first decision came when 32 documents were buffered; one pack left
+    packed = st["stats"]["num_entries"]
+    assert st["buffer"].shape == (32 - packed, 8) and st["buffer"].dtype == torch.int64
+    assert len(st["open"]) == 0          # a pack is yielded the moment it closes
+    assert st["cursor"][3] == 32 and st["stats"]["num_packs"] == 1
+    assert sorted(st["buffer"][:, 6].tolist()) == sorted(set(range(32)) - set(
+        st["buffer"][:, 6].tolist()).symmetric_difference(range(32)))
+
+
+def test_resume_refuses_other_arguments_or_changed_files(tmp_path, small_file):
+    path = tmp_path / "copy.jsonl"
+    path.write_bytes(open(small_file, "rb").read())
+    ds = make_ds(str(path))
+    it = iter(ds)
+    next(it)
+    state = ds.state_dict()
+    with pytest.raises(ValueError, match="max_len"):
+        make_ds(str(path), max_len=1024).load_state_dict(state)
+    with pytest.raises(ValueError, match="shard 0 of 1"):
+        other = make_ds(str(path), rank=1, world_size=2)
+        other.load_state_dict(state)
+        iter(other)
+    with open(path, "ab") as f:
+        f.write(open(small_file, "rb").readline())
+    with pytest.raises(ValueError, match="sources"):
+        make_ds(str(path)).load_state_dict(state)
+
+
+# --------------------------------------------------------------------------- shards and epochs
+
+
+def test_shards_cover_every_row_once(small_file):
+    n_rows = len(encoded_rows(small_file))
+    seen, documents = [], 0
+    for rank in range(2):
+        packs, state = loader_packs(make_ds(small_file, rank=rank, world_size=2), 2)
+        stats = StreamingPackedDataset.stats_from_loader_state(state)   # both workers' counters
+        assert stats["num_packs"] == len(packs) and 0.9 < stats["fill"] <= 1
+        documents += stats["num_documents"]
+        for p in packs:
+            d = p["document_ids"]
+            seen.extend(np.unique(d[d >= 0]).tolist())
+            # shard of rank r, worker w owns rows == r * 2 + w (mod 4): one shard per pack
+            assert len(set((np.unique(d[d >= 0]) % 4).tolist())) == 1
+            assert int(np.unique(d[d >= 0])[0] % 4) // 2 == rank
+    assert sorted(seen) == list(range(n_rows)) and documents == n_rows
+
+
+def test_epochs_restart_and_resume_at_epoch_end(small_file):
+    ds = make_ds(small_file)
+    loader = StatefulDataLoader(ds, batch_size=None, num_workers=0)
+    epochs = []
+    for epoch in range(2):
+        ds.set_epoch(epoch)
+        epochs.append([{k: v.numpy() for k, v in b.items()} for b in loader])
+        assert ds.stats["epoch"] == epoch
+    assert same(epochs[0], epochs[1])
+    end_state = loader.state_dict()
+    # a state saved at the end of an epoch: the dataset finishes that (empty) epoch ...
+    fresh = make_ds(small_file)
+    fresh.load_state_dict(end_state["dataset_state"])
+    assert list(fresh) == []
+    assert same(list(fresh), epochs[0])
+    # ... and StatefulDataLoader goes straight on to the next one
+    loader2 = StatefulDataLoader(make_ds(small_file), batch_size=None, num_workers=0)
+    loader2.load_state_dict(end_state)
+    assert same([{k: v.numpy() for k, v in b.items()} for b in loader2], epochs[0])
+
+
+def test_memory_is_bounded_by_the_buffer(tmp_path):
+    path = tmp_path / "many.jsonl"
+    make_sharegpt(path, 1500, seed=5, median_user=30, median_assistant=60)
+    ds = make_ds(str(path), max_len=1024, buffer_size=16, batch_rows=8)
+    peak = 0
+    for _ in ds:
+        peak = max(peak, int(ds._run.used.sum()), len(ds._run.docs))
+    assert ds.stats["num_documents"] == 1500
+    assert peak <= 16 + 64            # slots: buffer + initial headroom, never grown
+
+
+# --------------------------------------------------------------------------- other sources, real encoder
+
+
+def test_parquet_and_dataset_sources_resume(tmp_path, small_file):
+    pa = pytest.importorskip("pyarrow")
+    pq = pytest.importorskip("pyarrow.parquet")
+    with open(small_file) as f:
+        rows = [json.loads(line) for line in f]
+    path = tmp_path / "small.parquet"
+    pq.write_table(pa.Table.from_pylist(rows), path, row_group_size=37)
+    jsonl = list(make_ds(small_file))
+    for ds_factory in (lambda: make_ds(str(path)), _hf_dataset_factory(rows),
+                       _hf_iterable_factory(rows)):
+        full = list(ds_factory())
+        assert same(full, jsonl)
+        for stop in (1, 7, len(full) - 1):
+            a = ds_factory()
+            it = iter(a)
+            head = [next(it) for _ in range(stop)]
+            b = ds_factory()
+            b.load_state_dict(a.state_dict())
+            assert same(head + list(b), full)
+
+
+def _hf_dataset_factory(rows):
+    datasets = pytest.importorskip("datasets")
+    hf = datasets.Dataset.from_list(rows)
+    return lambda: make_ds(hf)
+
+
+def _hf_iterable_factory(rows):
+    """A streaming ``datasets.IterableDataset`` (its state: read position; buffer: tokens)."""
+    datasets = pytest.importorskip("datasets")
+    hf = datasets.Dataset.from_list(rows)
+    return lambda: make_ds(hf.to_iterable_dataset(num_shards=3), batch_rows=16)
+
+
+def test_hf_iterable_dataset_shards_and_needs_the_main_process(small_file):
+    with open(small_file) as f:
+        rows = [json.loads(line) for line in f]
+    datasets = pytest.importorskip("datasets")
+    hf = datasets.Dataset.from_list(rows)
+    for rank in range(2):
+        jsonl = list(make_ds(small_file, rank=rank, world_size=2))
+        ds = make_ds(hf.to_iterable_dataset(num_shards=3), rank=rank, world_size=2)
+        full = list(ds)
+        assert same(full, jsonl)
+        a = make_ds(hf.to_iterable_dataset(num_shards=3), rank=rank, world_size=2)
+        it = iter(a)
+        head = [next(it) for _ in range(5)]
+        state = a.state_dict()
+        assert state["docs"]["tokens"].dtype == torch.int32 and state["anchor"] is not None
+        b = make_ds(hf.to_iterable_dataset(num_shards=3), rank=rank, world_size=2)
+        b.load_state_dict(state)
+        assert same(head + list(b), full)
+    # through StatefulDataLoader and a weights_only checkpoint
+    make = lambda: make_ds(hf.to_iterable_dataset(num_shards=3))  # noqa: E731
+    full, _ = loader_packs(make(), 0)
+    head, state = loader_packs(make(), 0, stop=9)
+    buf = io.BytesIO()
+    torch.save(state, buf)
+    buf.seek(0)
+    tail, _ = loader_packs(make(), 0, state=torch.load(buf, weights_only=True))
+    assert same(head + tail, full)
+    with pytest.raises(RuntimeError, match="main process only"):
+        loader_packs(make_ds(hf.to_iterable_dataset(num_shards=2)), 2)
+
+
+@pytest.mark.slow
+def test_qwen_pool_fill_and_resume(qwen_dir, tmp_path):
+    """The real Qwen2.5 ChatEncoder, tokenized ahead in the loky pool (n_jobs=2)."""
+    path = tmp_path / "chat.jsonl"
+    make_sharegpt(path, 2000, seed=11)
+    inline = StreamingPackedDataset(str(path), qwen_dir, 4096, buffer_size=1000, n_jobs=1)
+    ref = list(inline)
+    assert inline.stats["fill"] >= 0.98, inline.stats
+    pooled = StreamingPackedDataset(str(path), qwen_dir, 4096, buffer_size=1000, n_jobs=2)
+    it = iter(pooled)
+    head = [next(it) for _ in range(len(ref) // 2)]
+    state = pooled.state_dict()
+    rest = list(it)
+    assert same(head + rest, ref)               # same stream whatever n_jobs
+    resumed = StreamingPackedDataset(str(path), qwen_dir, 4096, buffer_size=1000, n_jobs=2)
+    resumed.load_state_dict(state)
+    assert same(head + list(resumed), ref)
