@@ -1,0 +1,768 @@
+"""Chat rows -> ``(tokens, labels)`` int32 arrays, token-for-token equal to transformers.
+
+:class:`ChatEncoder` is what every worker runs on every row::
+
+    row ──to_messages──▶ messages ──ChatTemplate──▶ ["<|im_start|>user\\n", "Hi", ..., "Yo", "<|im_end|>", "\\n"]
+                                                      (text, trainable) pieces, joined = apply_chat_template text
+        ──tiktoken / tokenizers──▶ tokens  [151644, 872, 198, 13048, ..., 56, 78, 151645, 198]
+        ──byte spans──────────────▶ labels [ -100, -100, -100, -100, ..., 56, 78, 151645, -100]
+
+``tokens`` equals ``AutoTokenizer.from_pretrained(dir).apply_chat_template(
+messages, tokenize=True)["input_ids"]``: the whole rendered string is
+tokenized at once, so text inside a message that spells an added token
+(``"<|im_end|>"`` in a user message) becomes that token, exactly as
+transformers does it.
+
+Backends. ``"tiktoken"``: for byte-level BPE tokenizers whose merges follow
+their ranks (Qwen2/2.5/3, Llama 3, the GPT-2 family, Mistral Tekken) a
+tiktoken ``Encoding`` is built from the tokenizer's own ``tokenizer.json``
+(vocabulary through the byte-level map, pre-tokenizer regex, added tokens,
+NFC when the normalizer asks for it) and checked against HF ``tokenizers``
+on probe strings and on the dataset's own rows before it is used.
+``"tokenizers"``: anything else, or any difference in that check, runs HF
+``tokenizers`` itself; :attr:`ChatEncoder.backend_reason` says why.
+
+Labels. A token is trained (label = token id, else ``-100``) when at least
+one of its bytes lies in a trainable piece of the rendered text (the rule
+transformers uses for ``return_assistant_tokens_mask``). Byte positions come
+from a per-id byte-length table and a cumulative sum. So a token that
+straddles a boundary, like ``"\\n\\n"`` made of the template's ``"\\n"`` and a
+reply's leading ``"\\n"``, is trained. With NFC normalization, offsets are
+those of the normalized text.
+
+A conversation prefix that holds only template text and the system prompt
+(the same in many rows) is tokenized once per process and reused.
+
+>>> from vecpack.testing import cached_tokenizer_dir          # doctest: +SKIP
+>>> enc = ChatEncoder.from_tokenizer(cached_tokenizer_dir("qwen2.5"))  # doctest: +SKIP
+>>> tokens, labels = enc.encode_row({"conversations": [
+...     {"from": "human", "value": "Hi"}, {"from": "gpt", "value": "Hello!"}]})  # doctest: +SKIP
+>>> enc.backend, tokens.dtype, int((labels != -100).sum())    # doctest: +SKIP
+('tiktoken', dtype('int32'), 3)
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+import os
+import pathlib
+import re
+import unicodedata
+import warnings
+
+import numpy as np
+
+from .errors import InputError
+from .formats import STYLES, to_messages
+from .template import MASKINGS, ChatTemplate
+
+__all__ = ["BACKENDS", "ChatEncoder"]
+
+#: Encoding engines, in order of preference.
+BACKENDS = ("tiktoken", "tokenizers")
+
+_VERSION = "vecpack-chat-encoder-1"
+_SPECIAL_ATTRS = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token")
+_GPT2_PATTERN = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
+_MAX_SAMPLE_ROWS = 256         # rows of the dataset the self-checks look at
+_PREFIX_CACHE_MAX = 1024        # cached conversation prefixes per process
+_PREFIX_MAX_CHARS = 32_768      # longer prefixes are not cached
+_PROBES = (
+    "Hello world! It's 2024-06-01, isn't it? I'LL SEE you'RE 123456789 times.",
+    "  leading spaces\n\n\ntrailing   \t\n  \r\n\r\n x",
+    "ação, coração, São Paulo — «citações» ¿qué? naïve café 日本語のテキスト 한국어 Ελληνικά",
+    "emoji 🤖🚀👩‍💻 flags 🇧🇷 combining e\u0301 a\u0300 \u212b Å",
+    "def f(x):\n    return x**2  # comment\n\tindent = {'a': [1, 2]}\n",
+    "1 12 123 1234 12345 3.14159 1,000,000 ½ ² ٣",
+    "\u00a0nbsp\u2003em\u3000ideographic \u200b zero\u200dwidth",
+)
+
+
+def _bytes_to_unicode() -> dict[int, str]:
+    """GPT-2's byte -> printable character map (what byte-level BPE vocabularies are written in)."""
+    keep = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    out, extra = {}, 0
+    for b in range(256):
+        if b in keep:
+            out[b] = chr(b)
+        else:
+            out[b] = chr(256 + extra)
+            extra += 1
+    return out
+
+
+# --------------------------------------------------------------------------- loading
+
+
+def _token_text(value):
+    if isinstance(value, dict):
+        value = value.get("content")
+    return value if isinstance(value, str) else None
+
+
+def _read_dir(path: pathlib.Path) -> tuple[str | None, dict]:
+    """``(chat_template, special token variables)`` of a tokenizer directory."""
+    cfg_path = path / "tokenizer_config.json"
+    cfg = json.loads(cfg_path.read_text(encoding="utf-8")) if cfg_path.exists() else {}
+    template = cfg.get("chat_template")
+    jinja_file = path / "chat_template.jinja"
+    if jinja_file.exists():
+        template = jinja_file.read_text(encoding="utf-8")
+    if isinstance(template, list):  # named templates: transformers uses "default"
+        named = {t.get("name"): t.get("template") for t in template if isinstance(t, dict)}
+        template = named.get("default")
+    variables = {k: _token_text(cfg.get(k)) for k in _SPECIAL_ATTRS}
+    return template, {k: v for k, v in variables.items() if v is not None}
+
+
+def _cache_root() -> pathlib.Path:
+    return pathlib.Path(os.environ.get("VECPACK_CACHE") or pathlib.Path.home() / ".cache" / "vecpack")
+
+
+def _materialize(tokenizer) -> pathlib.Path:
+    """Write a transformers tokenizer object as a small content-addressed directory.
+
+    Workers then rebuild it from the path instead of receiving megabytes of
+    pickled vocabulary with every task.
+    """
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is None:
+        raise TypeError(f"tokenizer must be a local Hugging Face tokenizer directory or a fast transformers "
+                        f"tokenizer (with .backend_tokenizer), got {type(tokenizer).__name__}")
+    tk_json = backend.to_str()
+    variables = {k: v for k, v in dict(getattr(tokenizer, "special_tokens_map", {}) or {}).items()
+                 if k in _SPECIAL_ATTRS and isinstance(v, str)}
+    cfg = {"chat_template": getattr(tokenizer, "chat_template", None), **variables}
+    cfg_text = json.dumps(cfg, ensure_ascii=False, sort_keys=True)
+    digest = hashlib.sha256(tk_json.encode("utf-8") + b"\0" + cfg_text.encode("utf-8")).hexdigest()[:24]
+    out = _cache_root() / "tokenizers" / digest
+    if (out / "tokenizer.json").exists():
+        return out
+    tmp = out.parent / f".{digest}.{os.getpid()}.tmp"
+    tmp.mkdir(parents=True, exist_ok=True)
+    (tmp / "tokenizer_config.json").write_text(cfg_text, encoding="utf-8")
+    (tmp / "tokenizer.json").write_text(tk_json, encoding="utf-8")
+    try:
+        os.rename(tmp, out)
+    except OSError:  # another process wrote it first
+        import shutil
+
+        shutil.rmtree(tmp, ignore_errors=True)
+    return out
+
+
+class _Unsupported(Exception):
+    """The tokenizer is outside what the tiktoken backend reproduces."""
+
+
+def _tiktoken_parts(spec: dict) -> tuple[str, dict[bytes, int], bool]:
+    """``(pattern, mergeable ranks, nfc)`` for tiktoken, from a parsed tokenizer.json.
+
+    Raises:
+        _Unsupported: saying which feature tiktoken cannot reproduce.
+    """
+    model = spec.get("model") or {}
+    if model.get("type") != "BPE":
+        raise _Unsupported(f"model is {model.get('type')}, not BPE")
+    for key in ("dropout", "continuing_subword_prefix", "end_of_word_suffix"):
+        if model.get(key):
+            raise _Unsupported(f"BPE option {key}={model[key]!r}")
+    if model.get("byte_fallback"):
+        raise _Unsupported("byte_fallback BPE (SentencePiece style)")
+    norm = spec.get("normalizer")
+    if norm and norm.get("type") == "Sequence" and len(norm.get("normalizers", ())) == 1:
+        norm = norm["normalizers"][0]
+    if norm and norm.get("type") != "NFC":
+        raise _Unsupported(f"normalizer {norm.get('type')}")
+    nfc = bool(norm)
+    pre = spec.get("pre_tokenizer") or {}
+    steps = pre.get("pretokenizers", []) if pre.get("type") == "Sequence" else [pre]
+    if (len(steps) == 1 and steps[0].get("type") == "ByteLevel" and steps[0].get("use_regex", True)
+            and not steps[0].get("add_prefix_space")):
+        pattern = _GPT2_PATTERN
+    elif (len(steps) == 2 and steps[0].get("type") == "Split" and steps[1].get("type") == "ByteLevel"
+          and not steps[1].get("use_regex", True) and not steps[1].get("add_prefix_space")
+          and steps[0].get("behavior") == "Isolated" and not steps[0].get("invert")
+          and "Regex" in (steps[0].get("pattern") or {})):
+        pattern = steps[0]["pattern"]["Regex"]
+    else:
+        raise _Unsupported("pre-tokenizer is not a byte-level regex split")
+    b2u = _bytes_to_unicode()
+    table = {ord(c): chr(b) for b, c in b2u.items()}
+    added = {t["content"] for t in spec.get("added_tokens", ())}
+    ranks = {}
+    for text, idx in model.get("vocab", {}).items():
+        if text in added:
+            continue
+        raw = text.translate(table)
+        try:
+            ranks[raw.encode("latin-1")] = idx
+        except UnicodeEncodeError:
+            raise _Unsupported(f"vocabulary entry {text!r} is not byte-level") from None
+    if any(bytes([b]) not in ranks for b in range(256)):
+        raise _Unsupported("the vocabulary lacks some single bytes")
+    vocab = model["vocab"]
+    last = -1
+    for merge in model.get("merges", ()):
+        a, b = merge.split(" ", 1) if isinstance(merge, str) else merge
+        rank = vocab.get(a + b)
+        if rank is None or rank < last:
+            raise _Unsupported(f"merges do not follow vocabulary ranks (at {a!r} + {b!r})")
+        last = rank
+    return pattern, ranks, nfc
+
+
+class _BoundedDict(dict):
+    """A dict that forgets everything when it reaches ``limit`` entries (cheap and bounded)."""
+
+    def __init__(self, limit: int):
+        super().__init__()
+        self.limit = limit
+
+    def __setitem__(self, key, value):
+        if len(self) >= self.limit:
+            self.clear()
+        super().__setitem__(key, value)
+
+
+def _tiktoken_spec(path: pathlib.Path) -> tuple[str, dict[bytes, int], dict[str, int], bool]:
+    """``(pattern, ranks, added tokens, nfc)`` of a directory, memoised on disk.
+
+    Parsing a 7 MB tokenizer.json takes most of a second; the result is kept
+    as a pickle under ``$VECPACK_CACHE/tiktoken`` (keyed by the file's path,
+    size and mtime) so that each worker process starts in well under that.
+
+    Raises:
+        _Unsupported: the tokenizer is outside what tiktoken reproduces.
+    """
+    import pickle
+
+    file = (path / "tokenizer.json").resolve()
+    st = file.stat()
+    key = hashlib.sha256(f"{_VERSION}|{file}|{st.st_size}|{st.st_mtime_ns}".encode()).hexdigest()[:32]
+    memo = _cache_root() / "tiktoken" / f"{key}.pkl"
+    try:
+        with open(memo, "rb") as f:
+            return pickle.load(f)
+    except (OSError, EOFError, pickle.UnpicklingError):
+        pass
+    spec = json.loads(file.read_text(encoding="utf-8"))
+    added_list = spec.get("added_tokens", ())
+    for t in added_list:
+        if t.get("lstrip") or t.get("rstrip") or t.get("single_word"):
+            raise _Unsupported(f"added token {t['content']!r} strips spaces or matches single words")
+        if t.get("normalized", True) and spec.get("normalizer"):
+            raise _Unsupported(f"added token {t['content']!r} is matched after normalization")
+    added = {t["content"]: t["id"] for t in added_list}
+    contents = sorted(added)
+    for a, b in zip(contents, contents[1:]):
+        if b.startswith(a):
+            raise _Unsupported(f"added token {a!r} is a prefix of {b!r}")
+    pattern, ranks, nfc = _tiktoken_parts(spec)
+    out = (pattern, ranks, added, nfc)
+    try:
+        memo.parent.mkdir(parents=True, exist_ok=True)
+        tmp = memo.with_suffix(f".{os.getpid()}.tmp")
+        with open(tmp, "wb") as f:
+            pickle.dump(out, f, protocol=pickle.HIGHEST_PROTOCOL)
+        os.replace(tmp, memo)
+    except OSError:  # read-only cache: just slower start-ups
+        pass
+    return out
+
+
+class _Runtime:
+    """Per-process state of an encoder: the engine, tables and caches (never pickled)."""
+
+    def __init__(self, path: pathlib.Path, backend: str):
+        self.tk = None
+        self.core = None
+        self.bytelen = None
+        self.nfc = False
+        self.prefix_cache = _BoundedDict(_PREFIX_CACHE_MAX)
+        if backend != "tiktoken":
+            tk = self.load_tokenizers(path)
+            self.added = {t.content: i for i, t in tk.get_added_tokens_decoder().items()}
+            self.special_re = None
+            return
+        pattern, ranks, self.added, self.nfc = _tiktoken_spec(path)
+        self.special_re = (re.compile("|".join(map(re.escape, sorted(self.added, key=len, reverse=True))))
+                           if self.added else None)
+        size = max([*ranks.values(), *self.added.values()]) + 1
+        self.bytelen = np.zeros(size, dtype=np.int64)
+        for tok, idx in ranks.items():
+            self.bytelen[idx] = len(tok)
+        for text, idx in self.added.items():
+            self.bytelen[idx] = len(text.encode("utf-8"))
+        import tiktoken
+
+        enc = tiktoken.Encoding(f"vecpack-{path.name}", pat_str=pattern, mergeable_ranks=ranks,
+                                special_tokens=self.added)
+        self.core = enc._core_bpe
+        self.allowed = frozenset(self.added)
+        # a content holding none of the first two characters of any added token holds no added token
+        pairs = sorted({t[:2] for t in self.added})
+        self.heads = tuple((ch, tuple(p for p in pairs if p[0] == ch)) for ch in sorted({p[0] for p in pairs}))
+        self.partial_heads = frozenset(t[:i] for t in self.added for i in range(1, len(t)))
+        self.partial_tails = frozenset(t[i:] for t in self.added for i in range(1, len(t)))
+        self.longest_added = max(map(len, self.added), default=0)
+
+    def load_tokenizers(self, path: pathlib.Path):
+        if self.tk is None:
+            from tokenizers import Tokenizer
+
+            self.tk = Tokenizer.from_file(str(path / "tokenizer.json"))
+        return self.tk
+
+    def cache_prefix(self, prefix: str) -> tuple[int, np.ndarray]:
+        """``(k, ids)``: ``prefix[:k]`` ends right after its last added token, ``ids`` its tokens.
+
+        Text after an added token tokenizes independently of what precedes
+        it, so ``ids + encode(text[k:]) == encode(text)`` for any ``text``
+        starting with ``prefix[:k]``.
+        """
+        k = 0
+        for m in self.special_re.finditer(prefix) if self.special_re is not None else ():
+            k = m.end()
+        return k, np.array(self.encode_tiktoken(prefix[:k]), dtype=np.int32)
+
+    def encode_tiktoken(self, text: str) -> list[int]:
+        """tiktoken ids of ``text`` with added tokens recognized anywhere (NFC per piece if needed)."""
+        if self.nfc and not text.isascii() and not unicodedata.is_normalized("NFC", text):
+            out, prev = [], 0
+            for m in (self.special_re.finditer(text) if self.special_re else ()):
+                if m.start() > prev:
+                    out += self.core.encode_ordinary(unicodedata.normalize("NFC", text[prev:m.start()]))
+                out.append(self.added[m.group()])
+                prev = m.end()
+            if prev < len(text):
+                out += self.core.encode_ordinary(unicodedata.normalize("NFC", text[prev:]))
+            return out
+        return self.core.encode(text, self.allowed)
+
+
+_RUNTIMES: dict[tuple, _Runtime] = {}
+
+
+def _runtime(path: str, backend: str) -> _Runtime:
+    p = pathlib.Path(path)
+    st = (p / "tokenizer.json").stat()
+    key = (str(p), backend, st.st_size, st.st_mtime_ns)
+    rt = _RUNTIMES.get(key)
+    if rt is None:
+        while len(_RUNTIMES) >= 4:
+            _RUNTIMES.pop(next(iter(_RUNTIMES)))
+        rt = _RUNTIMES[key] = _Runtime(p, backend)
+    return rt
+
+
+# --------------------------------------------------------------------------- the encoder
+
+
+class ChatEncoder:
+    """Encode chat rows into ``(tokens, labels)`` exactly as transformers would.
+
+    Build it with :meth:`from_tokenizer`. It pickles as its configuration (a
+    tokenizer path and a few options) and rebuilds its engine lazily, once
+    per process, so it can be shipped to every worker.
+
+    Attributes:
+        backend: ``"tiktoken"`` or ``"tokenizers"``.
+        backend_reason: why the tiktoken backend is not used (``""`` if it is).
+        path: the tokenizer directory.
+        style, column, masking: how rows are read and which tokens are trained.
+        template: the :class:`~vecpack.template.ChatTemplate` (``None`` for the
+            text style); ``template.mode`` is ``"compiled"`` or ``"jinja"``.
+        eos_id, pad_id, bos_id: special token ids (``None`` when absent;
+            ``pad_id`` falls back to ``eos_id``).
+        fingerprint: a hash of everything that determines the output.
+    """
+
+    def __init__(self, path, *, masking: str = "assistant", style: str = "sharegpt", column: str | None = None,
+                 backend: str = "tiktoken", backend_reason: str = "", template: ChatTemplate | None = None,
+                 text_affixes: tuple[tuple[int, ...], tuple[int, ...]] = ((), ()),
+                 ids: dict | None = None):
+        if masking not in MASKINGS:
+            raise ValueError(f"masking must be one of {list(MASKINGS)}, got {masking!r}")
+        if style not in STYLES:
+            raise ValueError(f"style must be one of {list(STYLES)}, got {style!r}")
+        if backend not in BACKENDS:
+            raise ValueError(f"backend must be one of {list(BACKENDS)}, got {backend!r}")
+        self.path = str(path)
+        self.masking = masking
+        self.style = style
+        self.column = column
+        self.backend = backend
+        self.backend_reason = backend_reason
+        self.template = template
+        self.text_affixes = (tuple(text_affixes[0]), tuple(text_affixes[1]))
+        ids = ids or {}
+        self.bos_id, self.eos_id, self.pad_id = ids.get("bos"), ids.get("eos"), ids.get("pad")
+        self._rt = None
+
+    # ------------------------------------------------------------------ construction
+
+    @classmethod
+    def from_tokenizer(cls, tokenizer, *, masking: str = "assistant", style: str = "sharegpt",
+                       column: str | None = None, sample_rows=None, backend: str = "auto") -> "ChatEncoder":
+        """Build an encoder and choose its backend.
+
+        Args:
+            tokenizer: a local HF tokenizer directory (``tokenizer.json`` +
+                ``tokenizer_config.json``) or a fast transformers tokenizer.
+            masking: ``"assistant"``, ``"last"`` or ``"all"``.
+            style, column: see :func:`vecpack.formats.to_messages`.
+            sample_rows: rows of the dataset to self-check on (the tiktoken
+                backend against HF tokenizers, the compiled template against
+                Jinja); rows that cannot be read are ignored here.
+            backend: ``"auto"`` (tiktoken if it passes the checks),
+                ``"tiktoken"`` (error if unsupported or different) or
+                ``"tokenizers"``.
+
+        >>> enc = ChatEncoder.from_tokenizer(qwen_dir, sample_rows=rows)  # doctest: +SKIP
+        >>> enc.backend                                                   # doctest: +SKIP
+        'tiktoken'
+        """
+        if backend not in ("auto", *BACKENDS):
+            raise ValueError(f"backend must be 'auto', 'tiktoken' or 'tokenizers', got {backend!r}")
+        if masking not in MASKINGS:
+            raise ValueError(f"masking must be one of {list(MASKINGS)}, got {masking!r}")
+        if style not in STYLES:
+            raise ValueError(f"style must be one of {list(STYLES)}, got {style!r}")
+        if isinstance(tokenizer, (str, os.PathLike)):
+            path = pathlib.Path(tokenizer).expanduser().resolve()
+            if not (path / "tokenizer.json").exists():
+                raise ValueError(f"tokenizer directory {str(path)!r} has no tokenizer.json "
+                                 "(vecpack needs a fast Hugging Face tokenizer)")
+        else:
+            path = _materialize(tokenizer)
+        source, variables = _read_dir(path)
+        hf = _runtime(str(path), "tokenizers").tk
+        template = None
+        if style != "text":
+            if not source:
+                raise ValueError(f"tokenizer {str(path)!r} has no chat_template; use style='text' or add one")
+            template = ChatTemplate(source, variables=variables, added_tokens=_added(hf),
+                                    masking=masking)
+        ids = {k: (hf.token_to_id(variables[f"{k}_token"]) if variables.get(f"{k}_token") else None)
+               for k in ("bos", "eos", "pad")}
+        if ids["pad"] is None:
+            ids["pad"] = ids["eos"]
+        bare = hf.encode("x", add_special_tokens=False).ids
+        full = hf.encode("x", add_special_tokens=True).ids
+        cut = next((i for i in range(len(full) - len(bare) + 1) if full[i:i + len(bare)] == bare), None)
+        affixes = ((), ()) if cut is None else (tuple(full[:cut]), tuple(full[cut + len(bare):]))
+        enc = cls(path, masking=masking, style=style, column=column, backend="tokenizers",
+                  template=template, text_affixes=affixes, ids=ids)
+
+        texts, conversations = [], []
+        for row in itertools.islice(sample_rows or (), _MAX_SAMPLE_ROWS):
+            try:
+                msgs = to_messages(row, style, column)
+            except InputError:
+                continue
+            conversations.append(msgs)
+        if template is not None and conversations:
+            template.verify(conversations)
+        for msgs in conversations:
+            try:
+                texts.append(msgs[0]["content"] if style == "text" else template.render(msgs))
+            except InputError:
+                continue
+        if backend == "tokenizers":
+            return enc
+        reason = enc._check_tiktoken(texts)
+        if reason:
+            if backend == "tiktoken":
+                raise ValueError(f"the tiktoken backend cannot reproduce this tokenizer: {reason}")
+            warnings.warn(f"vecpack: using HF tokenizers (slower): {reason}", RuntimeWarning, stacklevel=2)
+            enc.backend_reason = reason
+            return enc
+        enc.backend = "tiktoken"
+        enc._rt = None
+        return enc
+
+    def _check_tiktoken(self, texts) -> str:
+        """``""`` if tiktoken reproduces HF tokenizers on probes and ``texts``, else why not."""
+        try:
+            rt = _runtime(self.path, "tiktoken")
+        except _Unsupported as e:
+            return str(e)
+        hf = _runtime(self.path, "tokenizers").load_tokenizers(pathlib.Path(self.path))
+        specials = " ".join(sorted(rt.added)[:8])
+        probes = [*_PROBES, specials, f"a{specials.replace(' ', '')}b"]
+        for text in [*probes, *texts]:
+            try:
+                ours = rt.encode_tiktoken(text)
+            except Exception as e:  # pragma: no cover - engine bug
+                return f"tiktoken failed on a sample ({type(e).__name__}: {e})"
+            theirs = hf.encode(text, add_special_tokens=False).ids
+            if ours != theirs:
+                i = next((k for k, (a, b) in enumerate(zip(ours, theirs)) if a != b), min(len(ours), len(theirs)))
+                return (f"tiktoken and HF tokenizers differ on a sample at token {i} "
+                        f"(text near {text[max(0, len(hf.decode(theirs[:i]))-20):][:40]!r})")
+        return ""
+
+    # ------------------------------------------------------------------ pickling
+
+    def __getstate__(self):
+        state = self.__dict__.copy()
+        state["_rt"] = None
+        return state
+
+    def __setstate__(self, state):
+        self.__dict__.update(state)
+
+    @property
+    def runtime(self) -> _Runtime:
+        rt = self._rt
+        if rt is None:
+            rt = self._rt = _runtime(self.path, self.backend)
+            if self.backend == "tokenizers":
+                rt.load_tokenizers(pathlib.Path(self.path))
+        return rt
+
+    @property
+    def fingerprint(self) -> str:
+        """A hash of the tokenizer files and every option that changes the output."""
+        key = (self.masking, self.style, self.column, self.text_affixes)
+        memo = self.__dict__.get("_fingerprint")
+        if memo is not None and memo[0] == key:
+            return memo[1]
+        h = hashlib.sha256(_VERSION.encode())
+        for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
+            p = pathlib.Path(self.path) / name
+            h.update(name.encode() + b"\0" + (p.read_bytes() if p.exists() else b"") + b"\0")
+        h.update(repr(key).encode())
+        self._fingerprint = (key, h.hexdigest())
+        return self._fingerprint[1]
+
+    def __repr__(self) -> str:
+        mode = self.template.mode if self.template is not None else "text"
+        return (f"ChatEncoder({self.path!r}, style={self.style!r}, masking={self.masking!r}, "
+                f"backend={self.backend!r}, template={mode!r})")
+
+    # ------------------------------------------------------------------ encoding
+
+    def encode_row(self, row: dict) -> tuple[np.ndarray, np.ndarray]:
+        """``(tokens, labels)`` of one dataset row.
+
+        Raises:
+            InputError: the row is unusable (reason only; the caller adds the location).
+        """
+        return self.encode_messages(to_messages(row, self.style, self.column))
+
+    def encode_messages(self, messages: list[dict]) -> tuple[np.ndarray, np.ndarray]:
+        """``(tokens, labels)`` of a conversation ``[{"role", "content"}, ...]``.
+
+        ``tokens`` are int32 and equal ``apply_chat_template(messages,
+        tokenize=True)``; ``labels`` are ``tokens`` where trained, else -100.
+        """
+        if self.template is None:
+            if len(messages) != 1:
+                raise InputError("the text style takes exactly one text per row")
+            return self._encode_text(messages[0]["content"])
+        try:
+            parts, train, n_cache, layout = self.template.parts(messages)
+        except (KeyError, TypeError) as e:
+            raise InputError(f"malformed message: {e!r}") from None
+        if self.backend == "tiktoken":
+            return self._encode_tiktoken(parts, train, n_cache, layout)
+        return self._encode_tokenizers(parts, train)
+
+    def _encode_text(self, text: str):
+        rt = self.runtime
+        if self.backend == "tiktoken":
+            ids = rt.encode_tiktoken(text)
+        else:
+            ids = rt.tk.encode(text, add_special_tokens=False).ids
+        pre, post = self.text_affixes
+        ids = [*pre, *ids, *post]
+        if self.eos_id is not None and (not ids or ids[-1] != self.eos_id):
+            ids.append(self.eos_id)
+        tokens = np.array(ids, dtype=np.int32)
+        return tokens, tokens.copy()
+
+    def _allowed(self, layout, parts) -> frozenset:
+        """The added tokens that can occur in this row (tiktoken pays per allowed token and call).
+
+        The ones in the layout's literals, unless a content holds the first
+        two characters of an added token or a literal could join a content
+        into one (then all of them).
+        """
+        rt = self.runtime
+        memo = layout.memo.get("allowed")
+        if memo is None:
+            memo = layout.memo["allowed"] = _literal_specials(layout, rt)
+        if memo is False:
+            return rt.allowed
+        heads = rt.heads
+        for pos, _, _ in layout.slots:
+            c = parts[pos]
+            for first, pairs in heads:
+                if first in c:  # a one-character search first: memchr-fast, usually a miss
+                    for h in pairs:
+                        if h in c:
+                            return rt.allowed
+        return memo
+
+    def _encode_tiktoken(self, parts, train, n_cache, layout=None):
+        rt = self.runtime
+        text = "".join(parts)
+        ascii_only = text.isascii()
+        nfc_fix = rt.nfc and not ascii_only and not unicodedata.is_normalized("NFC", text)
+        try:
+            if nfc_fix:
+                tokens = np.array(rt.encode_tiktoken(text), dtype=np.int32)
+            else:
+                k, head = 0, None
+                if n_cache:
+                    c = sum(map(len, parts[:n_cache])) if n_cache > 1 else len(parts[0])
+                    if 0 < c <= _PREFIX_MAX_CHARS:
+                        key = text[:c]
+                        hit = rt.prefix_cache.get(key)
+                        if hit is None:
+                            hit = rt.prefix_cache[key] = rt.cache_prefix(key)
+                        k, head = hit
+                allowed = rt.allowed if layout is None else self._allowed(layout, parts)
+                buf = rt.core.encode_to_tiktoken_buffer(text[k:] if k else text, allowed)
+                tokens = np.frombuffer(buf, dtype=np.int32)
+                tokens = np.concatenate((head, tokens)) if k else tokens.copy()
+        except UnicodeEncodeError:
+            raise InputError("text contains a lone surrogate (invalid Unicode)") from None
+        if self.masking == "all":
+            return tokens, tokens.copy()
+        labels = np.empty(len(tokens), dtype=np.int32)
+        labels.fill(-100)
+        spans = _byte_spans(parts, train, ascii_only, nfc_fix, None if layout is None else layout.nbytes)
+        if spans and len(tokens):
+            # token t covers bytes [ends[t] - len(t), ends[t]); it is trained if any of them is in a span
+            ends = rt.bytelen.take(tokens).cumsum()
+            n = len(spans)
+            idx = ends.searchsorted([x + 1 for x, _ in spans] + [y for _, y in spans]).tolist()
+            for i in range(n):
+                j = idx[n + i] + 1
+                labels[idx[i]:j] = tokens[idx[i]:j]
+        return tokens, labels
+
+    def _encode_tokenizers(self, parts, train):
+        rt = self.runtime
+        text = "".join(parts)
+        try:
+            enc = rt.tk.encode(text, add_special_tokens=False)
+        except Exception as e:
+            raise InputError(f"HF tokenizers cannot encode this row: {e}") from None
+        tokens = np.array(enc.ids, dtype=np.int32)
+        if self.masking == "all":
+            return tokens, tokens.copy()
+        labels = np.full(len(tokens), -100, dtype=np.int32)
+        spans, pos = [], 0
+        for p, t in zip(parts, train):
+            if t and p:
+                if spans and spans[-1][1] == pos:
+                    spans[-1] = (spans[-1][0], pos + len(p))
+                else:
+                    spans.append((pos, pos + len(p)))
+            pos += len(p)
+        if spans and len(tokens):
+            offsets = np.array(enc.offsets, dtype=np.int64).reshape(-1, 2)
+            for a, b in spans:
+                mask = (offsets[:, 0] < b) & (offsets[:, 1] > a)
+                labels[mask] = tokens[mask]
+        return tokens, labels
+
+
+def _added(tk) -> list[str]:
+    return [t.content for t in tk.get_added_tokens_decoder().values()]
+
+
+def _literal_specials(layout, rt: "_Runtime"):
+    """Added tokens inside a layout's literals, or ``False`` if one could span a literal and a content."""
+    slots = [pos for pos, _, _ in layout.slots]
+    bounds = [-1, *slots, len(layout.parts)]
+    found = set()
+    for g in range(len(bounds) - 1):
+        text = "".join(layout.parts[bounds[g] + 1:bounds[g + 1]])  # the literals between two contents
+        if not text and 0 < g < len(bounds) - 2:
+            return False  # adjacent contents: a token could start in one and end in the other
+        found.update(tok for tok in rt.added if tok in text)
+        longest = min(len(text), rt.longest_added - 1)
+        if g < len(bounds) - 2 and any(text[-i:] in rt.partial_heads for i in range(1, longest + 1)):
+            return False  # "...<|im_" + content
+        if g > 0 and any(text[:i] in rt.partial_tails for i in range(1, longest + 1)):
+            return False  # content + "_end|>..."
+    return frozenset(found)
+
+
+def _byte_spans(parts, train, ascii_only: bool, nfc: bool, nbytes=None) -> list[tuple[int, int]]:
+    """Trainable ``[start, end)`` byte ranges of the (normalized) rendered text, merged.
+
+    ``nbytes[i]`` (if given and >= 0) is the known UTF-8 size of ``parts[i]``.
+    """
+    spans, pos = [], 0
+    if ascii_only:
+        sizes = map(len, parts)
+    elif nfc:
+        sizes = (len(unicodedata.normalize("NFC", p).encode("utf-8", "surrogatepass")) for p in parts)
+    elif nbytes is not None:
+        sizes = (b if b >= 0 else (len(p) if p.isascii() else len(p.encode("utf-8", "surrogatepass")))
+                 for p, b in zip(parts, nbytes))
+    else:
+        sizes = (len(p) if p.isascii() else len(p.encode("utf-8", "surrogatepass")) for p in parts)
+    for n, t in zip(sizes, train):
+        if t and n:
+            if spans and spans[-1][1] == pos:
+                spans[-1] = (spans[-1][0], pos + n)
+            else:
+                spans.append((pos, pos + n))
+        pos += n
+    return spans
+
+
+def _benchmark(n: int = 2000, name: str = "qwen2.5", repeats: int = 5) -> dict:
+    """Rows/s of :meth:`ChatEncoder.encode_row` vs raw tiktoken on the same rendered text (one core)."""
+    import tempfile
+    import time
+
+    import tiktoken
+
+    from .testing import cached_tokenizer_dir, make_sharegpt
+
+    with tempfile.TemporaryDirectory() as tmp:
+        path = make_sharegpt(os.path.join(tmp, "rows.jsonl"), n, seed=11)
+        with open(path, encoding="utf-8") as f:
+            rows = [json.loads(line) for line in f]
+    enc = ChatEncoder.from_tokenizer(cached_tokenizer_dir(name), sample_rows=rows[:64])
+    texts = [enc.template.render(to_messages(r, enc.style, enc.column)) for r in rows]
+    pattern, ranks, added, _ = _tiktoken_spec(pathlib.Path(enc.path))
+    raw = tiktoken.Encoding("raw", pat_str=pattern, mergeable_ranks=ranks, special_tokens=added)
+
+    def run_raw():
+        for s in texts:
+            raw.encode(s, allowed_special="all")
+
+    def run_rows():
+        for r in rows:
+            enc.encode_row(r)
+
+    best = {"tiktoken": float("inf"), "encode_row": float("inf")}
+    run_rows()  # warm the layouts and the prefix cache
+    for _ in range(repeats):  # interleaved, best CPU time of each: the machine is shared
+        for key, fn in (("tiktoken", run_raw), ("encode_row", run_rows)):
+            t = time.process_time()
+            fn()
+            best[key] = min(best[key], time.process_time() - t)
+    out = {k: n / v for k, v in best.items()}
+    out["ratio"] = out["encode_row"] / out["tiktoken"]
+    out["backend"] = enc.backend
+    return out
+
+
+if __name__ == "__main__":  # python -m vecpack.encoder [rows] [qwen2.5|llama3]
+    import sys
+
+    r = _benchmark(int(sys.argv[1]) if len(sys.argv) > 1 else 2000, *(sys.argv[2:3] or ["qwen2.5"]))
+    print(f"raw tiktoken {r['tiktoken']:,.0f} rows/s | encode_row {r['encode_row']:,.0f} rows/s "
+          f"({r['backend']}) | ratio {r['ratio']:.2f}")
