@@ -122,14 +122,34 @@ def test_buffer_packer_best_fit_rule_and_restore():
 # --------------------------------------------------------------------------- layout
 
 
-def test_greedy_stream_equals_map_style_pack(small_file):
+def doc_order(packs) -> list:
+    """Global rows in the order the stream placed them."""
+    seen = []
+    for p in packs:
+        at = 0
+        for n in p["seq_lens"]:
+            seen.append(int(p["document_ids"][at]))
+            at += n
+    return seen
+
+
+@pytest.mark.parametrize("seed", [None, 0])
+def test_greedy_stream_equals_map_style_pack(small_file, seed):
+    """Greedy streaming == vecpack.pack(strategy="greedy") over the rows in the stream's read order."""
     rows = encoded_rows(small_file)
-    tokens = np.concatenate([t for t, _ in rows])
-    labels = np.concatenate([lab for _, lab in rows])
-    offsets = np.concatenate([[0], np.cumsum([len(t) for t, _ in rows])]).astype(np.int64)
+    got = list(make_ds(small_file, strategy="greedy", seed=seed))
+    order = doc_order(got)
+    assert sorted(order) == list(range(len(rows)))
+    assert (order == sorted(order)) == (seed is None)
+    tokens = np.concatenate([rows[r][0] for r in order])
+    labels = np.concatenate([rows[r][1] for r in order])
+    offsets = np.concatenate([[0], np.cumsum([len(rows[r][0]) for r in order])]).astype(np.int64)
     ref = vecpack.pack(tokens, offsets, 2048, labels=labels, strategy="greedy", pad_id=0)
-    got = list(make_ds(small_file, strategy="greedy"))
-    assert same(got, [ref[i] for i in range(len(ref))])
+    expect = [ref[i] for i in range(len(ref))]
+    for e in expect:                      # map-style ids are positions in `order`: back to rows
+        e["document_ids"] = np.where(e["document_ids"] >= 0,
+                                     np.asarray(order)[np.maximum(e["document_ids"], 0)], -1)
+    assert same(got, expect)
 
 
 def test_bfd_places_every_document_once_with_its_tokens(small_file):
@@ -175,16 +195,19 @@ def test_long_policies_are_counted(small_file):
         list(make_ds(small_file, max_len=1024, long="error"))
 
 
-def test_bad_rows_name_file_and_line(tmp_path, small_file):
+@pytest.mark.parametrize("seed", [None, 0])
+def test_bad_rows_name_file_and_line(tmp_path, small_file, seed):
     lines = open(small_file, "rb").read().splitlines(keepends=True)[:50]
     lines[9] = b'{"conversations": [1, 2\n'          # line 10: broken JSON
     lines[20] = b"\n"                               # blank line: not a row
     lines[30] = b'{"messages": []}\n'              # line 31: the encoder rejects it
     path = tmp_path / "bad.jsonl"
     path.write_bytes(b"".join(lines))
-    with pytest.raises(InputError, match=r"bad\.jsonl:10: invalid JSON"):
-        list(make_ds(str(path)))
-    ds = make_ds(str(path), on_error="skip")
+    # file order meets line 10 first; the seeded order (block 0's rows shuffled) line 31
+    first = r"bad\.jsonl:10: invalid JSON" if seed is None else r"bad\.jsonl:31: missing column"
+    with pytest.raises(InputError, match=first):
+        list(make_ds(str(path), seed=seed))
+    ds = make_ds(str(path), on_error="skip", seed=seed)
     packs = list(ds)
     assert ds.stats["rejected"] == 2 and ds.stats["num_rows"] == 49
     docs = np.unique(np.concatenate([p["document_ids"] for p in packs]))
@@ -205,24 +228,33 @@ def test_batches_through_the_collators(small_file):
 @pytest.mark.parametrize("num_workers", [0, 2])
 @pytest.mark.parametrize("world_size", [1, 2])
 def test_resume_equals_uninterrupted(small_file, num_workers, world_size):
+    """Seeded order, epoch 1: stop at random steps, restore into a fresh loader (epoch 0 until
+    the state says 1), and the rest equals the uninterrupted stream."""
     rng = random.Random(num_workers * 10 + world_size)
+
+    def epoch1(**kw):
+        ds = make_ds(small_file, seed=0, **kw)
+        ds.set_epoch(1)
+        return ds
+
     for rank in range(world_size):
         kw = dict(rank=rank, world_size=world_size)
-        full, _ = loader_packs(make_ds(small_file, **kw), num_workers)
+        full, _ = loader_packs(epoch1(**kw), num_workers)
         assert len(full) > 8
+        assert not same(full, loader_packs(make_ds(small_file, seed=0, **kw), num_workers)[0])
         for stop in sorted(rng.sample(range(1, len(full)), 3)) + [len(full)]:
-            head, state = loader_packs(make_ds(small_file, **kw), num_workers, stop=stop)
+            head, state = loader_packs(epoch1(**kw), num_workers, stop=stop)
             buf = io.BytesIO()
             torch.save(state, buf)                     # checkpoints carry the state
             buf.seek(0)
             state = torch.load(buf, weights_only=True)
-            tail, _ = loader_packs(make_ds(small_file, **kw), num_workers, state=state)
+            tail, _ = loader_packs(make_ds(small_file, seed=0, **kw), num_workers, state=state)
             assert same(head + tail, full), (rank, stop)
 
 
-@pytest.mark.parametrize("long", ["truncate", "split"])
-def test_resume_at_every_pack(small_file, long):
-    kw = dict(max_len=1024, buffer_size=16, long=long, rank=1, world_size=2)
+@pytest.mark.parametrize("long,seed", [("truncate", None), ("split", 0), ("truncate", 3)])
+def test_resume_at_every_pack(small_file, long, seed):
+    kw = dict(max_len=1024, buffer_size=16, long=long, rank=1, world_size=2, seed=seed)
     full = list(make_ds(small_file, **kw))
     for stop in range(len(full) + 1):
         a = make_ds(small_file, **kw)
@@ -234,7 +266,7 @@ def test_resume_at_every_pack(small_file, long):
 
 
 def test_state_is_small_and_holds_the_buffer(small_file):
-    ds = make_ds(small_file, buffer_size=32)
+    ds = make_ds(small_file, buffer_size=32, seed=None)
     it = iter(ds)
     assert ds.state_dict()["cursor"] == [0, 0, 0, 0]
     next(it)
@@ -246,6 +278,16 @@ def test_state_is_small_and_holds_the_buffer(small_file):
     assert st["cursor"][3] == 32 and st["stats"]["num_packs"] == 1
     assert sorted(st["buffer"][:, 6].tolist()) == sorted(set(range(32)) - set(
         st["buffer"][:, 6].tolist()).symmetric_difference(range(32)))
+    # seeded: the cursor is (block in the epoch's order, row in the block's order); still tiny
+    ds = make_ds(small_file, buffer_size=32, seed=7)
+    assert ds.state_dict()["cursor"] == [0, 0]
+    it = iter(ds)
+    next(it)
+    st = ds.state_dict()
+    assert st["cursor"] == [0, 32] and st["config"]["seed"] == 7 and len(st["buffer"]) < 32
+    buf = io.BytesIO()
+    torch.save(st, buf)
+    assert buf.tell() < 8192
 
 
 def test_resume_refuses_other_arguments_or_changed_files(tmp_path, small_file):
@@ -265,6 +307,162 @@ def test_resume_refuses_other_arguments_or_changed_files(tmp_path, small_file):
         f.write(open(small_file, "rb").readline())
     with pytest.raises(ValueError, match="sources"):
         make_ds(str(path)).load_state_dict(state)
+
+
+# --------------------------------------------------------------------------- seeded order
+
+
+def _reference_rows(data: bytes) -> list:
+    """(byte offset, line number) of every row, read line by line as the file-order reader does."""
+    out, pos = [], 0
+    for line_no, raw in enumerate(io.BytesIO(data), 1):
+        if not raw.isspace():
+            out.append((pos, line_no))
+        pos += len(raw)
+    return out
+
+
+def test_jsonl_index_matches_a_line_by_line_read(tmp_path, monkeypatch):
+    from vecpack import streaming
+
+    rng = random.Random(0)
+    lines = [b'{"t": %d}' % i + b"x" * rng.randrange(0, 300) for i in range(700)]
+    blanks = [b"", b"  ", b"\t\r", b" \x0b\x0c ", b"\r"]
+    parts = []
+    for i, ln in enumerate(lines):
+        if i % 37 == 0:
+            parts.append(rng.choice(blanks) + b"\n")                     # blank lines are not rows
+        parts.append(b" " + ln + b"\r\n" if i % 11 == 0 else ln + b"\n")   # leading space, CRLF
+    data = b"".join(parts) + b'{"last": "no newline"}'
+    path = tmp_path / "edge.jsonl"
+    path.write_bytes(data)
+    ref = _reference_rows(data)
+    assert len(ref) == 701
+    for chunk in (7, 64, 1000, 1 << 22):                  # rows and lines cut across chunks
+        pos, line, n = streaming._scan_jsonl(str(path), chunk)
+        assert n == 701
+        assert [(int(p), int(q) + 1) for p, q in zip(pos, line)] == ref[::64]
+    # the seeded reader gives every row once, with its byte offset and line number
+    ds = make_ds(str(path), on_error="skip", seed=5, batch_rows=16)
+    reader = streaming._ShuffledReader(ds._srcs, streaming._Layout(ds._srcs), 0, 1, 16, 5, 0)
+    refs = np.concatenate([b.refs for b in reader.batches([0, 0])])
+    assert sorted((int(p), int(q)) for p, q in refs[:, 1:3]) == ref
+    assert sorted(refs[:, 3].tolist()) == list(range(701)) and refs[:, 3].tolist() != list(range(701))
+    assert all(ref[r] == (p, q) for _, p, q, r in refs.tolist())
+    # big files keep their index next to the cache, keyed by path, size, mtime and inode
+    monkeypatch.setenv("VECPACK_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(streaming, "_INDEX_CACHE_MIN_BYTES", 0)
+    first = streaming._jsonl_index(str(path))
+    assert len(list((tmp_path / "cache" / ".stream-index").glob("*.npz"))) == 1
+    monkeypatch.setattr(streaming, "_scan_jsonl", lambda *a: pytest.fail("index not reused"))
+    again = streaming._jsonl_index(str(path))
+    assert all(np.array_equal(a, b) for a, b in zip(first[:2], again[:2])) and first[2] == again[2]
+
+
+def test_seeded_order_reproducible_new_each_epoch_and_decorrelated(tmp_path):
+    """A file sorted by length: file order packs it in length order, a seed does not."""
+    rows = [json.loads(line) for line in open_lines(tmp_path, 1200)]
+    rows.sort(key=lambda r: sum(len(m["value"]) for m in r["conversations"]))
+    path = tmp_path / "sorted.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    orders = {}   # greedy packing places documents in read order: doc_order is the read order
+    for seed, epoch in [(None, 0), (None, 1), (0, 0), (0, 1), (1, 0)]:
+        ds = make_ds(str(path), max_len=4096, strategy="greedy", seed=seed)
+        ds.set_epoch(epoch)
+        order = doc_order(list(ds))
+        assert sorted(order) == list(range(1200)) and ds.stats["num_documents"] == 1200
+        orders[seed, epoch] = order
+    assert orders[None, 0] == orders[None, 1]
+    assert len({tuple(o) for o in orders.values()}) == 4        # each seeded epoch its own order
+    for seed, epoch in [(0, 0), (0, 1), (1, 0)]:
+        ds = make_ds(str(path), max_len=4096, strategy="greedy", seed=seed)
+        ds.set_epoch(epoch)
+        assert doc_order(list(ds)) == orders[seed, epoch]         # the same seed and epoch: the same
+        # stream position vs. row (= length rank): > 0.99 in file order; shuffling 19 blocks
+        # leaves |corr| ~ 0.2 by chance (the seeds are fixed: this never flakes)
+        corr = np.corrcoef(np.arange(1200), orders[seed, epoch])[0, 1]
+        assert abs(corr) < 0.4, corr
+        # rows within a block are shuffled too: few neighbours in the stream are neighbours in the file
+        assert np.mean(np.abs(np.diff(orders[seed, epoch])) == 1) < 0.2
+    assert orders[None, 0] == list(range(1200))
+    # the rows inside one block come in a new order each epoch too
+    block0 = [[r for r in orders[0, e] if r < 64] for e in (0, 1)]
+    assert sorted(block0[0]) == sorted(block0[1]) == list(range(64)) and block0[0] != block0[1]
+
+
+def open_lines(tmp_path, n):
+    path = tmp_path / f"gen-{n}.jsonl"
+    make_sharegpt(path, n, seed=8, median_user=30, median_assistant=80)
+    return open(path).read().splitlines()
+
+
+class PidEncoder(ByteEncoder):
+    """ByteEncoder that leaves a file per process it ran in (to see the pool at work)."""
+
+    def __init__(self, pid_dir):
+        self.pid_dir = str(pid_dir)
+
+    def encode_row(self, row):
+        import os
+
+        open(os.path.join(self.pid_dir, str(os.getpid())), "a").close()
+        return super().encode_row(row)
+
+
+def test_seeded_order_is_the_same_for_any_n_jobs(tmp_path):
+    import os
+
+    path = tmp_path / "many.jsonl"
+    make_sharegpt(path, 2000, seed=4, median_user=30, median_assistant=80)
+    kw = dict(max_len=2048, buffer_size=8, batch_rows=8, seed=11)
+    inline = list(make_ds(str(path), n_jobs=1, **kw))
+    pids = tmp_path / "pids"
+    pids.mkdir()
+    from vecpack.streaming import _Encoding
+
+    warm = _Encoding(PidEncoder(pids), 2)    # start vecpack's pool (seconds on a busy machine)
+    warm.start()
+    assert all(p.result(timeout=300) for p in warm._pings)
+    warm.close()
+    for _ in range(3):          # the consumer encodes inline until a worker answers
+        ds = StreamingPackedDataset(str(path), encoder=PidEncoder(pids), n_jobs=2, **kw)
+        assert same(list(ds), inline)
+        if set(os.listdir(pids)) - {str(os.getpid())}:
+            break
+    assert set(os.listdir(pids)) - {str(os.getpid())}, "the loky pool never tokenized a batch"
+
+
+def test_seeded_resume_keeps_the_epoch_and_detects_a_changed_file(tmp_path, small_file):
+    kw = dict(buffer_size=16, seed=2)
+    ref = make_ds(small_file, **kw)
+    ref.set_epoch(3)
+    full = list(ref)
+    a = make_ds(small_file, **kw)
+    a.set_epoch(3)
+    it = iter(a)
+    head = [next(it) for _ in range(10)]
+    b = make_ds(small_file, **kw)          # epoch 0, but the state says 3
+    b.load_state_dict(a.state_dict())
+    assert same(head + list(b), full) and b.stats["epoch"] == 3
+    with pytest.raises(ValueError, match="seed"):
+        make_ds(small_file, buffer_size=16, seed=None).load_state_dict(a.state_dict())
+    # a file that changes between epochs is indexed again (appended rows are read) ...
+    import os
+
+    path = tmp_path / "moving.jsonl"
+    data = open(small_file, "rb").read()
+    path.write_bytes(data)
+    ds = make_ds(str(path), **kw)
+    assert len(doc_order(list(ds))) == 400
+    path.write_bytes(data + data.splitlines(keepends=True)[0])
+    assert sorted(doc_order(list(ds))) == list(range(401))
+    # ... and rows that moved behind an unchanged size, mtime and inode are named, never misread
+    st = os.stat(path)
+    with open(path, "r+b") as f:
+        f.write(b"\n" + data[:-1])
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+    with pytest.raises(InputError, match=r"moving\.jsonl:\d+: file changed since its row index"):
+        list(ds)
 
 
 # --------------------------------------------------------------------------- shards and epochs
@@ -287,25 +485,32 @@ def test_shards_cover_every_row_once(small_file):
     assert sorted(seen) == list(range(n_rows)) and documents == n_rows
 
 
-def test_epochs_restart_and_resume_at_epoch_end(small_file):
-    ds = make_ds(small_file)
+@pytest.mark.parametrize("seed", [None, 0])
+def test_epochs_restart_and_resume_at_epoch_end(small_file, seed):
+    ds = make_ds(small_file, seed=seed)
     loader = StatefulDataLoader(ds, batch_size=None, num_workers=0)
     epochs = []
     for epoch in range(2):
         ds.set_epoch(epoch)
         epochs.append([{k: v.numpy() for k, v in b.items()} for b in loader])
         assert ds.stats["epoch"] == epoch
-    assert same(epochs[0], epochs[1])
+        assert sorted(doc_order(epochs[-1])) == list(range(400))
+    assert same(epochs[0], epochs[1]) == (seed is None)   # a seed: every epoch its own order
     end_state = loader.state_dict()
     # a state saved at the end of an epoch: the dataset finishes that (empty) epoch ...
-    fresh = make_ds(small_file)
+    fresh = make_ds(small_file, seed=seed)
     fresh.load_state_dict(end_state["dataset_state"])
     assert list(fresh) == []
-    assert same(list(fresh), epochs[0])
+    fresh.set_epoch(1)
+    assert same(list(fresh), epochs[1])
     # ... and StatefulDataLoader goes straight on to the next one
-    loader2 = StatefulDataLoader(make_ds(small_file), batch_size=None, num_workers=0)
+    ds2 = make_ds(small_file, seed=seed)
+    loader2 = StatefulDataLoader(ds2, batch_size=None, num_workers=0)
     loader2.load_state_dict(end_state)
-    assert same([{k: v.numpy() for k, v in b.items()} for b in loader2], epochs[0])
+    ds2.set_epoch(2)
+    third = [{k: v.numpy() for k, v in b.items()} for b in loader2]
+    assert sorted(doc_order(third)) == list(range(400))
+    assert same(third, epochs[0]) == (seed is None)
 
 
 def test_memory_is_bounded_by_the_buffer(tmp_path):
@@ -329,11 +534,20 @@ def test_parquet_and_dataset_sources_resume(tmp_path, small_file):
         rows = [json.loads(line) for line in f]
     path = tmp_path / "small.parquet"
     pq.write_table(pa.Table.from_pylist(rows), path, row_group_size=37)
-    jsonl = list(make_ds(small_file))
-    for ds_factory in (lambda: make_ds(str(path)), _hf_dataset_factory(rows),
-                       _hf_iterable_factory(rows)):
+    jsonl = list(make_ds(small_file, seed=None))
+    jsonl_seeded = list(make_ds(small_file, seed=0))
+    factories = [(lambda: make_ds(str(path), seed=None), jsonl), (_hf_dataset_factory(rows, None), jsonl),
+                 (_hf_iterable_factory(rows), jsonl),
+                 # seeded: a Dataset is cut into the same 64-row blocks as the JSONL file (same
+                 # order); Parquet shuffles its row groups and the rows within each
+                 (_hf_dataset_factory(rows, 0), jsonl_seeded), (lambda: make_ds(str(path)), None)]
+    for ds_factory, expect in factories:
         full = list(ds_factory())
-        assert same(full, jsonl)
+        if expect is not None:
+            assert same(full, expect)
+        else:
+            assert same(full, list(ds_factory())) and not same(full, jsonl)
+            assert sorted(doc_order(full)) == list(range(len(rows)))
         for stop in (1, 7, len(full) - 1):
             a = ds_factory()
             it = iter(a)
@@ -343,17 +557,17 @@ def test_parquet_and_dataset_sources_resume(tmp_path, small_file):
             assert same(head + list(b), full)
 
 
-def _hf_dataset_factory(rows):
+def _hf_dataset_factory(rows, seed):
     datasets = pytest.importorskip("datasets")
     hf = datasets.Dataset.from_list(rows)
-    return lambda: make_ds(hf)
+    return lambda: make_ds(hf, seed=seed)
 
 
 def _hf_iterable_factory(rows):
     """A streaming ``datasets.IterableDataset`` (its state: read position; buffer: tokens)."""
     datasets = pytest.importorskip("datasets")
     hf = datasets.Dataset.from_list(rows)
-    return lambda: make_ds(hf.to_iterable_dataset(num_shards=3), batch_rows=16)
+    return lambda: make_ds(hf.to_iterable_dataset(num_shards=3), batch_rows=16, seed=None)
 
 
 def test_hf_iterable_dataset_shards_and_needs_the_main_process(small_file):
@@ -362,20 +576,20 @@ def test_hf_iterable_dataset_shards_and_needs_the_main_process(small_file):
     datasets = pytest.importorskip("datasets")
     hf = datasets.Dataset.from_list(rows)
     for rank in range(2):
-        jsonl = list(make_ds(small_file, rank=rank, world_size=2))
-        ds = make_ds(hf.to_iterable_dataset(num_shards=3), rank=rank, world_size=2)
+        jsonl = list(make_ds(small_file, rank=rank, world_size=2, seed=None))
+        ds = make_ds(hf.to_iterable_dataset(num_shards=3), rank=rank, world_size=2, seed=None)
         full = list(ds)
         assert same(full, jsonl)
-        a = make_ds(hf.to_iterable_dataset(num_shards=3), rank=rank, world_size=2)
+        a = make_ds(hf.to_iterable_dataset(num_shards=3), rank=rank, world_size=2, seed=None)
         it = iter(a)
         head = [next(it) for _ in range(5)]
         state = a.state_dict()
         assert state["docs"]["tokens"].dtype == torch.int32 and state["anchor"] is not None
-        b = make_ds(hf.to_iterable_dataset(num_shards=3), rank=rank, world_size=2)
+        b = make_ds(hf.to_iterable_dataset(num_shards=3), rank=rank, world_size=2, seed=None)
         b.load_state_dict(state)
         assert same(head + list(b), full)
     # through StatefulDataLoader and a weights_only checkpoint
-    make = lambda: make_ds(hf.to_iterable_dataset(num_shards=3))  # noqa: E731
+    make = lambda: make_ds(hf.to_iterable_dataset(num_shards=3), seed=None)  # noqa: E731
     full, _ = loader_packs(make(), 0)
     head, state = loader_packs(make(), 0, stop=9)
     buf = io.BytesIO()
@@ -384,7 +598,9 @@ def test_hf_iterable_dataset_shards_and_needs_the_main_process(small_file):
     tail, _ = loader_packs(make(), 0, state=torch.load(buf, weights_only=True))
     assert same(head + tail, full)
     with pytest.raises(RuntimeError, match="main process only"):
-        loader_packs(make_ds(hf.to_iterable_dataset(num_shards=2)), 2)
+        loader_packs(make_ds(hf.to_iterable_dataset(num_shards=2), seed=None), 2)
+    with pytest.raises(ValueError, match="seed=None"):
+        make_ds(hf.to_iterable_dataset(num_shards=2))
 
 
 @pytest.mark.slow

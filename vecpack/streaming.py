@@ -7,6 +7,8 @@ DataLoader worker) and packs them with best fit over a bounded buffer
 pack is out as soon as ``buffer_size`` documents have been read::
 
     rows (JSONL / Parquet / datasets.Dataset), row r -> shard r % num_shards
+      │   blocks of 64 rows (Parquet: row groups) in an order drawn from (seed, epoch),
+      │   the rows of each block shuffled too; seed=None: file order
       │   read ahead in batches, tokenized by loky workers, consumed in order
       ▼
     buffer of <= buffer_size documents ──► best fit into the open pack
@@ -32,9 +34,19 @@ restore equals the uninterrupted one pack for pack. States hold only ints,
 strings, lists and int64 ``torch`` tensors, so ``torch.save``/``torch.load``
 (``weights_only=True``) and distributed checkpointing carry them.
 
+Order: with ``seed`` (default 0) the input is cut into blocks of 64
+consecutive rows (JSONL: found by a one-pass newline index, see
+:func:`_jsonl_index`; Parquet: one block per row group); each pass visits
+the blocks in a permutation drawn from ``(seed, epoch)`` and each block's
+rows in a permutation of their own, so a file sorted by source or length
+does not make correlated packs, and every epoch has its own order. The
+order depends on the seed, the epoch and the inputs only (not ``n_jobs``,
+not timing); the cursor is then ``(block in the epoch's order, row in the
+block's order)``. ``seed=None`` reads in file order.
+
 Epochs: one ``iter()`` is one pass over the shard's rows; at the end the
 buffer is drained and the last, partial pack emitted. :meth:`set_epoch`
-labels the pass (the order never changes: streaming reads in file order).
+selects the pass (its order, with a seed) and labels it in stats and states.
 Memory is bounded by the buffer (``buffer_size`` documents), the read-ahead
 (``2 * n_jobs`` batches of ``batch_rows`` rows) and one open pack, whatever
 the dataset size.
@@ -48,17 +60,22 @@ the dataset size.
 >>> with open(path, "w") as f:
 ...     for text in ["hello", "hi", "greetings", "yo"]:
 ...         _ = f.write(json.dumps({"text": text}) + "\\n")
->>> ds = StreamingPackedDataset(path, max_len=8, buffer_size=2, encoder=Chars(), n_jobs=1)
+>>> make = lambda seed: StreamingPackedDataset(path, max_len=8, buffer_size=2, encoder=Chars(),
+...                                            n_jobs=1, seed=seed)
+>>> ds = make(None)                   # file order
 >>> it = iter(ds)
 >>> next(it)["document_ids"].tolist()
 [0, 0, 0, 0, 0, 1, 1, -1]
 >>> state = ds.state_dict()           # after one pack; "greetings" (truncated) is buffered
->>> resumed = StreamingPackedDataset(path, max_len=8, buffer_size=2, encoder=Chars(), n_jobs=1)
+>>> resumed = make(None)
 >>> resumed.load_state_dict(state)
 >>> [p["document_ids"].tolist() for p in resumed] == [p["document_ids"].tolist() for p in it]
 True
 >>> resumed.stats["num_packs"], resumed.stats["truncated"], round(resumed.stats["fill"], 3)
 (3, 1, 0.708)
+>>> shuffled = make(0)                # the default: a seeded order, new each epoch
+>>> [p["document_ids"].tolist() for p in shuffled]
+[[3, 3, 1, 1, -1, -1, -1, -1], [2, 2, 2, 2, 2, 2, 2, 2], [0, 0, 0, 0, 0, -1, -1, -1]]
 """
 
 from __future__ import annotations
@@ -86,6 +103,11 @@ _STRATEGIES = ("bfd", "greedy")
 _F, _POS, _LINE, _ROW, _START, _LEN, _SEQ, _DOCLEN = range(8)
 _NCOL = 8
 _INT32_MAX = 2**31 - 1
+_BLOCK_ROWS = 64               # rows per shuffle block (JSONL, datasets.Dataset); Parquet: a row group
+_INDEX_VERSION = 1
+_INDEX_CACHE_MIN_BYTES = 32 << 20   # JSONL row indexes of files this big are cached on disk
+_WS = np.zeros(256, bool)
+_WS[list(b" \t\n\r\x0b\x0c")] = True   # bytes.isspace()
 _STAT_KEYS = ("num_rows", "num_documents", "num_entries", "num_packs", "num_tokens",
               "input_tokens", "empty", "rejected", "truncated", "truncated_tokens",
               "dropped", "dropped_tokens", "split", "split_chunks")
@@ -254,6 +276,238 @@ class _Reader:
         if src.kind == "jsonl":
             return {"file": src.name, "line": int(ref[_LINE])}
         return {"file": src.name, "row": int(ref[_POS])}
+
+
+class _Layout:
+    """The shuffle units of all sources, in file order, for the seeded read order.
+
+    A unit is a run of consecutive rows that is cheap to read at once: a
+    block of ``_BLOCK_ROWS`` rows of a JSONL file (found through a row index,
+    :func:`_jsonl_index`) or of a ``datasets.Dataset``, or one Parquet row
+    group. ``units`` is int64 ``[U, 4]``: source, block or row group in that
+    source, global row of its first row, rows.
+    """
+
+    def __init__(self, srcs: list):
+        self.sig = _file_sig(srcs)
+        units, self.blocks, self.unit0, row = [], {}, [], 0
+        for i, src in enumerate(srcs):
+            self.unit0.append(sum(len(u) for u in units))
+            if src.kind == "jsonl":
+                pos, line, n = _jsonl_index(src.name)
+                self.blocks[i] = (pos, line)
+                sizes = np.minimum(_BLOCK_ROWS, n - _BLOCK_ROWS * np.arange(len(line), dtype=np.int64))
+            elif src.kind == "parquet":
+                import pyarrow.parquet as pq
+
+                md = pq.ParquetFile(src.name).metadata
+                sizes = np.array([md.row_group(g).num_rows for g in range(md.num_row_groups)], np.int64)
+            else:
+                n = int(src.size)
+                sizes = np.minimum(_BLOCK_ROWS, n - _BLOCK_ROWS * np.arange(-(-n // _BLOCK_ROWS),
+                                                                            dtype=np.int64))
+            first = row + np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
+            k = np.arange(len(sizes), dtype=np.int64)
+            units.append(np.stack([np.full_like(k, i), k, first, sizes], axis=1))
+            row += int(sizes.sum())
+        self.units = np.concatenate(units) if units else np.zeros((0, 4), np.int64)
+        self.num_rows = row
+
+    def fresh(self, srcs: list) -> bool:
+        """Whether the files are as they were when the layout was made (size, mtime, inode)."""
+        return _file_sig(srcs) == self.sig
+
+    def first_row(self, src_i: int, local: int = 0) -> int:
+        """Global row of the first row of unit ``local`` of source ``src_i``."""
+        return int(self.units[self.unit0[src_i] + local, 2])
+
+    # numpy's SeedSequence mixes the whole key: (seed, epoch, 0) orders the units,
+    # (seed, epoch, 1, unit) the rows inside one; nothing depends on n_jobs or timing
+    @staticmethod
+    def _rng(seed: int, epoch: int, *more: int) -> np.random.Generator:
+        return np.random.default_rng([seed, epoch % (1 << 64), *more])
+
+    def order(self, seed: int, epoch: int) -> np.ndarray:
+        """The units' visiting order in ``epoch``: a permutation of ``0..U-1``."""
+        return self._rng(seed, epoch, 0).permutation(len(self.units))
+
+    def rows_order(self, seed: int, epoch: int, unit: int) -> np.ndarray:
+        """The order (0-based within the unit) in which unit ``unit``'s rows are read."""
+        return self._rng(seed, epoch, 1, unit).permutation(int(self.units[unit, 3]))
+
+
+def _file_sig(srcs: list) -> list:
+    out = []
+    for s in srcs:
+        if s.kind in ("jsonl", "parquet"):
+            st = os.stat(s.name)
+            out.append((st.st_size, st.st_mtime_ns, st.st_ino))
+    return out
+
+
+def _jsonl_index(path: str) -> tuple[np.ndarray, np.ndarray, int]:
+    """Where every ``_BLOCK_ROWS``-th row of a JSONL file starts.
+
+    Returns ``(pos, line, n_rows)``: int64 ``pos[b]`` is the byte offset of
+    the first row of block ``b`` (``pos[-1]`` is the file size), ``line[b]``
+    the number of lines before it (blank lines are not rows). One pass over
+    the file at memory speed (newlines found by numpy, 4 MiB at a time);
+    files of ``_INDEX_CACHE_MIN_BYTES`` or more keep their index next to
+    vecpack's cache (``<cache root>/.stream-index``), keyed by path, size,
+    modification time and inode, so only the first pass over them scans.
+    """
+    st = os.stat(path)
+    cache_file = None
+    if st.st_size >= _INDEX_CACHE_MIN_BYTES:
+        import hashlib
+
+        from .cache import default_root
+
+        key = hashlib.sha256(f"{os.path.realpath(path)}|{st.st_size}|{st.st_mtime_ns}|{st.st_ino}|"
+                             f"{_BLOCK_ROWS}|{_INDEX_VERSION}".encode()).hexdigest()[:32]
+        cache_file = default_root() / ".stream-index" / f"{key}.npz"
+        try:
+            with np.load(cache_file) as z:
+                pos, line, n_rows = z["pos"], z["line"], int(z["n_rows"])
+            if (pos.dtype == line.dtype == np.int64 and pos.shape == (len(line) + 1,)
+                    and int(pos[-1]) == st.st_size and len(line) == -(-n_rows // _BLOCK_ROWS)):
+                return pos, line, n_rows
+        except Exception:  # noqa: BLE001 - unreadable / truncated: rebuilt below
+            pass
+    pos, line, n_rows = _scan_jsonl(path)
+    pos = np.concatenate([pos, [st.st_size]]).astype(np.int64)
+    if cache_file is not None:
+        try:
+            cache_file.parent.mkdir(parents=True, exist_ok=True)
+            tmp = cache_file.with_name(f"{cache_file.stem}.{os.getpid()}.tmp.npz")
+            np.savez(tmp, pos=pos, line=line, n_rows=np.int64(n_rows))
+            os.replace(tmp, cache_file)
+        except OSError:
+            pass   # read-only cache root: the index is rebuilt next time (one scan)
+    return pos, line, n_rows
+
+
+def _scan_jsonl(path: str, chunk: int = 1 << 22) -> tuple[np.ndarray, np.ndarray, int]:
+    """``_jsonl_index`` without the cache: (first-row offsets, lines before them, rows)."""
+    pos, lines_before = [], []
+    rows = lines = base = 0
+    carry = b""
+    with open(path, "rb") as f:
+        while True:
+            data = f.read(chunk)
+            buf = carry + data if carry else data
+            if not buf:
+                break
+            arr = np.frombuffer(buf, np.uint8)
+            ends = np.flatnonzero(arr == 10) + 1
+            if not data:                       # last line, without a newline
+                ends = np.array([len(buf)], np.int64)
+            elif not len(ends):
+                carry = buf
+                continue
+            starts = np.concatenate([[0], ends[:-1]])
+            row_lines = np.ones(len(starts), bool)
+            for k in np.flatnonzero(_WS[arr[starts]]).tolist():   # rare: may be a blank line
+                row_lines[k] = not buf[starts[k]:ends[k]].isspace()
+            row_lines = np.flatnonzero(row_lines)
+            take = row_lines[(-rows) % _BLOCK_ROWS::_BLOCK_ROWS]
+            pos.append(base + starts[take])
+            lines_before.append(lines + take)
+            rows += len(row_lines)
+            lines += len(starts)
+            base += int(ends[-1])
+            carry = buf[int(ends[-1]):]
+            if not data:
+                break
+    cat = lambda xs: np.concatenate(xs).astype(np.int64) if xs else np.zeros(0, np.int64)  # noqa: E731
+    return cat(pos), cat(lines_before), rows
+
+
+class _ShuffledReader(_Reader):
+    """Reads one shard's rows in the seeded order of ``(seed, epoch)``.
+
+    Units (see :class:`_Layout`) are visited in a permuted order, and the
+    rows of each unit in a permuted order; the shard keeps the rows whose
+    global row number is congruent to it, as in file order. A cursor is
+    ``(j, i)``: the ``j``-th unit of the epoch's order, its ``i``-th row in
+    its own order. Reading a unit is one seek and one contiguous read.
+    """
+
+    def __init__(self, srcs, layout: _Layout, shard: int, nshards: int, batch_rows: int,
+                 seed: int, epoch: int):
+        super().__init__(srcs, shard, nshards, batch_rows)
+        self.layout, self.seed, self.epoch = layout, seed, epoch
+
+    def batches(self, cursor, anchor: dict | None = None) -> Iterator[_Batch]:
+        j0, i0 = (int(c) for c in cursor)
+        lay, mine, n_sh, br = self.layout, self.shard, self.nshards, self.batch_rows
+        order = lay.order(self.seed, self.epoch)
+        payloads: list = []
+        refs: list = []
+        curs: list = []
+        n_pending = 0
+        for j in range(j0, len(order)):
+            u = int(order[j])
+            src_i, local, first, n = (int(x) for x in lay.units[u])
+            perm = lay.rows_order(self.seed, self.epoch, u)
+            at = np.arange(i0 if j == j0 else 0, n, dtype=np.int64)
+            at = at[(first + perm[at]) % n_sh == mine]
+            i0 = 0
+            if not len(at):
+                continue
+            rows_in = perm[at]
+            got, ref = self._read_unit(src_i, local, first, n, rows_in)
+            payloads.extend(got)
+            refs.append(ref)
+            curs.append(np.stack([np.full_like(at, j), at + 1], axis=1))
+            n_pending += len(at)
+            if n_pending >= br:
+                yield _Batch(payloads, np.concatenate(refs), np.concatenate(curs))
+                payloads, refs, curs, n_pending = [], [], [], 0
+        if payloads:
+            yield _Batch(payloads, np.concatenate(refs), np.concatenate(curs))
+
+    def _read_unit(self, src_i: int, local: int, first: int, n: int, rows_in: np.ndarray):
+        """Payloads and refs ``(source, pos, line, global row)`` of rows ``rows_in`` of a unit."""
+        src = self.srcs[src_i]
+        k = rows_in.shape[0]
+        rows = first + rows_in
+        if src.kind == "jsonl":
+            pos, line = self.layout.blocks[src_i]
+            a, b = int(pos[local]), int(pos[local + 1])
+            with open(src.name, "rb") as f:
+                f.seek(max(a - 1, 0))
+                data = f.read(b - max(a - 1, 0))
+            if a > 0:
+                ok, data = data[:1] == b"\n", data[1:]
+            else:
+                ok = True
+            parts = data.split(b"\n")
+            if parts and parts[-1] == b"":
+                parts.pop()
+            starts = np.concatenate([[0], np.cumsum([len(p) + 1 for p in parts])]).astype(np.int64)
+            keep = [q for q, p in enumerate(parts) if p.strip()]
+            if not ok or len(keep) != n or (keep and keep[0] != 0):
+                raise InputError("file changed since its row index was built (rows moved); "
+                                 "restart the stream", file=src.name, line=int(line[local]) + 1)
+            keep = np.asarray(keep, np.int64)[rows_in]
+            payloads = [parts[q] for q in keep.tolist()]
+            ref = np.stack([np.full(k, src_i, np.int64), a + starts[keep],
+                            int(line[local]) + 1 + keep, rows], axis=1)
+            return payloads, ref
+        if src.kind == "parquet":
+            import pyarrow.parquet as pq
+
+            if getattr(self, "_group", (None,))[0] != (src_i, local):
+                self._group = ((src_i, local), pq.ParquetFile(src.name).read_row_group(local))
+            table = self._group[1]
+            payloads = table.take(rows_in).to_pylist()
+            in_src = rows - self.layout.first_row(src_i)
+        else:
+            in_src = rows - self.layout.first_row(src_i)
+            payloads = src.table.take(in_src).to_pylist()
+        ref = np.stack([np.full(k, src_i, np.int64), in_src, np.full(k, -1, np.int64), rows], axis=1)
+        return payloads, ref
 
 
 def _skip_rows(rbs, skip: int):
@@ -450,6 +704,12 @@ class StreamingPackedDataset(IterableDataset):
             torch.distributed's when it is initialized (looked up at each
             ``iter()``), else 0 and 1.
         batch_rows: rows per tokenizing task.
+        seed: the read order. An integer (default 0): blocks of 64 rows
+            (Parquet: row groups) in an order drawn from ``(seed, epoch)``,
+            rows within each block shuffled too; every epoch
+            (:meth:`set_epoch`) has its own order, the same for any
+            ``n_jobs``. ``None``: file order (required for a
+            ``datasets.IterableDataset``, which cannot seek).
         encoder: any picklable object with ``encode_row(row) -> (int32
             tokens, int32 labels)``, used instead of ``tokenizer`` (e.g.
             :class:`vecpack.tt_encoder.TorchtuneEncoder`).
@@ -469,7 +729,7 @@ class StreamingPackedDataset(IterableDataset):
                  strategy: str = "bfd", long: str = "truncate", pad_id: int | None = None,
                  ignore_index: int = -100, on_error: str = "raise", n_jobs: int | None = None,
                  rank: int | None = None, world_size: int | None = None, batch_rows: int = 64,
-                 encoder=None):
+                 seed: int | None = 0, encoder=None):
         super().__init__()
         if not isinstance(max_len, (int, np.integer)) or isinstance(max_len, bool) or max_len < 1:
             raise ValueError(f"max_len must be an integer >= 1, got {max_len!r}")
@@ -482,9 +742,16 @@ class StreamingPackedDataset(IterableDataset):
             raise ValueError(f"long must be one of {list(_LONG)}, got {long!r}")
         if not isinstance(batch_rows, int) or batch_rows < 1:
             raise ValueError(f"batch_rows must be an integer >= 1, got {batch_rows!r}")
+        if seed is not None and (not isinstance(seed, (int, np.integer)) or isinstance(seed, bool)
+                                 or seed < 0):
+            raise ValueError(f"seed must be an integer >= 0 or None (file order), got {seed!r}")
         self.data_files = data_files
         self._stream = None
         if _is_hf_iterable(data_files):
+            if seed is not None:
+                raise ValueError("a datasets.IterableDataset cannot be read in a seeded order (its rows "
+                                 "have no positions to seek to): pass seed=None and shuffle it with "
+                                 "its own .shuffle(seed=..., buffer_size=...) if needed")
             # no positions to re-read: buffered tokens travel in the state instead
             self._stream = (data_files, data_files.state_dict())
             self._srcs = [_sources.Source("<IterableDataset>", "iterable", 0)]
@@ -515,6 +782,10 @@ class StreamingPackedDataset(IterableDataset):
             _default_shard(rank, world_size)            # validate now
         self.rank, self.world_size = rank, world_size   # None: torch.distributed's, at iter()
         self.batch_rows = batch_rows
+        self.seed = None if seed is None else int(seed)
+        # the shuffle units (JSONL: one newline scan, cached for big files), made here so that
+        # DataLoader workers inherit them; remade at iter() if a file changed
+        self._layout = None if seed is None else _Layout(self._srcs)
         self.epoch = 0
         self._pending: dict | None = None   # a loaded state, for the next iter()
         self._run: _Run | None = None       # the live iterator's state
@@ -527,10 +798,12 @@ class StreamingPackedDataset(IterableDataset):
 
     # ------------------------------------------------------------------ public
     def set_epoch(self, epoch: int) -> None:
-        """Label the next pass ``epoch`` (reported in stats and states).
+        """Make the next pass epoch ``epoch``: its read order (with a seed), and its label in stats.
 
         A state given to :meth:`load_state_dict` carries its own epoch, which
-        the resumed pass keeps.
+        the resumed pass keeps. With DataLoader workers, call it before the
+        loader creates its iterator (``persistent_workers=False``, the
+        default): workers get a copy of the dataset at that moment.
         """
         self.epoch = int(epoch)
 
@@ -611,7 +884,7 @@ class StreamingPackedDataset(IterableDataset):
 
     def _config(self) -> dict:
         return {"max_len": self.max_len, "buffer_size": self.buffer_size, "long": self.long,
-                "strategy": self.strategy,
+                "strategy": self.strategy, "seed": self.seed,
                 "sources": [[s.name, s.kind, int(s.size)] for s in self._srcs]}
 
     def _check_config(self, state: dict) -> None:
@@ -665,7 +938,7 @@ class _Run:
         self.finished = False
         if state is None:
             self.epoch = ds.epoch
-            self.cursor = np.zeros(4, np.int64)
+            self.cursor = np.zeros(4 if ds.seed is None else 2, np.int64)
             self.anchor = None
             self.stats = dict.fromkeys(_STAT_KEYS, 0)
             self.start_state = None
@@ -779,7 +1052,13 @@ class _Run:
             raise RuntimeError("a datasets.IterableDataset input streams in the main process only "
                                "(num_workers=0): datasets would shard it per worker itself; rows are "
                                "tokenized ahead in vecpack's pool instead (n_jobs)")
-        reader = _Reader(ds._srcs, self.shard, self.nshards, ds.batch_rows, ds._stream)
+        if ds.seed is None:
+            reader = _Reader(ds._srcs, self.shard, self.nshards, ds.batch_rows, ds._stream)
+        else:
+            if not ds._layout.fresh(ds._srcs):
+                ds._layout = _Layout(ds._srcs)
+            reader = _ShuffledReader(ds._srcs, ds._layout, self.shard, self.nshards, ds.batch_rows,
+                                     ds.seed, self.epoch)
         try:
             if self.start_state is not None:
                 self._restore(enc, reader)
