@@ -414,7 +414,7 @@ def _default_max_bytes() -> int | None:
         raise ValueError(f"$VECPACK_CACHE_MAX_GB must be a number of GB, got {env!r}") from None
     if gb < 0:
         raise ValueError(f"$VECPACK_CACHE_MAX_GB must be >= 0, got {env!r}")
-    return int(gb * 1e9)
+    return round(gb * 1e9)  # round, not truncate: 1.0039999999e-3 GB is 1,004,000 bytes
 
 
 @dataclasses.dataclass

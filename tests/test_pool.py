@@ -1,0 +1,365 @@
+"""The worker pool: determinism, located errors, skip counts, dead workers, no leaks.
+
+These tests use a byte-level stand-in encoder (fast, no tokenizer files) so
+that they exercise the pool itself; tests/test_tokenize.py runs the real
+ChatEncoder end to end.
+"""
+
+import glob
+import json
+import os
+import signal
+import threading
+import time
+
+import numpy as np
+import pytest
+
+import vecpack
+from vecpack import pool
+from vecpack.errors import InputError, WorkerDiedError
+from vecpack.formats import to_messages
+from vecpack.sources import resolve_sources
+
+
+class ByteEncoder:
+    """UTF-8 bytes of ``role:content\\n`` per message; loss on assistant messages."""
+
+    backend = "bytes"
+
+    def __init__(self, style="sharegpt", column=None):
+        self.style, self.column = style, column
+
+    def encode_row(self, row):
+        toks, labs = [], []
+        for m in to_messages(row, self.style, self.column):
+            b = np.frombuffer((m["role"] + ":" + m["content"] + "\n").encode("utf-8"), np.uint8)
+            b = b.astype(np.int32)
+            toks.append(b)
+            labs.append(b if m["role"] == "assistant" else np.full(len(b), -100, np.int32))
+        return np.concatenate(toks), np.concatenate(labs)
+
+
+class KillerEncoder(ByteEncoder):
+    """Kills its own process (as the OOM killer would) on a row whose text contains KILLME."""
+
+    def encode_row(self, row):
+        if "KILLME" in json.dumps(row):
+            os.kill(os.getpid(), signal.SIGKILL)
+        return super().encode_row(row)
+
+
+class SlowEncoder(ByteEncoder):
+    """Sleeps on rows containing SLOW (to interrupt a run in the middle)."""
+
+    def encode_row(self, row):
+        if "SLOW" in json.dumps(row):
+            time.sleep(0.05)
+        return super().encode_row(row)
+
+
+def conv(i, text=None):
+    return {"conversations": [{"from": "human", "value": f"question {i} ção"},
+                              {"from": "gpt", "value": text or f"answer {i} " + "x" * (i % 37)}]}
+
+
+def write_jsonl(path, rows, *, raw_lines=None):
+    """Write rows; ``raw_lines`` maps a 0-based row index to raw bytes that replace it."""
+    raw_lines = raw_lines or {}
+    with open(path, "wb") as f:
+        for i, r in enumerate(rows):
+            f.write(raw_lines[i] if i in raw_lines else json.dumps(r, ensure_ascii=False).encode())
+            f.write(b"\n")
+    return str(path)
+
+
+def leftovers():
+    """Chunk directories of this process left in /dev/shm or the temp dir."""
+    pid = os.getpid()
+    pats = [f"/dev/shm/vecpack-chunks-{pid}-*", f"/tmp/.vecpack-chunks-{pid}-*"]
+    return [p for pat in pats for p in glob.glob(pat)]
+
+
+def arrays(t):
+    return [np.asarray(getattr(t, k)) for k in ("tokens", "labels", "offsets", "row_ids")]
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    d = tmp_path_factory.mktemp("pool")
+    rows = [conv(i) for i in range(600)]
+    return write_jsonl(d / "chat.jsonl", rows), rows
+
+
+def test_plan_chunks_cover_file_on_line_boundaries(data):
+    path, _ = data
+    size = os.path.getsize(path)
+    raw = open(path, "rb").read()
+    for cb in (1, 100, 4096, 1 << 20):
+        tasks = pool.plan_chunks(resolve_sources(path), chunk_bytes=cb)
+        assert tasks[0].start == 0 and tasks[-1].stop == size
+        assert [t.index for t in tasks] == list(range(len(tasks)))
+        for a, b in zip(tasks, tasks[1:]):
+            assert a.stop == b.start and raw[b.start - 1:b.start] == b"\n"
+        assert tasks[0].first_line == 1 and all(t.first_line is None for t in tasks[1:])
+
+
+def test_one_document_per_row_in_order(data):
+    path, rows = data
+    t = vecpack.tokenize(path, encoder=ByteEncoder(), n_jobs=1, progress=False)
+    enc = ByteEncoder()
+    assert len(t) == len(rows) and t.offsets[0] == 0
+    for i in (0, 1, 299, 599):
+        tok, lab = enc.encode_row(rows[i])
+        np.testing.assert_array_equal(t.tokens[t.offsets[i]:t.offsets[i + 1]], tok)
+        np.testing.assert_array_equal(t.labels[t.offsets[i]:t.offsets[i + 1]], lab)
+    np.testing.assert_array_equal(t.row_ids, np.arange(len(rows)))
+    assert t.tokens.dtype == np.int32 and t.labels.dtype == np.int32
+    assert t.offsets.dtype == np.int64 and t.row_ids.dtype == np.int64
+    assert t.stats["rows"] == t.stats["documents"] == 600 and t.stats["rejected"] == 0
+    assert t.stats["tokens"] == len(t.tokens) and t.stats["backend"] == "bytes"
+
+
+@pytest.mark.parametrize("n_jobs,chunk_bytes", [(2, 3000), (4, 3000), (2, 50_000), (2, 1)])
+def test_byte_identical_whatever_n_jobs_and_chunks(data, n_jobs, chunk_bytes):
+    path, _ = data
+    ref = vecpack.tokenize(path, encoder=ByteEncoder(), n_jobs=1, progress=False)
+    got = vecpack.tokenize(path, encoder=ByteEncoder(), n_jobs=n_jobs, chunk_bytes=chunk_bytes,
+                           progress=False)
+    for a, b in zip(arrays(ref), arrays(got)):
+        assert a.dtype == b.dtype and a.tobytes() == b.tobytes()
+    assert not leftovers()
+
+
+def test_several_files_continue_row_ids(data, tmp_path):
+    path, rows = data
+    second = write_jsonl(tmp_path / "b.jsonl", rows[:50])
+    t = vecpack.tokenize([path, second], encoder=ByteEncoder(), n_jobs=2, chunk_bytes=5000,
+                         progress=False)
+    assert len(t) == 650
+    np.testing.assert_array_equal(t.row_ids, np.arange(650))
+    np.testing.assert_array_equal(t.document(600)[0], t.document(0)[0])
+
+
+BAD = {
+    "invalid JSON": (b'{"conversations": [', r"invalid JSON: Expecting value"),
+    "BOM": (b'\xef\xbb\xbf{"conversations": []}', r"byte-order mark \(BOM\)"),
+    "invalid UTF-8": (b'{"conversations": [{"from": "human", "value": "\xff\xfe"}]}',
+                      r"invalid UTF-8 at byte offset 47 of the line \(b'\\xff"),
+    "missing column": (b'{"messages": []}', r"missing column 'conversations'"),
+    "unknown role": (b'{"conversations": [{"from": "tool", "value": "x"}]}', r"unknown role 'tool'"),
+    "empty conversation": (b'{"conversations": []}', r"empty conversation"),
+    "non-string content": (b'{"conversations": [{"from": "human", "value": 3}]}',
+                           r"non-string content"),
+    "not an object": (b'[1, 2]', r"expected a JSON object, got a JSON array"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD))
+@pytest.mark.parametrize("n_jobs", [1, 2])
+def test_bad_row_raises_with_file_and_line(tmp_path, case, n_jobs):
+    raw, pattern = BAD[case]
+    bad = 0 if case == "BOM" else 437          # a BOM only makes sense on line 1
+    rows = [conv(i) for i in range(500)]
+    path = write_jsonl(tmp_path / "bad.jsonl", rows, raw_lines={bad: raw})
+    with pytest.raises(InputError, match=pattern) as info:
+        vecpack.tokenize(path, encoder=ByteEncoder(), n_jobs=n_jobs, chunk_bytes=2000,
+                         progress=False)
+    err = info.value
+    assert err.file == path and err.line == bad + 1
+    assert str(err).startswith(f"{path}:{bad + 1}: ")
+    assert not leftovers()
+
+
+def test_line_numbers_count_blank_and_crlf_lines(tmp_path):
+    lines = [json.dumps(conv(i)).encode() for i in range(40)]
+    lines.insert(10, b"")
+    lines.insert(20, b"   ")
+    lines = [ln + b"\r" for ln in lines]
+    lines[33] = b'{"conversations": 5}\r'
+    path = tmp_path / "crlf.jsonl"
+    path.write_bytes(b"\n".join(lines) + b"\n")
+    with pytest.raises(InputError) as info:
+        vecpack.tokenize(str(path), encoder=ByteEncoder(), n_jobs=2, chunk_bytes=300,
+                         progress=False)
+    assert info.value.line == 34
+    t = vecpack.tokenize(str(path), encoder=ByteEncoder(), n_jobs=2, chunk_bytes=300,
+                         progress=False, on_error="skip")
+    # blank lines are not rows; row ids count records
+    assert t.stats["rows"] == 40 and t.stats["rejected"] == 1 and len(t) == 39
+    [example] = t.stats["rejected_examples"]
+    assert 31 not in t.row_ids and example.startswith(f"{path}:34: column 'conversations' is a")
+
+
+def test_first_bad_row_in_input_order_is_reported(tmp_path):
+    rows = [conv(i) for i in range(400)]
+    path = write_jsonl(tmp_path / "two.jsonl", rows,
+                       raw_lines={50: b'{"conversations": []}', 350: b"nope"})
+    for n in (1, 2):
+        with pytest.raises(InputError) as info:
+            vecpack.tokenize(path, encoder=ByteEncoder(), n_jobs=n, chunk_bytes=100_000,
+                             progress=False)
+        assert info.value.line == 51
+
+
+def test_skip_counts_and_reports_every_bad_row(tmp_path, capfd):
+    rows = [conv(i) for i in range(300)]
+    kinds = sorted(set(BAD) - {"BOM"})
+    raw = {i: BAD[k][0] for i, k in zip((5, 77, 78, 150, 151, 152, 299), kinds)}
+    assert len(raw) == 7
+    path = write_jsonl(tmp_path / "skip.jsonl", rows, raw_lines=raw)
+    ref = None
+    for n, cb in ((1, 1 << 20), (2, 700), (4, 3000)):
+        t = vecpack.tokenize(path, encoder=ByteEncoder(), n_jobs=n, chunk_bytes=cb,
+                             on_error="skip", progress=(n == 2))
+        s = t.stats
+        assert s["rows"] == 300 and s["rejected"] == len(raw) and s["documents"] == 300 - len(raw)
+        assert sorted(set(range(300)) - set(t.row_ids.tolist())) == sorted(raw)
+        assert [e.split(": ")[0] for e in s["rejected_examples"]] == [
+            f"{path}:{i + 1}" for i in sorted(raw)[:pool.MAX_EXAMPLES]]
+        if ref is None:
+            ref = t
+        for a, b in zip(arrays(ref), arrays(t)):
+            assert a.tobytes() == b.tobytes()
+    err = capfd.readouterr().err
+    assert "300 rows -> 293 documents" in err and "7 rejected" in err
+    assert f"rejected: {path}:6: " in err and "... and 2 more rejected rows" in err
+
+
+def test_dead_worker_raises_quickly_and_leaves_nothing(tmp_path):
+    rows = [conv(i) for i in range(400)]
+    rows[300] = conv(300, "KILLME please")
+    path = write_jsonl(tmp_path / "kill.jsonl", rows)
+    out = tmp_path / "out"
+    t0 = time.monotonic()
+    with pytest.raises(WorkerDiedError, match="SIGKILL.*out-of-memory"):
+        vecpack.tokenize(path, encoder=KillerEncoder(), n_jobs=2, chunk_bytes=3000,
+                         progress=False, out_dir=out)
+    assert time.monotonic() - t0 < 30
+    assert not leftovers()
+    assert not list(out.glob("*.npy")) and not list(out.glob(".vecpack-*"))
+    # the next call gets a fresh pool
+    rows[300] = conv(300)
+    write_jsonl(tmp_path / "kill.jsonl", rows)
+    t = vecpack.tokenize(path, encoder=KillerEncoder(), n_jobs=2, chunk_bytes=3000, progress=False)
+    assert len(t) == 400
+
+
+def test_ctrl_c_stops_workers_and_cleans_up(tmp_path):
+    rows = [conv(i, "SLOW " * (i % 3)) for i in range(300)]
+    path = write_jsonl(tmp_path / "slow.jsonl", rows)
+    main = threading.get_ident()
+    timer = threading.Timer(1.5, lambda: signal.pthread_kill(main, signal.SIGINT))
+    timer.start()
+    t0 = time.monotonic()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            vecpack.tokenize(path, encoder=SlowEncoder(), n_jobs=2, chunk_bytes=2000,
+                             progress=False)
+    finally:
+        timer.cancel()
+    assert time.monotonic() - t0 < 15
+    assert not leftovers()
+    assert len(vecpack.tokenize(path, encoder=ByteEncoder(), n_jobs=2, progress=False)) == 300
+
+
+def test_out_dir_returns_memory_maps(data, tmp_path):
+    path, _ = data
+    ref = vecpack.tokenize(path, encoder=ByteEncoder(), n_jobs=1, progress=False)
+    t = vecpack.tokenize(path, encoder=ByteEncoder(), n_jobs=2, progress=False,
+                         out_dir=tmp_path / "o", chunk_bytes=4000)
+    assert sorted(os.listdir(tmp_path / "o")) == ["labels.npy", "offsets.npy", "row_ids.npy",
+                                                   "tokens.npy"]
+    for a, b in zip(arrays(ref), arrays(t)):
+        assert a.tobytes() == b.tobytes()
+    assert isinstance(t.tokens, np.memmap) and not t.tokens.flags.writeable
+
+
+def test_empty_input(tmp_path):
+    path = tmp_path / "empty.jsonl"
+    path.write_bytes(b"\n\n")
+    t = vecpack.tokenize(str(path), encoder=ByteEncoder(), n_jobs=2, progress=False)
+    assert len(t) == 0 and t.offsets.tolist() == [0] and t.stats["rows"] == 0
+
+
+def test_progress_bar_and_summary(data, capfd):
+    path, _ = data
+    vecpack.tokenize(path, encoder=ByteEncoder(), n_jobs=2, chunk_bytes=3000, progress=True)
+    err = capfd.readouterr().err
+    assert "tokenize" in err and "600/600" in err
+    assert "vecpack.tokenize: 600 rows -> 600 documents" in err and "backend bytes" in err
+    vecpack.tokenize(path, encoder=ByteEncoder(), n_jobs=2, progress=False)
+    assert capfd.readouterr().err == ""
+
+
+def test_bad_arguments(data):
+    path, _ = data
+    with pytest.raises(ValueError, match="n_jobs"):
+        vecpack.tokenize(path, encoder=ByteEncoder(), n_jobs=0)
+    with pytest.raises(ValueError, match="on_error"):
+        vecpack.tokenize(path, encoder=ByteEncoder(), on_error="ignore")
+    with pytest.raises(ValueError, match="style"):
+        vecpack.tokenize(path, encoder=ByteEncoder(), style="chatml")
+    with pytest.raises(TypeError, match="tokenizer is required"):
+        vecpack.tokenize(path)
+    with pytest.raises(FileNotFoundError, match="no such file"):
+        vecpack.tokenize(path + ".missing", encoder=ByteEncoder())
+
+
+def test_merge_chunks_contract(data, tmp_path):
+    path, rows = data
+    tasks = pool.plan_chunks([path], chunk_bytes=5000)
+    metas = [pool.tokenize_chunk(t, ByteEncoder(), str(tmp_path)) for t in reversed(tasks)]
+    assert len(list(tmp_path.glob("chunk-*.npy"))) == 4 * len(tasks)
+    t = pool.merge_chunks(metas)
+    assert len(t) == len(rows) and not list(tmp_path.glob("chunk-*"))
+    ref = vecpack.tokenize(path, encoder=ByteEncoder(), n_jobs=1, progress=False)
+    for a, b in zip(arrays(ref), arrays(t)):
+        assert a.tobytes() == b.tobytes()
+
+
+def test_stale_chunk_dirs_of_dead_processes_are_swept(tmp_path):
+    dead = tmp_path / "vecpack-chunks-999999999-0123abcd"
+    dead.mkdir()
+    alive = tmp_path / f"vecpack-chunks-{os.getppid()}-0123abcd"
+    alive.mkdir()
+    pool._sweep_stale(str(tmp_path))
+    assert not dead.exists() and alive.exists()
+
+
+def test_a_finished_process_leaves_nothing_in_dev_shm(data, tmp_path):
+    import subprocess
+    import sys
+
+    path, _ = data
+    script = (
+        "import os, sys; sys.path.insert(0, sys.argv[1]); import vecpack; "
+        "from test_pool import ByteEncoder; print(os.getpid(), flush=True); "
+        "t = vecpack.tokenize(sys.argv[2], encoder=ByteEncoder(), n_jobs=2, chunk_bytes=4000, "
+        "progress=False); assert len(t) == 600")
+    out = subprocess.run([sys.executable, "-c", script, os.path.dirname(__file__), path],
+                         capture_output=True, text=True, timeout=120,
+                         cwd=os.path.dirname(os.path.dirname(__file__)))
+    assert out.returncode == 0, out.stderr
+    pid = out.stdout.split()[0]
+    if os.path.isdir("/dev/shm"):  # neither chunk directories nor loky's semaphores
+        assert not [f for f in os.listdir("/dev/shm") if f"-{pid}-" in f]
+
+
+class BuggyEncoder(ByteEncoder):
+    def encode_row(self, row):
+        if "BUG" in json.dumps(row):
+            raise KeyError("oops")
+        return super().encode_row(row)
+
+
+@pytest.mark.parametrize("n_jobs", [1, 2])
+def test_an_encoder_bug_names_the_row_and_is_never_skipped(tmp_path, n_jobs):
+    rows = [conv(i) for i in range(200)]
+    rows[150] = conv(150, "BUG")
+    path = write_jsonl(tmp_path / "bug.jsonl", rows)
+    with pytest.raises(RuntimeError, match=rf"bug.jsonl:151: the encoder failed on this row: "
+                                           rf"KeyError: 'oops'"):
+        vecpack.tokenize(path, encoder=BuggyEncoder(), n_jobs=n_jobs, chunk_bytes=2000,
+                         progress=False, on_error="skip")
+    assert not leftovers()

@@ -1,0 +1,141 @@
+"""vecpack.tokenize() end to end with the real ChatEncoder (Qwen2.5 tokenizer)."""
+
+import importlib
+import json
+
+import numpy as np
+import pytest
+
+import vecpack
+from vecpack.errors import InputError
+
+
+def arrays(t):
+    return [np.asarray(getattr(t, k)) for k in ("tokens", "labels", "offsets", "row_ids")]
+
+
+def same(a, b):
+    return all(x.dtype == y.dtype and x.tobytes() == y.tobytes()
+               for x, y in zip(arrays(a), arrays(b)))
+
+
+@pytest.fixture(scope="module")
+def hf(qwen_dir):
+    transformers = pytest.importorskip("transformers")
+    return transformers.AutoTokenizer.from_pretrained(str(qwen_dir))
+
+
+@pytest.fixture(scope="module")
+def ref(sharegpt_file, qwen_dir):
+    return vecpack.tokenize(sharegpt_file, qwen_dir, n_jobs=1, progress=False)
+
+
+def test_matches_apply_chat_template_through_the_pool(sharegpt_file, qwen_dir, hf, ref):
+    t = vecpack.tokenize(sharegpt_file, qwen_dir, n_jobs=2, progress=False)
+    assert same(t, ref)
+    rows = [json.loads(line) for line in open(sharegpt_file, encoding="utf-8")]
+    roles = {"system": "system", "human": "user", "gpt": "assistant"}
+    assert len(t) == len(rows) == t.stats["rows"] == t.stats["documents"]
+    for i in range(0, len(rows), 5):
+        msgs = [{"role": roles[m["from"]], "content": m["value"]} for m in rows[i]["conversations"]]
+        want = hf.apply_chat_template(msgs, tokenize=True)
+        want = want["input_ids"] if isinstance(want, dict) or hasattr(want, "keys") else want
+        tokens, labels = t.document(i)
+        assert tokens.tolist() == list(want), i
+        trained = labels != -100
+        assert trained.any() and (labels[trained] == tokens[trained]).all()
+    s = t.stats
+    assert s["backend"] == "tiktoken" and s["n_jobs"] == 2 and s["rejected"] == 0
+    assert s["tokens"] == len(t.tokens) and 0 < s["trainable_tokens"] < s["tokens"]
+    assert s["seconds"] > 0 and s["rejected_examples"] == []
+
+
+@pytest.mark.parametrize("n_jobs", [4])
+def test_n_jobs_4_is_byte_identical(sharegpt_file, qwen_dir, ref, n_jobs):
+    t = vecpack.tokenize(sharegpt_file, qwen_dir, n_jobs=n_jobs, chunk_bytes=50_000, progress=False)
+    assert same(t, ref)
+
+
+def test_other_input_kinds_give_the_same_arrays(sharegpt_file, qwen_dir, ref, tmp_path):
+    rows = [json.loads(line) for line in open(sharegpt_file, encoding="utf-8")]
+    arr = tmp_path / "rows.json"
+    arr.write_text(json.dumps(rows, indent=1, ensure_ascii=False), encoding="utf-8")
+    assert same(vecpack.tokenize(str(arr), qwen_dir, n_jobs=2, chunk_bytes=100_000,
+                                 progress=False), ref)
+
+    pa = pytest.importorskip("pyarrow")
+    import pyarrow.parquet as pq
+
+    pfile = tmp_path / "rows.parquet"
+    pq.write_table(pa.Table.from_pylist(rows), pfile, row_group_size=64)
+    assert same(vecpack.tokenize(str(pfile), qwen_dir, n_jobs=2, progress=False), ref)
+
+    datasets = pytest.importorskip("datasets")
+    ds = datasets.Dataset.from_list(rows)
+    assert same(vecpack.tokenize(ds, qwen_dir, n_jobs=2, chunk_bytes=100_000, progress=False), ref)
+
+
+def test_openai_style(openai_file, qwen_dir, hf):
+    t1 = vecpack.tokenize(openai_file, qwen_dir, style="openai", n_jobs=1, progress=False)
+    t2 = vecpack.tokenize(openai_file, qwen_dir, style="openai", n_jobs=2, progress=False)
+    assert same(t1, t2) and len(t1) == 300
+    row = json.loads(open(openai_file, encoding="utf-8").readline())
+    want = hf.apply_chat_template(row["messages"], tokenize=True)
+    want = want["input_ids"] if hasattr(want, "keys") else want
+    assert t1.document(0)[0].tolist() == list(want)
+
+
+def test_masking_options_nest(sharegpt_file, qwen_dir, ref):
+    every = vecpack.tokenize(sharegpt_file, qwen_dir, masking="all", n_jobs=2, progress=False)
+    last = vecpack.tokenize(sharegpt_file, qwen_dir, masking="last", n_jobs=2, progress=False)
+    assert every.tokens.tobytes() == last.tokens.tobytes() == ref.tokens.tobytes()
+    assert (every.labels == every.tokens).all()
+    trained = ref.labels != -100
+    assert ((last.labels != -100) <= trained).all()
+    assert last.stats["trainable_tokens"] < ref.stats["trainable_tokens"] < len(ref.tokens)
+
+
+def test_transformers_tokenizer_object(sharegpt_file, hf, ref):
+    t = vecpack.tokenize(sharegpt_file, hf, n_jobs=2, progress=False)
+    assert same(t, ref)
+
+
+def test_bad_rows_with_the_real_encoder(tmp_path, qwen_dir):
+    good = json.dumps({"conversations": [{"from": "human", "value": "Oi"},
+                                         {"from": "gpt", "value": "Olá!"}]})
+    lines = [good] * 120
+    lines[97] = json.dumps({"conversations": [{"from": "human", "value": "a"},
+                                              {"from": "robot", "value": "b"}]})
+    p = tmp_path / "bad.jsonl"
+    p.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    with pytest.raises(InputError, match=r"bad.jsonl:98: message 1 has unknown role 'robot'"):
+        vecpack.tokenize(str(p), qwen_dir, n_jobs=2, chunk_bytes=500, progress=False)
+    t = vecpack.tokenize(str(p), qwen_dir, n_jobs=2, chunk_bytes=500, progress=False,
+                         on_error="skip")
+    assert t.stats["rejected"] == 1 and len(t) == 119 and 97 not in t.row_ids.tolist()
+    assert t.stats["rejected_examples"][0].startswith(f"{p}:98: message 1 has unknown role")
+
+
+def test_encoder_is_built_once_per_process(sharegpt_file, qwen_dir, ref, monkeypatch):
+    from vecpack.encoder import ChatEncoder
+
+    calls = []
+    real = ChatEncoder.from_tokenizer.__func__
+    monkeypatch.setattr(ChatEncoder, "from_tokenizer",
+                        classmethod(lambda cls, *a, **k: calls.append(1) or real(cls, *a, **k)))
+    vecpack.tokenize(sharegpt_file, qwen_dir, n_jobs=2, progress=False)
+    vecpack.tokenize(sharegpt_file, qwen_dir, n_jobs=2, progress=False)
+    assert calls == []  # the module fixture's call already built it
+    vecpack.tokenize(sharegpt_file, qwen_dir, masking="last", style="sharegpt", n_jobs=2,
+                     progress=False)
+    assert len(calls) <= 1
+    assert len(importlib.import_module("vecpack.tokenize")._ENCODERS) <= 4
+
+
+def test_out_dir_and_pack(sharegpt_file, qwen_dir, ref, tmp_path):
+    t = vecpack.tokenize(sharegpt_file, qwen_dir, n_jobs=2, progress=False, out_dir=tmp_path)
+    assert same(t, ref) and isinstance(t.offsets, np.memmap)
+    loaded = np.load(tmp_path / "tokens.npy", mmap_mode="r")
+    assert loaded.dtype == np.int32 and loaded.shape == ref.tokens.shape
+    packed = vecpack.pack(t.tokens, t.offsets, 4096, labels=t.labels)
+    assert len(packed) > 0

@@ -1,0 +1,816 @@
+"""The worker pool: tokenize input ranges on every core into ``.npy`` chunk files.
+
+::
+
+    driver                         loky workers (persistent, one per core)
+    ------                         ---------------------------------------
+    plan_chunks(sources)  ──────►  tokenize_chunk(task) ─► chunk-000007.tokens.npy
+      [ChunkTask, ...]             (read range, encode       chunk-000007.labels.npy
+                                    rows, write arrays)      chunk-000007.lengths.npy
+    poll progress slots  ◄──────   progress slot += rows     chunk-000007.rows.npy
+    merge_chunks(metas)  ◄──────   ChunkMeta (counts only)
+      -> Tokenized  (input order, chunk files deleted)
+
+Only small :class:`ChunkTask` / :class:`ChunkMeta` records cross the process
+boundary; token arrays go through files (in ``/dev/shm`` when it has room).
+The encoder is pickled once per call into the chunk directory and unpickled
+once per worker process (kept for the next call), so start-up is paid once
+per process. Progress travels through a shared memory-mapped ``int64`` array
+(one slot per task, plus an abort flag the driver raises on error or Ctrl-C).
+
+A worker that dies (SIGKILL, out of memory, segfault) breaks the pool: the
+driver raises :class:`~vecpack.errors.WorkerDiedError` at once, removes its
+chunk directory and the next call starts a fresh pool.
+
+>>> from vecpack.sources import resolve_sources
+>>> import tempfile, os
+>>> p = os.path.join(tempfile.mkdtemp(), "a.jsonl")
+>>> _ = open(p, "w").write('{"text": "a"}\\n' * 1000)
+>>> [(t.start, t.stop) for t in plan_chunks(resolve_sources(p), chunk_bytes=6000)]
+[(0, 6006), (6006, 12012), (12012, 14000)]
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import pickle
+import re
+import shutil
+import sys
+import tempfile
+import time
+import uuid
+from concurrent.futures import FIRST_COMPLETED, wait
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from . import sources as _sources
+from .errors import InputError, WorkerDiedError
+
+__all__ = [
+    "ChunkError",
+    "ChunkMerger",
+    "ChunkMeta",
+    "ChunkTask",
+    "chunk_dir",
+    "effective_n_jobs",
+    "execute",
+    "located_error",
+    "merge_chunks",
+    "plan_chunks",
+    "shutdown",
+    "tokenize_chunk",
+    "warm",
+]
+
+IGNORE_INDEX = -100
+MAX_EXAMPLES = 5         # rejected-row examples kept per chunk (and reported in total)
+_PROGRESS_EVERY = 16     # records between progress-slot updates / abort checks (~1 us each)
+_SUFFIXES = ("tokens", "labels", "lengths", "rows")
+
+
+@dataclass(frozen=True)
+class ChunkTask:
+    """One unit of work: a range of one input.
+
+    Attributes:
+        source: the input's path (or ``"<Dataset>"``).
+        kind: ``"jsonl"``, ``"json"``, ``"parquet"`` or ``"dataset"``.
+        start, stop: byte offsets (JSONL, JSON), row-group indices (Parquet)
+            or row indices (dataset) of the range.
+        first_line: 1-based line of the range's first byte when known (the
+            first range of a file), else ``None``; the driver counts lines
+            only when it has to print a location.
+        first_row: 0-based row of the range's first record inside its
+            source, ``None`` for JSONL (blank lines make it unknown).
+        index: position of the task in input order; names its chunk files.
+        source_index: position of the source in ``data_files``.
+        payload: Arrow IPC bytes of the rows (``"dataset"`` only).
+    """
+
+    source: str
+    kind: str
+    start: int
+    stop: int
+    first_line: int | None
+    first_row: int | None
+    index: int
+    source_index: int = 0
+    payload: bytes | None = field(default=None, repr=False, compare=False)
+
+
+@dataclass
+class ChunkMeta:
+    """What a worker reports for one task (counts only; arrays are in files)."""
+
+    index: int
+    out_dir: str
+    records: int            # rows read, rejected ones included
+    documents: int
+    tokens: int
+    trainable: int          # labels != ignore_index
+    lines: int              # newlines in the range (JSONL), else records
+    rejected: int
+    examples: list = field(default_factory=list)  # [(local_index, reason)], first MAX_EXAMPLES
+    seconds: float = 0.0
+    pid: int = 0
+
+    def path(self, name: str) -> str:
+        return os.path.join(self.out_dir, f"chunk-{self.index:06d}.{name}.npy")
+
+
+class ChunkError(Exception):
+    """A bad record inside a task; the driver turns it into a located error.
+
+    ``crash=False``: the record is unusable (an :class:`InputError` once
+    located); ``crash=True``: the encoder itself failed on it (a bug, raised
+    as ``RuntimeError`` whatever ``on_error`` says).
+    """
+
+    def __init__(self, index: int, local: int, reason: str, crash: bool = False):
+        super().__init__(index, local, reason, crash)
+        self.index, self.local, self.reason, self.crash = index, local, reason, crash
+
+
+class _Aborted(Exception):
+    """The driver asked the workers to stop (error elsewhere, or Ctrl-C)."""
+
+
+# --------------------------------------------------------------------------- planning
+
+
+def default_chunk_bytes(total_bytes: int, n_jobs: int) -> int:
+    """About 16 ranges per worker, each between 256 KiB and 8 MiB."""
+    return int(min(8 << 20, max(256 << 10, total_bytes // max(1, 16 * n_jobs))))
+
+
+def plan_chunks(sources, *, chunk_bytes: int = 4 << 20) -> list[ChunkTask]:
+    """Cut inputs into :class:`ChunkTask` ranges of about ``chunk_bytes``, in input order.
+
+    Args:
+        sources: :class:`vecpack.sources.Source` list (see
+            :func:`vecpack.sources.resolve_sources`), or ``data_files``.
+        chunk_bytes: target bytes per range. The result never depends on it.
+    """
+    if not (isinstance(sources, list) and all(isinstance(s, _sources.Source) for s in sources)):
+        sources = _sources.resolve_sources(sources)
+    tasks: list[ChunkTask] = []
+    for si, src in enumerate(sources):
+        for start, stop, first_row in _sources.split_source(src, chunk_bytes):
+            payload = _sources.dataset_payload(src, start, stop) if src.kind == "dataset" else None
+            first_line = 1 if (src.kind in ("jsonl", "json") and start == 0) else None
+            tasks.append(ChunkTask(src.name, src.kind, start, stop, first_line, first_row,
+                                   len(tasks), si, payload))
+    return tasks
+
+
+# --------------------------------------------------------------------------- worker side
+
+
+def tokenize_chunk(task: ChunkTask, encoder, out_dir: str, *, on_error: str = "raise",
+                   progress=None) -> ChunkMeta:
+    """Tokenize one range and write ``out_dir/chunk-{index:06d}.{tokens,labels,lengths,rows}.npy``.
+
+    Runs in a loky worker (or a Ray task, or in-process for ``n_jobs=1``).
+
+    Args:
+        task: the range.
+        encoder: anything with ``encode_row(row) -> (tokens, labels)``.
+        out_dir: where the chunk files go.
+        on_error: ``"raise"``: the first bad record raises :class:`ChunkError`;
+            ``"skip"``: bad records are counted, the first few kept as examples.
+        progress: optional ``callable(records_done)``, called every 16
+            records; it may raise to stop the task.
+
+    Returns:
+        The :class:`ChunkMeta`; ``rows.npy`` holds each document's record
+        index inside the range (the driver adds the records before it).
+    """
+    t0 = time.perf_counter()
+    toks, labs, lengths, rows = [], [], [], []
+    rejected, examples = 0, []
+    n = 0
+    encode_row = encoder.encode_row
+    records = _sources.read_records(task.source, task.start, task.stop, kind=task.kind,
+                                    payload=task.payload)
+    for n, (local, rec) in enumerate(records, 1):
+        if isinstance(rec, _sources.BadRecord):
+            reason = rec.reason
+        else:
+            try:
+                t, lab = encode_row(rec)
+            except InputError as e:
+                reason = e.reason
+            except Exception as e:  # a bug in the encoder: say which row, never skip it
+                raise ChunkError(task.index, local, f"{type(e).__name__}: {e}", crash=True) from e
+            else:
+                if len(t) != len(lab):
+                    raise ChunkError(task.index, local, f"encode_row returned {len(t)} tokens but "
+                                     f"{len(lab)} labels", crash=True)
+                toks.append(t)
+                labs.append(lab)
+                lengths.append(len(t))
+                rows.append(n - 1)
+                if progress is not None and n % _PROGRESS_EVERY == 0:
+                    progress(n)
+                continue
+        if on_error == "raise":
+            raise ChunkError(task.index, local, reason)
+        rejected += 1
+        if len(examples) < MAX_EXAMPLES:
+            examples.append((local, reason))
+    tokens = np.concatenate(toks).astype(np.int32, copy=False) if toks else np.zeros(0, np.int32)
+    labels = np.concatenate(labs).astype(np.int32, copy=False) if labs else np.zeros(0, np.int32)
+    arrays = {"tokens": tokens, "labels": labels, "lengths": np.asarray(lengths, np.int64),
+              "rows": np.asarray(rows, np.int64)}
+    meta = ChunkMeta(task.index, out_dir, records=n, documents=len(lengths), tokens=int(tokens.size),
+                     trainable=int(np.count_nonzero(labels != IGNORE_INDEX)),
+                     lines=(_sources.count_newlines(task.source, task.stop, task.start)
+                            if task.kind == "jsonl" else n),
+                     rejected=rejected, examples=examples, pid=os.getpid())
+    for name in _SUFFIXES:
+        np.save(meta.path(name), arrays[name], allow_pickle=False)
+    if progress is not None:
+        progress(n)
+    meta.seconds = time.perf_counter() - t0
+    return meta
+
+
+_WORKER_ENCODERS: dict[str, object] = {}   # key -> encoder, in each worker process
+
+
+def _load_encoder(key: str, path: str):
+    enc = _WORKER_ENCODERS.get(key)
+    if enc is None:
+        with open(path, "rb") as f:
+            enc = pickle.load(f)
+        while len(_WORKER_ENCODERS) >= 2:          # keep the last two encoders
+            _WORKER_ENCODERS.pop(next(iter(_WORKER_ENCODERS)))
+        _WORKER_ENCODERS[key] = enc
+    return enc
+
+
+def _run_chunk(task: ChunkTask, enc_key: str, enc_path: str, out_dir: str, on_error: str,
+               progress_path: str, n_slots: int) -> ChunkMeta:
+    """The function loky workers run: one task, with progress and abort through a shared array."""
+    slots = np.memmap(progress_path, dtype=np.int64, mode="r+", shape=(n_slots,))
+    if slots[0]:
+        raise _Aborted()
+    slot = 1 + task.index
+
+    def progress(done: int) -> None:
+        slots[slot] = done
+        if slots[0]:
+            raise _Aborted()
+
+    encoder = _load_encoder(enc_key, enc_path)
+    try:
+        return tokenize_chunk(task, encoder, out_dir, on_error=on_error, progress=progress)
+    finally:
+        del slots
+
+
+def _warm() -> int:
+    return os.getpid()
+
+
+# --------------------------------------------------------------------------- driver side
+
+
+def effective_n_jobs(n_jobs: int | None) -> int:
+    """``-1`` -> every usable core; ``-2`` -> all but one; ``None`` -> 1."""
+    if n_jobs is None:
+        return 1
+    if not isinstance(n_jobs, (int, np.integer)) or isinstance(n_jobs, bool) or n_jobs == 0:
+        raise ValueError(f"n_jobs must be a non-zero integer (-1 = every core), got {n_jobs!r}")
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # macOS, Windows
+        cores = os.cpu_count() or 1
+    return max(1, int(n_jobs) if n_jobs > 0 else cores + 1 + int(n_jobs))
+
+
+_EXECUTOR_ENV = {"TOKENIZERS_PARALLELISM": "false", "RAYON_NUM_THREADS": "1"}
+
+
+_WARMING: list = []  # futures of warm() calls, waited for before the pool is resized
+
+
+def _executor(n_jobs: int):
+    from joblib.externals.loky import get_reusable_executor
+
+    if _WARMING:
+        wait(_WARMING, timeout=30)
+        _WARMING.clear()
+
+    # idle workers stay 5 minutes so later calls skip start-up (shutdown() frees them)
+    return get_reusable_executor(max_workers=n_jobs, timeout=300, env=_EXECUTOR_ENV)
+
+
+def warm(n_jobs: int) -> None:
+    """Start the worker processes now (returns at once; they start in the background)."""
+    if n_jobs > 1:
+        ex = _executor(n_jobs)
+        _WARMING.extend(ex.submit(_warm) for _ in range(n_jobs))
+
+
+def shutdown() -> None:
+    """Stop the persistent worker processes (they are restarted on demand)."""
+    from joblib.externals.loky import get_reusable_executor
+
+    get_reusable_executor(max_workers=1, timeout=300, env=_EXECUTOR_ENV).shutdown(wait=True,
+                                                                                   kill_workers=True)
+
+
+def _shm_root() -> str | None:
+    return "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
+
+
+def _sweep_stale(root: str) -> None:
+    """Remove chunk directories left by vecpack processes that no longer exist (e.g. SIGKILLed)."""
+    try:
+        names = os.listdir(root)
+    except OSError:
+        return
+    for name in names:
+        m = re.fullmatch(r"vecpack-chunks-(\d+)-[0-9a-f]{8}", name)
+        if not m:
+            continue
+        pid = int(m.group(1))
+        if pid == os.getpid():
+            continue
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            shutil.rmtree(os.path.join(root, name), ignore_errors=True)
+        except PermissionError:
+            pass
+
+
+def chunk_dir(estimated_bytes: int, fallback: str | None = None) -> str:
+    """Make a fresh directory for chunk files.
+
+    ``/dev/shm`` when it has room for 1.5 times ``estimated_bytes``; else
+    ``fallback`` (the caller's ``out_dir``) or the system temp directory.
+    """
+    name = f"vecpack-chunks-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    shm = _shm_root()
+    if shm is not None:
+        _sweep_stale(shm)
+        st = os.statvfs(shm)
+        if st.f_bavail * st.f_frsize > 1.5 * estimated_bytes + (64 << 20):
+            path = os.path.join(shm, name)
+            os.mkdir(path)
+            return path
+    root = fallback or tempfile.gettempdir()
+    os.makedirs(root, exist_ok=True)
+    path = os.path.join(root, "." + name)
+    os.mkdir(path)
+    return path
+
+
+_PICKLES: dict[int, tuple[object, str, bytes]] = {}  # id(encoder) -> (encoder, key, bytes)
+
+
+def _pickled(encoder) -> tuple[str, bytes]:
+    hit = _PICKLES.get(id(encoder))
+    if hit is not None and hit[0] is encoder:
+        return hit[1], hit[2]
+    try:
+        blob = pickle.dumps(encoder, protocol=pickle.HIGHEST_PROTOCOL)
+    except (pickle.PicklingError, AttributeError, TypeError) as e:
+        # a class defined in a function or a notebook: cloudpickle (which loky uses) copes
+        try:
+            import cloudpickle
+        except ImportError:
+            raise TypeError(f"the encoder cannot be pickled for the worker processes ({e}); "
+                            "define its class at module level or use n_jobs=1") from e
+        blob = cloudpickle.dumps(encoder, protocol=pickle.HIGHEST_PROTOCOL)
+    key = hashlib.sha1(blob).hexdigest()
+    while len(_PICKLES) >= 4:
+        _PICKLES.pop(next(iter(_PICKLES)))
+    _PICKLES[id(encoder)] = (encoder, key, blob)
+    return key, blob
+
+
+class _Bar:
+    """One tqdm bar over all workers, fed from the shared progress slots."""
+
+    def __init__(self, tasks: list[ChunkTask], enabled: bool, desc: str):
+        self.enabled = enabled
+        self.bar = None
+        if not enabled:
+            return
+        from tqdm.auto import tqdm
+
+        self.known = sum(_known_rows(t) for t in tasks if t.kind in ("parquet", "dataset"))
+        self.text_bytes = sum(t.stop - t.start for t in tasks if t.kind in ("jsonl", "json"))
+        self.rate = _rows_per_byte(tasks)
+        self.done_rows = 0
+        self.done_bytes = 0
+        self.bar = tqdm(total=self._total(), unit=" rows", desc=desc, dynamic_ncols=True,
+                        smoothing=0.1, file=sys.stderr)
+
+    def _total(self) -> int:
+        return int(self.known + self.text_bytes * self.rate)
+
+    def finished(self, task: ChunkTask, meta: ChunkMeta) -> None:
+        if self.bar is not None and task.kind in ("jsonl", "json") and task.stop > task.start:
+            self.done_rows += meta.records
+            self.done_bytes += task.stop - task.start
+            self.rate = self.done_rows / self.done_bytes
+
+    def update(self, slots: np.ndarray) -> None:
+        if self.bar is None:
+            return
+        n = int(slots[1:].sum())
+        total = max(self._total(), n)
+        if abs(total - (self.bar.total or 0)) > 0.002 * total:
+            self.bar.total = total
+        if n > self.bar.n:
+            self.bar.update(n - self.bar.n)
+
+    def close(self, final: int | None = None) -> None:
+        if self.bar is not None:
+            if final is not None:
+                self.bar.total = final
+                self.bar.n = final
+                self.bar.refresh()
+            self.bar.close()
+
+
+def _known_rows(task: ChunkTask) -> int:
+    if task.kind == "dataset":
+        return task.stop - task.start
+    if task.kind == "parquet":
+        import pyarrow.parquet as pq
+
+        md = pq.ParquetFile(task.source).metadata
+        return sum(md.row_group(g).num_rows for g in range(task.start, task.stop))
+    return 0
+
+
+def _rows_per_byte(tasks: list[ChunkTask]) -> float:
+    """A first guess of rows per input byte for JSONL/JSON (refined as tasks finish)."""
+    for t in tasks:
+        if t.kind == "jsonl" and t.stop > t.start:
+            n = min(t.stop - t.start, 1 << 20)
+            lines = _sources.count_newlines(t.source, t.start + n, t.start)
+            return max(lines, 1) / n
+    for a, b in zip(tasks, tasks[1:]):
+        if a.kind == "json" and b.source_index == a.source_index and b.stop > a.start:
+            return (b.first_row - a.first_row) / max(1, b.start - a.start)
+    return 1 / 2000
+
+
+def _died(exc: BaseException) -> BaseException:
+    from joblib.externals.loky.process_executor import TerminatedWorkerError
+
+    text = str(exc)
+    if not isinstance(exc, TerminatedWorkerError):  # e.g. a task that failed to unpickle
+        return RuntimeError(f"the worker pool broke: {text.strip()}")
+    m = re.search(r"exit codes of the workers are \{([^}]*)\}", text)
+    codes = m.group(1) if m else "unknown"
+    if "SIGKILL" in codes or "-9" in codes:
+        cause = ("it was killed with SIGKILL, most likely by the out-of-memory killer: lower "
+                 "n_jobs, or check `dmesg` for 'Out of memory'")
+    elif "SIGSEGV" in codes or "-11" in codes:
+        cause = "it crashed (segmentation fault) inside native code (the tokenizer?)"
+    else:
+        cause = "it was killed by the operating system, usually for running out of memory"
+    return WorkerDiedError(f"a tokenizer worker process died (exit code {codes}); {cause}. "
+                           "No partial result was kept.")
+
+
+def _locate(task: ChunkTask, local: int, lines_before: int | None = None) -> dict:
+    if task.first_line is not None and lines_before is None:
+        lines_before = task.first_line - 1
+    return _sources.locate(task.source, task.kind, task.start, task.stop, task.first_row, local,
+                           lines_before=lines_before)
+
+
+def located_error(task: ChunkTask, local: int, reason: str, crash: bool = False) -> Exception:
+    """The :class:`InputError` for record ``local`` of ``task`` (counts lines if needed).
+
+    With ``crash=True`` (the encoder raised something else), a ``RuntimeError``
+    naming the same place.
+    """
+    where = _locate(task, local)
+    if where["line"] is not None:
+        err = InputError(reason, file=task.source, line=where["line"])
+    else:
+        err = InputError(reason, file=task.source, row=where["row"])
+    if crash:
+        return RuntimeError(f"{str(err)[:-len(reason)]}the encoder failed on this row: {reason}")
+    return err
+
+
+def execute(tasks: list[ChunkTask], encoder, out_dir: str, *, n_jobs: int, on_error: str = "raise",
+            progress: bool = True, desc: str = "tokenize",
+            merger: ChunkMerger | None = None) -> list[ChunkMeta]:
+    """Run every task (in parallel when ``n_jobs > 1``) and return the metas in input order.
+
+    With a ``merger``, every finished chunk is handed to it at once (so the
+    copy into the final arrays overlaps the tokenizing).
+
+    On a bad record (``on_error="raise"``), a dead worker or Ctrl-C, the
+    other tasks are stopped, their chunk files are left in ``out_dir`` for
+    the caller to remove (it made the directory) and the error is raised:
+    :class:`InputError` located at file:line, :class:`WorkerDiedError`, or
+    ``KeyboardInterrupt``.
+    """
+    n_slots = 1 + len(tasks)
+    progress_path = os.path.join(out_dir, "progress.i64")
+    slots = np.memmap(progress_path, dtype=np.int64, mode="w+", shape=(n_slots,))
+    bar = _Bar(tasks, progress and len(tasks) > 0, desc)
+    metas: list[ChunkMeta | None] = [None] * len(tasks)
+    try:
+        if n_jobs <= 1 or len(tasks) <= 1:
+            _execute_inline(tasks, encoder, out_dir, on_error, slots, bar, metas, merger)
+        else:
+            _execute_pool(tasks, encoder, out_dir, on_error, progress_path, slots, bar, metas,
+                          min(n_jobs, len(tasks)), merger)
+        bar.close(final=sum(m.records for m in metas))
+        return metas  # type: ignore[return-value]
+    except BaseException:
+        bar.close()
+        raise
+    finally:
+        del slots
+
+
+def _execute_inline(tasks, encoder, out_dir, on_error, slots, bar, metas, merger) -> None:
+    last = [time.monotonic()]
+    for task in tasks:
+        def progress(done, _slot=1 + task.index):
+            slots[_slot] = done
+            now = time.monotonic()
+            if now - last[0] > 0.1:
+                last[0] = now
+                bar.update(slots)
+        try:
+            meta = tokenize_chunk(task, encoder, out_dir, on_error=on_error, progress=progress)
+        except ChunkError as e:
+            raise located_error(task, e.local, e.reason, e.crash) from e.__cause__
+        metas[task.index] = meta
+        if merger is not None:
+            merger.add(meta)
+        bar.finished(task, meta)
+        bar.update(slots)
+
+
+def _execute_pool(tasks, encoder, out_dir, on_error, progress_path, slots, bar, metas,
+                  n_jobs, merger) -> None:
+    from joblib.externals.loky.process_executor import BrokenProcessPool
+
+    key, blob = _pickled(encoder)
+    enc_path = os.path.join(out_dir, "encoder.pkl")
+    with open(enc_path, "wb") as f:
+        f.write(blob)
+    ex = _executor(n_jobs)
+    futures = {}
+    try:
+        for task in tasks:
+            fut = ex.submit(_run_chunk, task, key, enc_path, out_dir, on_error, progress_path,
+                            len(slots))
+            futures[fut] = task
+        pending = set(futures)
+        error: BaseException | None = None
+        while pending:
+            done, pending = wait(pending, timeout=0.1, return_when=FIRST_COMPLETED)
+            for fut in done:
+                task = futures[fut]
+                if fut.cancelled():
+                    continue
+                exc = fut.exception()
+                if exc is None:
+                    meta = fut.result()
+                    metas[task.index] = meta
+                    bar.finished(task, meta)
+                    if merger is not None and error is None:
+                        merger.add(meta)
+                    continue
+                if isinstance(exc, _Aborted):
+                    continue
+                if error is None or _earlier(exc, error, futures):
+                    error = exc
+                if isinstance(exc, BrokenProcessPool):
+                    pending = set()  # loky already stopped every worker
+                    break
+                slots[0] = 1  # running tasks stop at their next check; queued ones at once
+            bar.update(slots)
+        if error is not None:
+            if isinstance(error, ChunkError):
+                raise located_error(tasks[error.index], error.local, error.reason,
+                                    error.crash) from error.__cause__
+            if isinstance(error, BrokenProcessPool):
+                raise _died(error) from None
+            raise error
+    except BaseException as exc:
+        # Ctrl-C (or an error above): stop the workers' tasks before the caller removes out_dir
+        # (futures are not cancelled: loky trips over cancelled futures when it is killed)
+        slots[0] = 1
+        _, still = wait(list(futures), timeout=2 if isinstance(exc, KeyboardInterrupt) else 10)
+        if still:  # a task ignores the abort flag (stuck in native code): kill the pool
+            ex.shutdown(wait=True, kill_workers=True)
+        raise
+
+
+def _earlier(exc: BaseException, current: BaseException, futures) -> bool:
+    """Prefer the bad record that comes first in the input (deterministic messages)."""
+    return (isinstance(exc, ChunkError) and isinstance(current, ChunkError)
+            and (exc.index, exc.local) < (current.index, current.local))
+
+
+# --------------------------------------------------------------------------- merging
+
+_NPY_HEADER = 128  # bytes reserved for the header of a streamed .npy file
+
+
+def _npy_data_offset(f) -> tuple[int, tuple, np.dtype]:
+    version = np.lib.format.read_magic(f)
+    shape, _, dtype = (np.lib.format.read_array_header_1_0(f) if version == (1, 0)
+                       else np.lib.format.read_array_header_2_0(f))
+    return f.tell(), shape, dtype
+
+
+_COPY = ["copy_file_range", "sendfile", "read"]  # kernel copies first; drop what fails here
+
+
+def _copy_range(src, dst, offset: int, count: int) -> int:
+    """Copy up to ``count`` bytes of ``src`` from ``offset`` to ``dst``'s position."""
+    while True:
+        how = _COPY[0]
+        try:
+            if how == "copy_file_range":
+                return os.copy_file_range(src.fileno(), dst.fileno(), count, offset)
+            if how == "sendfile":
+                return os.sendfile(dst.fileno(), src.fileno(), offset, count)
+        except (OSError, AttributeError) as e:
+            if isinstance(e, OSError) and e.errno not in (18, 22, 38, 95):  # EXDEV EINVAL ENOSYS EOPNOTSUPP
+                raise
+            if len(_COPY) > 1 and _COPY[0] == how:
+                _COPY.pop(0)
+            continue
+        src.seek(offset)
+        return dst.write(src.read(min(count, 1 << 24)))
+
+
+class _NpyAppender:
+    """A 1-D ``.npy`` file written by appending; its header is written at :meth:`close`."""
+
+    def __init__(self, path: str, dtype):
+        self.path = path
+        self.dtype = np.dtype(dtype)
+        self.n = 0
+        self.f = open(path, "wb", buffering=0)
+        self.f.write(b"\0" * _NPY_HEADER)
+
+    def append(self, arr: np.ndarray) -> None:
+        arr = np.ascontiguousarray(arr, dtype=self.dtype)
+        if arr.size:
+            self.f.write(memoryview(arr).cast("B"))
+        self.n += arr.size
+
+    def append_npy(self, path: str, expect: int) -> None:
+        """Append the data of a ``.npy`` file (copied by the kernel, not through Python)."""
+        with open(path, "rb", buffering=0) as src:
+            offset, shape, dtype = _npy_data_offset(src)
+            if shape != (expect,) or dtype != self.dtype:
+                raise RuntimeError(f"chunk file {path} holds {dtype}{shape}, expected "
+                                   f"{self.dtype}({expect},)")
+            left = expect * self.dtype.itemsize
+            while left > 0:
+                n = _copy_range(src, self.f, offset, left)
+                if n <= 0:
+                    raise RuntimeError(f"chunk file {path} is truncated")
+                offset += n
+                left -= n
+        self.n += expect
+
+    def close(self) -> None:
+        header = ("{'descr': %r, 'fortran_order': False, 'shape': (%d,), }"
+                  % (self.dtype.str, self.n)).encode("latin1")
+        magic = b"\x93NUMPY\x01\x00"
+        room = _NPY_HEADER - len(magic) - 2
+        header = header + b" " * (room - len(header) - 1) + b"\n"
+        self.f.seek(0)
+        self.f.write(magic + room.to_bytes(2, "little") + header)
+        self.f.close()
+
+    def abort(self) -> None:
+        self.f.close()
+        try:
+            os.unlink(self.path)
+        except OSError:
+            pass
+
+
+class ChunkMerger:
+    """Concatenate chunk files in input order as they arrive, deleting each one once copied.
+
+    The driver feeds :meth:`add` every :class:`ChunkMeta` as its task
+    finishes (in any order); chunks are appended as soon as all earlier ones
+    are in, so the copy overlaps the tokenizing and chunk files do not pile up.
+
+    Args:
+        out_dir: where ``tokens.npy``, ``labels.npy``, ``offsets.npy`` and
+            ``row_ids.npy`` are written.
+        keep: ``True``: the files stay and :meth:`finish` returns read-only
+            memory maps of them; ``False``: :meth:`finish` maps them
+            copy-on-write and unlinks them (in-memory arrays, no final copy).
+    """
+
+    _ARRAYS = (("tokens", np.int32), ("labels", np.int32), ("offsets", np.int64),
+               ("row_ids", np.int64))
+
+    def __init__(self, out_dir: str, *, keep: bool = True):
+        os.makedirs(out_dir, exist_ok=True)
+        self.out_dir, self.keep = out_dir, keep
+        self.files = {name: _NpyAppender(os.path.join(out_dir, f"{name}.npy"), dt)
+                      for name, dt in self._ARRAYS}
+        self.files["offsets"].append(np.zeros(1, np.int64))
+        self.pending: dict[int, ChunkMeta] = {}
+        self.next = 0
+        self.tokens = 0
+        self.records = 0
+
+    def add(self, meta: ChunkMeta) -> None:
+        self.pending[meta.index] = meta
+        while self.next in self.pending:
+            self._append(self.pending.pop(self.next))
+            self.next += 1
+
+    def _append(self, m: ChunkMeta) -> None:
+        f = self.files
+        f["tokens"].append_npy(m.path("tokens"), m.tokens)
+        f["labels"].append_npy(m.path("labels"), m.tokens)
+        lengths = np.load(m.path("lengths"))
+        f["offsets"].append(np.cumsum(lengths) + self.tokens)
+        f["row_ids"].append(np.load(m.path("rows")) + self.records)
+        for name in _SUFFIXES:
+            os.unlink(m.path(name))
+        self.tokens += m.tokens
+        self.records += m.records
+
+    def finish(self):
+        """Close the files and return the :class:`~vecpack.tokenize.Tokenized` (empty stats)."""
+        from .tokenize import Tokenized
+
+        if self.pending:
+            raise RuntimeError(f"chunk {self.next} never arrived (have {sorted(self.pending)})")
+        arrays = {}
+        for name, _ in self._ARRAYS:
+            self.files[name].close()
+            path = self.files[name].path
+            if self.keep:
+                arrays[name] = np.load(path, mmap_mode="r")
+            else:  # the mapping keeps the data alive after the unlink
+                arrays[name] = np.asarray(np.load(path, mmap_mode="c"))
+                os.unlink(path)
+        return Tokenized(stats={}, **arrays)
+
+    def abort(self) -> None:
+        for f in self.files.values():
+            f.abort()
+
+
+def merge_chunks(metas: list[ChunkMeta], out_dir: str | None = None):
+    """Concatenate chunk files in input order into a :class:`~vecpack.tokenize.Tokenized`.
+
+    Each chunk's files are deleted as soon as they are copied. ``row_ids`` are
+    global: the records of earlier chunks are added to each chunk's local rows.
+
+    Args:
+        metas: one :class:`ChunkMeta` per task (any order).
+        out_dir: write ``tokens.npy``, ``labels.npy``, ``offsets.npy`` and
+            ``row_ids.npy`` there and return them memory-mapped (read-only);
+            ``None`` returns in-memory arrays (built next to the chunk files).
+
+    Returns:
+        ``Tokenized`` with empty ``stats`` (the caller fills them in).
+    """
+    metas = sorted(metas, key=lambda m: m.index)
+    if not metas:
+        from .tokenize import Tokenized
+
+        if out_dir is not None:
+            return ChunkMerger(out_dir).finish()
+        return Tokenized(np.zeros(0, np.int32), np.zeros(0, np.int32), np.zeros(1, np.int64),
+                         np.zeros(0, np.int64), {})
+    work = out_dir if out_dir is not None else os.path.join(metas[0].out_dir,
+                                                            f"merge-{uuid.uuid4().hex[:8]}")
+    merger = ChunkMerger(work, keep=out_dir is not None)
+    try:
+        for m in metas:
+            merger.add(m)
+        result = merger.finish()
+    except BaseException:
+        merger.abort()
+        raise
+    finally:
+        if out_dir is None:
+            shutil.rmtree(work, ignore_errors=True)
+    return result
