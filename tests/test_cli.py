@@ -332,11 +332,12 @@ def test_cache_list_info_clear(packed_run, work):
     for e in entries:
         assert e.key in listing
     assert f"{len(entries)} entries" in listing and ("KiB" in listing or "MiB" in listing)
-    key = entries[0].key
+    entry = next(e for e in entries if e.key.startswith("corpus-"))  # holds int32 arrays
+    key = entry.key
     info = run("cache", "info", key[:12], cache=cache).stdout
     assert re.search(r"^key\s+" + key + "$", info, flags=re.M) and "arrays" in info and "int32" in info
     data = json.loads(run("cache", "info", key[:12], "--json", cache=cache).stdout)
-    assert data["key"] == key and data["bytes"] == entries[0].bytes and data["size"]
+    assert data["key"] == key and data["bytes"] == entry.bytes and data["size"]
     # --cache-dir works instead of $VECPACK_CACHE, before or after the action
     assert key in run("cache", "--cache-dir", cache, "list", cache=work / "elsewhere").stdout
     assert key in run("cache", "list", "--cache-dir", cache, cache=work / "elsewhere").stdout
@@ -393,6 +394,8 @@ def test_bad_command_lines_in_a_subprocess(args, code, needle, work):
     (["pack", EXAMPLE_DATA, "--tokenizer", EXAMPLE_TOKENIZER, "--max-len", 8, "--strategy", "nfd"], 2, "nfd"),
     (["pack", EXAMPLE_DATA, "--tokenizer", EXAMPLE_TOKENIZER, "--max-len", 8, "--jobs", 0], 2, "--jobs"),
     (["pack", EXAMPLE_DATA, "--tokenizer", EXAMPLE_TOKENIZER, "--max-len", 8, "--frobnicate"], 2, "--frobnicate"),
+    (["pack", EXAMPLE_DATA, "--tokenizer", EXAMPLE_TOKENIZER, "--max-len", 8, "--address", "auto"], 1,
+     "--backend ray"),
     (["inspect", "no-such-out"], 1, "no-such-out"),
     (["inspect", EXAMPLE_DATA], 1, "not a directory"),
     (["stats", "no-such-out"], 1, "no-such-out"),

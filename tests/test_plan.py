@@ -7,7 +7,7 @@ from hypothesis import strategies as st
 
 import reference as ref
 from vecpack.errors import InputError
-from vecpack.plan import Plan, plan
+from vecpack.plan import LONG_POLICIES, Plan, plan
 
 STRATEGIES = ["greedy", "ffd", "bfd"]
 POLICIES = ["truncate", "drop", "split"]
@@ -173,3 +173,20 @@ def test_ffd_fill_and_greedy_fill_on_lognormal():
     assert ffd["fill"] >= 0.999
     assert greedy["fill"] < ffd["fill"]
     assert greedy["num_tokens"] == ffd["num_tokens"]
+
+
+def test_long_policy_codes_agree_with_the_kernels():
+    from vecpack import _kernels
+
+    assert LONG_POLICIES == {"drop": _kernels.LONG_DROP, "error": _kernels.LONG_ERROR,
+                             "split": _kernels.LONG_SPLIT, "truncate": _kernels.LONG_TRUNCATE}
+
+
+def test_import_vecpack_does_not_import_numba_or_torch():
+    import subprocess
+    import sys
+
+    code = ("import sys, vecpack; heavy = [m for m in ('numba', 'torch', 'transformers', "
+            "'pyarrow', 'ray', 'matplotlib') if m in sys.modules]; print(heavy)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"

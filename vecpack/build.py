@@ -45,7 +45,7 @@ import numpy as np
 
 from . import cache as _cache
 from ._version import __version__
-from .packed import Packed, pack
+from .packed import Packed, pack, warm_kernels
 from .plan import LONG_POLICIES, STRATEGIES, Plan, plan
 
 __all__ = ["BuildInfo", "build", "corpus_key_inputs", "load", "save", "tokenizer_fingerprint"]
@@ -384,6 +384,7 @@ def build(data_files, tokenizer=None, max_len: int | None = None, *, style: str 
         tok_kwargs["encoder"] = encoder
 
     if not cache:
+        warm_kernels(strategy, long)  # loads while the tokenizer loads
         t = tokenize(data_files, tokenizer, **tok_kwargs)
         packed = pack(t.tokens, t.offsets, max_len, labels=t.labels, strategy=strategy,
                       pad_id=_pad_id(tokenizer, encoder) if pad_id is None else pad_id,
@@ -400,6 +401,7 @@ def build(data_files, tokenizer=None, max_len: int | None = None, *, style: str 
     ckey = _cache.make_key("corpus", inputs)
 
     def build_corpus(tmp: pathlib.Path) -> dict:
+        warm_kernels(strategy, long)  # loads while the tokenizer loads
         t = tokenize(data_files, tokenizer, out_dir=tmp, **tok_kwargs)
         missing = [n for n in _CORPUS_ARRAYS if not (tmp / f"{n}.npy").exists()]
         if missing:

@@ -188,6 +188,10 @@ def cmd_pack(args) -> int:
         if p.is_dir():
             raise IsADirectoryError(f"input {f}: is a directory, expected a JSONL, JSON or Parquet file")
     tokenizer = _existing_dir(args.tokenizer, "--tokenizer").resolve()  # recorded for `vecpack inspect`
+    if args.address:
+        if args.backend != "ray":
+            raise ValueError("--address needs --backend ray")
+        os.environ["RAY_ADDRESS"] = args.address  # vecpack.ray_backend joins this cluster
     out = pathlib.Path(args.output) if args.output else None
     if out is not None:
         _check_output(out)
@@ -427,6 +431,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--jobs", "-j", type=_jobs, default=-1, metavar="N",
                    help="worker processes (default: -1, every core)")
     p.add_argument("--backend", default="loky", choices=("loky", "ray"), help="worker pool (default: loky)")
+    p.add_argument("--address", metavar="ADDR",
+                   help="with --backend ray: the cluster to join (auto, ray://HOST:10001); "
+                        "default $RAY_ADDRESS, else a local Ray instance")
     p.add_argument("--on-error", default="raise", choices=("raise", "skip"),
                    help="a malformed row: stop with its file:line (raise), or skip and count it (default: raise)")
     p.add_argument("--no-cache", action="store_true", help="do not read or write the cache")

@@ -30,10 +30,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import _kernels
-from .plan import LONG_POLICIES, STRATEGIES, Plan, _check_choice, _check_int, _ro, plan
+from .plan import LONG_POLICIES, STRATEGIES, Plan, _check_choice, _check_int, _kernels, _ro, plan
 
-__all__ = ["Packed", "pack"]
+__all__ = ["Packed", "pack", "warm_kernels"]
 
 _INT32 = np.iinfo(np.int32)
 _ARRAYS = ("input_ids", "labels", "position_ids", "document_ids")
@@ -344,3 +343,33 @@ def pack(tokens, offsets, max_len: int, *, labels=None, strategy: str = "bfd", p
                              f"{tokens.shape[0]}; they must be aligned")
     p = plan(np.diff(offsets), max_len, strategy=strategy, long=long, shuffle_seed=shuffle_seed)
     return Packed(tokens, offsets, p, labels=labels, pad_id=pad_id, ignore_index=ignore_index)
+
+
+def warm_kernels(strategy: str = "bfd", long: str = "truncate", *, background: bool = True):
+    """Load (or compile) the numba kernels that a later :func:`pack` will call.
+
+    :func:`vecpack.build` calls this in a background thread while the
+    tokenizer workers run, so the ~0.3 s of loading numba's on-disk cache (or
+    the first compilation on a new machine) is hidden instead of added.
+
+    Args:
+        strategy, long: the kernels to load (as in :func:`vecpack.plan`).
+        background: run in a daemon thread and return it; else run now.
+
+    >>> warm_kernels("greedy", background=False)
+    """
+    def run():
+        tokens = np.arange(1, 8, dtype=np.int32)
+        p = pack(tokens, np.array([0, 3, 5, 7], dtype=np.int64), 4, strategy=strategy,
+                 long="truncate" if long == "error" else long, shuffle_seed=0)
+        p.input_ids  # noqa: B018 - the parallel fill
+        p[0]         # the one-pack fill
+
+    if not background:
+        run()
+        return None
+    import threading
+
+    thread = threading.Thread(target=run, name="vecpack-warm-kernels", daemon=True)
+    thread.start()
+    return thread

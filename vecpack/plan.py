@@ -23,18 +23,30 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import _kernels
 from .errors import InputError
 
 __all__ = ["LONG_POLICIES", "Plan", "STRATEGIES", "plan"]
 
 STRATEGIES = ("bfd", "ffd", "greedy")
-LONG_POLICIES = {
-    "drop": _kernels.LONG_DROP,
-    "error": _kernels.LONG_ERROR,
-    "split": _kernels.LONG_SPLIT,
-    "truncate": _kernels.LONG_TRUNCATE,
-}
+# The values of _kernels.LONG_* (tests check they agree), spelled out so that importing
+# this module does not import numba.
+LONG_POLICIES = {"drop": 1, "error": 3, "split": 2, "truncate": 0}
+
+
+class _LazyKernels:
+    """``vecpack._kernels``, imported on first use.
+
+    Tokenizer workers import vecpack but never pack: they skip numba's ~0.2 s import.
+    """
+
+    def __getattr__(self, name):
+        from . import _kernels as kernels
+
+        self.__dict__.update((k, v) for k, v in vars(kernels).items() if not k.startswith("__"))
+        return getattr(kernels, name)
+
+
+_kernels = _LazyKernels()
 _INT32_MAX = 2**31 - 1
 
 

@@ -349,14 +349,16 @@ def _sweep_stale(root: str) -> None:
             pass
 
 
-def chunk_dir(estimated_bytes: int, fallback: str | None = None) -> str:
+def chunk_dir(estimated_bytes: int, fallback: str | None = None, *, shared: bool = False) -> str:
     """Make a fresh directory for chunk files.
 
     ``/dev/shm`` when it has room for 1.5 times ``estimated_bytes``; else
     ``fallback`` (the caller's ``out_dir``) or the system temp directory.
+    ``shared=True`` (Ray: writers on other machines) skips ``/dev/shm``,
+    which only this machine sees.
     """
     name = f"vecpack-chunks-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-    shm = _shm_root()
+    shm = None if shared else _shm_root()
     if shm is not None:
         _sweep_stale(shm)
         st = os.statvfs(shm)

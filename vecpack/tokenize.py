@@ -225,7 +225,9 @@ def tokenize(data_files, tokenizer=None, *, style: str = "sharegpt", column: str
         os.makedirs(out_dir, exist_ok=True)
     # /dev/shm holds the in-flight chunk files, plus the result itself when it is in memory
     in_flight = int(2.5 * chunk_bytes) * 4 * n_jobs
-    work = _pool.chunk_dir(in_flight + (estimate if out_dir is None else 0), out_dir)
+    # Ray tasks may run on other machines: their chunk files go next to out_dir (the cache).
+    work = _pool.chunk_dir(in_flight + (estimate if out_dir is None else 0), out_dir,
+                           shared=backend == "ray" and out_dir is not None)
     try:
         # finished chunks are appended to the final arrays while the others run
         merger = _pool.ChunkMerger(out_dir if out_dir is not None else os.path.join(work, "merged"),
