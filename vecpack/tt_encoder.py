@@ -189,6 +189,13 @@ class _Engine:
     def tokenize(self, msgs: list[Msg], max_seq_len: int | None) -> tuple[np.ndarray, np.ndarray]:
         raise NotImplementedError
 
+    def const(self, text: str) -> list[int]:
+        """``encode(text)`` memoised in ``self._const``: headers, footers, system prompts."""
+        got = self._const.get(text)
+        if got is None:
+            got = self._const[text] = self.encode(text)
+        return got
+
 
 class _QwenEngine(_Engine):
     """torchtune Qwen2 / Qwen2.5 ``tokenize_messages`` over tiktoken."""
@@ -220,12 +227,6 @@ class _QwenEngine(_Engine):
         if self._has_special is not None and self._has_special(text):
             return self.enc.encode(text, allowed_special="all", disallowed_special=())
         return self.enc.encode_ordinary(text)
-
-    def const(self, text: str) -> list[int]:
-        got = self._const.get(text)
-        if got is None:
-            got = self._const[text] = self.encode(text)
-        return got
 
     def tokenize(self, msgs, max_seq_len):
         t: list[int] = []  # all tokens so far
@@ -339,12 +340,6 @@ class _Llama3Engine(_Engine):
             for piece in split_long_runs(text[i:i + _MAX_ENCODE_CHARS]):
                 out += self.enc.encode_ordinary(piece)
         return out
-
-    def const(self, text: str) -> list[int]:
-        got = self._const.get(text)
-        if got is None:
-            got = self._const[text] = self.encode(text)
-        return got
 
     def tokenize(self, msgs, max_seq_len):
         t = [self.bos_id]
