@@ -400,12 +400,18 @@ class PidEncoder(ByteEncoder):
     """ByteEncoder that leaves a file per process it ran in (to see the pool at work)."""
 
     def __init__(self, pid_dir):
+        import os
+
         self.pid_dir = str(pid_dir)
+        self.parent = os.getpid()
 
     def encode_row(self, row):
         import os
+        import time
 
         open(os.path.join(self.pid_dir, str(os.getpid())), "a").close()
+        if os.getpid() == self.parent:
+            time.sleep(0.002)  # a slow consumer: the pool's workers must win some batches
         return super().encode_row(row)
 
 
