@@ -363,3 +363,32 @@ def test_an_encoder_bug_names_the_row_and_is_never_skipped(tmp_path, n_jobs):
         vecpack.tokenize(path, encoder=BuggyEncoder(), n_jobs=n_jobs, chunk_bytes=2000,
                          progress=False, on_error="skip")
     assert not leftovers()
+
+
+def test_a_multiprocessing_child_that_used_the_pool_exits_promptly(data, tmp_path):
+    """multiprocessing joins its children's children at exit: the idle workers must go first."""
+    import subprocess
+    import sys
+
+    path, _ = data
+    script = (
+        "import multiprocessing as mp, sys, time\n"
+        "sys.path.insert(0, sys.argv[1])\n"
+        "def child(path):\n"
+        "    import vecpack\n"
+        "    from test_pool import ByteEncoder\n"
+        "    assert len(vecpack.tokenize(path, encoder=ByteEncoder(), n_jobs=2, chunk_bytes=4000,\n"
+        "                                progress=False)) == 600\n"
+        "if __name__ == '__main__':\n"
+        "    p = mp.get_context('spawn').Process(target=child, args=(sys.argv[2],))\n"
+        "    t = time.monotonic(); p.start(); p.join(60)\n"
+        "    print(p.exitcode, round(time.monotonic() - t, 1))\n"
+        "    if p.is_alive(): p.kill()\n")
+    (tmp_path / "parent.py").write_text(script)  # spawn re-imports the parent's main module
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([repo, os.environ.get("PYTHONPATH", "")])}
+    out = subprocess.run([sys.executable, str(tmp_path / "parent.py"), os.path.dirname(__file__), path],
+                         capture_output=True, text=True, timeout=120, cwd=repo, env=env)
+    code, seconds = out.stdout.split()
+    assert code == "0", out.stderr  # None: still waiting for loky's idle workers after 60 s
+    assert float(seconds) < 30

@@ -704,7 +704,8 @@ class Cache:
 
         def on_wait(holder: str):
             logger.info("vecpack: waiting for %s, which is building %s (lock %s)",
-                        f"pid {holder}" if holder[:1].isdigit() else holder, key, self._lock_path(key))
+                        f"pid {holder}" if holder[:1].isdigit() else (holder or "another process"),
+                        key, self._lock_path(key))
 
         with _flock(self._lock_path(key), on_wait=on_wait):
             entry, problem = self._try_open(key, verify=verify)  # built by whoever held the lock

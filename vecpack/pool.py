@@ -305,8 +305,37 @@ def _executor(n_jobs: int):
         wait(_WARMING, timeout=30)
         _WARMING.clear()
 
+    _stop_at_exit()
     # idle workers stay 5 minutes so later calls skip start-up (shutdown() frees them)
     return get_reusable_executor(max_workers=n_jobs, timeout=300, env=_EXECUTOR_ENV)
+
+
+_AT_EXIT_PID: list = []  # the process that registered the exit hook (forked children re-register)
+
+
+def _stop_at_exit() -> None:
+    """Stop the idle workers when this process exits.
+
+    Without this, a process that is itself a ``multiprocessing`` child (a
+    DataLoader worker, a user's own pool) waits at exit for multiprocessing to
+    join the idle loky workers, up to their 5-minute idle timeout. A
+    ``multiprocessing.util.Finalize`` with an exit priority runs before that
+    join, in the main process and in children alike.
+    """
+    if _AT_EXIT_PID == [os.getpid()]:
+        return
+    from multiprocessing import util
+
+    util.Finalize(None, _shutdown_existing, exitpriority=20)
+    _AT_EXIT_PID[:] = [os.getpid()]
+
+
+def _shutdown_existing() -> None:
+    from joblib.externals.loky import reusable_executor
+
+    ex = reusable_executor._executor
+    if ex is not None:
+        ex.shutdown(wait=True, kill_workers=True)
 
 
 def warm(n_jobs: int) -> None:
@@ -318,10 +347,7 @@ def warm(n_jobs: int) -> None:
 
 def shutdown() -> None:
     """Stop the persistent worker processes (they are restarted on demand)."""
-    from joblib.externals.loky import get_reusable_executor
-
-    get_reusable_executor(max_workers=1, timeout=300, env=_EXECUTOR_ENV).shutdown(wait=True,
-                                                                                   kill_workers=True)
+    _shutdown_existing()
 
 
 def _shm_root() -> str | None:

@@ -623,14 +623,19 @@ def _result(fut):
 
 
 def _split(arrays):
-    """(tokens, labels, lengths, errors) -> per-row (tokens, labels) views (None for bad rows)."""
+    """(tokens, labels, lengths, errors) -> per-row (tokens, labels) copies (None for bad rows).
+
+    Copies, not views: a view would keep its whole batch array alive for as long as
+    one short document of the batch waits in the buffer, and memory would then grow
+    towards ``buffer_size`` batches instead of ``buffer_size`` documents.
+    """
     tokens, labels, lengths, _ = arrays
     out, at = [], 0
     for n in lengths.tolist():
         if n < 0:
             out.append(None)
         else:
-            out.append((tokens[at:at + n], labels[at:at + n]))
+            out.append((tokens[at:at + n].copy(), labels[at:at + n].copy()))
             at += n
     return out
 
