@@ -189,6 +189,18 @@ class _Engine:
     def tokenize(self, msgs: list[Msg], max_seq_len: int | None) -> tuple[np.ndarray, np.ndarray]:
         raise NotImplementedError
 
+    def _arrays(self, t: list[int], lens: list[int], flags: list[bool],
+                max_seq_len: int | None) -> tuple[np.ndarray, np.ndarray]:
+        """Token and mask arrays from runs of ``lens`` tokens with mask ``flags``, then
+        torchtune's ``truncate()``: cut at ``max_seq_len``, the last token eos and masked."""
+        tokens = np.array(t, dtype=np.int32)
+        mask = np.repeat(np.array(flags, dtype=bool), lens)
+        if max_seq_len:
+            tokens, mask = tokens[:max_seq_len], mask[:max_seq_len]
+            tokens[-1] = self.eos_id
+            mask[-1] = True
+        return tokens, mask
+
     def const(self, text: str) -> list[int]:
         """``encode(text)`` memoised in ``self._const``: headers, footers, system prompts."""
         got = self._const.get(text)
@@ -272,13 +284,7 @@ class _QwenEngine(_Engine):
         # eos with the previous token's mask, then torchtune's truncate()
         t.append(self.eos_id)
         lens[-1] += 1
-        tokens = np.array(t, dtype=np.int32)
-        mask = np.repeat(np.array(flags, dtype=bool), lens)
-        if max_seq_len:
-            tokens, mask = tokens[:max_seq_len], mask[:max_seq_len]
-            tokens[-1] = self.eos_id
-            mask[-1] = True
-        return tokens, mask
+        return self._arrays(t, lens, flags, max_seq_len)
 
 
 _SPACE_RUNS = None
@@ -362,13 +368,7 @@ class _Llama3Engine(_Engine):
         t.append(self.eos_id)
         lens.append(1)
         flags.append(True)
-        tokens = np.array(t, dtype=np.int32)
-        mask = np.repeat(np.array(flags, dtype=bool), lens)
-        if max_seq_len:
-            tokens, mask = tokens[:max_seq_len], mask[:max_seq_len]
-            tokens[-1] = self.eos_id
-            mask[-1] = True
-        return tokens, mask
+        return self._arrays(t, lens, flags, max_seq_len)
 
 
 class _MistralEngine(_Engine):
