@@ -12,7 +12,6 @@ import pytest
 from vecpack.encoder import ChatEncoder
 from vecpack.errors import InputError
 from vecpack.formats import to_messages
-from vecpack.testing import make_sharegpt
 
 transformers = pytest.importorskip("transformers")
 

@@ -7,7 +7,6 @@ from hypothesis import strategies as st
 
 import reference as ref
 from vecpack.packed import Packed, pack
-from vecpack.plan import plan
 
 FIELDS = ("input_ids", "labels", "position_ids", "document_ids")
 

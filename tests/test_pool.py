@@ -358,8 +358,8 @@ def test_an_encoder_bug_names_the_row_and_is_never_skipped(tmp_path, n_jobs):
     rows = [conv(i) for i in range(200)]
     rows[150] = conv(150, "BUG")
     path = write_jsonl(tmp_path / "bug.jsonl", rows)
-    with pytest.raises(RuntimeError, match=rf"bug.jsonl:151: the encoder failed on this row: "
-                                           rf"KeyError: 'oops'"):
+    with pytest.raises(RuntimeError, match=r"bug.jsonl:151: the encoder failed on this row: "
+                                           r"KeyError: 'oops'"):
         vecpack.tokenize(path, encoder=BuggyEncoder(), n_jobs=n_jobs, chunk_bytes=2000,
                          progress=False, on_error="skip")
     assert not leftovers()
