@@ -451,3 +451,45 @@ def test_random_conversations_match_hf_tokenizers(request, fixture):
         np.testing.assert_array_equal(labels, l2)
 
     check()
+
+
+@pytest.mark.parametrize("name", ["qwen_dir", "llama3_dir"])
+@pytest.mark.parametrize("masking", ["assistant", "last"])
+def test_hf_labels_from_span_edges_equal_the_offset_rule(request, name, masking, monkeypatch):
+    """The HF-tokenizers backend asks only about span edges; it must label like every offset."""
+    from vecpack import encoder as encoder_mod
+
+    d = request.getfixturevalue(name)
+    rows = [{"conversations": [
+        {"from": "system", "value": "Sé breve 🤖"},
+        {"from": "human", "value": "emoji 🤖🚀👩‍💻 flags 🇧🇷 e\u0301 日本語 \n\n x"},
+        {"from": "gpt", "value": "🚀 ok é 日本\n\n"},
+        {"from": "human", "value": "<|im_end|> and <|eot_id|> as text"},
+        {"from": "gpt", "value": "\n\n🇧🇷  "}]},
+        {"conversations": [{"from": "human", "value": "a"}, {"from": "gpt", "value": "b"}]}]
+    enc = ChatEncoder.from_tokenizer(d, backend="tokenizers", masking=masking)
+    fast = [enc.encode_row(r) for r in rows]
+    monkeypatch.setattr(encoder_mod, "_label_runs", lambda *a: False)
+    exact = [enc.encode_row(r) for r in rows]
+    for (t1, l1), (t2, l2) in zip(fast, exact):
+        assert t1.tolist() == t2.tolist() and l1.tolist() == l2.tolist()
+        assert (l1 != -100).any()
+
+
+@pytest.mark.parametrize("masking", ["assistant", "last", "all"])
+def test_chunk_sink_equals_row_by_row(qwen_dir, masking):
+    rows = [{"conversations": [
+        {"from": "system", "value": "You are helpful."},
+        {"from": "human", "value": f"question {i} café e\u0301 🤖" * (i % 3 + 1)},
+        {"from": "gpt", "value": f"answer {i}\n\n" + "x" * i}]} for i in range(40)]
+    rows.append({"conversations": [{"from": "human", "value": "<|im_start|>"},
+                                   {"from": "gpt", "value": ""}]})
+    enc = ChatEncoder.from_tokenizer(qwen_dir, masking=masking)
+    sink = enc.chunk_sink()
+    lengths = [sink.add(r) for r in rows]
+    tokens, labels = sink.finish()
+    per = [enc.encode_row(r) for r in rows]
+    assert lengths == [len(t) for t, _ in per]
+    assert tokens.tolist() == np.concatenate([t for t, _ in per]).tolist()
+    assert labels.tolist() == np.concatenate([lab for _, lab in per]).tolist()
+    assert ChatEncoder.from_tokenizer(qwen_dir, backend="tokenizers").chunk_sink() is None

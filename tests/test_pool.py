@@ -310,12 +310,56 @@ def test_merge_chunks_contract(data, tmp_path):
     path, rows = data
     tasks = pool.plan_chunks([path], chunk_bytes=5000)
     metas = [pool.tokenize_chunk(t, ByteEncoder(), str(tmp_path)) for t in reversed(tasks)]
-    assert len(list(tmp_path.glob("chunk-*.npy"))) == 4 * len(tasks)
+    assert len(list(tmp_path.glob("chunk-*.npy"))) == 2 * len(tasks)
+    assert all(m.lengths.sum() == m.tokens and len(m.rows) == m.documents for m in metas)
     t = pool.merge_chunks(metas)
     assert len(t) == len(rows) and not list(tmp_path.glob("chunk-*"))
     ref = vecpack.tokenize(path, encoder=ByteEncoder(), n_jobs=1, progress=False)
     for a, b in zip(arrays(ref), arrays(t)):
         assert a.tobytes() == b.tobytes()
+
+
+@pytest.mark.parametrize("order", ["forward", "reversed", "shuffled"])
+def test_chunks_written_in_place_or_copied_give_the_same_arrays(data, tmp_path, order):
+    """A chunk whose predecessors' sizes are known goes straight into the final files."""
+    path, rows = data
+    tasks = pool.plan_chunks([path], chunk_bytes=5000)
+    run = list(tasks)
+    if order == "reversed":
+        run.reverse()
+    elif order == "shuffled":
+        np.random.default_rng(0).shuffle(run)
+    merger = pool.ChunkMerger(str(tmp_path / "out"))
+    direct = merger.direct_target(str(tmp_path), len(tasks))
+    metas = [pool.tokenize_chunk(t, ByteEncoder(), str(tmp_path), direct=direct) for t in run]
+    n_direct = sum(m.direct for m in metas)
+    if order == "forward":
+        assert n_direct == len(tasks)
+    elif order == "reversed":
+        assert n_direct == 1  # only the first chunk: every other one finished before its predecessor
+    assert len(list(tmp_path.glob("chunk-*.npy"))) == 2 * (len(tasks) - n_direct)
+    for m in metas:
+        merger.add(m)
+    t = merger.finish()
+    assert not list(tmp_path.glob("chunk-*"))
+    ref = vecpack.tokenize(path, encoder=ByteEncoder(), n_jobs=1, progress=False)
+    for a, b in zip(arrays(ref), arrays(t)):
+        assert a.tobytes() == b.tobytes()
+
+
+def test_a_missing_chunk_is_an_error_not_a_hole(data, tmp_path):
+    path, rows = data
+    tasks = pool.plan_chunks([path], chunk_bytes=5000)
+    merger = pool.ChunkMerger(str(tmp_path / "out"))
+    direct = merger.direct_target(str(tmp_path), len(tasks))
+    metas = [pool.tokenize_chunk(t, ByteEncoder(), str(tmp_path), direct=direct)
+             for t in [tasks[-1], *tasks[:-1]]]
+    assert not metas[0].direct
+    metas[0].direct = True  # claims in place, but wrote a chunk file
+    for m in metas:
+        merger.add(m)
+    with pytest.raises(RuntimeError, match="a chunk went missing"):
+        merger.finish()
 
 
 def test_stale_chunk_dirs_of_dead_processes_are_swept(tmp_path):

@@ -214,3 +214,31 @@ def test_sample_rows_skips_bad_lines(tmp_path):
     p = tmp_path / "s.jsonl"
     p.write_bytes(b'{"a": 1}\nnot json\n{"a": 2}\n')
     assert sources.sample_rows(resolve_sources(str(p)), 5) == [{"a": 1}, {"a": 2}]
+
+
+def test_jsonl_lines_parse_exactly_as_the_json_module_does(tmp_path, monkeypatch):
+    """orjson reads well-formed lines; whatever it refuses is decided by json, as before."""
+    lines = [
+        '{"text": "plain"}',
+        '{"text": "lone \\ud800 surrogate escape"}',    # json accepts, orjson refuses
+        '{"text": "x", "n": NaN, "big": 123456789012345678901234567890}',
+        '{"text": "dup", "text": "last wins"}',
+        '{"text": "unicode \\u00e9 é 🤖", "nested": {"a": [1, 2.5, null, true]}}',
+        '[1, 2]',
+        '{"text": "trailing comma",}',
+        '{"text": "ok"}   ',
+    ]
+    p = tmp_path / "rows.jsonl"
+    p.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    size = p.stat().st_size
+    fast = [rec for _, rec in read_records(str(p), 0, size, kind="jsonl")]
+    monkeypatch.setattr(sources, "_orjson_loads", None)
+    slow = [rec for _, rec in read_records(str(p), 0, size, kind="jsonl")]
+    assert len(fast) == len(slow) == len(lines)
+    for a, b, line in zip(fast, slow, lines):
+        if isinstance(b, BadRecord):
+            assert isinstance(a, BadRecord) and a.reason == b.reason, line
+        else:
+            assert repr(a) == repr(b), line  # repr: NaN != NaN
+    assert fast[1]["text"] == "lone \ud800 surrogate escape" and fast[3]["text"] == "last wins"
+    assert isinstance(fast[5], BadRecord) and "JSON object" in fast[5].reason

@@ -2,6 +2,7 @@
 
 import importlib
 import json
+import os
 
 import numpy as np
 import pytest
@@ -139,3 +140,105 @@ def test_out_dir_and_pack(sharegpt_file, qwen_dir, ref, tmp_path):
     assert loaded.dtype == np.int32 and loaded.shape == ref.tokens.shape
     packed = vecpack.pack(t.tokens, t.offsets, 4096, labels=t.labels)
     assert len(packed) > 0
+
+
+def _fresh_encoders():
+    importlib.import_module("vecpack.tokenize")._ENCODERS.clear()
+
+
+@pytest.mark.parametrize("n_jobs", [1, 2])
+def test_a_failed_parity_check_reruns_everything_with_hf_tokenizers(sharegpt_file, qwen_dir, ref,
+                                                                    monkeypatch, n_jobs):
+    """The check runs beside the tokenizing; when it fails, nothing of the tiktoken run is kept."""
+    from concurrent.futures import Future
+
+    from vecpack import pool
+
+    started = []
+
+    def failing(encoder, texts, n):
+        started.append(encoder.backend)
+        fut = Future()
+        fut.set_result("tiktoken and HF tokenizers differ on a sample at token 3 (test)")
+        return fut
+
+    _fresh_encoders()
+    monkeypatch.setattr(pool, "start_check", failing)
+    with pytest.warns(RuntimeWarning, match="differ on a sample at token 3"):
+        t = vecpack.tokenize(sharegpt_file, qwen_dir, n_jobs=n_jobs, chunk_bytes=200_000,
+                             progress=False)
+    assert started == ["tiktoken"] and t.stats["backend"] == "tokenizers"
+    assert t.encoder.backend == "tokenizers" and "test" in t.encoder.backend_reason
+    assert same(t, ref)  # HF tokenizers gives the same arrays
+    monkeypatch.undo()
+    again = vecpack.tokenize(sharegpt_file, qwen_dir, n_jobs=n_jobs, progress=False)
+    assert again.stats["backend"] == "tokenizers"  # the verdict is kept for this process
+    _fresh_encoders()
+
+
+def test_the_parity_check_sees_this_datasets_rows(tmp_path, qwen_dir, monkeypatch):
+    """A difference that only the dataset's own rows show still switches to HF tokenizers."""
+    from vecpack import encoder as encoder_mod
+
+    real = encoder_mod._Runtime.encode_tiktoken
+
+    def broken(self, text):
+        ids = real(self, text)
+        return ids[:-1] if "zebra" in text else ids
+
+    monkeypatch.setattr(encoder_mod._Runtime, "encode_tiktoken", broken)
+    p = tmp_path / "z.jsonl"
+    row = {"conversations": [{"from": "human", "value": "a zebra"}, {"from": "gpt", "value": "b"}]}
+    p.write_text(json.dumps(row) + "\n", encoding="utf-8")
+    _fresh_encoders()
+    with pytest.warns(RuntimeWarning, match="differ on a sample"):
+        t = vecpack.tokenize(str(p), qwen_dir, n_jobs=1, progress=False)
+    assert t.stats["backend"] == "tokenizers"
+    enc = encoder_mod.ChatEncoder.from_tokenizer(qwen_dir, backend="tokenizers")
+    assert t.tokens.tolist() == enc.encode_row(row)[0].tolist()
+    _fresh_encoders()
+
+
+def test_the_parity_check_runs_in_its_own_process(qwen_dir):
+    from vecpack import pool
+    from vecpack.encoder import ChatEncoder
+
+    enc = ChatEncoder.from_tokenizer(qwen_dir, sample_rows=[{"conversations": [
+        {"from": "human", "value": "Olá"}, {"from": "gpt", "value": "Oi!"}]}], defer_check=True)
+    assert enc.backend == "tiktoken" and enc.pending_check
+    pool.preload_checker(qwen_dir)
+    fut = pool.start_check(enc, enc.pending_check, 2)
+    assert fut.result(timeout=120) == ""
+    pids = {pool._checker().submit(os.getpid).result(timeout=60) for _ in range(3)}
+    assert len(pids) == 1 and os.getpid() not in pids  # one process, loaded once
+    assert enc.check() == "" and enc.pending_check is None
+    assert pool.start_check(enc, None, 2) is None
+
+
+def test_every_call_checks_its_own_datasets_rows(sharegpt_file, qwen_dir, tmp_path, monkeypatch):
+    """The encoder is built once per process, but each dataset's sample is checked."""
+    from vecpack import pool
+
+    seen = []
+    real = pool.start_check
+
+    def spy(encoder, texts, n):
+        seen.append(texts)
+        return real(encoder, texts, n)
+
+    monkeypatch.setattr(pool, "start_check", spy)
+    vecpack.tokenize(sharegpt_file, qwen_dir, n_jobs=2, progress=False)
+    other = tmp_path / "other.jsonl"
+    row = {"conversations": [{"from": "human", "value": "zebra crossing"}, {"from": "gpt", "value": "ok"}]}
+    other.write_text(json.dumps(row) + "\n", encoding="utf-8")
+    t = vecpack.tokenize(str(other), qwen_dir, n_jobs=2, progress=False)
+    assert t.stats["backend"] == "tiktoken"
+    assert any("zebra crossing" in x for x in seen[-1])
+
+
+def test_strict_tiktoken_backend_raises_when_the_check_fails(qwen_dir, monkeypatch):
+    from vecpack.encoder import ChatEncoder
+
+    enc = ChatEncoder.from_tokenizer(qwen_dir, backend="tiktoken", defer_check=True)
+    with pytest.raises(ValueError, match="cannot reproduce this tokenizer: nope"):
+        enc.fallback("nope")

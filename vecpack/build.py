@@ -387,7 +387,7 @@ def build(data_files, tokenizer=None, max_len: int | None = None, *, style: str 
         warm_kernels(strategy, long)  # loads while the tokenizer loads
         t = tokenize(data_files, tokenizer, **tok_kwargs)
         packed = pack(t.tokens, t.offsets, max_len, labels=t.labels, strategy=strategy,
-                      pad_id=_pad_id(tokenizer, encoder) if pad_id is None else pad_id,
+                      pad_id=_pad_id(tokenizer, t.encoder or encoder) if pad_id is None else pad_id,
                       ignore_index=ignore_index, long=long, shuffle_seed=shuffle_seed)
         packed.build_info = BuildInfo(None, None, None, None, None, False, False, dict(t.stats),
                                       np.asarray(t.row_ids), time.perf_counter() - t0,
@@ -406,7 +406,7 @@ def build(data_files, tokenizer=None, max_len: int | None = None, *, style: str 
         missing = [n for n in _CORPUS_ARRAYS if not (tmp / f"{n}.npy").exists()]
         if missing:
             raise RuntimeError(f"vecpack.tokenize(out_dir=...) did not write {missing}")
-        return {"stats": _jsonable(dict(t.stats)), "pad_id": _pad_id(tokenizer, encoder)}
+        return {"stats": _jsonable(dict(t.stats)), "pad_id": _pad_id(tokenizer, t.encoder or encoder)}
 
     corpus = store.get_or_build(ckey, build_corpus, kind="corpus", verify=verify,
                                 meta={"inputs": inputs, "described": described})

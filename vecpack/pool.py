@@ -60,7 +60,9 @@ __all__ = [
     "located_error",
     "merge_chunks",
     "plan_chunks",
+    "preload_checker",
     "shutdown",
+    "start_check",
     "tokenize_chunk",
     "warm",
 ]
@@ -68,7 +70,7 @@ __all__ = [
 IGNORE_INDEX = -100
 MAX_EXAMPLES = 5         # rejected-row examples kept per chunk (and reported in total)
 _PROGRESS_EVERY = 16     # records between progress-slot updates / abort checks (~1 us each)
-_SUFFIXES = ("tokens", "labels", "lengths", "rows")
+_SUFFIXES = ("tokens", "labels")
 
 
 @dataclass(frozen=True)
@@ -116,6 +118,9 @@ class ChunkMeta:
     examples: list = field(default_factory=list)  # [(local_index, reason)], first MAX_EXAMPLES
     seconds: float = 0.0
     pid: int = 0
+    lengths: np.ndarray | None = field(default=None, repr=False)  # int64 tokens per document
+    rows: np.ndarray | None = field(default=None, repr=False)     # int64 record index in the range
+    direct: bool = False    # tokens and labels were written straight into the final files
 
     def path(self, name: str) -> str:
         return os.path.join(self.out_dir, f"chunk-{self.index:06d}.{name}.npy")
@@ -170,28 +175,36 @@ def plan_chunks(sources, *, chunk_bytes: int = 4 << 20) -> list[ChunkTask]:
 
 
 def tokenize_chunk(task: ChunkTask, encoder, out_dir: str, *, on_error: str = "raise",
-                   progress=None) -> ChunkMeta:
-    """Tokenize one range and write ``out_dir/chunk-{index:06d}.{tokens,labels,lengths,rows}.npy``.
+                   progress=None, direct: "DirectTarget | None" = None) -> ChunkMeta:
+    """Tokenize one range into ``out_dir/chunk-{index:06d}.{tokens,labels}.npy``.
 
     Runs in a loky worker (or a Ray task, or in-process for ``n_jobs=1``).
 
     Args:
         task: the range.
-        encoder: anything with ``encode_row(row) -> (tokens, labels)``.
+        encoder: anything with ``encode_row(row) -> (tokens, labels)``; one
+            with ``chunk_sink()`` (a :class:`~vecpack.encoder.ChatEncoder`)
+            encodes the range's rows and labels them in one pass.
         out_dir: where the chunk files go.
         on_error: ``"raise"``: the first bad record raises :class:`ChunkError`;
             ``"skip"``: bad records are counted, the first few kept as examples.
         progress: optional ``callable(records_done)``, called every 16
             records; it may raise to stop the task.
+        direct: the final files; when every earlier chunk's token count is
+            known, the arrays are written straight into them (``meta.direct``)
+            instead of into chunk files.
 
     Returns:
-        The :class:`ChunkMeta`; ``rows.npy`` holds each document's record
-        index inside the range (the driver adds the records before it).
+        The :class:`ChunkMeta`; ``meta.lengths`` holds each document's token
+        count and ``meta.rows`` its record index inside the range (the driver
+        adds the records before it).
     """
     t0 = time.perf_counter()
     toks, labs, lengths, rows = [], [], [], []
     rejected, examples = 0, []
     n = 0
+    sink = encoder.chunk_sink() if hasattr(encoder, "chunk_sink") else None
+    add = sink.add if sink is not None else None
     encode_row = encoder.encode_row
     records = _sources.read_records(task.source, task.start, task.stop, kind=task.kind,
                                     payload=task.payload)
@@ -200,18 +213,24 @@ def tokenize_chunk(task: ChunkTask, encoder, out_dir: str, *, on_error: str = "r
             reason = rec.reason
         else:
             try:
-                t, lab = encode_row(rec)
+                if add is not None:
+                    length = add(rec)
+                else:
+                    t, lab = encode_row(rec)
+                    length = len(t)
+                    if length != len(lab):
+                        raise ChunkError(task.index, local, f"encode_row returned {length} tokens "
+                                         f"but {len(lab)} labels", crash=True)
+                    toks.append(t)
+                    labs.append(lab)
             except InputError as e:
                 reason = e.reason
+            except ChunkError:
+                raise
             except Exception as e:  # a bug in the encoder: say which row, never skip it
                 raise ChunkError(task.index, local, f"{type(e).__name__}: {e}", crash=True) from e
             else:
-                if len(t) != len(lab):
-                    raise ChunkError(task.index, local, f"encode_row returned {len(t)} tokens but "
-                                     f"{len(lab)} labels", crash=True)
-                toks.append(t)
-                labs.append(lab)
-                lengths.append(len(t))
+                lengths.append(length)
                 rows.append(n - 1)
                 if progress is not None and n % _PROGRESS_EVERY == 0:
                     progress(n)
@@ -221,21 +240,69 @@ def tokenize_chunk(task: ChunkTask, encoder, out_dir: str, *, on_error: str = "r
         rejected += 1
         if len(examples) < MAX_EXAMPLES:
             examples.append((local, reason))
-    tokens = np.concatenate(toks).astype(np.int32, copy=False) if toks else np.zeros(0, np.int32)
-    labels = np.concatenate(labs).astype(np.int32, copy=False) if labs else np.zeros(0, np.int32)
-    arrays = {"tokens": tokens, "labels": labels, "lengths": np.asarray(lengths, np.int64),
-              "rows": np.asarray(rows, np.int64)}
+    if sink is not None:
+        tokens, labels = sink.finish()
+    else:
+        tokens = np.concatenate(toks).astype(np.int32, copy=False) if toks else np.zeros(0, np.int32)
+        labels = np.concatenate(labs).astype(np.int32, copy=False) if labs else np.zeros(0, np.int32)
     meta = ChunkMeta(task.index, out_dir, records=n, documents=len(lengths), tokens=int(tokens.size),
                      trainable=int(np.count_nonzero(labels != IGNORE_INDEX)),
                      lines=(_sources.count_newlines(task.source, task.stop, task.start)
                             if task.kind == "jsonl" else n),
-                     rejected=rejected, examples=examples, pid=os.getpid())
-    for name in _SUFFIXES:
-        np.save(meta.path(name), arrays[name], allow_pickle=False)
+                     rejected=rejected, examples=examples, pid=os.getpid(),
+                     lengths=np.asarray(lengths, np.int64), rows=np.asarray(rows, np.int64))
     if progress is not None:
-        progress(n)
+        progress(n)  # also the last abort check before anything is written
+    if direct is not None and direct.write(task.index, tokens, labels):
+        meta.direct = True
+    else:
+        for name, arr in (("tokens", tokens), ("labels", labels)):
+            np.save(meta.path(name), arr, allow_pickle=False)
     meta.seconds = time.perf_counter() - t0
     return meta
+
+
+@dataclass(frozen=True)
+class DirectTarget:
+    """Where workers may write a chunk's arrays in place: the final ``.npy`` files.
+
+    ``counts`` is a shared ``int64`` file with one slot per task (-1 until that
+    task's token count is known). A worker records its count, and if every
+    earlier slot is filled it knows its offset and ``pwrite``\ s its tokens
+    and labels there; else it writes chunk files that the driver copies in.
+    The regions never overlap, so writers need no lock.
+    """
+
+    counts_path: str
+    n_tasks: int
+    tokens_path: str
+    labels_path: str
+    header: int
+
+    def write(self, index: int, tokens: np.ndarray, labels: np.ndarray) -> bool:
+        counts = np.memmap(self.counts_path, dtype=np.int64, mode="r+", shape=(self.n_tasks,))
+        try:
+            counts[index] = len(tokens)
+            before = np.array(counts[:index])
+        finally:
+            del counts
+        if (before < 0).any():
+            return False
+        offset = self.header + int(before.sum()) * 4
+        for path, arr in ((self.tokens_path, tokens), (self.labels_path, labels)):
+            _pwrite_all(path, np.ascontiguousarray(arr, dtype=np.int32), offset)
+        return True
+
+
+def _pwrite_all(path: str, arr: np.ndarray, offset: int) -> None:
+    view = memoryview(arr).cast("B")
+    fd = os.open(path, os.O_WRONLY)
+    try:
+        done = 0
+        while done < len(view):
+            done += os.pwrite(fd, view[done:done + (1 << 30)], offset + done)
+    finally:
+        os.close(fd)
 
 
 _WORKER_ENCODERS: dict[str, object] = {}   # key -> encoder, in each worker process
@@ -253,26 +320,52 @@ def _load_encoder(key: str, path: str):
 
 
 def _run_chunk(task: ChunkTask, enc_key: str, enc_path: str, out_dir: str, on_error: str,
-               progress_path: str, n_slots: int) -> ChunkMeta:
+               progress_path: str, n_slots: int, direct: DirectTarget | None = None) -> ChunkMeta:
     """The function loky workers run: one task, with progress and abort through a shared array."""
     slots = np.memmap(progress_path, dtype=np.int64, mode="r+", shape=(n_slots,))
     if slots[0]:
         raise _Aborted()
     slot = 1 + task.index
 
-    def progress(done: int) -> None:
+    def progress(done: int, slots=slots) -> None:
         slots[slot] = done
         if slots[0]:
             raise _Aborted()
 
     encoder = _load_encoder(enc_key, enc_path)
     try:
-        return tokenize_chunk(task, encoder, out_dir, on_error=on_error, progress=progress)
+        return tokenize_chunk(task, encoder, out_dir, on_error=on_error, progress=progress,
+                              direct=direct)
     finally:
-        del slots
+        del slots, progress  # unmap the progress file now, not at the next collection
 
 
-def _warm() -> int:
+def _warm(tokenizer_path: str | None = None) -> int:
+    """Start a worker; with a tokenizer directory, also build its tiktoken engine now."""
+    if tokenizer_path is not None:
+        from . import encoder as _encoder
+
+        try:
+            _encoder._runtime(tokenizer_path, "tiktoken")
+        except Exception:  # unsupported (or unreadable): the real task says why
+            pass
+    return os.getpid()
+
+
+def _parity_in_worker(path: str, texts, ours=None) -> str:
+    from .encoder import parity_reason
+
+    return parity_reason(path, texts, ours)
+
+
+def _load_hf(path: str) -> int:
+    """Load HF tokenizers for ``path`` (the slow part of a parity check)."""
+    from . import encoder as _encoder
+
+    try:
+        _encoder._runtime(path, "tokenizers")
+    except Exception:  # the check itself will say what is wrong
+        pass
     return os.getpid()
 
 
@@ -292,7 +385,23 @@ def effective_n_jobs(n_jobs: int | None) -> int:
     return max(1, int(n_jobs) if n_jobs > 0 else cores + 1 + int(n_jobs))
 
 
-_EXECUTOR_ENV = {"TOKENIZERS_PARALLELISM": "false", "RAYON_NUM_THREADS": "1"}
+def _glibc_tunables() -> str:
+    """``GLIBC_TUNABLES`` for the workers: the user's, plus transparent huge pages for malloc.
+
+    HF ``tokenizers`` allocates and frees thousands of small strings per row;
+    on a fragmented heap with 4 KiB pages that costs TLB misses (dearer in a
+    VM). ``glibc.malloc.hugetlb=1`` (glibc >= 2.35, ignored before) backs
+    the heap with huge pages where the kernel allows it (``madvise`` mode):
+    about 15% faster HF-tokenizers rows, no change for tiktoken.
+    """
+    user = os.environ.get("GLIBC_TUNABLES", "")
+    if "glibc.malloc.hugetlb" in user:
+        return user
+    return f"{user}:glibc.malloc.hugetlb=1" if user else "glibc.malloc.hugetlb=1"
+
+
+_EXECUTOR_ENV = {"TOKENIZERS_PARALLELISM": "false", "RAYON_NUM_THREADS": "1",
+                 "GLIBC_TUNABLES": _glibc_tunables()}
 
 
 _WARMING: list = []  # futures of warm() calls, waited for before the pool is resized
@@ -301,13 +410,19 @@ _WARMING: list = []  # futures of warm() calls, waited for before the pool is re
 def _executor(n_jobs: int):
     from joblib.externals.loky import get_reusable_executor
 
-    if _WARMING:
+    if _WARMING and _POOL_SIZE != [n_jobs]:  # let a resize find the warm-up tasks done
         wait(_WARMING, timeout=30)
+        _WARMING.clear()
+    elif _WARMING and all(f.done() for f in _WARMING):
         _WARMING.clear()
 
     _stop_at_exit()
+    _POOL_SIZE[:] = [n_jobs]
     # idle workers stay 5 minutes so later calls skip start-up (shutdown() frees them)
     return get_reusable_executor(max_workers=n_jobs, timeout=300, env=_EXECUTOR_ENV)
+
+
+_POOL_SIZE: list = []  # max_workers of the executor last asked for
 
 
 _AT_EXIT_PID: list = []  # the process that registered the exit hook (forked children re-register)
@@ -336,13 +451,100 @@ def _shutdown_existing() -> None:
     ex = reusable_executor._executor
     if ex is not None:
         ex.shutdown(wait=True, kill_workers=True)
+    while _CHECKER:
+        _CHECKER.pop().shutdown(wait=True, kill_workers=True)
+    _PRELOADED.clear()
 
 
-def warm(n_jobs: int) -> None:
-    """Start the worker processes now (returns at once; they start in the background)."""
+def warm(n_jobs: int, tokenizer=None) -> None:
+    """Start the worker processes now (returns at once; they start in the background).
+
+    With a tokenizer directory, each worker also builds its tiktoken engine
+    while the driver is busy elsewhere (hashing inputs, reading the template).
+    """
     if n_jobs > 1:
+        path = os.fspath(tokenizer) if isinstance(tokenizer, (str, os.PathLike)) else None
+        if path is not None and not os.path.isfile(os.path.join(path, "tokenizer.json")):
+            path = None
         ex = _executor(n_jobs)
-        _WARMING.extend(ex.submit(_warm) for _ in range(n_jobs))
+        if _WARMING:  # already warming (build() warms before tokenize() does)
+            return
+        _WARMING.extend(ex.submit(_warm, path) for _ in range(n_jobs))
+
+
+_CHECKER: list = []  # [executor]: one process that runs the parity checks
+
+
+def _checker():
+    """The parity-check process (started on demand, kept like the pool's workers).
+
+    It is not a pool worker: a task sent to the pool may land on either
+    worker, and each would load HF ``tokenizers`` (most of a second for a
+    151k-merge vocabulary). One process loads it once and checks every
+    dataset's sample beside the pool's work.
+    """
+    ex = _CHECKER[0] if _CHECKER else None
+    if ex is None or ex._flags.broken or ex._flags.shutdown:
+        from joblib.externals.loky.process_executor import ProcessPoolExecutor
+
+        ex = ProcessPoolExecutor(max_workers=1, timeout=300, env=_EXECUTOR_ENV)
+        _CHECKER[:] = [ex]
+        _stop_at_exit()
+    return ex
+
+
+def preload_checker(tokenizer) -> None:
+    """Start the parity-check process and load ``tokenizer``'s engines there (returns at once)."""
+    path = os.fspath(tokenizer) if isinstance(tokenizer, (str, os.PathLike)) else None
+    if path is None or not os.path.isfile(os.path.join(path, "tokenizer.json")):
+        return
+    key = os.path.realpath(path)
+    if key not in _PRELOADED:
+        _PRELOADED.add(key)
+        _checker().submit(_load_hf, path)
+
+
+_PRELOADED: set = set()
+
+
+def start_check(encoder, texts, n_jobs: int):
+    """Check ``encoder``'s tiktoken engine against HF tokenizers on ``texts`` in the background.
+
+    Returns a future of the verdict (``""``: same ids; else why not), or None
+    when there is nothing to check. With ``n_jobs > 1`` the check runs in the
+    parity-check process (see :func:`preload_checker`), beside the
+    tokenizing; with ``n_jobs == 1`` (no extra processes) it runs here and
+    now, before any row is tokenized: a thread would fight the tokenizing for
+    the GIL.
+    """
+    if texts is None or getattr(encoder, "backend", None) != "tiktoken":
+        return None
+    texts, ours = tuple(texts), None
+    if n_jobs > 1:
+        if getattr(encoder, "_rt", None) is not None:  # this process has the tiktoken engine
+            from .encoder import _Unsupported, parity_probes, tiktoken_ids
+
+            try:
+                texts = tuple(parity_probes(encoder.path, texts))
+                ours = tiktoken_ids(encoder.path, texts)
+            except _Unsupported:
+                pass
+        try:
+            return _checker().submit(_parity_in_worker, encoder.path, texts, ours)
+        except RuntimeError:  # the process just died or was shut down: a fresh one
+            _CHECKER.clear()
+            _PRELOADED.clear()
+            return _checker().submit(_parity_in_worker, encoder.path, texts, ours)
+    from concurrent.futures import Future
+
+    fut: Future = Future()
+    try:
+        from .encoder import parity_reason
+
+        fut.set_result(parity_reason(encoder.path, texts))
+    except Exception as e:  # reported by the caller
+        fut.set_exception(e)
+    return fut
 
 
 def shutdown() -> None:
@@ -552,14 +754,15 @@ def execute(tasks: list[ChunkTask], encoder, out_dir: str, *, n_jobs: int, on_er
     n_slots = 1 + len(tasks)
     progress_path = os.path.join(out_dir, "progress.i64")
     slots = np.memmap(progress_path, dtype=np.int64, mode="w+", shape=(n_slots,))
+    direct = merger.direct_target(out_dir, len(tasks)) if merger is not None else None
     bar = _Bar(tasks, progress and len(tasks) > 0, desc)
     metas: list[ChunkMeta | None] = [None] * len(tasks)
     try:
         if n_jobs <= 1 or len(tasks) <= 1:
-            _execute_inline(tasks, encoder, out_dir, on_error, slots, bar, metas, merger)
+            _execute_inline(tasks, encoder, out_dir, on_error, slots, bar, metas, merger, direct)
         else:
             _execute_pool(tasks, encoder, out_dir, on_error, progress_path, slots, bar, metas,
-                          min(n_jobs, len(tasks)), merger)
+                          min(n_jobs, len(tasks)), merger, direct)
         bar.close(final=sum(m.records for m in metas))
         return metas  # type: ignore[return-value]
     except BaseException:
@@ -569,7 +772,7 @@ def execute(tasks: list[ChunkTask], encoder, out_dir: str, *, n_jobs: int, on_er
         del slots
 
 
-def _execute_inline(tasks, encoder, out_dir, on_error, slots, bar, metas, merger) -> None:
+def _execute_inline(tasks, encoder, out_dir, on_error, slots, bar, metas, merger, direct) -> None:
     last = [time.monotonic()]
     for task in tasks:
         def progress(done, _slot=1 + task.index):
@@ -579,7 +782,8 @@ def _execute_inline(tasks, encoder, out_dir, on_error, slots, bar, metas, merger
                 last[0] = now
                 bar.update(slots)
         try:
-            meta = tokenize_chunk(task, encoder, out_dir, on_error=on_error, progress=progress)
+            meta = tokenize_chunk(task, encoder, out_dir, on_error=on_error, progress=progress,
+                                  direct=direct)
         except ChunkError as e:
             raise located_error(task, e.local, e.reason, e.crash) from e.__cause__
         metas[task.index] = meta
@@ -590,7 +794,7 @@ def _execute_inline(tasks, encoder, out_dir, on_error, slots, bar, metas, merger
 
 
 def _execute_pool(tasks, encoder, out_dir, on_error, progress_path, slots, bar, metas,
-                  n_jobs, merger) -> None:
+                  n_jobs, merger, direct) -> None:
     from joblib.externals.loky.process_executor import BrokenProcessPool
 
     key, blob = _pickled(encoder)
@@ -602,7 +806,7 @@ def _execute_pool(tasks, encoder, out_dir, on_error, progress_path, slots, bar, 
     try:
         for task in tasks:
             fut = ex.submit(_run_chunk, task, key, enc_path, out_dir, on_error, progress_path,
-                            len(slots))
+                            len(slots), direct)
             futures[fut] = task
         pending = set(futures)
         error: BaseException | None = None
@@ -655,6 +859,7 @@ def _earlier(exc: BaseException, current: BaseException, futures) -> bool:
 # --------------------------------------------------------------------------- merging
 
 _NPY_HEADER = 128  # bytes reserved for the header of a streamed .npy file
+_SYNC_EVERY = 256 << 20  # bytes of tokens + labels between background flushes of a kept result
 
 
 def _npy_data_offset(f) -> tuple[int, tuple, np.dtype]:
@@ -702,6 +907,11 @@ class _NpyAppender:
             self.f.write(memoryview(arr).cast("B"))
         self.n += arr.size
 
+    def skip(self, count: int) -> None:
+        """Account for ``count`` items that a worker wrote in place (see :class:`DirectTarget`)."""
+        self.n += count
+        self.f.seek(_NPY_HEADER + self.n * self.dtype.itemsize)
+
     def append_npy(self, path: str, expect: int) -> None:
         """Append the data of a ``.npy`` file (copied by the kernel, not through Python)."""
         with open(path, "rb", buffering=0) as src:
@@ -719,6 +929,10 @@ class _NpyAppender:
         self.n += expect
 
     def close(self) -> None:
+        size = os.fstat(self.f.fileno()).st_size
+        if size != _NPY_HEADER + self.n * self.dtype.itemsize:
+            raise RuntimeError(f"{self.path} holds {size} bytes, expected "
+                               f"{_NPY_HEADER + self.n * self.dtype.itemsize} (a chunk went missing)")
         header = ("{'descr': %r, 'fortran_order': False, 'shape': (%d,), }"
                   % (self.dtype.str, self.n)).encode("latin1")
         magic = b"\x93NUMPY\x01\x00"
@@ -764,6 +978,18 @@ class ChunkMerger:
         self.next = 0
         self.tokens = 0
         self.records = 0
+        self._synced = 0          # tokens flushed to disk by the background syncer
+        self._syncer = None
+
+    def direct_target(self, work_dir: str, n_tasks: int) -> DirectTarget:
+        """Let the workers of one run write chunks straight into ``tokens.npy`` / ``labels.npy``."""
+        counts_path = os.path.join(work_dir, f"counts-{uuid.uuid4().hex[:8]}.i64")
+        counts = np.memmap(counts_path, dtype=np.int64, mode="w+", shape=(max(1, n_tasks),))
+        counts[:] = -1
+        counts.flush()
+        del counts
+        return DirectTarget(counts_path, max(1, n_tasks), self.files["tokens"].path,
+                            self.files["labels"].path, _NPY_HEADER)
 
     def add(self, meta: ChunkMeta) -> None:
         self.pending[meta.index] = meta
@@ -773,15 +999,47 @@ class ChunkMerger:
 
     def _append(self, m: ChunkMeta) -> None:
         f = self.files
-        f["tokens"].append_npy(m.path("tokens"), m.tokens)
-        f["labels"].append_npy(m.path("labels"), m.tokens)
-        lengths = np.load(m.path("lengths"))
-        f["offsets"].append(np.cumsum(lengths) + self.tokens)
-        f["row_ids"].append(np.load(m.path("rows")) + self.records)
-        for name in _SUFFIXES:
-            os.unlink(m.path(name))
+        if m.direct:
+            f["tokens"].skip(m.tokens)
+            f["labels"].skip(m.tokens)
+        else:
+            f["tokens"].append_npy(m.path("tokens"), m.tokens)
+            f["labels"].append_npy(m.path("labels"), m.tokens)
+            for name in _SUFFIXES:
+                os.unlink(m.path(name))
+        f["offsets"].append(np.cumsum(m.lengths) + self.tokens)
+        f["row_ids"].append(m.rows + self.records)
         self.tokens += m.tokens
         self.records += m.records
+        if self.keep and (self.tokens - self._synced) * 8 >= _SYNC_EVERY:
+            self._sync_behind()
+
+    def _sync_behind(self) -> None:
+        """Flush the written part of the big files to disk in a thread, while tokenizing goes on.
+
+        The cache fsyncs an entry before publishing it; flushing as we go
+        leaves only the tail for that fsync instead of a gigabyte.
+        """
+        if self._syncer is not None and self._syncer.is_alive():
+            return
+        import threading
+
+        paths = [self.files["tokens"].path, self.files["labels"].path]
+        self._synced = self.tokens
+
+        def run():
+            for path in paths:
+                try:
+                    fd = os.open(path, os.O_RDONLY)
+                    try:
+                        os.fdatasync(fd)
+                    finally:
+                        os.close(fd)
+                except OSError:  # best effort: the cache's own fsync follows
+                    pass
+
+        self._syncer = threading.Thread(target=run, name="vecpack-sync", daemon=True)
+        self._syncer.start()
 
     def finish(self):
         """Close the files and return the :class:`~vecpack.tokenize.Tokenized` (empty stats)."""
@@ -789,6 +1047,8 @@ class ChunkMerger:
 
         if self.pending:
             raise RuntimeError(f"chunk {self.next} never arrived (have {sorted(self.pending)})")
+        if self._syncer is not None:
+            self._syncer.join()
         arrays = {}
         for name, _ in self._ARRAYS:
             self.files[name].close()
@@ -801,6 +1061,8 @@ class ChunkMerger:
         return Tokenized(stats={}, **arrays)
 
     def abort(self) -> None:
+        if self._syncer is not None:
+            self._syncer.join()
         for f in self.files.values():
             f.abort()
 

@@ -371,7 +371,21 @@ def dataset_payload(src: Source, start: int, stop: int) -> bytes:
 
 
 def _parse_line(raw: bytes):
-    """One JSONL line -> dict, or a :class:`BadRecord` saying what is wrong."""
+    """One JSONL line -> dict, or a :class:`BadRecord` saying what is wrong.
+
+    ``orjson`` parses well-formed lines (about 3x faster than :mod:`json`);
+    anything it refuses goes through :mod:`json`, which decides exactly as
+    before: it accepts what ``orjson`` is stricter about (``NaN``, escaped lone
+    surrogates, integers beyond 64 bits) and words the error for the rest.
+    """
+    if _orjson_loads is not None and not raw.startswith(_BOM):
+        try:
+            obj = _orjson_loads(raw)
+        except ValueError:
+            pass
+        else:
+            if isinstance(obj, dict):
+                return obj
     if raw.startswith(_BOM):
         return BadRecord("line starts with a UTF-8 byte-order mark (BOM); save the file as UTF-8 "
                          "without BOM")
@@ -389,6 +403,12 @@ def _parse_line(raw: bytes):
     if not isinstance(obj, dict):
         return BadRecord(f"expected a JSON object, got a JSON {_json_type(obj)}")
     return obj
+
+
+try:
+    from orjson import loads as _orjson_loads
+except ImportError:  # pragma: no cover - orjson is a dependency; json alone still works
+    _orjson_loads = None
 
 
 def _json_type(obj) -> str:

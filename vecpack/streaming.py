@@ -773,7 +773,7 @@ class StreamingPackedDataset(IterableDataset):
 
         _check_args(style, masking, on_error, "loky", tokenizer, encoder)
         if encoder is None:
-            encoder = _get_encoder(tokenizer, style, column, masking, sample)
+            encoder = _get_encoder(tokenizer, style, column, masking, sample, defer=False)[1]
         self.encoder = encoder
         self.max_len = int(max_len)
         self.buffer_size = 1 if strategy == "greedy" else int(buffer_size)

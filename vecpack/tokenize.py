@@ -50,6 +50,8 @@ class Tokenized:
             ``rejected``, ``rejected_examples`` (``"file:line: reason"``
             strings), ``backend`` (``"tiktoken"`` / ``"tokenizers"``),
             ``seconds``, ``n_jobs``, ``chunks``.
+        encoder: the encoder that produced the arrays (``None`` when the
+            arrays were loaded rather than tokenized).
     """
 
     tokens: np.ndarray
@@ -57,6 +59,7 @@ class Tokenized:
     offsets: np.ndarray
     row_ids: np.ndarray
     stats: dict = field(default_factory=dict)
+    encoder: object = field(default=None, repr=False, compare=False)
 
     def __len__(self) -> int:
         return len(self.offsets) - 1
@@ -97,20 +100,32 @@ def _tokenizer_key(tokenizer):
     return ("object", id(tokenizer))
 
 
-def _get_encoder(tokenizer, style, column, masking, sources):
-    key = (_tokenizer_key(tokenizer), style, column, masking)
-    enc = _ENCODERS.get(key)
-    if enc is not None and (key[0][0] == "path" or enc[1] is tokenizer):
-        return enc[0]
-    from .encoder import ChatEncoder
+def _get_encoder(tokenizer, style, column, masking, sources, *, defer: bool = True):
+    """``(key, encoder)`` built once per process and options.
 
-    sample = _sources.sample_rows(sources, 64)
-    enc = ChatEncoder.from_tokenizer(tokenizer, masking=masking, style=style, column=column,
-                                     sample_rows=sample)
-    while len(_ENCODERS) >= 4:
-        _ENCODERS.pop(next(iter(_ENCODERS)))
-    _ENCODERS[key] = (enc, tokenizer)  # the tokenizer object is kept so its id stays unique
-    return enc
+    With ``defer`` the encoder may carry a pending parity check, which the
+    caller runs (:func:`tokenize` overlaps it with the work); without, the
+    check has run and the encoder is final.
+    """
+    key = (_tokenizer_key(tokenizer), style, column, masking)
+    hit = _ENCODERS.get(key)
+    if hit is not None and (key[0][0] == "path" or hit[1] is tokenizer):
+        enc = hit[0]
+    else:
+        from .encoder import ChatEncoder
+
+        sample = _sources.sample_rows(sources, 64)
+        enc = ChatEncoder.from_tokenizer(tokenizer, masking=masking, style=style, column=column,
+                                         sample_rows=sample, defer_check=True)
+        while len(_ENCODERS) >= 4:
+            _ENCODERS.pop(next(iter(_ENCODERS)))
+        _ENCODERS[key] = (enc, tokenizer)  # the tokenizer object is kept so its id stays unique
+    if not defer and enc.pending_check is not None:
+        reason = enc.check()
+        if reason:
+            enc = enc.fallback(reason, stacklevel=4)
+            _ENCODERS[key] = (enc, tokenizer)
+    return key, enc
 
 
 # --------------------------------------------------------------------------- tokenize
@@ -211,18 +226,91 @@ def tokenize(data_files, tokenizer=None, *, style: str = "sharegpt", column: str
     n_jobs = _pool.effective_n_jobs(n_jobs)
     t0 = time.perf_counter()
     sources = _sources.resolve_sources(data_files)
-    if backend == "loky" and n_jobs > 1:
-        _pool.warm(n_jobs)  # workers start while the tokenizer loads
-    if encoder is None:
-        encoder = _get_encoder(tokenizer, style, column, masking, sources)
     estimate = _estimate_output_bytes(sources)
     if chunk_bytes is None:
         chunk_bytes = _pool.default_chunk_bytes(sum(s.size for s in sources if s.kind != "dataset")
                                                 or estimate // 3, n_jobs)
     tasks = _pool.plan_chunks(sources, chunk_bytes=chunk_bytes)
+    if backend == "loky" and n_jobs > 1:
+        if encoder is None:
+            _pool.preload_checker(tokenizer)  # HF tokenizers loads there while we read the template
+        if len(tasks) > 1:  # one task runs here: starting workers would only take CPU from it
+            _pool.warm(n_jobs, tokenizer)
+    key, texts = None, None
+    if encoder is None:
+        key, encoder = _get_encoder(tokenizer, style, column, masking, sources)
+        texts = encoder.pending_check
+        if texts is None and encoder.backend == "tiktoken":
+            # an encoder built for an earlier call: check this dataset's own rows too
+            texts = encoder.sample_texts(_sources.sample_rows(sources, 64)) or None
+    else:
+        texts = getattr(encoder, "pending_check", None)
     if out_dir is not None:
         out_dir = os.fspath(out_dir)
         os.makedirs(out_dir, exist_ok=True)
+    # the tiktoken-vs-HF parity check on the sample runs beside the tokenizing; if it
+    # fails, the result is thrown away and the rows are tokenized again with HF tokenizers
+    check = None
+    workers = n_jobs if backend == "loky" else 1
+    if workers > 1 and len(tasks) > 1 or workers == 1:
+        check = _pool.start_check(encoder, texts, workers)
+        texts = None
+    if check is not None and check.done() and check.exception() is None and check.result():
+        encoder = encoder.fallback(check.result(), stacklevel=2)  # known before anything ran
+        check = None
+        if key is not None:
+            _ENCODERS[key] = (encoder, tokenizer)
+    try:
+        result, metas = _run(tasks, encoder, out_dir, estimate, chunk_bytes, n_jobs, on_error,
+                             progress, backend, check)
+    except _RetryWithFallback:
+        result = None
+    if texts is not None:
+        # one task, tokenized here: the check was held back until this process had built
+        # the tiktoken engine, so the check process only needs HF tokenizers' ids
+        check = _pool.start_check(encoder, texts, workers)
+    if check is not None:
+        reason = _check_result(check, encoder)
+        if reason:
+            encoder = encoder.fallback(reason, stacklevel=3)
+            if key is not None:
+                _ENCODERS[key] = (encoder, tokenizer)
+            result, metas = _run(tasks, encoder, out_dir, estimate, chunk_bytes, n_jobs, on_error,
+                                 progress, backend, None)
+    rows = sum(m.records for m in metas)
+    seconds = time.perf_counter() - t0
+    result.stats = {
+        "rows": rows,
+        "documents": len(result),
+        "tokens": int(len(result.tokens)),
+        "trainable_tokens": sum(m.trainable for m in metas),
+        "rejected": sum(m.rejected for m in metas),
+        "rejected_examples": _examples(metas, tasks),
+        "backend": getattr(encoder, "backend", type(encoder).__name__),
+        "seconds": seconds,
+        "n_jobs": n_jobs if backend == "loky" else None,
+        "chunks": len(tasks),
+        "executor": backend,
+    }
+    result.encoder = encoder
+    if progress:
+        _summary(result.stats)
+    return result
+
+
+def _check_result(check, encoder) -> str:
+    """The parity check's verdict (``""``: tiktoken passed); the encoder then trusts it."""
+    try:
+        reason = check.result()
+    except Exception as e:  # the check itself failed: do not trust tiktoken
+        reason = f"the parity check could not run ({type(e).__name__}: {e})"
+    if not reason:
+        encoder.pending_check = None
+    return reason
+
+
+def _run(tasks, encoder, out_dir, estimate, chunk_bytes, n_jobs, on_error, progress, backend, check):
+    """Tokenize ``tasks`` with ``encoder`` into a ``Tokenized`` (empty stats) and the metas."""
     # /dev/shm holds the in-flight chunk files, plus the result itself when it is in memory
     in_flight = int(2.5 * chunk_bytes) * 4 * n_jobs
     # Ray tasks may run on other machines: their chunk files go next to out_dir (the cache).
@@ -243,30 +331,19 @@ def tokenize(data_files, tokenizer=None, *, style: str = "sharegpt", column: str
             else:
                 metas = _pool.execute(tasks, encoder, work, n_jobs=n_jobs, on_error=on_error,
                                       progress=progress, merger=merger)
-            result = merger.finish()
-        except BaseException:
+            return merger.finish(), metas
+        except BaseException as exc:
             merger.abort()
+            if check is not None and isinstance(exc, InputError) and _check_result(check, encoder):
+                # a row that only the (failed) tiktoken engine rejects must not be reported
+                raise _RetryWithFallback() from exc
             raise
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    rows = sum(m.records for m in metas)
-    seconds = time.perf_counter() - t0
-    result.stats = {
-        "rows": rows,
-        "documents": len(result),
-        "tokens": int(len(result.tokens)),
-        "trainable_tokens": sum(m.trainable for m in metas),
-        "rejected": sum(m.rejected for m in metas),
-        "rejected_examples": _examples(metas, tasks),
-        "backend": getattr(encoder, "backend", type(encoder).__name__),
-        "seconds": seconds,
-        "n_jobs": n_jobs if backend == "loky" else None,
-        "chunks": len(tasks),
-        "executor": backend,
-    }
-    if progress:
-        _summary(result.stats)
-    return result
+
+
+class _RetryWithFallback(Exception):
+    pass
 
 
 def _summary(s: dict) -> None:
