@@ -789,7 +789,8 @@ class ChatEncoder:
             return tokens, tokens.copy()
         labels = np.empty(len(tokens), dtype=np.int32)
         labels.fill(-100)
-        spans, _ = _byte_spans(parts, train, ascii_only, nfc_fix, None if layout is None else layout.nbytes)
+        spans, _ = _byte_spans(parts, train, ascii_only, nfc_fix, None if layout is None else layout.nbytes,
+                               _layout_runs(layout, train))
         if spans and len(tokens):
             # token t covers bytes [ends[t] - len(t), ends[t]); it is trained if any of them is in a span
             ends = rt.bytelen.take(tokens).cumsum()
@@ -924,7 +925,7 @@ class _ChunkSink:
             raise InputError(f"malformed message: {e!r}") from None
         head, ids, ascii_only, nfc_fix = enc._tiktoken_ids(parts, n_cache, layout)
         spans, total = _byte_spans(parts, train, ascii_only, nfc_fix,
-                                   None if layout is None else layout.nbytes)
+                                   None if layout is None else layout.nbytes, _layout_runs(layout, train))
         if nfc_fix:  # normalizing piece by piece can differ from the whole text at a boundary
             total = int(self.rt.bytelen.take(ids).sum())
         base = self.nbytes
@@ -966,13 +967,38 @@ class _ChunkSink:
         return tokens, labels
 
 
-def _byte_spans(parts, train, ascii_only: bool, nfc: bool, nbytes=None) -> tuple[list[tuple[int, int]], int]:
-    """``(spans, total)``: trainable ``[start, end)`` byte ranges of the (normalized)
-    rendered text, merged, and its size in bytes.
+def _train_runs(train) -> tuple[tuple[int, int], ...]:
+    """The maximal runs ``[i, j)`` of trainable parts (fixed per compiled layout)."""
+    runs, start = [], None
+    for k, t in enumerate(train):
+        if t and start is None:
+            start = k
+        elif not t and start is not None:
+            runs.append((start, k))
+            start = None
+    if start is not None:
+        runs.append((start, len(train)))
+    return tuple(runs)
 
-    ``nbytes[i]`` (if given and >= 0) is the known UTF-8 size of ``parts[i]``.
+
+def _layout_runs(layout, train):
+    if layout is None:
+        return _train_runs(train)
+    runs = layout.memo.get("runs")
+    if runs is None:
+        runs = layout.memo["runs"] = _train_runs(train)
+    return runs
+
+
+def _byte_spans(parts, train, ascii_only: bool, nfc: bool, nbytes=None,
+                runs=None) -> tuple[list[tuple[int, int]], int]:
+    """``(spans, total)``: trainable ``[start, end)`` byte ranges of the (normalized)
+    rendered text, non-empty, in order, and its size in bytes.
+
+    ``nbytes[i]`` (if given and >= 0) is the known UTF-8 size of ``parts[i]``;
+    ``runs`` (if given) is ``_train_runs(train)``. Two spans may touch: a token
+    overlapping either is trained, as if they were one.
     """
-    spans, pos = [], 0
     if ascii_only:
         sizes = map(len, parts)
     elif nfc:
@@ -982,14 +1008,10 @@ def _byte_spans(parts, train, ascii_only: bool, nfc: bool, nbytes=None) -> tuple
                  for p, b in zip(parts, nbytes))
     else:
         sizes = (len(p) if p.isascii() else len(p.encode("utf-8", "surrogatepass")) for p in parts)
-    for n, t in zip(sizes, train):
-        if t and n:
-            if spans and spans[-1][1] == pos:
-                spans[-1] = (spans[-1][0], pos + n)
-            else:
-                spans.append((pos, pos + n))
-        pos += n
-    return spans, pos
+    cum = list(itertools.accumulate(sizes, initial=0))
+    if runs is None:
+        runs = _train_runs(train)
+    return [(cum[i], cum[j]) for i, j in runs if cum[i] != cum[j]], cum[-1]
 
 
 def _benchmark(n: int = 2000, name: str = "qwen2.5", repeats: int = 5) -> dict:
