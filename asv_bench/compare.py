@@ -290,19 +290,38 @@ def gb(n):
     return f"{n / 2**30:.2f} GB"
 
 
+def _ready_rows(results):
+    """Add ``<name>_ready`` rows: the same vecpack runs timed to a ready ``Packed``.
+
+    ``vecpack.build`` returns a ``Packed`` whose ``packed[i]`` assembles one
+    pack on access (about 20 us); the plain rows also time materializing
+    every ``[P, max_len]`` array, which training does not need.
+    """
+    out = []
+    for r in results:
+        out.append(r)
+        if r.get("build_s") is not None and r["name"] in ("vecpack", "vecpack_cold"):
+            ready = dict(r, name=r["name"] + "_ready")
+            ready["seconds"] = r["seconds"] - r["materialize_s"]
+            ready["rows_per_s"] = r["rows"] / ready["seconds"]
+            out.append(ready)
+    return out
+
+
 def print_table(results, a):
+    results = _ready_rows(results)
     base = {r["name"]: r for r in results}
     tt = base.get("torchtune")
     hf = base.get("hf_trl")
     print()
-    print(f"{'run':<14} {'rows':>9} {'seconds':>8} {'rows/s':>9} {'x torchtune':>12} "
+    print(f"{'run':<18} {'rows':>9} {'seconds':>8} {'rows/s':>9} {'x torchtune':>12} "
           f"{'x HF+TRL':>9} {'fill':>7} {'peak RSS':>9}")
     for r in results:
         if "fill" not in r:
             continue
         vs_tt = f"{r['rows_per_s'] / tt['rows_per_s']:.2f}x" if tt else "-"
         vs_hf = f"{r['rows_per_s'] / hf['rows_per_s']:.2f}x" if hf else "-"
-        print(f"{r['name']:<14} {r['rows']:>9,} {r['seconds']:>8.2f} {r['rows_per_s']:>9,.0f} "
+        print(f"{r['name']:<18} {r['rows']:>9,} {r['seconds']:>8.2f} {r['rows_per_s']:>9,.0f} "
               f"{vs_tt:>12} {vs_hf:>9} {r['fill']:>7.4f} {gb(r['peak_rss']):>9}")
     print()
     checks = []
@@ -323,16 +342,21 @@ def print_table(results, a):
             checks.append(("start-up (first call - second call, new rows each) < 1 s",
                            vp["startup"] < 1, f"{vp['startup']:.2f} s (first 64-row call "
                            f"{vp['first_call']:.2f} s)"))
-        if tt:
-            x = vp["rows_per_s"] / tt["rows_per_s"]
-            checks.append(("vecpack >= 14.3x torchtune", x >= 14.3, f"{x:.1f}x"))
-        if hf:
-            x = vp["rows_per_s"] / hf["rows_per_s"]
-            checks.append(("vecpack >= 7.6x HF+TRL", x >= 7.6, f"{x:.1f}x"))
-    cold = base.get("vecpack_cold")
-    if cold and tt:
-        x = cold["rows_per_s"] / tt["rows_per_s"]
-        checks.append(("vecpack (same rows, start-up incl.) >= 8x torchtune", x >= 8, f"{x:.1f}x"))
+        for name, what in (("vecpack_ready", "build -> ready Packed"),
+                           ("vecpack", "build + every array materialized")):
+            r = base[name]
+            if tt:
+                x = r["rows_per_s"] / tt["rows_per_s"]
+                checks.append((f"vecpack ({what}) >= 14.3x torchtune", x >= 14.3, f"{x:.1f}x"))
+            if hf:
+                x = r["rows_per_s"] / hf["rows_per_s"]
+                checks.append((f"vecpack ({what}) >= 7.6x HF+TRL", x >= 7.6, f"{x:.1f}x"))
+    for name, what in (("vecpack_cold_ready", "ready Packed"), ("vecpack_cold", "materialized")):
+        cold = base.get(name)
+        if cold and tt:
+            x = cold["rows_per_s"] / tt["rows_per_s"]
+            checks.append((f"vecpack (same rows, start-up incl., {what}) >= 8x torchtune", x >= 8,
+                           f"{x:.1f}x"))
     eff = base.get("efficiency")
     if eff:
         checks.append((f"parallel efficiency 1 -> {a.jobs} workers >= 90%", eff["efficiency"] >= 0.9,

@@ -268,7 +268,7 @@ class DirectTarget:
 
     ``counts`` is a shared ``int64`` file with one slot per task (-1 until that
     task's token count is known). A worker records its count, and if every
-    earlier slot is filled it knows its offset and ``pwrite``\ s its tokens
+    earlier slot is filled it knows its offset and writes (``pwrite``) its tokens
     and labels there; else it writes chunk files that the driver copies in.
     The regions never overlap, so writers need no lock.
     """
@@ -385,23 +385,7 @@ def effective_n_jobs(n_jobs: int | None) -> int:
     return max(1, int(n_jobs) if n_jobs > 0 else cores + 1 + int(n_jobs))
 
 
-def _glibc_tunables() -> str:
-    """``GLIBC_TUNABLES`` for the workers: the user's, plus transparent huge pages for malloc.
-
-    HF ``tokenizers`` allocates and frees thousands of small strings per row;
-    on a fragmented heap with 4 KiB pages that costs TLB misses (dearer in a
-    VM). ``glibc.malloc.hugetlb=1`` (glibc >= 2.35, ignored before) backs
-    the heap with huge pages where the kernel allows it (``madvise`` mode):
-    about 15% faster HF-tokenizers rows, no change for tiktoken.
-    """
-    user = os.environ.get("GLIBC_TUNABLES", "")
-    if "glibc.malloc.hugetlb" in user:
-        return user
-    return f"{user}:glibc.malloc.hugetlb=1" if user else "glibc.malloc.hugetlb=1"
-
-
-_EXECUTOR_ENV = {"TOKENIZERS_PARALLELISM": "false", "RAYON_NUM_THREADS": "1",
-                 "GLIBC_TUNABLES": _glibc_tunables()}
+_EXECUTOR_ENV = {"TOKENIZERS_PARALLELISM": "false", "RAYON_NUM_THREADS": "1"}
 
 
 _WARMING: list = []  # futures of warm() calls, waited for before the pool is resized
