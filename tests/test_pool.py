@@ -436,3 +436,17 @@ def test_a_multiprocessing_child_that_used_the_pool_exits_promptly(data, tmp_pat
     code, seconds = out.stdout.split()
     assert code == "0", out.stderr  # None: still waiting for loky's idle workers after 60 s
     assert float(seconds) < 30
+
+
+def _leak_limit_after_warm():
+    from joblib.externals.loky import process_executor
+
+    pool._warm()  # every task of ours starts like this (tokenize_chunk's _run_chunk too)
+    return process_executor._MAX_MEMORY_LEAK_SIZE
+
+
+def test_workers_may_hold_tokenizer_engines_without_being_restarted():
+    """loky restarts a worker that grows 300 MB after its first task; engines need more room."""
+    ex = pool._executor(2)
+    limits = {ex.submit(_leak_limit_after_warm).result(timeout=60) for _ in range(4)}
+    assert limits == {pool._WORKER_GROWTH_BYTES} and pool._WORKER_GROWTH_BYTES >= 1 << 30

@@ -319,9 +319,28 @@ def _load_encoder(key: str, path: str):
     return enc
 
 
+_WORKER_GROWTH_BYTES = 3 << 29  # 1.5 GiB: what a worker may grow by before loky restarts it
+
+
+def _allow_engine_memory() -> None:
+    """Let this worker hold its tokenizer engines without being restarted as a "leak".
+
+    loky measures a worker's memory after its first task and restarts it (with a
+    "A worker stopped while some jobs were given to the executor" warning) once it
+    grows by 300 MB. Engines load on first use: HF tokenizers for Qwen2.5 alone
+    is 157 MB, tiktoken 57 MB, plus a chunk's arrays, so a worker whose first
+    task was the warm-up would be restarted (and reload everything) mid-run.
+    """
+    from joblib.externals.loky import process_executor
+
+    if getattr(process_executor, "_MAX_MEMORY_LEAK_SIZE", 0) < _WORKER_GROWTH_BYTES:
+        process_executor._MAX_MEMORY_LEAK_SIZE = _WORKER_GROWTH_BYTES
+
+
 def _run_chunk(task: ChunkTask, enc_key: str, enc_path: str, out_dir: str, on_error: str,
                progress_path: str, n_slots: int, direct: DirectTarget | None = None) -> ChunkMeta:
     """The function loky workers run: one task, with progress and abort through a shared array."""
+    _allow_engine_memory()
     slots = np.memmap(progress_path, dtype=np.int64, mode="r+", shape=(n_slots,))
     if slots[0]:
         raise _Aborted()
@@ -342,6 +361,7 @@ def _run_chunk(task: ChunkTask, enc_key: str, enc_path: str, out_dir: str, on_er
 
 def _warm(tokenizer_path: str | None = None) -> int:
     """Start a worker; with a tokenizer directory, also build its tiktoken engine now."""
+    _allow_engine_memory()
     if tokenizer_path is not None:
         from . import encoder as _encoder
 
