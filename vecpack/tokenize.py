@@ -192,6 +192,12 @@ def tokenize(data_files, tokenizer=None, *, style: str = "sharegpt", column: str
     Each accepted input row becomes one document, in input order; the arrays
     are byte-identical whatever ``n_jobs`` and ``chunk_bytes`` are.
 
+    With the tiktoken fast path, this call's first 64 rows are also encoded by
+    HF ``tokenizers`` in a separate process while the workers run (HF is
+    loaded there once per process); if any id differs, the tiktoken result
+    is discarded and the rows are tokenized again with HF ``tokenizers``
+    (``stats["backend"]`` says which ran, with a ``RuntimeWarning``).
+
     Args:
         data_files: a JSONL / JSON-array / Parquet path, a glob, a list of
             them, or an in-memory ``datasets.Dataset``.
