@@ -514,16 +514,22 @@ def describe_files(directory: str | os.PathLike, *, checksums: bool = True) -> d
     return out
 
 
+def _checked_size(p: pathlib.Path, rec: dict) -> int:
+    """``p``'s size, which must be the manifest's ``rec["bytes"]``; raises ``_CorruptEntry``."""
+    try:
+        size = p.stat().st_size
+    except FileNotFoundError:
+        raise _CorruptEntry(f"{p.name} is missing") from None
+    if size != rec["bytes"]:
+        raise _CorruptEntry(f"{p.name} has {size} bytes, the manifest says {rec['bytes']}")
+    return size
+
+
 def verify_files(directory: pathlib.Path, records: dict[str, dict], *, checksums: bool = False) -> None:
     """Check the non-array files of an entry; raises ``_CorruptEntry``."""
     for name, rec in records.items():
         p = directory / name
-        try:
-            size = p.stat().st_size
-        except FileNotFoundError:
-            raise _CorruptEntry(f"{name} is missing") from None
-        if size != rec["bytes"]:
-            raise _CorruptEntry(f"{name} has {size} bytes, the manifest says {rec['bytes']}")
+        _checked_size(p, rec)
         if checksums and "checksum" in rec:
             got = file_digest(p, rec["checksum"].split(":", 1)[0])
             if got != rec["checksum"]:
@@ -538,12 +544,7 @@ def verify_arrays(directory: pathlib.Path, records: dict[str, dict], *, checksum
     """
     for name, rec in records.items():
         p = directory / rec["file"]
-        try:
-            size = p.stat().st_size
-        except FileNotFoundError:
-            raise _CorruptEntry(f"{p.name} is missing") from None
-        if size != rec["bytes"]:
-            raise _CorruptEntry(f"{p.name} has {size} bytes, the manifest says {rec['bytes']}")
+        size = _checked_size(p, rec)
         try:
             shape, dtype, fortran, offset = _npy_header(p)
         except (ValueError, OSError, SyntaxError) as e:

@@ -227,6 +227,18 @@ class _BoundedDict(dict):
         super().__setitem__(key, value)
 
 
+def _stat_key(path: pathlib.Path, *names: str) -> str:
+    """A memo key for files of ``path``: its resolved path and each file's size and mtime."""
+    parts = [_VERSION, str(path.resolve())]
+    for name in names:
+        try:
+            st = (path / name).stat()
+            parts.append(f"{name}:{st.st_size}:{st.st_mtime_ns}")
+        except OSError:
+            parts.append(f"{name}:-")
+    return hashlib.sha256("|".join(parts).encode()).hexdigest()[:32]
+
+
 _SPECS: dict = {}  # the last spec read in this process (from_tokenizer and _Runtime both need it)
 
 
@@ -242,9 +254,7 @@ def _tiktoken_spec(path: pathlib.Path) -> tuple[str, dict[bytes, int], dict[str,
     """
     import pickle
 
-    file = (path / "tokenizer.json").resolve()
-    st = file.stat()
-    key = hashlib.sha256(f"{_VERSION}|{file}|{st.st_size}|{st.st_mtime_ns}".encode()).hexdigest()[:32]
+    key = _stat_key(path, "tokenizer.json")
     hit = _SPECS.get(key)
     if hit is not None:
         return hit
@@ -257,7 +267,7 @@ def _tiktoken_spec(path: pathlib.Path) -> tuple[str, dict[bytes, int], dict[str,
         return out
     except (OSError, EOFError, pickle.UnpicklingError):
         pass
-    spec = json.loads(file.read_text(encoding="utf-8"))
+    spec = json.loads((path / "tokenizer.json").read_text(encoding="utf-8"))
     added_list = spec.get("added_tokens", ())
     for t in added_list:
         if t.get("lstrip") or t.get("rstrip") or t.get("single_word"):
@@ -287,17 +297,6 @@ def _write_memo(memo: pathlib.Path, obj) -> None:
         os.replace(tmp, memo)
     except OSError:
         pass
-
-
-def _stat_key(path: pathlib.Path, *names: str) -> str:
-    parts = [_VERSION, str(path.resolve())]
-    for name in names:
-        try:
-            st = (path / name).stat()
-            parts.append(f"{name}:{st.st_size}:{st.st_mtime_ns}")
-        except OSError:
-            parts.append(f"{name}:-")
-    return hashlib.sha256("|".join(parts).encode()).hexdigest()[:32]
 
 
 def _hf_facts(path: pathlib.Path, variables: dict) -> dict:
@@ -712,13 +711,17 @@ class ChatEncoder:
             if len(messages) != 1:
                 raise InputError("the text style takes exactly one text per row")
             return self._encode_text(messages[0]["content"])
-        try:
-            parts, train, n_cache, layout = self.template.parts(messages)
-        except (KeyError, TypeError) as e:
-            raise InputError(f"malformed message: {e!r}") from None
+        parts, train, n_cache, layout = self._parts(messages)
         if self.backend == "tiktoken":
             return self._encode_tiktoken(parts, train, n_cache, layout)
         return self._encode_tokenizers(parts, train)
+
+    def _parts(self, messages):
+        """``template.parts(messages)``, with a malformed message as an :class:`InputError`."""
+        try:
+            return self.template.parts(messages)
+        except (KeyError, TypeError) as e:
+            raise InputError(f"malformed message: {e!r}") from None
 
     def _encode_text(self, text: str):
         rt = self.runtime
@@ -792,13 +795,10 @@ class ChatEncoder:
         spans, _ = _byte_spans(parts, train, ascii_only, nfc_fix, None if layout is None else layout.nbytes,
                                _layout_runs(layout, train))
         if spans and len(tokens):
-            # token t covers bytes [ends[t] - len(t), ends[t]); it is trained if any of them is in a span
             ends = rt.bytelen.take(tokens).cumsum()
-            n = len(spans)
-            idx = ends.searchsorted([x + 1 for x, _ in spans] + [y for _, y in spans]).tolist()
-            for i in range(n):
-                j = idx[n + i] + 1
-                labels[idx[i]:j] = tokens[idx[i]:j]
+            first, last = _token_runs(ends, [a for a, _ in spans], [b for _, b in spans])
+            for i, j in zip(first.tolist(), last.tolist()):
+                labels[i:j] = tokens[i:j]
         return tokens, labels
 
     def chunk_sink(self) -> "_ChunkSink | None":
@@ -918,11 +918,7 @@ class _ChunkSink:
     def add(self, row) -> int:
         """Encode one row; returns its token count. Raises :class:`InputError` (nothing kept)."""
         enc = self.enc
-        messages = to_messages(row, enc.style, enc.column)
-        try:
-            parts, train, n_cache, layout = enc.template.parts(messages)
-        except (KeyError, TypeError) as e:
-            raise InputError(f"malformed message: {e!r}") from None
+        parts, train, n_cache, layout = enc._parts(to_messages(row, enc.style, enc.column))
         head, ids, ascii_only, nfc_fix = enc._tiktoken_ids(parts, n_cache, layout)
         spans, total = _byte_spans(parts, train, ascii_only, nfc_fix,
                                    None if layout is None else layout.nbytes, _layout_runs(layout, train))
@@ -956,15 +952,25 @@ class _ChunkSink:
         if int(ends[-1]) != self.nbytes:  # pragma: no cover - the tokens do not spell the text
             raise RuntimeError(f"the tokens of a chunk cover {int(ends[-1])} bytes but its text has "
                                f"{self.nbytes}")
-        # token t covers bytes [ends[t] - len(t), ends[t]); it is trained if any of them is in a span
-        first = ends.searchsorted(np.asarray(self.starts, dtype=ends.dtype) + 1)
-        last = ends.searchsorted(np.asarray(self.stops, dtype=ends.dtype)) + 1
+        first, last = _token_runs(ends, self.starts, self.stops)
         edges = np.zeros(n + 1, dtype=np.int8)  # +1 where a trained run starts, -1 after it ends
         np.add.at(edges, first, 1)
         np.add.at(edges, np.minimum(last, n), -1)
         np.cumsum(edges, dtype=np.int8, out=edges)  # runs overlap only at a shared token: <= 2
         np.copyto(labels, tokens, where=edges[:n] > 0)
         return tokens, labels
+
+
+def _token_runs(ends: np.ndarray, starts, stops) -> tuple[np.ndarray, np.ndarray]:
+    """The token runs ``[first, last)`` that overlap byte spans ``[starts[i], stops[i])``.
+
+    Token ``t`` covers bytes ``[ends[t] - len(t), ends[t])`` (``ends`` is the
+    cumulative byte length of the tokens); it is trained if any of them is in
+    a span. ``last`` may exceed ``len(ends)`` by one at the very end.
+    """
+    first = ends.searchsorted(np.asarray(starts, dtype=ends.dtype) + 1)
+    last = ends.searchsorted(np.asarray(stops, dtype=ends.dtype)) + 1
+    return first, last
 
 
 def _train_runs(train) -> tuple[tuple[int, int], ...]:

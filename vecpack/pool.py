@@ -460,6 +460,14 @@ def _shutdown_existing() -> None:
     _PRELOADED.clear()
 
 
+def _tokenizer_dir(tokenizer) -> str | None:
+    """``tokenizer`` as a directory holding ``tokenizer.json``, else None (an object, or no file)."""
+    if not isinstance(tokenizer, (str, os.PathLike)):
+        return None
+    path = os.fspath(tokenizer)
+    return path if os.path.isfile(os.path.join(path, "tokenizer.json")) else None
+
+
 def warm(n_jobs: int, tokenizer=None) -> None:
     """Start the worker processes now (returns at once; they start in the background).
 
@@ -467,9 +475,7 @@ def warm(n_jobs: int, tokenizer=None) -> None:
     while the driver is busy elsewhere (hashing inputs, reading the template).
     """
     if n_jobs > 1:
-        path = os.fspath(tokenizer) if isinstance(tokenizer, (str, os.PathLike)) else None
-        if path is not None and not os.path.isfile(os.path.join(path, "tokenizer.json")):
-            path = None
+        path = _tokenizer_dir(tokenizer)
         ex = _executor(n_jobs)
         if _WARMING:  # already warming (build() warms before tokenize() does)
             return
@@ -499,8 +505,8 @@ def _checker():
 
 def preload_checker(tokenizer) -> None:
     """Start the parity-check process and load ``tokenizer``'s engines there (returns at once)."""
-    path = os.fspath(tokenizer) if isinstance(tokenizer, (str, os.PathLike)) else None
-    if path is None or not os.path.isfile(os.path.join(path, "tokenizer.json")):
+    path = _tokenizer_dir(tokenizer)
+    if path is None:
         return
     key = os.path.realpath(path)
     if key not in _PRELOADED:

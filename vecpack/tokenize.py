@@ -107,11 +107,8 @@ def _get_encoder(tokenizer, style, column, masking, sources, *, defer: bool = Tr
     caller runs (:func:`tokenize` overlaps it with the work); without, the
     check has run and the encoder is final.
     """
-    key = (_tokenizer_key(tokenizer), style, column, masking)
-    hit = _ENCODERS.get(key)
-    if hit is not None and (key[0][0] == "path" or hit[1] is tokenizer):
-        enc = hit[0]
-    else:
+    key, enc = _cached_encoder(tokenizer, style, column, masking)
+    if enc is None:
         from .encoder import ChatEncoder
 
         sample = _sources.sample_rows(sources, 64)
@@ -123,9 +120,25 @@ def _get_encoder(tokenizer, style, column, masking, sources, *, defer: bool = Tr
     if not defer and enc.pending_check is not None:
         reason = enc.check()
         if reason:
-            enc = enc.fallback(reason, stacklevel=4)
-            _ENCODERS[key] = (enc, tokenizer)
+            enc = _fall_back(key, enc, tokenizer, reason, stacklevel=5)
     return key, enc
+
+
+def _cached_encoder(tokenizer, style, column, masking):
+    """``(key, encoder or None)``: the encoder an earlier call built for these options."""
+    key = (_tokenizer_key(tokenizer), style, column, masking)
+    hit = _ENCODERS.get(key)
+    if hit is not None and (key[0][0] == "path" or hit[1] is tokenizer):
+        return key, hit[0]
+    return key, None
+
+
+def _fall_back(key, encoder, tokenizer, reason: str, *, stacklevel: int):
+    """``encoder`` on HF tokenizers (warns), remembered for later calls of this process."""
+    encoder = encoder.fallback(reason, stacklevel=stacklevel)
+    if key is not None:
+        _ENCODERS[key] = (encoder, tokenizer)
+    return encoder
 
 
 # --------------------------------------------------------------------------- tokenize
@@ -238,8 +251,8 @@ def tokenize(data_files, tokenizer=None, *, style: str = "sharegpt", column: str
                                                 or estimate // 3, n_jobs)
     tasks = _pool.plan_chunks(sources, chunk_bytes=chunk_bytes)
     if backend == "loky" and n_jobs > 1:
-        hit = _ENCODERS.get((_tokenizer_key(tokenizer), style, column, masking)) if encoder is None else None
-        if encoder is None and (hit is None or hit[0].backend == "tiktoken"):
+        known = _cached_encoder(tokenizer, style, column, masking)[1] if encoder is None else None
+        if encoder is None and (known is None or known.backend == "tiktoken"):
             _pool.preload_checker(tokenizer)  # HF tokenizers loads there while we read the template
         if len(tasks) > 1:  # one task runs here: starting workers would only take CPU from it
             _pool.warm(n_jobs, tokenizer)
@@ -263,10 +276,8 @@ def tokenize(data_files, tokenizer=None, *, style: str = "sharegpt", column: str
         check = _pool.start_check(encoder, texts, workers)
         texts = None
     if check is not None and check.done() and check.exception() is None and check.result():
-        encoder = encoder.fallback(check.result(), stacklevel=2)  # known before anything ran
+        encoder = _fall_back(key, encoder, tokenizer, check.result(), stacklevel=4)  # known before anything ran
         check = None
-        if key is not None:
-            _ENCODERS[key] = (encoder, tokenizer)
     try:
         result, metas = _run(tasks, encoder, out_dir, estimate, chunk_bytes, n_jobs, on_error,
                              progress, backend, check)
@@ -279,9 +290,7 @@ def tokenize(data_files, tokenizer=None, *, style: str = "sharegpt", column: str
     if check is not None:
         reason = _check_result(check, encoder)
         if reason:
-            encoder = encoder.fallback(reason, stacklevel=3)
-            if key is not None:
-                _ENCODERS[key] = (encoder, tokenizer)
+            encoder = _fall_back(key, encoder, tokenizer, reason, stacklevel=4)
             result, metas = _run(tasks, encoder, out_dir, estimate, chunk_bytes, n_jobs, on_error,
                                  progress, backend, None)
     rows = sum(m.records for m in metas)
