@@ -11,20 +11,17 @@ import logging
 import os
 import pathlib
 import shutil
-import signal
-import subprocess
-import sys
-import textwrap
 import time
 
 import numpy as np
 import pytest
 
 import vecpack
+from helpers import leftovers as _leftovers
+from helpers import python_child as _python
+from helpers import sigkill_when
 from vecpack.cache import CacheWarning
 
-REPO = pathlib.Path(__file__).resolve().parents[1]
-TESTS = pathlib.Path(__file__).resolve().parent
 
 
 class CountingEncoder:
@@ -63,27 +60,12 @@ def _count(counter: pathlib.Path) -> int:
     return counter.stat().st_size if counter.exists() else 0
 
 
-def _env() -> dict:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(REPO), str(TESTS), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
-    return env
-
-
-def _python(code: str) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-c", textwrap.dedent(code)], cwd=REPO, env=_env(),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-
-
 def _digest(packed) -> str:
     h = hashlib.sha256()
     for a in (packed.input_ids, packed.labels, packed.position_ids, packed.document_ids,
               packed.seq_lens, packed.tokens, packed.token_labels, packed.offsets):
         h.update(np.ascontiguousarray(a).tobytes())
     return h.hexdigest()
-
-
-def _leftovers(root: pathlib.Path) -> list[str]:
-    return sorted(n for n in os.listdir(root) if ".incomplete-" in n or ".trash-" in n)
 
 
 @pytest.fixture
@@ -231,18 +213,7 @@ def test_sigkill_mid_tokenization_then_rerun_is_clean(rows500, tmp_path):
         vecpack.build({str(rows500)!r}, None, 1024, encoder=CountingEncoder({str(counter)!r}, delay=0.02),
                       cache_dir={str(root)!r}, n_jobs=1, progress=False)
     """)
-    try:
-        deadline = time.time() + 60
-        while _count(counter) < 50:
-            assert proc.poll() is None, proc.communicate()[1]
-            assert time.time() < deadline
-            time.sleep(0.02)
-        os.kill(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=30)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    assert proc.returncode == -signal.SIGKILL
+    sigkill_when(proc, lambda: _count(counter) >= 50, "tokenize 50 rows")
     assert len(_leftovers(root)) == 1 and vecpack.cache.Cache(root).entries() == []
     counter.unlink()
     again = vecpack.build(rows500, None, 1024, encoder=CountingEncoder(counter), cache_dir=root,

@@ -8,20 +8,19 @@ is observed, not assumed.
 import hashlib
 import json
 import os
-import pathlib
-import signal
 import subprocess
 import sys
-import textwrap
 import threading
 import time
 
 import numpy as np
 import pytest
 
+from helpers import leftovers as _leftovers
+from helpers import python_child as _python
+from helpers import sigkill_when
 from vecpack.cache import Cache, CacheWarning, default_root, file_digest, hash_files, make_key
 
-REPO = pathlib.Path(__file__).resolve().parents[1]
 
 
 def _rchar() -> int:
@@ -33,17 +32,6 @@ def _rchar() -> int:
 
 
 needs_proc_io = pytest.mark.skipif(not os.path.exists("/proc/self/io"), reason="needs /proc/self/io")
-
-
-def _env() -> dict:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
-    return env
-
-
-def _python(code: str, **kw) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-c", textwrap.dedent(code)], cwd=REPO, env=_env(),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kw)
 
 
 def _arrays(n: int, seed: int = 0) -> dict[str, np.ndarray]:
@@ -60,10 +48,6 @@ def _writer(arrays, counter: list | None = None):
             np.save(tmp / f"{name}.npy", a)
         return {"n": int(arrays["tokens"].size)}
     return build_fn
-
-
-def _leftovers(root: pathlib.Path) -> list[str]:
-    return sorted(n for n in os.listdir(root) if ".incomplete-" in n or ".trash-" in n)
 
 
 # --------------------------------------------------------------------------- basics
@@ -235,18 +219,7 @@ def test_sigkill_mid_write_then_rerun_is_correct_and_clean(tmp_path):
                 time.sleep(120)
         Cache({str(root)!r}).get_or_build({key!r}, build_fn, kind="corpus")
     """)
-    try:
-        deadline = time.time() + 60
-        while not ready.exists():
-            assert proc.poll() is None, proc.communicate()[1]
-            assert time.time() < deadline, "child never started building"
-            time.sleep(0.02)
-        os.kill(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=30)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    assert proc.returncode == -signal.SIGKILL
+    sigkill_when(proc, ready.exists, "building")
     assert len(_leftovers(root)) == 1 and not (root / key).exists()
 
     cache = Cache(root)

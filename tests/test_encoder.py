@@ -9,6 +9,7 @@ import unicodedata
 import numpy as np
 import pytest
 
+from helpers import QWEN3_LIKE
 from vecpack.encoder import ChatEncoder
 from vecpack.errors import InputError
 from vecpack.formats import to_messages
@@ -131,12 +132,6 @@ def _template_dir(tmp_path, src, template):
     return tmp_path
 
 
-QWEN3_LIKE = (
-    "{%- for message in messages %}{%- if message.role == 'assistant' %}{%- set content = message.content %}"
-    "{%- if '</think>' in content %}{%- set content = content.split('</think>')[-1].lstrip('\\n') %}{%- endif %}"
-    "{{- '<|im_start|>assistant\\n' + content + '<|im_end|>\\n' }}"
-    "{%- else %}{{- '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>\\n' }}{%- endif %}"
-    "{%- endfor %}")
 
 QWEN_GENERATION = (
     "{%- for message in messages %}{{- '<|im_start|>' + message.role + '\\n' }}"

@@ -5,6 +5,7 @@ import pickle
 
 import pytest
 
+from helpers import QWEN3_LIKE
 from vecpack.errors import InputError
 from vecpack.formats import to_messages
 from vecpack.template import ChatTemplate
@@ -123,12 +124,6 @@ def test_contents_the_template_tests_for_go_through_jinja():
     assert t.verify(rows) == 0 and t.mode == "compiled"
 
 
-QWEN3_LIKE = (
-    "{%- for message in messages %}{%- if message.role == 'assistant' %}{%- set content = message.content %}"
-    "{%- if '</think>' in content %}{%- set content = content.split('</think>')[-1].lstrip('\\n') %}{%- endif %}"
-    "{{- '<|im_start|>assistant\\n' + content + '<|im_end|>\\n' }}"
-    "{%- else %}{{- '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>\\n' }}{%- endif %}"
-    "{%- endfor %}")
 
 
 def test_reasoning_template_rewrites_contents_exactly():

@@ -247,23 +247,25 @@ def _compare_packs(ours, theirs):
         assert torch.equal(a["labels"], expected), i
 
 
+def _with_max_seq_len(tok):
+    """Yield ``at(n)``: ``tok`` with ``max_seq_len = n`` for one test (reset afterwards)."""
+    def at(n):
+        tok.max_seq_len = n
+        return tok
+    yield at
+    tok.max_seq_len = None
+
+
 @pytest.fixture
 def qwen_at(qwen_tok):
     """The module's Qwen tokenizer with a max_seq_len for one test."""
-    def at(n):
-        qwen_tok.max_seq_len = n
-        return qwen_tok
-    yield at
-    qwen_tok.max_seq_len = None
+    yield from _with_max_seq_len(qwen_tok)
 
 
 @pytest.fixture
 def llama_at(llama_tok):
-    def at(n):
-        llama_tok.max_seq_len = n
-        return llama_tok
-    yield at
-    llama_tok.max_seq_len = None
+    """The module's Llama 3 tokenizer with a max_seq_len for one test."""
+    yield from _with_max_seq_len(llama_tok)
 
 
 def _theirs(tok, path, style, **kw):
