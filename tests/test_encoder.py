@@ -265,6 +265,7 @@ def test_unsupported_tokenizer_falls_back(qwen_dir, tmp_path):
     with pytest.warns(RuntimeWarning, match="normalizer NFKC"):
         enc = ChatEncoder.from_tokenizer(d)
     assert enc.backend == "tokenizers" and "NFKC" in enc.backend_reason
+    assert enc.runtime.bytelen is None  # NFKC changes the text: labels from HF offsets
     with pytest.raises(ValueError, match="tiktoken backend cannot"):
         ChatEncoder.from_tokenizer(d, backend="tiktoken")
     from tokenizers import Tokenizer
@@ -451,7 +452,8 @@ def test_random_conversations_match_hf_tokenizers(request, fixture):
 @pytest.mark.parametrize("name", ["qwen_dir", "llama3_dir"])
 @pytest.mark.parametrize("masking", ["assistant", "last"])
 def test_hf_labels_from_span_edges_equal_the_offset_rule(request, name, masking, monkeypatch):
-    """The HF-tokenizers backend asks only about span edges; it must label like every offset."""
+    """The HF-tokenizers backend labels from byte spans (byte-level BPE) or asks only about
+    span edges; either must label like every offset."""
     from vecpack import encoder as encoder_mod
 
     d = request.getfixturevalue(name)
@@ -463,12 +465,20 @@ def test_hf_labels_from_span_edges_equal_the_offset_rule(request, name, masking,
         {"from": "gpt", "value": "\n\n🇧🇷  "}]},
         {"conversations": [{"from": "human", "value": "a"}, {"from": "gpt", "value": "b"}]}]
     enc = ChatEncoder.from_tokenizer(d, backend="tokenizers", masking=masking)
-    fast = [enc.encode_row(r) for r in rows]
+    rt = enc.runtime
+    assert rt.bytelen is not None  # byte-level BPE: ids only, labels from byte spans
+    by_bytes = [enc.encode_row(r) for r in rows]
+    table = rt.bytelen
+    monkeypatch.setattr(rt, "bytelen", table + 1)  # tokens no longer spell the text: offsets decide
+    mismatched = [enc.encode_row(r) for r in rows]
+    monkeypatch.setattr(rt, "bytelen", None)
+    edges = [enc.encode_row(r) for r in rows]
     monkeypatch.setattr(encoder_mod, "_label_runs", lambda *a: False)
     exact = [enc.encode_row(r) for r in rows]
-    for (t1, l1), (t2, l2) in zip(fast, exact):
-        assert t1.tolist() == t2.tolist() and l1.tolist() == l2.tolist()
-        assert (l1 != -100).any()
+    for got in (by_bytes, mismatched, edges):
+        for (t1, l1), (t2, l2) in zip(got, exact):
+            assert t1.tolist() == t2.tolist() and l1.tolist() == l2.tolist()
+            assert (l1 != -100).any()
 
 
 @pytest.mark.parametrize("masking", ["assistant", "last", "all"])
@@ -488,3 +498,21 @@ def test_chunk_sink_equals_row_by_row(qwen_dir, masking):
     assert tokens.tolist() == np.concatenate([t for t, _ in per]).tolist()
     assert labels.tolist() == np.concatenate([lab for _, lab in per]).tolist()
     assert ChatEncoder.from_tokenizer(qwen_dir, backend="tokenizers").chunk_sink() is None
+
+
+@hypothesis.settings(max_examples=300, deadline=None, derandomize=True)
+@hypothesis.given(st.integers(1, 60), st.lists(st.tuples(st.integers(0, 59), st.integers(1, 8)), min_size=1,
+                                               max_size=12))
+def test_runs_mask_equals_marking_each_run(n, raw):
+    """The chunk labeller's mask: ordered runs (overlapping or touching) vs marking them one by one."""
+    from vecpack.encoder import _runs_mask
+
+    runs = sorted((min(a, n - 1), min(a + k, n)) for a, k in raw)
+    first = np.array([a for a, _ in runs], dtype=np.int64)
+    last = np.array([b for _, b in runs], dtype=np.int64)
+    want = np.zeros(n, dtype=bool)
+    for a, b in runs:
+        want[a:b] = True
+    mask, count = _runs_mask(first, last, n)
+    assert mask.tolist() == want.tolist()
+    assert count == int(want.sum())

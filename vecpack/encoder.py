@@ -157,11 +157,14 @@ class _Unsupported(Exception):
     """The tokenizer is outside what the tiktoken backend reproduces."""
 
 
-def _tiktoken_parts(spec: dict) -> tuple[str, dict[bytes, int], bool]:
-    """``(pattern, mergeable ranks, nfc)`` for tiktoken, from a parsed tokenizer.json.
+def _byte_level(spec: dict) -> tuple[dict[bytes, int], bool, list[dict]]:
+    """``(vocabulary as bytes, nfc, pre-tokenizer steps)`` of a byte-level BPE tokenizer.json.
+
+    Every token of such a tokenizer stands for fixed bytes, and the tokens of
+    a text spell its bytes (NFC-normalized when ``nfc``).
 
     Raises:
-        _Unsupported: saying which feature tiktoken cannot reproduce.
+        _Unsupported: saying which feature breaks that.
     """
     model = spec.get("model") or {}
     if model.get("type") != "BPE":
@@ -176,18 +179,9 @@ def _tiktoken_parts(spec: dict) -> tuple[str, dict[bytes, int], bool]:
         norm = norm["normalizers"][0]
     if norm and norm.get("type") != "NFC":
         raise _Unsupported(f"normalizer {norm.get('type')}")
-    nfc = bool(norm)
     pre = spec.get("pre_tokenizer") or {}
     steps = pre.get("pretokenizers", []) if pre.get("type") == "Sequence" else [pre]
-    if (len(steps) == 1 and steps[0].get("type") == "ByteLevel" and steps[0].get("use_regex", True)
-            and not steps[0].get("add_prefix_space")):
-        pattern = _GPT2_PATTERN
-    elif (len(steps) == 2 and steps[0].get("type") == "Split" and steps[1].get("type") == "ByteLevel"
-          and not steps[1].get("use_regex", True) and not steps[1].get("add_prefix_space")
-          and steps[0].get("behavior") == "Isolated" and not steps[0].get("invert")
-          and "Regex" in (steps[0].get("pattern") or {})):
-        pattern = steps[0]["pattern"]["Regex"]
-    else:
+    if not steps or steps[-1].get("type") != "ByteLevel" or steps[-1].get("add_prefix_space"):
         raise _Unsupported("pre-tokenizer is not a byte-level regex split")
     b2u = _bytes_to_unicode()
     table = {ord(c): chr(b) for b, c in b2u.items()}
@@ -201,17 +195,81 @@ def _tiktoken_parts(spec: dict) -> tuple[str, dict[bytes, int], bool]:
             ranks[raw.encode("latin-1")] = idx
         except UnicodeEncodeError:
             raise _Unsupported(f"vocabulary entry {text!r} is not byte-level") from None
+    return ranks, bool(norm), steps
+
+
+def _tiktoken_parts(spec: dict) -> tuple[str, dict[bytes, int], bool]:
+    """``(pattern, mergeable ranks, nfc)`` for tiktoken, from a parsed tokenizer.json.
+
+    Raises:
+        _Unsupported: saying which feature tiktoken cannot reproduce.
+    """
+    ranks, nfc, steps = _byte_level(spec)
+    if len(steps) == 1 and steps[0].get("use_regex", True):
+        pattern = _GPT2_PATTERN
+    elif (len(steps) == 2 and steps[0].get("type") == "Split" and not steps[1].get("use_regex", True)
+          and steps[0].get("behavior") == "Isolated" and not steps[0].get("invert")
+          and "Regex" in (steps[0].get("pattern") or {})):
+        pattern = steps[0]["pattern"]["Regex"]
+    else:
+        raise _Unsupported("pre-tokenizer is not a byte-level regex split")
     if any(bytes([b]) not in ranks for b in range(256)):
         raise _Unsupported("the vocabulary lacks some single bytes")
-    vocab = model["vocab"]
+    vocab = spec["model"]["vocab"]
     last = -1
-    for merge in model.get("merges", ()):
+    for merge in spec["model"].get("merges", ()):
         a, b = merge.split(" ", 1) if isinstance(merge, str) else merge
         rank = vocab.get(a + b)
         if rank is None or rank < last:
             raise _Unsupported(f"merges do not follow vocabulary ranks (at {a!r} + {b!r})")
         last = rank
     return pattern, ranks, nfc
+
+
+def _byte_lengths(ranks: dict[bytes, int], added: dict[str, int]) -> np.ndarray:
+    """int64 [vocab]: how many bytes each token id spells (0 for unused ids)."""
+    size = max([*ranks.values(), *added.values()]) + 1
+    out = np.zeros(size, dtype=np.int64)
+    out[np.fromiter(ranks.values(), np.int64, len(ranks))] = np.fromiter(map(len, ranks), np.int64,
+                                                                          len(ranks))
+    for text, idx in added.items():
+        out[idx] = len(text.encode("utf-8"))
+    return out
+
+
+def _hf_byte_table(path: pathlib.Path) -> tuple[np.ndarray, bool] | None:
+    """``(bytes per token id, nfc)`` for the HF-tokenizers backend, or None.
+
+    Given for byte-level BPE tokenizers (see :func:`_byte_level`): HF
+    tokenizers then only has to produce ids (``encode_batch_fast``, ~15%
+    faster than ``encode``) and labels come from byte spans, as with tiktoken.
+    Memoised on disk like :func:`_tiktoken_spec`.
+    """
+    import pickle
+
+    key = _stat_key(path, "tokenizer.json")
+    memo = _cache_root() / "encoder" / f"{key}-bytes.pkl"
+    try:
+        with open(memo, "rb") as f:
+            return pickle.load(f)
+    except (OSError, EOFError, pickle.UnpicklingError):
+        pass
+    try:
+        spec = _loads((path / "tokenizer.json").read_bytes())
+        ranks, nfc, _ = _byte_level(spec)
+        out = (_byte_lengths(ranks, {t["content"]: t["id"] for t in spec.get("added_tokens", ())}), nfc)
+    except (_Unsupported, OSError, ValueError, KeyError, TypeError, AttributeError):
+        out = None
+    _write_memo(memo, out)
+    return out
+
+
+def _loads(raw: bytes):
+    try:
+        from orjson import loads
+    except ImportError:  # pragma: no cover - orjson is a dependency
+        return json.loads(raw)
+    return loads(raw)
 
 
 class _BoundedDict(dict):
@@ -401,16 +459,14 @@ class _Runtime:
             tk = self.load_tokenizers(path)
             self.added = {t.content: i for i, t in tk.get_added_tokens_decoder().items()}
             self.special_re = None
+            table = _hf_byte_table(path) if hasattr(tk, "encode_batch_fast") else None
+            if table is not None:  # ids only from HF; labels from byte spans
+                self.bytelen, self.nfc = table
             return
         pattern, ranks, self.added, self.nfc = _tiktoken_spec(path)
         self.special_re = (re.compile("|".join(map(re.escape, sorted(self.added, key=len, reverse=True))))
                            if self.added else None)
-        size = max([*ranks.values(), *self.added.values()]) + 1
-        self.bytelen = np.zeros(size, dtype=np.int64)
-        for tok, idx in ranks.items():
-            self.bytelen[idx] = len(tok)
-        for text, idx in self.added.items():
-            self.bytelen[idx] = len(text.encode("utf-8"))
+        self.bytelen = _byte_lengths(ranks, self.added)
         self.bytelen32 = self.bytelen.astype(np.int32)
         import tiktoken
 
@@ -728,7 +784,8 @@ class ChatEncoder:
         if self.backend == "tiktoken":
             ids = rt.encode_tiktoken(text)
         else:
-            ids = rt.tk.encode(text, add_special_tokens=False).ids
+            ids = (self._hf_ids(text).tolist() if hasattr(rt.tk, "encode_batch_fast")
+                   else rt.tk.encode(text, add_special_tokens=False).ids)
         pre, post = self.text_affixes
         ids = [*pre, *ids, *post]
         if self.eos_id is not None and (not ids or ids[-1] != self.eos_id):
@@ -814,6 +871,13 @@ class ChatEncoder:
     def _encode_tokenizers(self, parts, train):
         rt = self.runtime
         text = "".join(parts)
+        if rt.bytelen is not None:  # byte-level BPE: ids only, labels from byte spans
+            tokens = self._hf_ids(text)
+            if self.masking == "all":
+                return tokens, tokens.copy()
+            labels = self._byte_labels(parts, train, text, tokens)
+            if labels is not None:
+                return tokens, labels
         try:
             enc = rt.tk.encode(text, add_special_tokens=False)
         except Exception as e:
@@ -837,6 +901,33 @@ class ChatEncoder:
                     mask = (offsets[:, 0] < b) & (offsets[:, 1] > a)
                     labels[mask] = tokens[mask]
         return tokens, labels
+
+    def _hf_ids(self, text: str) -> np.ndarray:
+        """HF tokenizers' ids of ``text`` (no offsets: ``encode_batch_fast``), int32."""
+        try:
+            enc = self.runtime.tk.encode_batch_fast([text], add_special_tokens=False)[0]
+        except Exception as e:
+            raise InputError(f"HF tokenizers cannot encode this row: {e}") from None
+        return np.array(enc.ids, dtype=np.int32)
+
+    def _byte_labels(self, parts, train, text, tokens) -> np.ndarray | None:
+        """Labels by the byte-span rule of the tiktoken path, or None when the tokens
+        do not spell the (normalized) text byte for byte: the caller then asks HF for offsets."""
+        rt = self.runtime
+        ascii_only = text.isascii()
+        nfc = rt.nfc and not ascii_only and not unicodedata.is_normalized("NFC", text)
+        spans, total = _byte_spans(parts, train, ascii_only, nfc)
+        if len(tokens) and int(tokens.max()) >= len(rt.bytelen):
+            return None
+        ends = rt.bytelen.take(tokens).cumsum()
+        if (int(ends[-1]) if len(ends) else 0) != total:
+            return None
+        labels = np.full(len(tokens), -100, dtype=np.int32)
+        if spans and len(tokens):
+            first, last = _token_runs(ends, [a for a, _ in spans], [b for _, b in spans])
+            for i, j in zip(first.tolist(), last.tolist()):
+                labels[i:j] = tokens[i:j]
+        return labels
 
 
 def _label_runs(enc, spans, tokens, labels) -> bool:
@@ -937,15 +1028,19 @@ class _ChunkSink:
         return len(ids)
 
     def finish(self) -> tuple[np.ndarray, np.ndarray]:
-        """``(tokens, labels)`` of every row added, back to back (int32)."""
+        """``(tokens, labels)`` of every row added, back to back (int32).
+
+        ``self.trainable`` is then the number of trained tokens.
+        """
         tokens = np.concatenate(self.pieces) if self.pieces else np.zeros(0, np.int32)
         self.pieces = []
-        if self.enc.masking == "all":
-            return tokens, tokens.copy()
         n = len(tokens)
-        labels = np.full(n, -100, dtype=np.int32)
+        if self.enc.masking == "all":
+            self.trainable = n
+            return tokens, tokens.copy()
+        self.trainable = 0
         if not self.starts or not n:
-            return tokens, labels
+            return tokens, np.full(n, -100, dtype=np.int32)
         small = self.nbytes < 2**31  # int32 byte positions: half the memory traffic
         ends = (self.rt.bytelen32 if small else self.rt.bytelen).take(tokens)
         np.cumsum(ends, out=ends)
@@ -953,12 +1048,28 @@ class _ChunkSink:
             raise RuntimeError(f"the tokens of a chunk cover {int(ends[-1])} bytes but its text has "
                                f"{self.nbytes}")
         first, last = _token_runs(ends, self.starts, self.stops)
-        edges = np.zeros(n + 1, dtype=np.int8)  # +1 where a trained run starts, -1 after it ends
-        np.add.at(edges, first, 1)
-        np.add.at(edges, np.minimum(last, n), -1)
-        np.cumsum(edges, dtype=np.int8, out=edges)  # runs overlap only at a shared token: <= 2
-        np.copyto(labels, tokens, where=edges[:n] > 0)
-        return tokens, labels
+        mask, self.trainable = _runs_mask(first, np.minimum(last, n), n)
+        return tokens, np.where(mask, tokens, np.int32(-100))
+
+
+def _runs_mask(first: np.ndarray, last: np.ndarray, n: int) -> tuple[np.ndarray, int]:
+    """``(mask, count)``: bool [n], True inside any run ``[first[i], last[i])``.
+
+    Runs come in order (``first`` non-decreasing) and may overlap or touch; they
+    are merged, then the mask is one ``np.repeat`` of alternating values.
+    """
+    reach = np.maximum.accumulate(last)
+    new = np.empty(len(first), dtype=bool)
+    new[0] = True
+    new[1:] = first[1:] > reach[:-1]
+    starts = first[new]
+    stops = np.maximum.reduceat(last, np.flatnonzero(new))
+    bounds = np.empty(2 * len(starts) + 2, dtype=np.int64)
+    bounds[0], bounds[-1] = 0, n
+    bounds[1:-1:2], bounds[2:-1:2] = starts, stops
+    values = np.zeros(len(bounds) - 1, dtype=bool)
+    values[1::2] = True
+    return np.repeat(values, np.diff(bounds)), int((stops - starts).sum())
 
 
 def _token_runs(ends: np.ndarray, starts, stops) -> tuple[np.ndarray, np.ndarray]:

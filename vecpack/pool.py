@@ -206,8 +206,9 @@ def tokenize_chunk(task: ChunkTask, encoder, out_dir: str, *, on_error: str = "r
     sink = encoder.chunk_sink() if hasattr(encoder, "chunk_sink") else None
     add = sink.add if sink is not None else None
     encode_row = encoder.encode_row
+    info: dict = {}
     records = _sources.read_records(task.source, task.start, task.stop, kind=task.kind,
-                                    payload=task.payload)
+                                    payload=task.payload, info=info)
     for n, (local, rec) in enumerate(records, 1):
         if isinstance(rec, _sources.BadRecord):
             reason = rec.reason
@@ -246,8 +247,10 @@ def tokenize_chunk(task: ChunkTask, encoder, out_dir: str, *, on_error: str = "r
         tokens = np.concatenate(toks).astype(np.int32, copy=False) if toks else np.zeros(0, np.int32)
         labels = np.concatenate(labs).astype(np.int32, copy=False) if labs else np.zeros(0, np.int32)
     meta = ChunkMeta(task.index, out_dir, records=n, documents=len(lengths), tokens=int(tokens.size),
-                     trainable=int(np.count_nonzero(labels != IGNORE_INDEX)),
-                     lines=(_sources.count_newlines(task.source, task.stop, task.start)
+                     trainable=(sink.trainable if sink is not None
+                                else int(np.count_nonzero(labels != IGNORE_INDEX))),
+                     lines=(info["newlines"] if "newlines" in info
+                            else _sources.count_newlines(task.source, task.stop, task.start)
                             if task.kind == "jsonl" else n),
                      rejected=rejected, examples=examples, pid=os.getpid(),
                      lengths=np.asarray(lengths, np.int64), rows=np.asarray(rows, np.int64))

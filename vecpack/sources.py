@@ -416,11 +416,13 @@ def _json_type(obj) -> str:
             type(None): "null"}.get(type(obj), type(obj).__name__)
 
 
-def _read_jsonl(path: str, start: int, stop: int) -> Iterator[tuple[int, Any]]:
+def _read_jsonl(path: str, start: int, stop: int, info: dict | None = None) -> Iterator[tuple[int, Any]]:
     with open(path, "rb") as f:
         f.seek(start)
         buf = f.read(stop - start)
     lines = buf.split(b"\n")
+    if info is not None:
+        info["newlines"] = len(lines) - 1
     if lines and not lines[-1]:
         lines.pop()
     for i, raw in enumerate(lines):
@@ -483,7 +485,7 @@ def _iter_table(table) -> Iterator[tuple[int, Any]]:
 
 
 def read_records(src: Source | str, start: int, stop: int, *, kind: str | None = None,
-                 payload: bytes | None = None) -> Iterator[tuple[int, Any]]:
+                 payload: bytes | None = None, info: dict | None = None) -> Iterator[tuple[int, Any]]:
     """Yield ``(local_index, record)`` for one range; ``record`` is a dict or a :class:`BadRecord`.
 
     ``local_index`` is the 0-based line inside the byte range for JSONL (blank
@@ -493,11 +495,13 @@ def read_records(src: Source | str, start: int, stop: int, *, kind: str | None =
         src: the source, or its name together with ``kind``.
         start, stop: the range, as :func:`split_source` gives it.
         payload: for ``"dataset"`` ranges, the Arrow IPC bytes of the rows.
+        info: a dict that a JSONL range fills with ``"newlines"`` (what
+            :func:`count_newlines` says of the range) once reading starts.
     """
     name = src if isinstance(src, str) else src.name
     kind = kind or src.kind
     if kind == "jsonl":
-        return _read_jsonl(name, start, stop)
+        return _read_jsonl(name, start, stop, info)
     if kind == "json":
         return _read_json(name, start, stop)
     if kind == "parquet":
