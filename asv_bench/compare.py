@@ -164,7 +164,7 @@ def child_vecpack(a):
         from vecpack import pool
 
         t = time.perf_counter()
-        pool.warm(a.jobs, a.tokenizer)
+        pool.warm(a.jobs, a.tokenizer).result()
         wait(pool._WARMING)
         pool_ready = time.perf_counter() - t
         pool.shutdown()  # the first call below starts everything again, from nothing

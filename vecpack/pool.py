@@ -39,6 +39,7 @@ import re
 import shutil
 import sys
 import tempfile
+import threading
 import time
 import uuid
 from concurrent.futures import FIRST_COMPLETED, wait
@@ -417,16 +418,20 @@ _WARMING: list = []  # futures of warm() calls, waited for before the pool is re
 def _executor(n_jobs: int):
     from joblib.externals.loky import get_reusable_executor
 
-    if _WARMING and _POOL_SIZE != [n_jobs]:  # let a resize find the warm-up tasks done
-        wait(_WARMING, timeout=30)
-        _WARMING.clear()
-    elif _WARMING and all(f.done() for f in _WARMING):
-        _WARMING.clear()
+    with _EXECUTOR_LOCK:  # warm() may be starting the pool in its thread right now
+        if _WARMING and _POOL_SIZE != [n_jobs]:  # let a resize find the warm-up tasks done
+            wait(_WARMING, timeout=30)
+            _WARMING.clear()
+        elif _WARMING and all(f.done() for f in _WARMING):
+            _WARMING.clear()
 
-    _stop_at_exit()
-    _POOL_SIZE[:] = [n_jobs]
-    # idle workers stay 5 minutes so later calls skip start-up (shutdown() frees them)
-    return get_reusable_executor(max_workers=n_jobs, timeout=300, env=_EXECUTOR_ENV)
+        _stop_at_exit()
+        _POOL_SIZE[:] = [n_jobs]
+        # idle workers stay 5 minutes so later calls skip start-up (shutdown() frees them)
+        return get_reusable_executor(max_workers=n_jobs, timeout=300, env=_EXECUTOR_ENV)
+
+
+_EXECUTOR_LOCK = threading.RLock()
 
 
 _POOL_SIZE: list = []  # max_workers of the executor last asked for
@@ -455,12 +460,17 @@ def _stop_at_exit() -> None:
 def _shutdown_existing() -> None:
     from joblib.externals.loky import reusable_executor
 
-    ex = reusable_executor._executor
-    if ex is not None:
-        ex.shutdown(wait=True, kill_workers=True)
-    while _CHECKER:
-        _CHECKER.pop().shutdown(wait=True, kill_workers=True)
-    _PRELOADED.clear()
+    held = _EXECUTOR_LOCK.acquire(timeout=10)  # let a pool that warm() is starting finish starting
+    try:
+        ex = reusable_executor._executor
+        if ex is not None:
+            ex.shutdown(wait=True, kill_workers=True)
+        while _CHECKER:
+            _CHECKER.pop().shutdown(wait=True, kill_workers=True)
+        _PRELOADED.clear()
+    finally:
+        if held:
+            _EXECUTOR_LOCK.release()
 
 
 def _tokenizer_dir(tokenizer) -> str | None:
@@ -471,18 +481,44 @@ def _tokenizer_dir(tokenizer) -> str | None:
     return path if os.path.isfile(os.path.join(path, "tokenizer.json")) else None
 
 
-def warm(n_jobs: int, tokenizer=None) -> None:
+def warm(n_jobs: int, tokenizer=None):
     """Start the worker processes now (returns at once; they start in the background).
 
     With a tokenizer directory, each worker also builds its tiktoken engine
-    while the driver is busy elsewhere (hashing inputs, reading the template).
+    while the driver is busy elsewhere (reading the template). Importing
+    loky and launching the processes blocks for about 0.2 s, so the
+    background thread of :func:`_in_background` does it. Returns its future
+    (None for ``n_jobs <= 1``); ``_WARMING`` holds the warm-up tasks once it
+    is done.
     """
-    if n_jobs > 1:
-        path = _tokenizer_dir(tokenizer)
+    if n_jobs <= 1:
+        return None
+    path = _tokenizer_dir(tokenizer)
+
+    def start():
         ex = _executor(n_jobs)
-        if _WARMING:  # already warming (build() warms before tokenize() does)
-            return
-        _WARMING.extend(ex.submit(_warm, path) for _ in range(n_jobs))
+        with _EXECUTOR_LOCK:
+            if not _WARMING:  # else already warming
+                _WARMING.extend(ex.submit(_warm, path) for _ in range(n_jobs))
+
+    return _in_background(start)
+
+
+def _in_background(fn):
+    """Run ``fn`` in this process's one starter thread (in call order); returns a future.
+
+    One thread, so that two starts never import loky at once (that deadlocks).
+    """
+    with _STARTER_LOCK:
+        if not _STARTER or _STARTER[1] != os.getpid():  # none yet, or a forked child
+            from concurrent.futures import ThreadPoolExecutor
+
+            _STARTER[:] = [ThreadPoolExecutor(1, thread_name_prefix="vecpack-start"), os.getpid()]
+        return _STARTER[0].submit(fn)
+
+
+_STARTER: list = []  # [ThreadPoolExecutor, pid]
+_STARTER_LOCK = threading.Lock()
 
 
 _CHECKER: list = []  # [executor]: one process that runs the parity checks
@@ -496,25 +532,41 @@ def _checker():
     151k-merge vocabulary). One process loads it once and checks every
     dataset's sample beside the pool's work.
     """
-    ex = _CHECKER[0] if _CHECKER else None
-    if ex is None or ex._flags.broken or ex._flags.shutdown:
-        from joblib.externals.loky.process_executor import ProcessPoolExecutor
+    with _CHECKER_LOCK:  # preload_checker() may be starting it in a thread right now
+        ex = _CHECKER[0] if _CHECKER else None
+        if ex is None or ex._flags.broken or ex._flags.shutdown:
+            from joblib.externals.loky.process_executor import ProcessPoolExecutor
 
-        ex = ProcessPoolExecutor(max_workers=1, timeout=300, env=_EXECUTOR_ENV)
-        _CHECKER[:] = [ex]
-        _stop_at_exit()
-    return ex
+            ex = ProcessPoolExecutor(max_workers=1, timeout=300, env=_EXECUTOR_ENV)
+            _CHECKER[:] = [ex]
+            _stop_at_exit()
+        return ex
+
+
+_CHECKER_LOCK = threading.Lock()
 
 
 def preload_checker(tokenizer) -> None:
-    """Start the parity-check process and load ``tokenizer``'s engines there (returns at once)."""
+    """Start the parity-check process and load ``tokenizer``'s engines there (returns at once).
+
+    The process is started in the background (see :func:`_in_background`):
+    starting it blocks for about 0.15 s, which the caller spends reading the
+    template instead.
+    """
     path = _tokenizer_dir(tokenizer)
     if path is None:
         return
     key = os.path.realpath(path)
     if key not in _PRELOADED:
         _PRELOADED.add(key)
-        _checker().submit(_load_hf, path)
+
+        def start():
+            try:
+                _checker().submit(_load_hf, path)
+            except Exception:  # the check itself starts a fresh process if this one failed
+                _PRELOADED.discard(key)
+
+        _in_background(start)
 
 
 _PRELOADED: set = set()
@@ -542,12 +594,25 @@ def start_check(encoder, texts, n_jobs: int):
                 ours = tiktoken_ids(encoder.path, texts)
             except _Unsupported:
                 pass
-        try:
-            return _checker().submit(_parity_in_worker, encoder.path, texts, ours)
-        except RuntimeError:  # the process just died or was shut down: a fresh one
-            _CHECKER.clear()
-            _PRELOADED.clear()
-            return _checker().submit(_parity_in_worker, encoder.path, texts, ours)
+        from concurrent.futures import Future
+
+        verdict: Future = Future()
+
+        def submit():  # in the starter thread: the check process may still be starting there
+            try:
+                try:
+                    inner = _checker().submit(_parity_in_worker, encoder.path, texts, ours)
+                except RuntimeError:  # the process just died or was shut down: a fresh one
+                    _CHECKER.clear()
+                    _PRELOADED.clear()
+                    inner = _checker().submit(_parity_in_worker, encoder.path, texts, ours)
+            except BaseException as e:
+                verdict.set_exception(e)
+                return
+            inner.add_done_callback(_copy_outcome(verdict))
+
+        _in_background(submit)
+        return verdict
     from concurrent.futures import Future
 
     fut: Future = Future()
@@ -558,6 +623,16 @@ def start_check(encoder, texts, n_jobs: int):
     except Exception as e:  # reported by the caller
         fut.set_exception(e)
     return fut
+
+
+def _copy_outcome(target):
+    def copy(source) -> None:
+        exc = source.exception()
+        if exc is not None:
+            target.set_exception(exc)
+        else:
+            target.set_result(source.result())
+    return copy
 
 
 def shutdown() -> None:

@@ -251,11 +251,11 @@ def tokenize(data_files, tokenizer=None, *, style: str = "sharegpt", column: str
                                                 or estimate // 3, n_jobs)
     tasks = _pool.plan_chunks(sources, chunk_bytes=chunk_bytes)
     if backend == "loky" and n_jobs > 1:
+        if len(tasks) > 1:  # one task runs here: starting workers would only take CPU from it
+            _pool.warm(n_jobs, tokenizer)
         known = _cached_encoder(tokenizer, style, column, masking)[1] if encoder is None else None
         if encoder is None and (known is None or known.backend == "tiktoken"):
             _pool.preload_checker(tokenizer)  # HF tokenizers loads there while we read the template
-        if len(tasks) > 1:  # one task runs here: starting workers would only take CPU from it
-            _pool.warm(n_jobs, tokenizer)
     key, texts = None, None
     if encoder is None:
         key, encoder = _get_encoder(tokenizer, style, column, masking, sources)
