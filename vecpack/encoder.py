@@ -422,8 +422,8 @@ def parity_reason(path: str, texts, ours=None) -> str:
     Loads HF ``tokenizers`` (once per process). With ``ours`` (a caller that
     already has the tiktoken engine), ``texts`` is the whole list of
     :func:`parity_probes` and ``ours`` their :func:`tiktoken_ids`; then this
-    process needs only HF tokenizers. :func:`vecpack.tokenize` runs this in a
-    process of its own while the rows are being tokenized.
+    process needs only HF tokenizers. :func:`vecpack.tokenize` runs this as
+    the worker pool's first task while the rows are being tokenized.
     """
     if ours is None:
         try:

@@ -61,7 +61,6 @@ __all__ = [
     "located_error",
     "merge_chunks",
     "plan_chunks",
-    "preload_checker",
     "shutdown",
     "start_check",
     "tokenize_chunk",
@@ -382,17 +381,6 @@ def _parity_in_worker(path: str, texts, ours=None) -> str:
     return parity_reason(path, texts, ours)
 
 
-def _load_hf(path: str) -> int:
-    """Load HF tokenizers for ``path`` (the slow part of a parity check)."""
-    from . import encoder as _encoder
-
-    try:
-        _encoder._runtime(path, "tokenizers")
-    except Exception:  # the check itself will say what is wrong
-        pass
-    return os.getpid()
-
-
 # --------------------------------------------------------------------------- driver side
 
 
@@ -465,9 +453,6 @@ def _shutdown_existing() -> None:
         ex = reusable_executor._executor
         if ex is not None:
             ex.shutdown(wait=True, kill_workers=True)
-        while _CHECKER:
-            _CHECKER.pop().shutdown(wait=True, kill_workers=True)
-        _PRELOADED.clear()
     finally:
         if held:
             _EXECUTOR_LOCK.release()
@@ -521,118 +506,43 @@ _STARTER: list = []  # [ThreadPoolExecutor, pid]
 _STARTER_LOCK = threading.Lock()
 
 
-_CHECKER: list = []  # [executor]: one process that runs the parity checks
-
-
-def _checker():
-    """The parity-check process (started on demand, kept like the pool's workers).
-
-    It is not a pool worker: a task sent to the pool may land on either
-    worker, and each would load HF ``tokenizers`` (most of a second for a
-    151k-merge vocabulary). One process loads it once and checks every
-    dataset's sample beside the pool's work.
-    """
-    with _CHECKER_LOCK:  # preload_checker() may be starting it in a thread right now
-        ex = _CHECKER[0] if _CHECKER else None
-        if ex is None or ex._flags.broken or ex._flags.shutdown:
-            from joblib.externals.loky.process_executor import ProcessPoolExecutor
-
-            ex = ProcessPoolExecutor(max_workers=1, timeout=300, env=_EXECUTOR_ENV)
-            _CHECKER[:] = [ex]
-            _stop_at_exit()
-        return ex
-
-
-_CHECKER_LOCK = threading.Lock()
-
-
-def preload_checker(tokenizer) -> None:
-    """Start the parity-check process and load ``tokenizer``'s engines there (returns at once).
-
-    The process is started in the background (see :func:`_in_background`):
-    starting it blocks for about 0.15 s, which the caller spends reading the
-    template instead.
-    """
-    path = _tokenizer_dir(tokenizer)
-    if path is None:
-        return
-    key = os.path.realpath(path)
-    if key not in _PRELOADED:
-        _PRELOADED.add(key)
-
-        def start():
-            try:
-                _checker().submit(_load_hf, path)
-            except Exception:  # the check itself starts a fresh process if this one failed
-                _PRELOADED.discard(key)
-
-        _in_background(start)
-
-
-_PRELOADED: set = set()
-
-
 def start_check(encoder, texts, n_jobs: int):
-    """Check ``encoder``'s tiktoken engine against HF tokenizers on ``texts`` in the background.
+    """Check ``encoder``'s tiktoken engine against HF tokenizers on ``texts``.
 
     Returns a future of the verdict (``""``: same ids; else why not), or None
-    when there is nothing to check. With ``n_jobs > 1`` the check runs in the
-    parity-check process (see :func:`preload_checker`), beside the
-    tokenizing; with ``n_jobs == 1`` (no extra processes) it runs here and
-    now, before any row is tokenized: a thread would fight the tokenizing for
-    the GIL.
+    when there is nothing to check. With ``n_jobs > 1`` the check is the pool's
+    next task, ahead of the chunks submitted after this call: a worker (which
+    has the tiktoken engine) loads HF tokenizers once in its life and compares
+    the two beside the tokenizing. With ``n_jobs == 1`` (no workers: one
+    process, or one chunk tokenized here) it runs here and now; the tiktoken
+    ids come from this process's engine when it has one.
     """
     if texts is None or getattr(encoder, "backend", None) != "tiktoken":
         return None
-    texts, ours = tuple(texts), None
+    texts = tuple(texts)
     if n_jobs > 1:
-        if getattr(encoder, "_rt", None) is not None:  # this process has the tiktoken engine
-            from .encoder import _Unsupported, parity_probes, tiktoken_ids
+        try:
+            return _executor(n_jobs).submit(_parity_in_worker, encoder.path, texts)
+        except RuntimeError:  # the pool just broke or was shut down: a fresh one
+            _shutdown_existing()
+            return _executor(n_jobs).submit(_parity_in_worker, encoder.path, texts)
+    from concurrent.futures import Future
 
+    fut: Future = Future()
+    try:
+        from .encoder import _Unsupported, parity_probes, parity_reason, tiktoken_ids
+
+        ours = None
+        if getattr(encoder, "_rt", None) is not None:  # this process has the tiktoken engine
             try:
                 texts = tuple(parity_probes(encoder.path, texts))
                 ours = tiktoken_ids(encoder.path, texts)
             except _Unsupported:
                 pass
-        from concurrent.futures import Future
-
-        verdict: Future = Future()
-
-        def submit():  # in the starter thread: the check process may still be starting there
-            try:
-                try:
-                    inner = _checker().submit(_parity_in_worker, encoder.path, texts, ours)
-                except RuntimeError:  # the process just died or was shut down: a fresh one
-                    _CHECKER.clear()
-                    _PRELOADED.clear()
-                    inner = _checker().submit(_parity_in_worker, encoder.path, texts, ours)
-            except BaseException as e:
-                verdict.set_exception(e)
-                return
-            inner.add_done_callback(_copy_outcome(verdict))
-
-        _in_background(submit)
-        return verdict
-    from concurrent.futures import Future
-
-    fut: Future = Future()
-    try:
-        from .encoder import parity_reason
-
-        fut.set_result(parity_reason(encoder.path, texts))
+        fut.set_result(parity_reason(encoder.path, texts, ours))
     except Exception as e:  # reported by the caller
         fut.set_exception(e)
     return fut
-
-
-def _copy_outcome(target):
-    def copy(source) -> None:
-        exc = source.exception()
-        if exc is not None:
-            target.set_exception(exc)
-        else:
-            target.set_result(source.result())
-    return copy
 
 
 def shutdown() -> None:

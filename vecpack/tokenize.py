@@ -250,12 +250,9 @@ def tokenize(data_files, tokenizer=None, *, style: str = "sharegpt", column: str
         chunk_bytes = _pool.default_chunk_bytes(sum(s.size for s in sources if s.kind != "dataset")
                                                 or estimate // 3, n_jobs)
     tasks = _pool.plan_chunks(sources, chunk_bytes=chunk_bytes)
-    if backend == "loky" and n_jobs > 1:
-        if len(tasks) > 1:  # one task runs here: starting workers would only take CPU from it
-            _pool.warm(n_jobs, tokenizer)
-        known = _cached_encoder(tokenizer, style, column, masking)[1] if encoder is None else None
-        if encoder is None and (known is None or known.backend == "tiktoken"):
-            _pool.preload_checker(tokenizer)  # HF tokenizers loads there while we read the template
+    if backend == "loky" and n_jobs > 1 and len(tasks) > 1:
+        # one task runs here: starting workers would only take CPU from it
+        _pool.warm(n_jobs, tokenizer)
     key, texts = None, None
     if encoder is None:
         key, encoder = _get_encoder(tokenizer, style, column, masking, sources)
@@ -268,8 +265,9 @@ def tokenize(data_files, tokenizer=None, *, style: str = "sharegpt", column: str
     if out_dir is not None:
         out_dir = os.fspath(out_dir)
         os.makedirs(out_dir, exist_ok=True)
-    # the tiktoken-vs-HF parity check on the sample runs beside the tokenizing; if it
-    # fails, the result is thrown away and the rows are tokenized again with HF tokenizers
+    # the tiktoken-vs-HF parity check on the sample runs beside the tokenizing (the pool's
+    # first task); if it fails, the result is thrown away and the rows are tokenized again
+    # with HF tokenizers
     check = None
     workers = n_jobs if backend == "loky" else 1
     if workers > 1 and len(tasks) > 1 or workers == 1:
@@ -284,9 +282,9 @@ def tokenize(data_files, tokenizer=None, *, style: str = "sharegpt", column: str
     except _RetryWithFallback:
         result = None
     if texts is not None:
-        # one task, tokenized here: the check was held back until this process had built
-        # the tiktoken engine, so the check process only needs HF tokenizers' ids
-        check = _pool.start_check(encoder, texts, workers)
+        # one task, tokenized here: checked here too (starting workers for a check would
+        # cost more), with the tiktoken engine this process has just built
+        check = _pool.start_check(encoder, texts, 1)
     if check is not None:
         reason = _check_result(check, encoder)
         if reason:
