@@ -2,6 +2,7 @@
 
 import json
 import os
+import tempfile
 
 import pytest
 from hypothesis import given, settings
@@ -242,3 +243,31 @@ def test_jsonl_lines_parse_exactly_as_the_json_module_does(tmp_path, monkeypatch
             assert repr(a) == repr(b), line  # repr: NaN != NaN
     assert fast[1]["text"] == "lone \ud800 surrogate escape" and fast[3]["text"] == "last wins"
     assert isinstance(fast[5], BadRecord) and "JSON object" in fast[5].reason
+
+
+@settings(max_examples=200, deadline=None, derandomize=True)
+@given(st.lists(st.sampled_from(['{"a": 1}', '{"b": "x y"}', "", " ", "\t ", "{bad", "[1]",
+                                            '{"c": "\\u00e9"}']), max_size=12),
+                  st.sampled_from(["\n", "\r\n"]), st.booleans())
+def test_jsonl_lines_are_read_like_split_lines(lines, eol, trailing):
+    """The line reader (views, no per-line copies) against splitting the bytes."""
+    from vecpack.sources import _parse_line, _read_jsonl
+
+    data = eol.join(lines).encode() + (eol.encode() if trailing and lines else b"")
+    want = []
+    parts = data.split(b"\n")
+    if parts and not parts[-1]:
+        parts.pop()
+    for i, raw in enumerate(parts):
+        raw = raw[:-1] if raw.endswith(b"\r") else raw
+        if raw and not raw.isspace():
+            want.append((i, _parse_line(raw)))
+    with tempfile.NamedTemporaryFile("wb", suffix=".jsonl", delete=False) as f:
+        f.write(data)
+    try:
+        info = {}
+        got = list(_read_jsonl(f.name, 0, len(data), info))
+    finally:
+        os.unlink(f.name)
+    assert [(i, repr(r)) for i, r in got] == [(i, repr(r)) for i, r in want]
+    assert info["newlines"] == data.count(b"\n")
