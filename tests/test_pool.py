@@ -450,3 +450,26 @@ def test_workers_may_hold_tokenizer_engines_without_being_restarted():
     ex = pool._executor(2)
     limits = {ex.submit(_leak_limit_after_warm).result(timeout=60) for _ in range(4)}
     assert limits == {pool._WORKER_GROWTH_BYTES} and pool._WORKER_GROWTH_BYTES >= 1 << 30
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_a_forked_child_can_start_its_own_pool_while_the_parent_is_starting_one():
+    """A child forked while the parent's starter thread holds the pool lock gets fresh locks."""
+    held, release = threading.Event(), threading.Event()
+
+    def hold():
+        with pool._EXECUTOR_LOCK:
+            held.set()
+            release.wait(30)
+
+    t = threading.Thread(target=hold)
+    t.start()
+    held.wait(30)
+    pid = os.fork()
+    if pid == 0:  # the child: the lock a parent thread holds must not be held here
+        ok = pool._EXECUTOR_LOCK.acquire(timeout=5)
+        os._exit(0 if ok else 1)
+    release.set()
+    t.join()
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0

@@ -506,6 +506,17 @@ _STARTER: list = []  # [ThreadPoolExecutor, pid]
 _STARTER_LOCK = threading.Lock()
 
 
+def _fresh_locks_after_fork() -> None:
+    """A forked child gets unlocked locks (its parent's starter thread may have held them)."""
+    global _EXECUTOR_LOCK, _STARTER_LOCK
+    _EXECUTOR_LOCK = threading.RLock()
+    _STARTER_LOCK = threading.Lock()
+    _STARTER.clear()
+
+
+os.register_at_fork(after_in_child=_fresh_locks_after_fork)
+
+
 def start_check(encoder, texts, n_jobs: int):
     """Check ``encoder``'s tiktoken engine against HF tokenizers on ``texts``.
 
