@@ -1,22 +1,26 @@
-"""The worker pool: tokenize input ranges on every core into ``.npy`` chunk files.
+"""The worker pool: tokenize input ranges on every core into the final ``.npy`` files.
 
 ::
 
-    driver                         loky workers (persistent, one per core)
-    ------                         ---------------------------------------
-    plan_chunks(sources)  ──────►  tokenize_chunk(task) ─► chunk-000007.tokens.npy
-      [ChunkTask, ...]             (read range, encode       chunk-000007.labels.npy
-                                    rows, write arrays)      chunk-000007.lengths.npy
-    poll progress slots  ◄──────   progress slot += rows     chunk-000007.rows.npy
-    merge_chunks(metas)  ◄──────   ChunkMeta (counts only)
-      -> Tokenized  (input order, chunk files deleted)
+    driver                           loky workers (persistent, one per core)
+    ------                           ---------------------------------------
+    warm(): start the pool  ───────► build the tiktoken engine
+    start_check(): first task ─────► one worker: HF tokenizers vs tiktoken on the sample
+    plan_chunks(sources)  ─────────► tokenize_chunk(task): read the range, encode its rows,
+      [ChunkTask, ...]                 label them in one pass; if every earlier chunk's
+                                       size is known, pwrite tokens/labels at their final
+                                       offset (DirectTarget), else chunk-000007.*.npy
+    poll progress slots  ◄─────────  progress slot += rows (every 16)
+    ChunkMerger.add(meta) ◄────────  ChunkMeta (counts, per-document lengths and rows)
+      -> Tokenized  (input order; the few chunk files copied in, then deleted)
 
 Only small :class:`ChunkTask` / :class:`ChunkMeta` records cross the process
-boundary; token arrays go through files (in ``/dev/shm`` when it has room).
-The encoder is pickled once per call into the chunk directory and unpickled
-once per worker process (kept for the next call), so start-up is paid once
-per process. Progress travels through a shared memory-mapped ``int64`` array
-(one slot per task, plus an abort flag the driver raises on error or Ctrl-C).
+boundary; token arrays go through files (the final ones, or chunk files in
+``/dev/shm`` when it has room). The encoder is pickled once per call into the
+chunk directory and unpickled once per worker process (kept for the next
+call), so start-up is paid once per process. Progress travels through a
+shared memory-mapped ``int64`` array (one slot per task, plus an abort flag
+the driver raises on error or Ctrl-C).
 
 A worker that dies (SIGKILL, out of memory, segfault) breaks the pool: the
 driver raises :class:`~vecpack.errors.WorkerDiedError` at once, removes its
@@ -404,6 +408,11 @@ _WARMING: list = []  # futures of warm() calls, waited for before the pool is re
 
 
 def _executor(n_jobs: int):
+    if _STARTING and not threading.current_thread().name.startswith("vecpack-start"):
+        # warm() is starting the pool: let it finish importing loky (two threads importing
+        # loky at once can deadlock) and launching the workers; we need them anyway
+        wait(_STARTING, timeout=60)
+        _STARTING.clear()
     from joblib.externals.loky import get_reusable_executor
 
     with _EXECUTOR_LOCK:  # warm() may be starting the pool in its thread right now
@@ -486,13 +495,19 @@ def warm(n_jobs: int, tokenizer=None):
             if not _WARMING:  # else already warming
                 _WARMING.extend(ex.submit(_warm, path) for _ in range(n_jobs))
 
-    return _in_background(start)
+    fut = _in_background(start)
+    _STARTING[:] = [fut]
+    return fut
+
+
+_STARTING: list = []  # the future of a pool start in progress (see _executor)
 
 
 def _in_background(fn):
     """Run ``fn`` in this process's one starter thread (in call order); returns a future.
 
-    One thread, so that two starts never import loky at once (that deadlocks).
+    One thread, so that two starts never import loky at once (that can deadlock);
+    :func:`_executor` waits for a start in progress for the same reason.
     """
     with _STARTER_LOCK:
         if not _STARTER or _STARTER[1] != os.getpid():  # none yet, or a forked child
@@ -512,6 +527,7 @@ def _fresh_locks_after_fork() -> None:
     _EXECUTOR_LOCK = threading.RLock()
     _STARTER_LOCK = threading.Lock()
     _STARTER.clear()
+    _STARTING.clear()  # the parent's start, not ours
 
 
 os.register_at_fork(after_in_child=_fresh_locks_after_fork)
