@@ -143,7 +143,9 @@ def test_out_dir_and_pack(sharegpt_file, qwen_dir, ref, tmp_path):
 
 
 def _fresh_encoders():
-    importlib.import_module("vecpack.tokenize")._ENCODERS.clear()
+    tok = importlib.import_module("vecpack.tokenize")
+    tok._ENCODERS.clear()
+    tok._PASSED.clear()
 
 
 @pytest.mark.parametrize("n_jobs", [1, 2])
@@ -244,6 +246,26 @@ def test_every_call_checks_its_own_datasets_rows(sharegpt_file, qwen_dir, tmp_pa
     t = vecpack.tokenize(str(other), qwen_dir, n_jobs=2, progress=False)
     assert t.stats["backend"] == "tiktoken"
     assert any("zebra crossing" in x for x in seen[-1])
+
+
+def test_rows_that_passed_are_not_checked_again_in_the_process(sharegpt_file, qwen_dir, monkeypatch):
+    """The same sample with the same tokenizer passed once: later calls on it skip the check."""
+    from vecpack import pool
+
+    _fresh_encoders()
+    seen = []
+    real = pool.start_check
+
+    def spy(encoder, texts, n):
+        seen.append(texts)
+        return real(encoder, texts, n)
+
+    monkeypatch.setattr(pool, "start_check", spy)
+    a = vecpack.tokenize(sharegpt_file, qwen_dir, n_jobs=2, progress=False)
+    b = vecpack.tokenize(sharegpt_file, qwen_dir, n_jobs=2, progress=False)
+    assert seen[0] and all(t is None for t in seen[1:])
+    assert a.tokens.tolist() == b.tokens.tolist()
+    _fresh_encoders()
 
 
 def test_strict_tiktoken_backend_raises_when_the_check_fails(qwen_dir, monkeypatch):

@@ -18,6 +18,7 @@ directly. See ``docs/parallelism.md`` for how the work is spread over cores.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
 import sys
@@ -262,6 +263,11 @@ def tokenize(data_files, tokenizer=None, *, style: str = "sharegpt", column: str
             texts = encoder.sample_texts(_sources.sample_rows(sources, 64)) or None
     else:
         texts = getattr(encoder, "pending_check", None)
+    digest = None
+    if texts is not None and getattr(encoder, "backend", None) == "tiktoken":
+        digest = _sample_digest(key if key is not None else encoder.path, texts)
+        if digest in _PASSED:  # these very rows passed with this tokenizer in this process
+            encoder.pending_check = texts = None
     if out_dir is not None:
         out_dir = os.fspath(out_dir)
         os.makedirs(out_dir, exist_ok=True)
@@ -287,6 +293,10 @@ def tokenize(data_files, tokenizer=None, *, style: str = "sharegpt", column: str
         check = _pool.start_check(encoder, texts, 1)
     if check is not None:
         reason = _check_result(check, encoder)
+        if not reason and digest is not None:
+            if len(_PASSED) >= 256:
+                _PASSED.clear()
+            _PASSED[digest] = True
         if reason:
             encoder = _fall_back(key, encoder, tokenizer, reason, stacklevel=4)
             result, metas = _run(tasks, encoder, out_dir, estimate, chunk_bytes, n_jobs, on_error,
@@ -310,6 +320,19 @@ def tokenize(data_files, tokenizer=None, *, style: str = "sharegpt", column: str
     if progress:
         _summary(result.stats)
     return result
+
+
+_PASSED: dict = {}  # digests of samples that passed the parity check in this process
+
+
+def _sample_digest(tokenizer_key, texts) -> bytes:
+    """A digest of a parity-check sample and the tokenizer it was checked with."""
+    h = hashlib.blake2b(repr(tokenizer_key).encode(), digest_size=16)
+    for t in texts:
+        b = t.encode("utf-8", "surrogatepass")
+        h.update(len(b).to_bytes(8, "little"))
+        h.update(b)
+    return h.digest()
 
 
 def _check_result(check, encoder) -> str:
