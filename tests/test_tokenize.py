@@ -227,8 +227,8 @@ def test_the_parity_check_runs_on_a_pool_worker(qwen_dir):
     assert pool.start_check(enc, None, 2) is None
 
 
-def test_every_call_checks_its_own_datasets_rows(sharegpt_file, qwen_dir, tmp_path, monkeypatch):
-    """The encoder is built once per process, but each dataset's sample is checked."""
+def _spy_on_checks(monkeypatch) -> list:
+    """The samples (or None) that each call hands to the parity check, from now on."""
     from vecpack import pool
 
     seen = []
@@ -239,6 +239,12 @@ def test_every_call_checks_its_own_datasets_rows(sharegpt_file, qwen_dir, tmp_pa
         return real(encoder, texts, n)
 
     monkeypatch.setattr(pool, "start_check", spy)
+    return seen
+
+
+def test_every_call_checks_its_own_datasets_rows(sharegpt_file, qwen_dir, tmp_path, monkeypatch):
+    """The encoder is built once per process, but each dataset's sample is checked."""
+    seen = _spy_on_checks(monkeypatch)
     vecpack.tokenize(sharegpt_file, qwen_dir, n_jobs=2, progress=False)
     other = tmp_path / "other.jsonl"
     row = {"conversations": [{"from": "human", "value": "zebra crossing"}, {"from": "gpt", "value": "ok"}]}
@@ -250,17 +256,8 @@ def test_every_call_checks_its_own_datasets_rows(sharegpt_file, qwen_dir, tmp_pa
 
 def test_rows_that_passed_are_not_checked_again_in_the_process(sharegpt_file, qwen_dir, monkeypatch):
     """The same sample with the same tokenizer passed once: later calls on it skip the check."""
-    from vecpack import pool
-
     _fresh_encoders()
-    seen = []
-    real = pool.start_check
-
-    def spy(encoder, texts, n):
-        seen.append(texts)
-        return real(encoder, texts, n)
-
-    monkeypatch.setattr(pool, "start_check", spy)
+    seen = _spy_on_checks(monkeypatch)
     a = vecpack.tokenize(sharegpt_file, qwen_dir, n_jobs=2, progress=False)
     b = vecpack.tokenize(sharegpt_file, qwen_dir, n_jobs=2, progress=False)
     assert seen[0] and all(t is None for t in seen[1:])
