@@ -56,6 +56,7 @@ import numpy as np
 
 from .errors import InputError
 from .formats import STYLES, to_messages
+from .sources import _orjson_loads
 from .template import MASKINGS, ChatTemplate
 
 __all__ = ["BACKENDS", "ChatEncoder", "parity_probes", "parity_reason", "tiktoken_ids"]
@@ -255,21 +256,13 @@ def _hf_byte_table(path: pathlib.Path) -> tuple[np.ndarray, bool] | None:
     except (OSError, EOFError, pickle.UnpicklingError):
         pass
     try:
-        spec = _loads((path / "tokenizer.json").read_bytes())
+        spec = (_orjson_loads or json.loads)((path / "tokenizer.json").read_bytes())
         ranks, nfc, _ = _byte_level(spec)
         out = (_byte_lengths(ranks, {t["content"]: t["id"] for t in spec.get("added_tokens", ())}), nfc)
     except (_Unsupported, OSError, ValueError, KeyError, TypeError, AttributeError):
         out = None
     _write_memo(memo, out)
     return out
-
-
-def _loads(raw: bytes):
-    try:
-        from orjson import loads
-    except ImportError:  # pragma: no cover - orjson is a dependency
-        return json.loads(raw)
-    return loads(raw)
 
 
 class _BoundedDict(dict):
@@ -416,26 +409,19 @@ def tiktoken_ids(path: str, texts) -> list[list[int]] | str:
     return out
 
 
-def parity_reason(path: str, texts, ours=None) -> str:
+def parity_reason(path: str, texts) -> str:
     """``""`` if tiktoken reproduces HF tokenizers on probes and ``texts``, else why not.
 
-    Loads HF ``tokenizers`` (once per process). With ``ours`` (a caller that
-    already has the tiktoken engine), ``texts`` is the whole list of
-    :func:`parity_probes` and ``ours`` their :func:`tiktoken_ids`; then this
-    process needs only HF tokenizers. :func:`vecpack.tokenize` runs this as
-    the worker pool's first task while the rows are being tokenized.
+    Builds both engines (once per process). :func:`vecpack.tokenize` runs this
+    as the worker pool's first task while the rows are being tokenized.
     """
-    if ours is None:
-        try:
-            texts = parity_probes(path, texts)
-        except _Unsupported as e:
-            return str(e)
-        ours = tiktoken_ids(path, texts)
+    try:
+        texts = parity_probes(path, texts)
+    except _Unsupported as e:
+        return str(e)
+    ours = tiktoken_ids(path, texts)
     if isinstance(ours, str):
         return ours
-    texts = list(texts)
-    if len(ours) != len(texts):
-        raise ValueError(f"{len(ours)} id lists for {len(texts)} texts")
     hf = _runtime(path, "tokenizers").load_tokenizers(pathlib.Path(path))
     for text, mine in zip(texts, ours):
         theirs = hf.encode(text, add_special_tokens=False).ids
@@ -847,16 +833,10 @@ class ChatEncoder:
         tokens = np.concatenate((head, ids)) if head is not None else ids.copy()
         if self.masking == "all":
             return tokens, tokens.copy()
-        labels = np.empty(len(tokens), dtype=np.int32)
-        labels.fill(-100)
         spans, _ = _byte_spans(parts, train, ascii_only, nfc_fix, None if layout is None else layout.nbytes,
                                _layout_runs(layout, train))
-        if spans and len(tokens):
-            ends = rt.bytelen.take(tokens).cumsum()
-            first, last = _token_runs(ends, [a for a, _ in spans], [b for _, b in spans])
-            for i, j in zip(first.tolist(), last.tolist()):
-                labels[i:j] = tokens[i:j]
-        return tokens, labels
+        ends = rt.bytelen.take(tokens).cumsum() if spans and len(tokens) else None
+        return tokens, _span_labels(tokens, spans, ends)
 
     def chunk_sink(self) -> "_ChunkSink | None":
         """A collector that encodes many rows and makes their labels in one vectorized pass.
@@ -922,12 +902,7 @@ class ChatEncoder:
         ends = rt.bytelen.take(tokens).cumsum()
         if (int(ends[-1]) if len(ends) else 0) != total:
             return None
-        labels = np.full(len(tokens), -100, dtype=np.int32)
-        if spans and len(tokens):
-            first, last = _token_runs(ends, [a for a, _ in spans], [b for _, b in spans])
-            for i, j in zip(first.tolist(), last.tolist()):
-                labels[i:j] = tokens[i:j]
-        return labels
+        return _span_labels(tokens, spans, ends)
 
 
 def _label_runs(enc, spans, tokens, labels) -> bool:
@@ -1070,6 +1045,19 @@ def _runs_mask(first: np.ndarray, last: np.ndarray, n: int) -> tuple[np.ndarray,
     values = np.zeros(len(bounds) - 1, dtype=bool)
     values[1::2] = True
     return np.repeat(values, np.diff(bounds)), int((stops - starts).sum())
+
+
+def _span_labels(tokens: np.ndarray, spans, ends) -> np.ndarray:
+    """int32 labels of one row: the tokens overlapping any byte span, -100 elsewhere.
+
+    ``ends`` is the tokens' cumulative byte ends (unused when there are no spans).
+    """
+    labels = np.full(len(tokens), -100, dtype=np.int32)
+    if spans and len(tokens):
+        first, last = _token_runs(ends, [a for a, _ in spans], [b for _, b in spans])
+        for i, j in zip(first.tolist(), last.tolist()):
+            labels[i:j] = tokens[i:j]
+    return labels
 
 
 def _token_runs(ends: np.ndarray, starts, stops) -> tuple[np.ndarray, np.ndarray]:

@@ -379,10 +379,10 @@ def _warm(tokenizer_path: str | None = None) -> int:
     return os.getpid()
 
 
-def _parity_in_worker(path: str, texts, ours=None) -> str:
+def _parity_in_worker(path: str, texts) -> str:
     from .encoder import parity_reason
 
-    return parity_reason(path, texts, ours)
+    return parity_reason(path, texts)
 
 
 # --------------------------------------------------------------------------- driver side
@@ -510,14 +510,14 @@ def _in_background(fn):
     :func:`_executor` waits for a start in progress for the same reason.
     """
     with _STARTER_LOCK:
-        if not _STARTER or _STARTER[1] != os.getpid():  # none yet, or a forked child
+        if not _STARTER:  # none yet (a forked child starts with none: see below)
             from concurrent.futures import ThreadPoolExecutor
 
-            _STARTER[:] = [ThreadPoolExecutor(1, thread_name_prefix="vecpack-start"), os.getpid()]
+            _STARTER.append(ThreadPoolExecutor(1, thread_name_prefix="vecpack-start"))
         return _STARTER[0].submit(fn)
 
 
-_STARTER: list = []  # [ThreadPoolExecutor, pid]
+_STARTER: list = []  # [ThreadPoolExecutor]
 _STARTER_LOCK = threading.Lock()
 
 
@@ -541,8 +541,8 @@ def start_check(encoder, texts, n_jobs: int):
     next task, ahead of the chunks submitted after this call: a worker (which
     has the tiktoken engine) loads HF tokenizers once in its life and compares
     the two beside the tokenizing. With ``n_jobs == 1`` (no workers: one
-    process, or one chunk tokenized here) it runs here and now; the tiktoken
-    ids come from this process's engine when it has one.
+    process, or one chunk tokenized here) it runs here and now, with this
+    process's engines.
     """
     if texts is None or getattr(encoder, "backend", None) != "tiktoken":
         return None
@@ -557,16 +557,7 @@ def start_check(encoder, texts, n_jobs: int):
 
     fut: Future = Future()
     try:
-        from .encoder import _Unsupported, parity_probes, parity_reason, tiktoken_ids
-
-        ours = None
-        if getattr(encoder, "_rt", None) is not None:  # this process has the tiktoken engine
-            try:
-                texts = tuple(parity_probes(encoder.path, texts))
-                ours = tiktoken_ids(encoder.path, texts)
-            except _Unsupported:
-                pass
-        fut.set_result(parity_reason(encoder.path, texts, ours))
+        fut.set_result(_parity_in_worker(encoder.path, texts))
     except Exception as e:  # reported by the caller
         fut.set_exception(e)
     return fut
@@ -1047,8 +1038,6 @@ class ChunkMerger:
         """
         if self._syncer is not None and self._syncer.is_alive():
             return
-        import threading
-
         paths = [self.files["tokens"].path, self.files["labels"].path]
         self._synced = self.tokens
 

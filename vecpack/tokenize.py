@@ -207,8 +207,8 @@ def tokenize(data_files, tokenizer=None, *, style: str = "sharegpt", column: str
     are byte-identical whatever ``n_jobs`` and ``chunk_bytes`` are.
 
     With the tiktoken fast path, this call's first 64 rows are also encoded by
-    HF ``tokenizers`` in a separate process while the workers run (HF is
-    loaded there once per process); if any id differs, the tiktoken result
+    HF ``tokenizers`` as the worker pool's first task while the other workers
+    run (a worker loads HF once in its life); if any id differs, the tiktoken result
     is discarded and the rows are tokenized again with HF ``tokenizers``
     (``stats["backend"]`` says which ran, with a ``RuntimeWarning``).
 
