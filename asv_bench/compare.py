@@ -171,8 +171,8 @@ def child_vecpack(a):
         # start-up = what the first calls cost beyond as many steady-state calls, on new
         # rows each time (every call reads, checks, tokenizes, packs and caches its own
         # rows); WARMUP_ROWS rows make several chunks, so the first call starts the worker
-        # pool. Several calls: a worker loads HF tokenizers the first time a parity check
-        # lands on it, which may be the second call or a later one.
+        # pool. Several calls, so that a once-per-process cost paid after the first call
+        # shows too (HF tokenizers used to be loaded by each worker that ran a check).
         calls = []
         for seed in (12345, 54321, 22222, 33333):
             tiny = make_sharegpt(os.path.join(tempfile.mkdtemp(dir=a.workdir), "tiny.jsonl"),

@@ -201,32 +201,6 @@ def test_the_parity_check_sees_this_datasets_rows(tmp_path, qwen_dir, monkeypatc
     _fresh_encoders()
 
 
-def test_the_parity_check_runs_on_a_pool_worker(qwen_dir):
-    from vecpack import pool
-    from vecpack.encoder import ChatEncoder
-
-    enc = ChatEncoder.from_tokenizer(qwen_dir, sample_rows=[{"conversations": [
-        {"from": "human", "value": "Olá"}, {"from": "gpt", "value": "Oi!"}]}], defer_check=True)
-    assert enc.backend == "tiktoken" and enc.pending_check
-    fut = pool.start_check(enc, enc.pending_check, 2)
-    assert fut.result(timeout=120) == ""
-
-    def engines():
-        import time
-
-        from vecpack import encoder
-
-        time.sleep(1.0)  # two at once: one on each worker
-        return os.getpid(), sorted({backend for _, backend, *_ in encoder._RUNTIMES})
-
-    ex = pool._executor(2)
-    seen = dict(f.result(timeout=60) for f in [ex.submit(engines) for _ in range(2)])
-    assert len(seen) == 2 and os.getpid() not in seen
-    assert any("tokenizers" in b for b in seen.values())  # HF tokenizers loaded in a worker
-    assert enc.check() == "" and enc.pending_check is None
-    assert pool.start_check(enc, None, 2) is None
-
-
 def _spy_on_checks(monkeypatch) -> list:
     """The samples (or None) that each call hands to the parity check, from now on."""
     from vecpack import pool

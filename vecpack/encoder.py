@@ -59,7 +59,7 @@ from .formats import STYLES, to_messages
 from .sources import _orjson_loads
 from .template import MASKINGS, ChatTemplate
 
-__all__ = ["BACKENDS", "ChatEncoder", "parity_probes", "parity_reason", "tiktoken_ids"]
+__all__ = ["BACKENDS", "ChatEncoder", "tiktoken_ids"]
 
 #: Encoding engines, in order of preference.
 BACKENDS = ("tiktoken", "tokenizers")
@@ -70,15 +70,6 @@ _GPT2_PATTERN = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+
 _MAX_SAMPLE_ROWS = 256         # rows of the dataset the self-checks look at
 _PREFIX_CACHE_MAX = 1024        # cached conversation prefixes per process
 _PREFIX_MAX_CHARS = 32_768      # longer prefixes are not cached
-_PROBES = (
-    "Hello world! It's 2024-06-01, isn't it? I'LL SEE you'RE 123456789 times.",
-    "  leading spaces\n\n\ntrailing   \t\n  \r\n\r\n x",
-    "ação, coração, São Paulo — «citações» ¿qué? naïve café 日本語のテキスト 한국어 Ελληνικά",
-    "emoji 🤖🚀👩‍💻 flags 🇧🇷 combining e\u0301 a\u0300 \u212b Å",
-    "def f(x):\n    return x**2  # comment\n\tindent = {'a': [1, 2]}\n",
-    "1 12 123 1234 12345 3.14159 1,000,000 ½ ² ٣",
-    "\u00a0nbsp\u2003em\u3000ideographic \u200b zero\u200dwidth",
-)
 
 
 def _bytes_to_unicode() -> dict[int, str]:
@@ -383,17 +374,6 @@ def _hf_facts(path: pathlib.Path, variables: dict) -> dict:
     return facts
 
 
-def parity_probes(path: str, texts) -> list[str]:
-    """Every text a parity check compares: fixed probes, the added tokens, then ``texts``.
-
-    Raises:
-        _Unsupported: the tokenizer is outside what tiktoken reproduces.
-    """
-    rt = _runtime(path, "tiktoken")
-    specials = " ".join(sorted(rt.added)[:8])
-    return [*_PROBES, specials, f"a{specials.replace(' ', '')}b", *texts]
-
-
 def tiktoken_ids(path: str, texts) -> list[list[int]] | str:
     """The tiktoken engine's ids of each of ``texts``, or why there are none."""
     try:
@@ -407,29 +387,6 @@ def tiktoken_ids(path: str, texts) -> list[list[int]] | str:
         except Exception as e:  # pragma: no cover - engine bug
             return f"tiktoken failed on a sample ({type(e).__name__}: {e})"
     return out
-
-
-def parity_reason(path: str, texts) -> str:
-    """``""`` if tiktoken reproduces HF tokenizers on probes and ``texts``, else why not.
-
-    Builds both engines (once per process). :func:`vecpack.tokenize` runs this
-    as the worker pool's first task while the rows are being tokenized.
-    """
-    try:
-        texts = parity_probes(path, texts)
-    except _Unsupported as e:
-        return str(e)
-    ours = tiktoken_ids(path, texts)
-    if isinstance(ours, str):
-        return ours
-    hf = _runtime(path, "tokenizers").load_tokenizers(pathlib.Path(path))
-    for text, mine in zip(texts, ours):
-        theirs = hf.encode(text, add_special_tokens=False).ids
-        if mine != theirs:
-            i = next((k for k, (a, b) in enumerate(zip(mine, theirs)) if a != b), min(len(mine), len(theirs)))
-            return (f"tiktoken and HF tokenizers differ on a sample at token {i} "
-                    f"(text near {text[max(0, len(hf.decode(theirs[:i]))-20):][:40]!r})")
-    return ""
 
 
 class _Runtime:
@@ -639,7 +596,9 @@ class ChatEncoder:
             enc.backend = "tiktoken"
             enc.pending_check = tuple(texts)
             return enc
-        reason = parity_reason(enc.path, texts)
+        from .parity import reason as parity_reason
+
+        reason = parity_reason(str(enc.path), texts)
         if reason:
             return enc.fallback(reason, stacklevel=3)
         enc.backend = "tiktoken"
@@ -689,7 +648,9 @@ class ChatEncoder:
         texts = self.pending_check
         if texts is None:
             return self.backend_reason
-        reason = parity_reason(self.path, texts)
+        from .parity import reason as parity_reason
+
+        reason = parity_reason(str(self.path), texts)
         self.pending_check = None
         return reason
 

@@ -5,7 +5,8 @@
     driver                           loky workers (persistent, one per core)
     ------                           ---------------------------------------
     warm(): start the pool  ───────► build the tiktoken engine
-    start_check(): first task ─────► one worker: HF tokenizers vs tiktoken on the sample
+    start_check(): first task ─────► one worker: the sample's tiktoken ids (HF's come from
+                                       vecpack.parity's HF process; the driver compares)
     plan_chunks(sources)  ─────────► tokenize_chunk(task): read the range, encode its rows,
       [ChunkTask, ...]                 label them in one pass; if every earlier chunk's
                                        size is known, pwrite tokens/labels at their final
@@ -379,10 +380,11 @@ def _warm(tokenizer_path: str | None = None) -> int:
     return os.getpid()
 
 
-def _parity_in_worker(path: str, texts) -> str:
-    from .encoder import parity_reason
+def _tiktoken_ids(path: str, texts):
+    """A parity check's tiktoken side, on a worker (which has the engine already)."""
+    from .encoder import tiktoken_ids
 
-    return parity_reason(path, texts)
+    return tiktoken_ids(path, texts)
 
 
 # --------------------------------------------------------------------------- driver side
@@ -536,36 +538,41 @@ os.register_at_fork(after_in_child=_fresh_locks_after_fork)
 def start_check(encoder, texts, n_jobs: int):
     """Check ``encoder``'s tiktoken engine against HF tokenizers on ``texts``.
 
-    Returns a future of the verdict (``""``: same ids; else why not), or None
-    when there is nothing to check. With ``n_jobs > 1`` the check is the pool's
-    next task, ahead of the chunks submitted after this call: a worker (which
-    has the tiktoken engine) loads HF tokenizers once in its life and compares
-    the two beside the tokenizing. With ``n_jobs == 1`` (no workers: one
-    process, or one chunk tokenized here) it runs here and now, with this
-    process's engines.
+    Returns a :class:`vecpack.parity.Check` (``result()``: ``""`` for the
+    same ids, else why not), or None when there is nothing to check. The HF
+    side runs in the HF process of :mod:`vecpack.parity`. With
+    ``n_jobs > 1`` the tiktoken side is the pool's next task, ahead of the
+    chunks submitted after this call (a worker has the engine); with
+    ``n_jobs == 1`` (one process, or one chunk tokenized here) it runs here
+    when the result is asked for, with this process's engine.
     """
     if texts is None or getattr(encoder, "backend", None) != "tiktoken":
         return None
-    texts = tuple(texts)
-    if n_jobs > 1:
+    from . import parity
+
+    path = str(encoder.path)
+    if n_jobs <= 1:
+        return parity.start(path, texts)
+
+    def on_a_worker(all_texts):
         try:
-            return _executor(n_jobs).submit(_parity_in_worker, encoder.path, texts)
+            return _executor(n_jobs).submit(_tiktoken_ids, path, all_texts)
         except RuntimeError:  # the pool just broke or was shut down: a fresh one
             _shutdown_existing()
-            return _executor(n_jobs).submit(_parity_in_worker, encoder.path, texts)
-    from concurrent.futures import Future
+            return _executor(n_jobs).submit(_tiktoken_ids, path, all_texts)
 
-    fut: Future = Future()
-    try:
-        fut.set_result(_parity_in_worker(encoder.path, texts))
-    except Exception as e:  # reported by the caller
-        fut.set_exception(e)
-    return fut
+    return parity.start(path, texts, on_a_worker)
 
 
 def shutdown() -> None:
-    """Stop the persistent worker processes (they are restarted on demand)."""
+    """Stop the persistent worker processes and the parity check's HF process.
+
+    Both start again when needed.
+    """
     _shutdown_existing()
+    parity = sys.modules.get(__package__ + ".parity")
+    if parity is not None:
+        parity.shutdown()
 
 
 def _shm_root() -> str | None:

@@ -207,8 +207,8 @@ def tokenize(data_files, tokenizer=None, *, style: str = "sharegpt", column: str
     are byte-identical whatever ``n_jobs`` and ``chunk_bytes`` are.
 
     With the tiktoken fast path, this call's first 64 rows are also encoded by
-    HF ``tokenizers`` as the worker pool's first task while the other workers
-    run (a worker loads HF once in its life); if any id differs, the tiktoken result
+    HF ``tokenizers`` while the workers run, in a process of its own that loads
+    HF once (:mod:`vecpack.parity`); if any id differs, the tiktoken result
     is discarded and the rows are tokenized again with HF ``tokenizers``
     (``stats["backend"]`` says which ran, with a ``RuntimeWarning``).
 
@@ -255,6 +255,9 @@ def tokenize(data_files, tokenizer=None, *, style: str = "sharegpt", column: str
         # one task runs here: starting workers would only take CPU from it
         _pool.warm(n_jobs, tokenizer)
     key, texts = None, None
+    if encoder is None and _cached_encoder(tokenizer, style, column, masking)[1] is None:
+        # a new encoder will want a parity check: the HF process loads the tokenizer meanwhile
+        _preload_check(tokenizer)
     if encoder is None:
         key, encoder = _get_encoder(tokenizer, style, column, masking, sources)
         texts = encoder.pending_check
@@ -271,26 +274,21 @@ def tokenize(data_files, tokenizer=None, *, style: str = "sharegpt", column: str
     if out_dir is not None:
         out_dir = os.fspath(out_dir)
         os.makedirs(out_dir, exist_ok=True)
-    # the tiktoken-vs-HF parity check on the sample runs beside the tokenizing (the pool's
-    # first task); if it fails, the result is thrown away and the rows are tokenized again
-    # with HF tokenizers
-    check = None
-    workers = n_jobs if backend == "loky" else 1
-    if workers > 1 and len(tasks) > 1 or workers == 1:
-        check = _pool.start_check(encoder, texts, workers)
-        texts = None
-    if check is not None and check.done() and check.exception() is None and check.result():
-        encoder = _fall_back(key, encoder, tokenizer, check.result(), stacklevel=4)  # known before anything ran
+    # the tiktoken-vs-HF parity check on the sample runs beside the tokenizing (HF in its
+    # own process, tiktoken as the pool's first task); if it fails, the result is thrown
+    # away and the rows are tokenized again with HF tokenizers. One task is tokenized here
+    # and its check's tiktoken side computed here afterwards, with this process's engine.
+    workers = n_jobs if backend == "loky" and len(tasks) > 1 else 1
+    check = _pool.start_check(encoder, texts, workers)
+    if check is not None and check.done() and _check_result(check, encoder):
+        # known before anything ran (the engine cannot be built, or the check cannot run)
+        encoder = _fall_back(key, encoder, tokenizer, _check_result(check, encoder), stacklevel=4)
         check = None
     try:
         result, metas = _run(tasks, encoder, out_dir, estimate, chunk_bytes, n_jobs, on_error,
                              progress, backend, check)
     except _RetryWithFallback:
         result = None
-    if texts is not None:
-        # one task, tokenized here: checked here too (starting workers for a check would
-        # cost more), with the tiktoken engine this process has just built
-        check = _pool.start_check(encoder, texts, 1)
     if check is not None:
         reason = _check_result(check, encoder)
         if not reason and digest is not None:
@@ -333,6 +331,14 @@ def _sample_digest(tokenizer_key, texts) -> bytes:
         h.update(len(b).to_bytes(8, "little"))
         h.update(b)
     return h.digest()
+
+
+def _preload_check(tokenizer) -> None:
+    path = _pool._tokenizer_dir(tokenizer)
+    if path is not None:
+        from . import parity
+
+        parity.preload(path)
 
 
 def _check_result(check, encoder) -> str:

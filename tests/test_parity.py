@@ -1,0 +1,201 @@
+"""The tiktoken-vs-HF parity check: its HF process, the verdict, failures and forks."""
+
+import io
+import os
+import pickle
+import signal
+import struct
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+from vecpack import _hf_server, parity, pool
+
+ROW = {"conversations": [{"from": "human", "value": "Olá, <|im_end|> 🇧🇷"}, {"from": "gpt", "value": "Oi!"}]}
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:  # a zombie (exited, not yet reaped by its parent) counts as gone
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return True
+
+
+def _ping() -> dict:
+    return parity._server().call("ping").result(timeout=60)
+
+
+def _encoder(qwen_dir):
+    from vecpack.encoder import ChatEncoder
+
+    enc = ChatEncoder.from_tokenizer(qwen_dir, sample_rows=[ROW], defer_check=True)
+    assert enc.backend == "tiktoken" and enc.pending_check
+    return enc
+
+
+def test_the_check_passes_with_tiktoken_on_a_worker_and_hf_in_a_lean_process(qwen_dir):
+    pool.shutdown()  # fresh workers and a fresh HF process
+    enc = _encoder(qwen_dir)
+    check = pool.start_check(enc, enc.pending_check, 2)
+    assert check.result() == "" and check.done()
+    info = _ping()
+    assert info["pid"] != os.getpid()
+    assert not {"numpy", "joblib", "vecpack"} & set(info["modules"])  # only tokenizers and the stdlib
+    assert "tokenizers" in info["modules"]
+
+    def engines():
+        from vecpack import encoder
+
+        time.sleep(1.0)  # two at once: one on each worker
+        return os.getpid(), sorted({backend for _, backend, *_ in encoder._RUNTIMES})
+
+    ex = pool._executor(2)
+    seen = dict(f.result(timeout=60) for f in [ex.submit(engines) for _ in range(2)])
+    assert len(seen) == 2 and info["pid"] not in seen
+    assert "tiktoken" in {b for bs in seen.values() for b in bs}  # the check's tiktoken side
+    assert not any("tokenizers" in b for b in seen.values())  # no worker loaded HF tokenizers
+    assert pool.start_check(enc, None, 2) is None
+
+
+def test_the_check_in_this_process_and_its_verdict(qwen_dir, monkeypatch):
+    from vecpack import encoder
+
+    assert parity.reason(str(qwen_dir), ["plain text", "<|im_start|>user\nHi<|im_end|>"]) == ""
+    real = encoder._Runtime.encode_tiktoken
+
+    def broken(self, text):
+        ids = real(self, text)
+        return ids[:2] + [ids[2] + 1] + ids[3:] if "zebra" in text else ids
+
+    monkeypatch.setattr(encoder._Runtime, "encode_tiktoken", broken)
+    why = parity.reason(str(qwen_dir), ["a zebra crossing the road"])
+    assert why.startswith("tiktoken and HF tokenizers differ on a sample at token 2 (text near ")
+    assert "zebra" in why
+
+
+def test_probes_cover_the_added_tokens():
+    texts = parity.probes(["<|b|>", "<|a|>"], ["x"])
+    assert texts[:len(parity.PROBES)] == list(parity.PROBES)
+    assert texts[-3:] == ["<|a|> <|b|>", "a<|a|><|b|>b", "x"]
+
+
+def test_an_unsupported_tokenizer_fails_before_anything_runs(tmp_path, qwen_dir):
+    import json
+
+    spec = json.loads((qwen_dir / "tokenizer.json").read_text(encoding="utf-8"))
+    spec["added_tokens"][0]["lstrip"] = True
+    (tmp_path / "tokenizer.json").write_text(json.dumps(spec), encoding="utf-8")
+    check = parity.start(str(tmp_path), ["x"])
+    assert check.done() and "strips spaces" in check.result()
+
+
+def test_a_killed_hf_process_is_replaced_and_the_check_still_decides(qwen_dir):
+    assert parity.reason(str(qwen_dir), ["first"]) == ""
+    pid = _ping()["pid"]
+    os.kill(pid, signal.SIGKILL)
+    while _alive(pid):
+        time.sleep(0.01)
+    assert parity.reason(str(qwen_dir), ["second"]) == ""  # one retry, in a fresh process
+    assert _ping()["pid"] != pid
+
+
+def test_a_hf_process_that_cannot_answer_fails_the_check(qwen_dir, monkeypatch):
+    """Twice dead (or any error): the check fails, so HF tokenizers runs instead of tiktoken."""
+    def dead(*request):
+        from concurrent.futures import Future
+
+        fut = Future()
+        fut.set_exception(parity.HFProcessExited("the HF tokenizers process exited (status -9)"))
+        return fut
+
+    monkeypatch.setattr(parity._Server, "call", lambda self, *request: dead(*request))
+    why = parity.reason(str(qwen_dir), ["x"])
+    assert why == ("the parity check could not run (HFProcessExited: the HF tokenizers process "
+                   "exited (status -9))")
+
+
+def test_ctrl_c_is_the_drivers_and_shutdown_stops_the_process(qwen_dir):
+    parity.preload(str(qwen_dir))
+    pid = _ping()["pid"]
+    os.kill(pid, signal.SIGINT)
+    assert parity.reason(str(qwen_dir), ["still here"]) == "" and _ping()["pid"] == pid
+    pool.shutdown()
+    assert not _alive(pid)
+
+
+def test_the_process_exits_with_its_driver(qwen_dir):
+    """A driver killed outright leaves no HF process behind: its stdin closes."""
+    code = textwrap.dedent(f"""
+        import os
+        from vecpack import parity
+        assert parity.reason({str(qwen_dir)!r}, ["x"]) == ""
+        print(parity._server().call("ping").result()["pid"], flush=True)
+        os._exit(0)  # no atexit, no cleanup
+    """)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    pid = int(out.stdout.split()[-1])
+    deadline = time.monotonic() + 10
+    while _alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not _alive(pid)
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_a_forked_child_checks_with_its_own_hf_process(qwen_dir):
+    assert parity.reason(str(qwen_dir), ["parent"]) == ""
+    parent = _ping()["pid"]
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child
+        try:
+            ok = parity.reason(str(qwen_dir), ["child"]) == "" and _ping()["pid"] != parent
+            os.write(w, b"1" if ok else b"0")
+        finally:
+            os._exit(0)
+    os.close(w)
+    assert os.read(r, 1) == b"1"
+    os.waitpid(pid, 0)
+    os.close(r)
+    assert parity.reason(str(qwen_dir), ["parent again"]) == "" and _ping()["pid"] == parent
+
+
+def _frames(*requests) -> io.BytesIO:
+    buf = io.BytesIO()
+    for req in requests:
+        data = pickle.dumps(req)
+        buf.write(struct.pack("<Q", len(data)) + data)
+    buf.seek(0)
+    return buf
+
+
+def _replies(buf: io.BytesIO) -> list:
+    buf.seek(0)
+    out = []
+    while (head := buf.read(8)):
+        out.append(pickle.loads(buf.read(struct.unpack("<Q", head)[0])))
+    return out
+
+
+def test_the_server_protocol(qwen_dir):
+    from tokenizers import Tokenizer
+
+    file = str(qwen_dir / "tokenizer.json")
+    texts = ["Hello world", "<|im_start|>user\nOlá 🇧🇷<|im_end|>", ""]
+    out = io.BytesIO()
+    _hf_server.serve(_frames(("load", file, 1), ("ids", file, 1, texts), ("where", file, 1, "ab cd", 1),
+                             ("nope",)), out)
+    tk = Tokenizer.from_file(file)
+    load, ids, where, nope = _replies(out)
+    assert load == ("ok", None)
+    assert ids == ("ok", [tk.encode(t, add_special_tokens=False).ids for t in texts])
+    assert where == ("ok", 2)  # "ab" | " cd": token 1 starts at character 2
+    assert nope == ("error", "ValueError: unknown request 'nope'")
