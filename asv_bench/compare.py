@@ -5,7 +5,8 @@ Makes the data (``vecpack.testing.make_sharegpt``) and the Qwen2.5 tokenizer
 (``vecpack.testing.cached_tokenizer_dir``), then runs every contender in its
 own fresh Python process, one after the other, and prints rows/s, the ratios,
 fill (real tokens / (packs * max_len)) and peak RSS (the process and all its
-children, sampled every 50 ms with psutil)::
+children, sampled every 50 ms with psutil; not while the parallel efficiency is timed,
+where sampling a busy machine cost 5-10% of the 2-worker run)::
 
     python asv_bench/compare.py                      # the README figures (~5 min on 2 cores)
     python asv_bench/compare.py --quick              # smoke test (~1 min)
@@ -159,13 +160,11 @@ def child_vecpack(a):
     startup = first_call = pool_ready = None
     if a.warmup:
         # pool start-up alone: the workers up, each with its tiktoken engine built
-        from concurrent.futures import wait
-
         from vecpack import pool
 
         t = time.perf_counter()
-        pool.warm(a.jobs, a.tokenizer).result()
-        wait(pool._WARMING)
+        pool.warm(a.jobs, a.tokenizer)
+        assert len(pool.ready()) == a.jobs
         pool_ready = time.perf_counter() - t
         pool.shutdown()  # the first call below starts everything again, from nothing
         # start-up = what the first calls cost beyond as many steady-state calls, on new
@@ -242,8 +241,13 @@ CHILDREN = {"torchtune": child_torchtune, "hf_trl": child_hf_trl, "vecpack": chi
 # --------------------------------------------------------------------------- driver
 
 
-def run_child(name, a, data, rows, *, extra=(), label=None):
-    """Run one contender in a fresh process; return its result with peak RSS (bytes)."""
+def run_child(name, a, data, rows, *, extra=(), label=None, watch_rss=True):
+    """Run one contender in a fresh process; return its result with peak RSS (bytes).
+
+    Peak RSS is the sum over the process and its children, sampled every 50 ms
+    (the list of children every 0.5 s: scanning /proc for them costs more).
+    ``watch_rss=False`` skips the sampling, for timings that report no RSS.
+    """
     import psutil
 
     cmd = [sys.executable, os.path.abspath(__file__), "--child", name, "--data", data,
@@ -260,27 +264,32 @@ def run_child(name, a, data, rows, *, extra=(), label=None):
 
     def watch():
         p = psutil.Process(proc.pid)
+        procs, listed = [p], 0.0
         while not done.is_set():
-            try:
-                procs = [p, *p.children(recursive=True)]
-                total = 0
-                for q in procs:
-                    try:
-                        total += q.memory_info().rss
-                    except psutil.Error:
-                        pass
-                peak[0] = max(peak[0], total)
-            except psutil.Error:
-                break
+            if time.monotonic() - listed > 0.5:
+                try:
+                    procs = [p, *p.children(recursive=True)]
+                except psutil.Error:
+                    break
+                listed = time.monotonic()
+            total = 0
+            for q in procs:
+                try:
+                    total += q.memory_info().rss
+                except psutil.Error:
+                    pass
+            peak[0] = max(peak[0], total)
             done.wait(0.05)
 
     th = threading.Thread(target=watch, daemon=True)
-    th.start()
+    if watch_rss:
+        th.start()
     t0 = time.perf_counter()
     out, err = proc.communicate()
     wall = time.perf_counter() - t0
     done.set()
-    th.join()
+    if watch_rss:
+        th.join()
     lines = [ln for ln in out.splitlines() if ln.startswith("RESULT ")]
     if proc.returncode != 0 or not lines:
         sys.stderr.write(err[-4000:])
@@ -455,7 +464,7 @@ def main(argv=None):
         elif name == "vecpack_cold":
             results.append(run_child("vecpack", a, peers, a.rows_peers, label="vecpack_cold"))
         elif name == "efficiency":
-            results.append(run_child("efficiency", a, peers, a.rows_peers))
+            results.append(run_child("efficiency", a, peers, a.rows_peers, watch_rss=False))
         elif name == "fallback":
             small = make_data(a.workdir, max(100, a.rows_peers // 4))
             rows = max(100, a.rows_peers // 4)

@@ -473,3 +473,18 @@ def test_a_forked_child_can_start_its_own_pool_while_the_parent_is_starting_one(
     t.join()
     _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0
+
+
+def test_ready_waits_for_the_workers_that_warm_started(qwen_dir):
+    pool.shutdown()
+    assert pool.ready(timeout=5) == []  # nothing warming
+    pool.warm(2, qwen_dir)
+    pids = pool.ready(timeout=120)
+    assert len(set(pids)) == 2 and os.getpid() not in pids
+
+    def engines():
+        from vecpack import encoder
+
+        return sorted({backend for _, backend, *_ in encoder._RUNTIMES})
+
+    assert pool._executor(2).submit(engines).result(timeout=60) == ["tiktoken"]

@@ -66,6 +66,7 @@ __all__ = [
     "located_error",
     "merge_chunks",
     "plan_chunks",
+    "ready",
     "shutdown",
     "start_check",
     "tokenize_chunk",
@@ -502,6 +503,21 @@ def warm(n_jobs: int, tokenizer=None):
     return fut
 
 
+def ready(timeout: float | None = None) -> list[int]:
+    """Wait until the workers that :func:`warm` started are up with their engines built.
+
+    Returns their process ids (none if no warm-up is under way).
+
+    >>> fut = warm(2, "qwen2.5-dir"); sorted(ready()) != []   # doctest: +SKIP
+    True
+    """
+    starting = list(_STARTING)
+    if starting:
+        wait(starting, timeout)
+    done, _ = wait(list(_WARMING), timeout)
+    return [f.result() for f in done if f.exception() is None]
+
+
 _STARTING: list = []  # the future of a pool start in progress (see _executor)
 
 
@@ -570,6 +586,7 @@ def shutdown() -> None:
     Both start again when needed.
     """
     _shutdown_existing()
+    _WARMING.clear()  # their workers are gone
     parity = sys.modules.get(__package__ + ".parity")
     if parity is not None:
         parity.shutdown()
