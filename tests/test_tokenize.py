@@ -245,3 +245,17 @@ def test_strict_tiktoken_backend_raises_when_the_check_fails(qwen_dir, monkeypat
     enc = ChatEncoder.from_tokenizer(qwen_dir, backend="tiktoken", defer_check=True)
     with pytest.raises(ValueError, match="cannot reproduce this tokenizer: nope"):
         enc.fallback("nope")
+
+
+def test_a_new_encoder_has_the_hf_process_load_the_tokenizer_at_once(sharegpt_file, qwen_dir, monkeypatch):
+    """The parity check's HF process starts loading while the encoder is being built."""
+    from vecpack import parity
+
+    loads = []
+    real = parity.preload
+    monkeypatch.setattr(parity, "preload", lambda path: (loads.append(path), real(path)))
+    _fresh_encoders()
+    vecpack.tokenize(sharegpt_file, qwen_dir, n_jobs=2, progress=False)
+    vecpack.tokenize(sharegpt_file, qwen_dir, n_jobs=2, progress=False)  # encoder cached: no load
+    assert loads == [os.fspath(qwen_dir)]
+    _fresh_encoders()
