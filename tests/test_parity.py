@@ -107,19 +107,32 @@ def test_a_killed_hf_process_is_replaced_and_the_check_still_decides(qwen_dir):
     assert _ping()["pid"] != pid
 
 
-def test_a_hf_process_that_cannot_answer_fails_the_check(qwen_dir, monkeypatch):
-    """Twice dead (or any error): the check fails, so HF tokenizers runs instead of tiktoken."""
-    def dead(*request):
+def test_where_no_hf_process_can_run_the_check_runs_here(qwen_dir, monkeypatch):
+    parity.shutdown()
+    monkeypatch.setattr(sys, "executable", "/nonexistent/python")
+    monkeypatch.setattr(parity, "_HERE", parity._hf_server._Tokenizers())
+    assert parity.reason(str(qwen_dir), ["no process"]) == ""
+    assert parity._HERE.tk is not None  # HF tokenizers loaded in this process instead
+    parity.shutdown()
+
+
+def test_a_check_that_cannot_run_at_all_fails(qwen_dir, monkeypatch):
+    """No HF process and no HF here either: the check fails, so HF tokenizers runs the call
+    (and says why)."""
+    def dead(self, *request):
         from concurrent.futures import Future
 
         fut = Future()
         fut.set_exception(parity.HFProcessExited("the HF tokenizers process exited (status -9)"))
         return fut
 
-    monkeypatch.setattr(parity._Server, "call", lambda self, *request: dead(*request))
+    def broken(request, tokenizers):
+        raise MemoryError("no room for HF tokenizers")
+
+    monkeypatch.setattr(parity._Server, "call", dead)
+    monkeypatch.setattr(parity._hf_server, "handle", broken)
     why = parity.reason(str(qwen_dir), ["x"])
-    assert why == ("the parity check could not run (HFProcessExited: the HF tokenizers process "
-                   "exited (status -9))")
+    assert why == "the parity check could not run (MemoryError: no room for HF tokenizers)"
 
 
 def test_ctrl_c_is_the_drivers_and_shutdown_stops_the_process(qwen_dir):

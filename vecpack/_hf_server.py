@@ -1,9 +1,10 @@
 """HF ``tokenizers`` ids for the parity check, in a lean process of its own.
 
-Run by :mod:`vecpack.parity` as a script (``python -c`` with this file's
-source), never imported by the package at run time: it imports only the
-standard library and ``tokenizers`` (no numpy, joblib or vecpack), so the
-process costs little more than loading the tokenizer, once per driver process.
+Run by :mod:`vecpack.parity` as a script (``runpy`` on this file, with the
+driver's ``sys.path``): it imports only the standard library and
+``tokenizers`` (no numpy, joblib or vecpack), so the process costs little
+more than loading the tokenizer, once per driver process. Where that process
+cannot run, :mod:`vecpack.parity` calls :func:`handle` in its own process.
 
 Frames on stdin and stdout are ``8-byte little-endian length + pickle``.
 Requests and replies::

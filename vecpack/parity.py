@@ -22,7 +22,9 @@ cannot send a task to a given worker), which pays it again; a thread in the
 driver would hold the GIL for the whole load (``Tokenizer.from_file`` does
 not release it) and stall the pool's feeder threads. The process lives as
 long as the driver process, and exits when the driver does (its stdin
-closes); a forked child starts its own when it needs one.
+closes); a forked child starts its own when it needs one. A process that was
+killed is replaced once; where none can run, HF tokenizers is loaded in the
+driver instead.
 
 >>> probes(["<|im_end|>"], ["Hi"])[-3:]
 ['<|im_end|>', 'a<|im_end|>b', 'Hi']
@@ -39,6 +41,8 @@ import subprocess
 import sys
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
+
+from . import _hf_server
 
 __all__ = ["PROBES", "Check", "HFProcessExited", "preload", "probes", "reason", "shutdown", "start", "verdict"]
 
@@ -107,14 +111,29 @@ class Check:
             if isinstance(ours, str):  # the engine cannot be built for this tokenizer
                 return ours
             file, key = _tokenizer_file(self.path)
-            try:
-                theirs = self._theirs.result(timeout)
-            except HFProcessExited:  # killed (out of memory?): one more try, in a fresh one
-                theirs = _server().call("ids", file, key, self.texts).result(timeout)
+            theirs = _ask(("ids", file, key, self.texts), timeout, self._theirs)
             return verdict(self.texts, ours, theirs,
-                           lambda text, i: _server().call("where", file, key, text, i).result(timeout))
+                           lambda text, i: _ask(("where", file, key, text, i), timeout))
         except Exception as e:
             return f"the parity check could not run ({type(e).__name__}: {e})"
+
+
+def _ask(request, timeout, sent: Future | None = None):
+    """The HF process's answer to ``request`` (``sent``: already on its way).
+
+    If the process was killed (out of memory?), one more try in a fresh one;
+    if it cannot run at all (it cannot start, or dies again), the answer is
+    computed here, loading HF tokenizers in this process.
+    """
+    for attempt in range(2):
+        try:
+            return (sent if attempt == 0 and sent is not None else _server().call(*request)).result(timeout)
+        except HFProcessExited:
+            continue
+        except OSError:
+            break
+    status, value = _hf_server.handle(request, _HERE)
+    return value
 
 
 def start(path: str, texts, tiktoken_side=None) -> Check:
@@ -178,6 +197,9 @@ def _tokenizer_file(path: str) -> tuple[str, tuple]:
 _LAUNCH = ("import runpy, sys; f = sys.argv[1]; sys.path[:] = sys.argv[2:]; "
            "runpy.run_path(f, run_name='__main__')")
 _ENV = {"TOKENIZERS_PARALLELISM": "false", "RAYON_NUM_THREADS": "1"}
+
+
+_HERE = _hf_server._Tokenizers()  # HF tokenizers in this process, when the HF process cannot run
 
 
 class HFProcessExited(RuntimeError):
