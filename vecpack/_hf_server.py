@@ -67,7 +67,9 @@ def handle(request, tokenizers: _Tokenizers):
     if op == "ids":
         _, path, key, texts = request
         tk = tokenizers.get(path, key)
-        return "ok", [e.ids for e in tk.encode_batch(list(texts), add_special_tokens=False)]
+        # encode_batch_fast (tokenizers >= 0.21) skips offsets and token strings: same ids
+        encode = getattr(tk, "encode_batch_fast", tk.encode_batch)
+        return "ok", [e.ids for e in encode(list(texts), add_special_tokens=False)]
     if op == "where":
         _, path, key, text, i = request
         offsets = tokenizers.get(path, key).encode(text, add_special_tokens=False).offsets
