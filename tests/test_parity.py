@@ -2,9 +2,7 @@
 
 import io
 import os
-import pickle
 import signal
-import struct
 import subprocess
 import sys
 import textwrap
@@ -184,8 +182,7 @@ def test_a_forked_child_checks_with_its_own_hf_process(qwen_dir):
 def _frames(*requests) -> io.BytesIO:
     buf = io.BytesIO()
     for req in requests:
-        data = pickle.dumps(req)
-        buf.write(struct.pack("<Q", len(data)) + data)
+        _hf_server._write_frame(buf, req)
     buf.seek(0)
     return buf
 
@@ -193,8 +190,8 @@ def _frames(*requests) -> io.BytesIO:
 def _replies(buf: io.BytesIO) -> list:
     buf.seek(0)
     out = []
-    while (head := buf.read(8)):
-        out.append(pickle.loads(buf.read(struct.unpack("<Q", head)[0])))
+    while (reply := _hf_server._read_frame(buf)) is not None:
+        out.append(reply)
     return out
 
 

@@ -36,7 +36,6 @@ import atexit
 import os
 import pathlib
 import pickle
-import struct
 import subprocess
 import sys
 import threading
@@ -86,8 +85,8 @@ class Check:
     run is a failed check (its reason says so), and HF tokenizers runs instead."""
 
     def __init__(self, path: str, texts, theirs: Future | None, ours: Future | None,
-                 failed: str = ""):
-        self.path, self.texts = path, texts
+                 failed: str = "", file: tuple = ()):
+        self.path, self.texts, self._file = path, texts, file  # file: (tokenizer.json, version)
         self._theirs, self._ours, self._failed = theirs, ours, failed
         self._reason = None
 
@@ -110,7 +109,7 @@ class Check:
                     else self._ours.result(timeout))
             if isinstance(ours, str):  # the engine cannot be built for this tokenizer
                 return ours
-            file, key = _tokenizer_file(self.path)
+            file, key = self._file
             theirs = _ask(("ids", file, key, self.texts), timeout, self._theirs)
             return verdict(self.texts, ours, theirs,
                            lambda text, i: _ask(("where", file, key, text, i), timeout))
@@ -157,7 +156,7 @@ def start(path: str, texts, tiktoken_side=None) -> Check:
     except Exception as e:
         return Check(path, texts, None, None,
                      failed=f"the parity check could not run ({type(e).__name__}: {e})")
-    return Check(path, texts, theirs, ours)
+    return Check(path, texts, theirs, ours, file=(file, key))
 
 
 def reason(path: str, texts) -> str:
@@ -224,13 +223,11 @@ class _Server:
                                          stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                          env={**os.environ, **_ENV})
         try:
-            data = pickle.dumps(request, protocol=pickle.HIGHEST_PROTOCOL)
-            self.proc.stdin.write(struct.pack("<Q", len(data)) + data)
-            self.proc.stdin.flush()
-            head = self.proc.stdout.read(8)
-            if len(head) < 8:
+            _hf_server._write_frame(self.proc.stdin, request)
+            reply = _hf_server._read_frame(self.proc.stdout)
+            if reply is None:
                 raise EOFError
-            status, value = pickle.loads(self.proc.stdout.read(struct.unpack("<Q", head)[0]))
+            status, value = reply
         except (OSError, EOFError, pickle.UnpicklingError, ValueError):
             self.dead = True
             try:

@@ -112,6 +112,8 @@ def _get_encoder(tokenizer, style, column, masking, sources, *, defer: bool = Tr
     if enc is None:
         from .encoder import ChatEncoder
 
+        # a new encoder will want a parity check: the HF process loads the tokenizer meanwhile
+        _preload_check(tokenizer)
         sample = _sources.sample_rows(sources, 64)
         enc = ChatEncoder.from_tokenizer(tokenizer, masking=masking, style=style, column=column,
                                          sample_rows=sample, defer_check=True)
@@ -255,9 +257,6 @@ def tokenize(data_files, tokenizer=None, *, style: str = "sharegpt", column: str
         # one task runs here: starting workers would only take CPU from it
         _pool.warm(n_jobs, tokenizer)
     key, texts = None, None
-    if encoder is None and _cached_encoder(tokenizer, style, column, masking)[1] is None:
-        # a new encoder will want a parity check: the HF process loads the tokenizer meanwhile
-        _preload_check(tokenizer)
     if encoder is None:
         key, encoder = _get_encoder(tokenizer, style, column, masking, sources)
         texts = encoder.pending_check
@@ -280,9 +279,9 @@ def tokenize(data_files, tokenizer=None, *, style: str = "sharegpt", column: str
     # and its check's tiktoken side computed here afterwards, with this process's engine.
     workers = n_jobs if backend == "loky" and len(tasks) > 1 else 1
     check = _pool.start_check(encoder, texts, workers)
-    if check is not None and check.done() and _check_result(check, encoder):
-        # known before anything ran (the engine cannot be built, or the check cannot run)
-        encoder = _fall_back(key, encoder, tokenizer, _check_result(check, encoder), stacklevel=4)
+    early = check is not None and check.done() and _check_result(check, encoder)
+    if early:  # known before anything ran (the engine cannot be built, or the check cannot run)
+        encoder = _fall_back(key, encoder, tokenizer, early, stacklevel=4)
         check = None
     try:
         result, metas = _run(tasks, encoder, out_dir, estimate, chunk_bytes, n_jobs, on_error,
