@@ -30,7 +30,7 @@ Contenders (``--only`` takes a comma-separated list of these names):
     cost beyond four of the fastest later one, on other rows each, and is
     amortised as it would be at 4M rows: ``seconds = main + startup * rows /
     4e6``. The cold total is printed too, and so is the pool start-up alone
-    (the workers up with their tiktoken engines: ``vecpack.pool.warm``).
+    (the workers up with their tiktoken engines: ``vecpack.tokenizing.pool.warm``).
 ``vecpack_cold``
     ``vecpack.build`` on the peers' rows in a fresh process, start-up included.
 ``efficiency``
@@ -160,7 +160,7 @@ def child_vecpack(a):
     startup = first_call = pool_ready = None
     if a.warmup:
         # pool start-up alone: the workers up, each with its tiktoken engine built
-        from vecpack import pool
+        from vecpack.tokenizing import pool
 
         t = time.perf_counter()
         pool.warm(a.jobs, a.tokenizer)
@@ -225,7 +225,7 @@ def child_fallback(a):
         _result(rows=a.rows, seconds=time.perf_counter() - t0, backend="hf-single-core")
         return
     import vecpack
-    from vecpack.encoder import ChatEncoder
+    from vecpack.tokenizing.encoder import ChatEncoder
 
     enc = ChatEncoder.from_tokenizer(a.tokenizer, backend="tokenizers")
     vecpack.tokenize(a.data, encoder=enc, n_jobs=a.jobs, progress=False)  # warm the workers

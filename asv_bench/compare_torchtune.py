@@ -72,7 +72,7 @@ def _child(args) -> None:
     item = ds[len(ds) - 1]  # the last pack is really there
     assert item["tokens"].shape[0] == args.max_seq_len
     if args.child == "vecpack":
-        from vecpack import pool
+        from vecpack.tokenizing import pool
 
         pool.shutdown()  # reap the workers so that their CPU time is counted below
     me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)

@@ -85,7 +85,7 @@ def _padded_batches(tokens, offsets, max_len, batch, n_batches):
 
 def _packed_batches(packed, batch, n_batches, kind, seed):
     """Packs in shuffled order (as a trainer would draw them), ``batch`` per step."""
-    from vecpack.collate import collate_flash, collate_flex
+    from vecpack.integrations.collate import collate_flash, collate_flex
 
     order = np.random.default_rng(seed).permutation(len(packed))
     out, p = [], 0
@@ -109,7 +109,7 @@ def _to(batch, device):
 
 def _inputs(path, batch, device):
     """Model kwargs for one step (the mask is built on the GPU, inside the timed step)."""
-    from vecpack.masks import block_causal_mask, flex_block_mask
+    from vecpack.integrations.masks import block_causal_mask, flex_block_mask
 
     if path.startswith("padded") or path == "packed-flash2":
         return _to(batch, device)
@@ -157,7 +157,7 @@ def _run_path(args, path, batches):
     result = {"path": path, "tok_s": real / dt, "pad": 1 - real / slots, "step_ms": 1e3 * dt / n, "steps": n,
               "warmup_s": warm, "peak_gb": torch.cuda.max_memory_allocated() / 2**30 if cuda else float("nan"),
               "loss": float(loss.detach())}
-    del model, opt
+    model = opt = None  # free them before the next path
     if cuda:
         torch.cuda.empty_cache()
     return result
@@ -214,7 +214,8 @@ def main(argv=None) -> int:
     print(f"# {device_name} | torch {torch.__version__} | transformers {transformers.__version__}"
           f" | flash-attn {'yes' if has_fa2 else 'no'}")
     print(f"# {args.model} hidden={args.hidden} layers={args.layers} heads={args.heads}/{args.kv_heads} "
-          f"vocab={args.vocab} {'bf16' if args.device == 'cuda' else 'fp32'} AdamW | max_len={args.max_len} batch={args.batch} | {args.docs} docs, "
+          f"vocab={args.vocab} {'bf16' if args.device == 'cuda' else 'fp32'} AdamW | "
+          f"max_len={args.max_len} batch={args.batch} | {args.docs} docs, "
           f"median {int(np.median(lengths))} tokens, {args.strategy} fill {packed.stats.get('fill', float('nan')):.3f}")
     batches = {}
     results = []

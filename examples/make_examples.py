@@ -36,6 +36,7 @@ HERE = pathlib.Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))  # this checkout's vecpack, installed or not
 
 from vecpack.testing import QWEN_PATTERN, bytes_to_unicode, make_sharegpt  # noqa: E402
+
 NUM_ROWS = 1_000
 SEED = 0
 NUM_RANKS = 8_000

@@ -52,3 +52,13 @@ def cache_dir(tmp_path, monkeypatch) -> pathlib.Path:
     d = tmp_path / "cache"
     monkeypatch.setenv("VECPACK_CACHE", str(d))
     return d
+
+
+@pytest.fixture
+def fresh_state():
+    """Forget every process-wide memo (built encoders, engines, parity verdicts) around the test."""
+    from vecpack import _state
+
+    _state.reset()
+    yield
+    _state.reset()

@@ -50,3 +50,42 @@ def sigkill_when(proc: subprocess.Popen, ready: Callable[[], bool], what: str) -
         if proc.poll() is None:
             proc.kill()
     assert proc.returncode == -signal.SIGKILL
+
+
+class BuggyEncoder:
+    """One token per byte of ``row["text"]``; a bug (ZeroDivisionError) on the row whose text is ``"boom"``."""
+
+    backend = "bytes"
+    fingerprint = "buggy-encoder-1"
+
+    def encode_row(self, row):
+        import numpy as np
+
+        if row.get("text") == "boom":
+            return 1 // 0
+        t = np.frombuffer(row["text"].encode(), np.uint8).astype(np.int32)
+        return t, t
+
+
+def buggy_rows(path: pathlib.Path, n: int = 300, *, boom: int = 250, bad: int = 10) -> pathlib.Path:
+    """``n`` text rows; line ``bad + 1`` is not a JSON object, line ``boom + 1`` trips the encoder bug."""
+    import json
+
+    lines = [json.dumps({"text": f"row {i} " * 5}) for i in range(n)]
+    lines[bad] = "[1, 2]"
+    lines[boom] = json.dumps({"text": "boom"})
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return path
+
+
+def expect_encoder_bug(run, path: pathlib.Path, line: int = 251) -> None:
+    """``run()`` must raise EncoderError at ``path:line`` (never an InputError, whatever on_error says)."""
+    import pytest
+
+    from vecpack.errors import EncoderError, InputError
+
+    with pytest.raises(EncoderError) as info:
+        run()
+    assert not isinstance(info.value, InputError)
+    assert str(info.value) == f"{path}:{line}: the encoder failed on this row: ZeroDivisionError: " \
+                              f"integer division or modulo by zero"

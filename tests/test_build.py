@@ -15,13 +15,12 @@ import time
 
 import numpy as np
 import pytest
-
-import vecpack
 from helpers import leftovers as _leftovers
 from helpers import python_child as _python
 from helpers import sigkill_when
-from vecpack.cache import CacheWarning
 
+import vecpack
+from vecpack.store.cache import CacheWarning
 
 
 class CountingEncoder:
@@ -214,7 +213,7 @@ def test_sigkill_mid_tokenization_then_rerun_is_clean(rows500, tmp_path):
                       cache_dir={str(root)!r}, n_jobs=1, progress=False)
     """)
     sigkill_when(proc, lambda: _count(counter) >= 50, "tokenize 50 rows")
-    assert len(_leftovers(root)) == 1 and vecpack.cache.Cache(root).entries() == []
+    assert len(_leftovers(root)) == 1 and vecpack.store.cache.Cache(root).entries() == []
     counter.unlink()
     again = vecpack.build(rows500, None, 1024, encoder=CountingEncoder(counter), cache_dir=root,
                           n_jobs=1, progress=False)
@@ -339,7 +338,7 @@ def test_load_reports_a_damaged_saved_dataset(rows500, tmp_path):
 
 @pytest.mark.slow
 def test_real_tokenizer_hit_and_misses_on_tokenizer_or_template_byte(qwen_dir, tmp_path):
-    pytest.importorskip("vecpack.encoder")
+    pytest.importorskip("vecpack.tokenizing.encoder")
     from vecpack.testing import make_sharegpt
 
     data = make_sharegpt(tmp_path / "chat.jsonl", 120, seed=11)
@@ -391,7 +390,7 @@ def test_in_memory_dataset_is_keyed_by_content(rows500, tmp_path):
 @pytest.mark.slow
 def test_transformers_tokenizer_object_fingerprint(qwen_dir, tmp_path):
     transformers = pytest.importorskip("transformers")
-    from vecpack.build import tokenizer_fingerprint
+    from vecpack.store.fingerprint import tokenizer_fingerprint
 
     t1 = transformers.AutoTokenizer.from_pretrained(str(qwen_dir))
     moved = tmp_path / "tok"
@@ -419,7 +418,7 @@ def test_build_info_describes_current_inputs_and_save_keeps_them(rows500, tmp_pa
 
 
 def test_warm_build_in_a_new_process_never_loads_the_tokenizer(qwen_dir, tmp_path):
-    pytest.importorskip("vecpack.encoder")
+    pytest.importorskip("vecpack.tokenizing.encoder")
     from vecpack.testing import make_sharegpt
 
     data = make_sharegpt(tmp_path / "chat.jsonl", 80, seed=4)
@@ -429,7 +428,8 @@ def test_warm_build_in_a_new_process_never_loads_the_tokenizer(qwen_dir, tmp_pat
         logging.basicConfig(level=logging.INFO, format="%(message)s")
         p = vecpack.build({str(data)!r}, {str(qwen_dir)!r}, 2048, cache_dir={str(tmp_path / 'c')!r},
                           progress=False)
-        loaded = [m for m in ("tokenizers", "tiktoken", "transformers", "vecpack.encoder") if m in sys.modules]
+        loaded = [m for m in ("tokenizers", "tiktoken", "transformers", "vecpack.tokenizing.encoder")
+                  if m in sys.modules]
         print(p.build_info.corpus_hit, p.build_info.plan_hit, loaded)
     """)
     out, err = proc.communicate(timeout=120)

@@ -15,12 +15,12 @@ import time
 
 import numpy as np
 import pytest
-
 from helpers import leftovers as _leftovers
 from helpers import python_child as _python
 from helpers import sigkill_when
-from vecpack.cache import Cache, CacheWarning, default_root, file_digest, hash_files, make_key
 
+from vecpack.store.cache import Cache, CacheWarning
+from vecpack.store.hashing import default_root, file_digest, hash_files, make_key
 
 
 def _rchar() -> int:
@@ -192,7 +192,7 @@ def test_memo_survives_a_second_process(tmp_path):
     os.utime(p, ns=(old, old))
     h = hash_files(p, root=tmp_path / "c")
     proc = _python(f"""
-        from vecpack.cache import hash_files
+        from vecpack.store.hashing import hash_files
         print(hash_files({str(p)!r}, root={str(tmp_path / 'c')!r}))
     """)
     out, err = proc.communicate(timeout=60)
@@ -208,7 +208,7 @@ def test_sigkill_mid_write_then_rerun_is_correct_and_clean(tmp_path):
     ready = tmp_path / "ready"
     proc = _python(f"""
         import pathlib, time, numpy as np
-        from vecpack.cache import Cache
+        from vecpack.store.cache import Cache
         def build_fn(tmp):
             with open(tmp / "tokens.npy", "wb") as f:      # a half-written array
                 np.lib.format.write_array_header_1_0(f, {{"descr": "<i4", "fortran_order": False,
@@ -298,7 +298,7 @@ def test_four_processes_build_once_and_read_identical_bytes(tmp_path):
     barrier.mkdir()
     code = f"""
         import hashlib, logging, os, time, numpy as np
-        from vecpack.cache import Cache
+        from vecpack.store.cache import Cache
         logging.basicConfig(level=logging.INFO, format="%(message)s")
         def build_fn(tmp):
             with open({str(log)!r}, "a") as f:

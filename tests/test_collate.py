@@ -10,8 +10,8 @@ torch = pytest.importorskip("torch")
 from torch.nn.attention.flex_attention import create_block_mask, create_mask  # noqa: E402
 
 import vecpack  # noqa: E402
-from vecpack.collate import FlexBatch, collate_flash, collate_flex, collate_torchtune  # noqa: E402
-from vecpack.masks import block_causal_mask, flex_block_mask, seq_idx_from_seq_lens  # noqa: E402
+from vecpack.integrations.collate import FlexBatch, collate_flash, collate_flex, collate_torchtune  # noqa: E402
+from vecpack.integrations.masks import block_causal_mask, flex_block_mask, seq_idx_from_seq_lens  # noqa: E402
 
 
 def _corpus(seed, n_docs=40, max_doc=30, vocab=500):

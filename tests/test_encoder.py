@@ -8,11 +8,11 @@ import unicodedata
 
 import numpy as np
 import pytest
-
 from helpers import QWEN3_LIKE
-from vecpack.encoder import ChatEncoder
+
+from vecpack.chat.formats import to_messages
 from vecpack.errors import InputError
-from vecpack.formats import to_messages
+from vecpack.tokenizing.encoder import ChatEncoder
 
 transformers = pytest.importorskip("transformers")
 
@@ -277,15 +277,15 @@ def test_unsupported_tokenizer_falls_back(qwen_dir, tmp_path):
 
 
 def test_parity_failure_on_sample_rows_falls_back(qwen_dir, monkeypatch):
-    from vecpack import encoder as encoder_mod
+    from vecpack.tokenizing import runtime as runtime_mod
 
-    real = encoder_mod._Runtime.encode_tiktoken
+    real = runtime_mod.Runtime.encode_tiktoken
 
     def broken(self, text):
         ids = real(self, text)
         return ids[:-1] if "zebra" in text else ids
 
-    monkeypatch.setattr(encoder_mod._Runtime, "encode_tiktoken", broken)
+    monkeypatch.setattr(runtime_mod.Runtime, "encode_tiktoken", broken)
     rows = [{"conversations": [{"from": "human", "value": "a zebra"}, {"from": "gpt", "value": "b"}]}]
     assert ChatEncoder.from_tokenizer(qwen_dir).backend == "tiktoken"  # probes alone do not see it
     with pytest.warns(RuntimeWarning, match="differ on a sample"):
@@ -454,7 +454,7 @@ def test_random_conversations_match_hf_tokenizers(request, fixture):
 def test_hf_labels_from_span_edges_equal_the_offset_rule(request, name, masking, monkeypatch):
     """The HF-tokenizers backend labels from byte spans (byte-level BPE) or asks only about
     span edges; either must label like every offset."""
-    from vecpack import encoder as encoder_mod
+    from vecpack.tokenizing import encoder as encoder_mod
 
     d = request.getfixturevalue(name)
     rows = [{"conversations": [
@@ -473,7 +473,7 @@ def test_hf_labels_from_span_edges_equal_the_offset_rule(request, name, masking,
     mismatched = [enc.encode_row(r) for r in rows]
     monkeypatch.setattr(rt, "bytelen", None)
     edges = [enc.encode_row(r) for r in rows]
-    monkeypatch.setattr(encoder_mod, "_label_runs", lambda *a: False)
+    monkeypatch.setattr(encoder_mod, "label_runs", lambda *a: False)
     exact = [enc.encode_row(r) for r in rows]
     for got in (by_bytes, mismatched, edges):
         for (t1, l1), (t2, l2) in zip(got, exact):
@@ -505,7 +505,7 @@ def test_chunk_sink_equals_row_by_row(qwen_dir, masking):
                                                max_size=12))
 def test_runs_mask_equals_marking_each_run(n, raw):
     """The chunk labeller's mask: ordered runs (overlapping or touching) vs marking them one by one."""
-    from vecpack.encoder import _runs_mask
+    from vecpack.tokenizing.labels import runs_mask as _runs_mask
 
     runs = sorted((min(a, n - 1), min(a + k, n)) for a, k in raw)
     first = np.array([a for a, _ in runs], dtype=np.int64)

@@ -2,8 +2,8 @@
 
 import pytest
 
+from vecpack.chat.formats import DEFAULT_COLUMNS, STYLES, to_messages
 from vecpack.errors import InputError
-from vecpack.formats import DEFAULT_COLUMNS, STYLES, to_messages
 
 
 def test_sharegpt_roles_and_aliases():

@@ -8,12 +8,12 @@ import sys
 
 import numpy as np
 import pytest
+import reference as ref
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import reference as ref
-from vecpack import _kernels as K
-from vecpack.plan import _ro
+from vecpack.packing import _kernels as K
+from vecpack.packing.plan import _ro
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 

@@ -33,8 +33,8 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 import vecpack  # noqa: E402
-from vecpack.collate import collate_flash, collate_flex  # noqa: E402
-from vecpack.masks import block_causal_mask  # noqa: E402
+from vecpack.integrations.collate import collate_flash, collate_flex  # noqa: E402
+from vecpack.integrations.masks import block_causal_mask  # noqa: E402
 
 VOCAB = 1000
 MAX_LEN = 48
@@ -277,7 +277,7 @@ def test_packed_gradients_equal_solo_gradients(corpus, path):
     finally:
         model.config._attn_implementation = "sdpa"
     for k, p in model.named_parameters():
-        torch.testing.assert_close(p.grad, solo[k], atol=1e-4, rtol=1e-4, msg=lambda m: f"{path} {k}: {m}")
+        torch.testing.assert_close(p.grad, solo[k], atol=1e-4, rtol=1e-4, msg=lambda m, k=k: f"{path} {k}: {m}")
 
 
 @pytest.mark.slow

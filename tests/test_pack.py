@@ -2,11 +2,11 @@
 
 import numpy as np
 import pytest
+import reference as ref
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import reference as ref
-from vecpack.packed import Packed, pack
+from vecpack.packing.packed import Packed, pack
 
 FIELDS = ("input_ids", "labels", "position_ids", "document_ids")
 
@@ -241,7 +241,7 @@ def test_pickle_round_trip_keeps_data_not_views():
     tokens = np.arange(1, 2001, dtype=np.int32)
     packed = pack(tokens, np.arange(0, 2001, 100), 256)
     before = packed[3]
-    packed.input_ids  # filled: not pickled, recomputed on demand
+    _ = packed.input_ids  # filled: not pickled, recomputed on demand
     blob = pickle.dumps(packed)
     assert len(blob) < 3 * tokens.nbytes  # tokens once (labels default to them), no fill
     again = pickle.loads(blob)

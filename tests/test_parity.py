@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from vecpack import _hf_server, parity, pool
+from vecpack.tokenizing import _hf_server, parity, pool
 
 ROW = {"conversations": [{"from": "human", "value": "Olá, <|im_end|> 🇧🇷"}, {"from": "gpt", "value": "Oi!"}]}
 
@@ -32,7 +32,7 @@ def _ping() -> dict:
 
 
 def _encoder(qwen_dir):
-    from vecpack.encoder import ChatEncoder
+    from vecpack.tokenizing.encoder import ChatEncoder
 
     enc = ChatEncoder.from_tokenizer(qwen_dir, sample_rows=[ROW], defer_check=True)
     assert enc.backend == "tiktoken" and enc.pending_check
@@ -50,7 +50,7 @@ def test_the_check_passes_with_tiktoken_on_a_worker_and_hf_in_a_lean_process(qwe
     assert "tokenizers" in info["modules"]
 
     def engines():
-        from vecpack import encoder
+        from vecpack.tokenizing import runtime as encoder
 
         time.sleep(1.0)  # two at once: one on each worker
         return os.getpid(), sorted({backend for _, backend, *_ in encoder._RUNTIMES})
@@ -64,16 +64,16 @@ def test_the_check_passes_with_tiktoken_on_a_worker_and_hf_in_a_lean_process(qwe
 
 
 def test_the_check_in_this_process_and_its_verdict(qwen_dir, monkeypatch):
-    from vecpack import encoder
+    from vecpack.tokenizing import runtime as encoder
 
     assert parity.reason(str(qwen_dir), ["plain text", "<|im_start|>user\nHi<|im_end|>"]) == ""
-    real = encoder._Runtime.encode_tiktoken
+    real = encoder.Runtime.encode_tiktoken
 
     def broken(self, text):
         ids = real(self, text)
         return ids[:2] + [ids[2] + 1] + ids[3:] if "zebra" in text else ids
 
-    monkeypatch.setattr(encoder._Runtime, "encode_tiktoken", broken)
+    monkeypatch.setattr(encoder.Runtime, "encode_tiktoken", broken)
     why = parity.reason(str(qwen_dir), ["a zebra crossing the road"])
     assert why.startswith("tiktoken and HF tokenizers differ on a sample at token 2 (text near ")
     assert "zebra" in why
@@ -146,7 +146,7 @@ def test_the_process_exits_with_its_driver(qwen_dir):
     """A driver killed outright leaves no HF process behind: its stdin closes."""
     code = textwrap.dedent(f"""
         import os
-        from vecpack import parity
+        from vecpack.tokenizing import parity
         assert parity.reason({str(qwen_dir)!r}, ["x"]) == ""
         print(parity._server().call("ping").result()["pid"], flush=True)
         os._exit(0)  # no atexit, no cleanup

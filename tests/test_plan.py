@@ -2,12 +2,13 @@
 
 import numpy as np
 import pytest
+import reference as ref
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import reference as ref
 from vecpack.errors import InputError
-from vecpack.plan import LONG_POLICIES, Plan, plan
+from vecpack.packing.plan import LONG_CODES as LONG_POLICIES
+from vecpack.packing.plan import Plan, plan
 
 STRATEGIES = ["greedy", "ffd", "bfd"]
 POLICIES = ["truncate", "drop", "split"]
@@ -176,7 +177,7 @@ def test_ffd_fill_and_greedy_fill_on_lognormal():
 
 
 def test_long_policy_codes_agree_with_the_kernels():
-    from vecpack import _kernels
+    from vecpack.packing import _kernels
 
     assert LONG_POLICIES == {"drop": _kernels.LONG_DROP, "error": _kernels.LONG_ERROR,
                              "split": _kernels.LONG_SPLIT, "truncate": _kernels.LONG_TRUNCATE}

@@ -16,10 +16,12 @@ import numpy as np
 import pytest
 
 import vecpack
-from vecpack import pool
+from vecpack.chat.formats import to_messages
 from vecpack.errors import InputError, WorkerDiedError
-from vecpack.formats import to_messages
-from vecpack.sources import resolve_sources
+from vecpack.inputs.sources import resolve_sources
+from vecpack.tokenizing import merge, pool
+from vecpack.tokenizing import rows as chunk_rows
+from vecpack.tokenizing import tasks as chunk_tasks
 
 
 class ByteEncoder:
@@ -96,7 +98,7 @@ def test_plan_chunks_cover_file_on_line_boundaries(data):
     size = os.path.getsize(path)
     raw = open(path, "rb").read()
     for cb in (1, 100, 4096, 1 << 20):
-        tasks = pool.plan_chunks(resolve_sources(path), chunk_bytes=cb)
+        tasks = chunk_tasks.plan_chunks(resolve_sources(path), chunk_bytes=cb)
         assert tasks[0].start == 0 and tasks[-1].stop == size
         assert [t.index for t in tasks] == list(range(len(tasks)))
         for a, b in zip(tasks, tasks[1:]):
@@ -216,7 +218,7 @@ def test_skip_counts_and_reports_every_bad_row(tmp_path, capfd):
         assert s["rows"] == 300 and s["rejected"] == len(raw) and s["documents"] == 300 - len(raw)
         assert sorted(set(range(300)) - set(t.row_ids.tolist())) == sorted(raw)
         assert [e.split(": ")[0] for e in s["rejected_examples"]] == [
-            f"{path}:{i + 1}" for i in sorted(raw)[:pool.MAX_EXAMPLES]]
+            f"{path}:{i + 1}" for i in sorted(raw)[:chunk_tasks.MAX_EXAMPLES]]
         if ref is None:
             ref = t
         for a, b in zip(arrays(ref), arrays(t)):
@@ -308,11 +310,11 @@ def test_bad_arguments(data):
 
 def test_merge_chunks_contract(data, tmp_path):
     path, rows = data
-    tasks = pool.plan_chunks([path], chunk_bytes=5000)
-    metas = [pool.tokenize_chunk(t, ByteEncoder(), str(tmp_path)) for t in reversed(tasks)]
+    tasks = chunk_tasks.plan_chunks([path], chunk_bytes=5000)
+    metas = [chunk_rows.tokenize_chunk(t, ByteEncoder(), str(tmp_path)) for t in reversed(tasks)]
     assert len(list(tmp_path.glob("chunk-*.npy"))) == 2 * len(tasks)
     assert all(m.lengths.sum() == m.tokens and len(m.rows) == m.documents for m in metas)
-    t = pool.merge_chunks(metas)
+    t = merge.merge_chunks(metas)
     assert len(t) == len(rows) and not list(tmp_path.glob("chunk-*"))
     ref = vecpack.tokenize(path, encoder=ByteEncoder(), n_jobs=1, progress=False)
     for a, b in zip(arrays(ref), arrays(t)):
@@ -323,15 +325,15 @@ def test_merge_chunks_contract(data, tmp_path):
 def test_chunks_written_in_place_or_copied_give_the_same_arrays(data, tmp_path, order):
     """A chunk whose predecessors' sizes are known goes straight into the final files."""
     path, rows = data
-    tasks = pool.plan_chunks([path], chunk_bytes=5000)
+    tasks = chunk_tasks.plan_chunks([path], chunk_bytes=5000)
     run = list(tasks)
     if order == "reversed":
         run.reverse()
     elif order == "shuffled":
         np.random.default_rng(0).shuffle(run)
-    merger = pool.ChunkMerger(str(tmp_path / "out"))
+    merger = merge.ChunkMerger(str(tmp_path / "out"))
     direct = merger.direct_target(str(tmp_path), len(tasks))
-    metas = [pool.tokenize_chunk(t, ByteEncoder(), str(tmp_path), direct=direct) for t in run]
+    metas = [chunk_rows.tokenize_chunk(t, ByteEncoder(), str(tmp_path), direct=direct) for t in run]
     n_direct = sum(m.direct for m in metas)
     if order == "forward":
         assert n_direct == len(tasks)
@@ -349,10 +351,10 @@ def test_chunks_written_in_place_or_copied_give_the_same_arrays(data, tmp_path, 
 
 def test_a_missing_chunk_is_an_error_not_a_hole(data, tmp_path):
     path, rows = data
-    tasks = pool.plan_chunks([path], chunk_bytes=5000)
-    merger = pool.ChunkMerger(str(tmp_path / "out"))
+    tasks = chunk_tasks.plan_chunks([path], chunk_bytes=5000)
+    merger = merge.ChunkMerger(str(tmp_path / "out"))
     direct = merger.direct_target(str(tmp_path), len(tasks))
-    metas = [pool.tokenize_chunk(t, ByteEncoder(), str(tmp_path), direct=direct)
+    metas = [chunk_rows.tokenize_chunk(t, ByteEncoder(), str(tmp_path), direct=direct)
              for t in [tasks[-1], *tasks[:-1]]]
     assert not metas[0].direct
     metas[0].direct = True  # claims in place, but wrote a chunk file
@@ -458,7 +460,7 @@ def test_a_forked_child_can_start_its_own_pool_while_the_parent_is_starting_one(
     held, release = threading.Event(), threading.Event()
 
     def hold():
-        with pool._EXECUTOR_LOCK:
+        with pool._POOL.lock:
             held.set()
             release.wait(30)
 
@@ -467,7 +469,7 @@ def test_a_forked_child_can_start_its_own_pool_while_the_parent_is_starting_one(
     held.wait(30)
     pid = os.fork()
     if pid == 0:  # the child: the lock a parent thread holds must not be held here
-        ok = pool._EXECUTOR_LOCK.acquire(timeout=5)
+        ok = pool._POOL.lock.acquire(timeout=5)
         os._exit(0 if ok else 1)
     release.set()
     t.join()
@@ -483,8 +485,8 @@ def test_ready_waits_for_the_workers_that_warm_started(qwen_dir):
     assert len(set(pids)) == 2 and os.getpid() not in pids
 
     def engines():
-        from vecpack import encoder
+        from vecpack.tokenizing import runtime
 
-        return sorted({backend for _, backend, *_ in encoder._RUNTIMES})
+        return sorted({backend for _, backend, *_ in runtime._RUNTIMES})
 
     assert pool._executor(2).submit(engines).result(timeout=60) == ["tiktoken"]

@@ -11,7 +11,7 @@ import pytest
 ray = pytest.importorskip("ray")
 
 import vecpack  # noqa: E402
-from vecpack.encoder import ChatEncoder  # noqa: E402
+from vecpack.tokenizing.encoder import ChatEncoder  # noqa: E402
 
 pytestmark = pytest.mark.ray
 
@@ -78,3 +78,14 @@ def test_ray_bad_row_is_located(ray_cluster, tmp_path, qwen_dir):
                               + [good] * 3) + "\n", encoding="utf-8")
     with pytest.raises(vecpack.InputError, match=r"bad\.jsonl:6: .*wizard"):
         vecpack.tokenize(path, qwen_dir, backend="ray", progress=False)
+
+
+def test_an_encoder_bug_is_the_same_error_as_on_loky(ray_cluster, tmp_path):
+    import helpers
+    from helpers import BuggyEncoder, buggy_rows, expect_encoder_bug
+    from ray import cloudpickle
+
+    cloudpickle.register_pickle_by_value(helpers)  # Ray's workers do not see the tests directory
+    path = buggy_rows(tmp_path / "rows.jsonl")
+    expect_encoder_bug(lambda: vecpack.tokenize(path, encoder=BuggyEncoder(), backend="ray", chunk_bytes=2000,
+                                                on_error="skip", progress=False), path)

@@ -8,9 +8,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from vecpack import sources
 from vecpack.errors import InputError
-from vecpack.sources import BadRecord, locate, read_records, resolve_sources, split_source
+from vecpack.inputs import jsonl as jsonl_reader
+from vecpack.inputs import readers, table
+from vecpack.inputs import records as records_mod
+from vecpack.inputs.readers import locate, read_records, split_source
+from vecpack.inputs.records import BadRecord
+from vecpack.inputs.sources import resolve_sources
 
 ROWS = [{"conversations": [{"from": "human", "value": f"q{i} \"quoted\" [x], {{y}} \\ é"},
                            {"from": "gpt", "value": "a" * i}]} for i in range(50)]
@@ -18,7 +22,7 @@ ROWS = [{"conversations": [{"from": "human", "value": f"q{i} \"quoted\" [x], {{y
 
 def records(src, chunk_bytes):
     out = []
-    for start, stop, first_row in split_source(src, chunk_bytes):
+    for start, stop, _ in split_source(src, chunk_bytes):
         out.extend(rec for _, rec in read_records(src, start, stop))
     return out
 
@@ -83,7 +87,7 @@ def test_jsonl_local_lines_are_exact(tmp_path_factory, lines, crlf, trailing, ch
     for start, stop, _ in split_source(src, chunk):
         for local, rec in read_records(src, start, stop):
             got.append((before + local + 1, rec))
-        before += sources.count_newlines(str(p), stop, start)
+        before += jsonl_reader.count_newlines(str(p), stop, start)
     want = [(i + 1, json.loads(ln)) for i, ln in enumerate(lines) if ln.strip()]
     assert got == want
 
@@ -114,7 +118,7 @@ def test_unreadable_records_are_reported_not_raised(tmp_path):
 def test_locate_jsonl_counts_lines_before_the_range(jsonl):
     src = resolve_sources(jsonl)[0]
     start, stop, _ = split_source(src, 2000)[2]
-    before = sources.count_newlines(jsonl, start)
+    before = jsonl_reader.count_newlines(jsonl, start)
     assert locate(jsonl, "jsonl", start, stop, None, 3) == {"line": before + 4, "row": None}
     assert locate(jsonl, "jsonl", start, stop, None, 3, lines_before=10)["line"] == 14
 
@@ -201,7 +205,7 @@ def test_hf_dataset_rows(tmp_path):
     assert records(src, 500) == ROWS
     # only the range's rows travel to the worker
     start, stop, _ = split_source(src, 500)[1]
-    payload = sources.dataset_payload(src, start, stop)
+    payload = table.READER.task_payload(src, start, stop)
     assert len(payload) < src.table.nbytes / 2
     assert [r for _, r in read_records("<Dataset>", start, stop, kind="dataset",
                                        payload=payload)] == ROWS[start:stop]
@@ -214,7 +218,7 @@ def test_hf_dataset_rows(tmp_path):
 def test_sample_rows_skips_bad_lines(tmp_path):
     p = tmp_path / "s.jsonl"
     p.write_bytes(b'{"a": 1}\nnot json\n{"a": 2}\n')
-    assert sources.sample_rows(resolve_sources(str(p)), 5) == [{"a": 1}, {"a": 2}]
+    assert readers.sample_rows(resolve_sources(str(p)), 5) == [{"a": 1}, {"a": 2}]
 
 
 def test_jsonl_lines_parse_exactly_as_the_json_module_does(tmp_path, monkeypatch):
@@ -233,7 +237,7 @@ def test_jsonl_lines_parse_exactly_as_the_json_module_does(tmp_path, monkeypatch
     p.write_text("\n".join(lines) + "\n", encoding="utf-8")
     size = p.stat().st_size
     fast = [rec for _, rec in read_records(str(p), 0, size, kind="jsonl")]
-    monkeypatch.setattr(sources, "_orjson_loads", None)
+    monkeypatch.setattr(records_mod, "_orjson_loads", None)
     slow = [rec for _, rec in read_records(str(p), 0, size, kind="jsonl")]
     assert len(fast) == len(slow) == len(lines)
     for a, b, line in zip(fast, slow, lines):
@@ -251,7 +255,8 @@ def test_jsonl_lines_parse_exactly_as_the_json_module_does(tmp_path, monkeypatch
                   st.sampled_from(["\n", "\r\n"]), st.booleans())
 def test_jsonl_lines_are_read_like_split_lines(lines, eol, trailing):
     """The line reader (views, no per-line copies) against splitting the bytes."""
-    from vecpack.sources import _parse_line, _read_jsonl
+    from vecpack.inputs.jsonl import _read_jsonl
+    from vecpack.inputs.records import _parse_line
 
     data = eol.join(lines).encode() + (eol.encode() if trailing and lines else b"")
     want = []

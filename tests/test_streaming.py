@@ -14,8 +14,8 @@ stateful = pytest.importorskip("torchdata.stateful_dataloader")
 
 import vecpack  # noqa: E402
 from vecpack.errors import InputError  # noqa: E402
-from vecpack.stream_packer import BufferPacker  # noqa: E402
-from vecpack.streaming import StreamingPackedDataset  # noqa: E402
+from vecpack.packing.online import BufferPacker  # noqa: E402
+from vecpack.streaming.dataset import StreamingPackedDataset  # noqa: E402
 from vecpack.testing import make_sharegpt  # noqa: E402
 
 StatefulDataLoader = stateful.StatefulDataLoader
@@ -323,7 +323,8 @@ def _reference_rows(data: bytes) -> list:
 
 
 def test_jsonl_index_matches_a_line_by_line_read(tmp_path, monkeypatch):
-    from vecpack import streaming
+    from vecpack.inputs import jsonl as streaming
+    from vecpack.streaming import readers
 
     rng = random.Random(0)
     lines = [b'{"t": %d}' % i + b"x" * rng.randrange(0, 300) for i in range(700)]
@@ -344,7 +345,7 @@ def test_jsonl_index_matches_a_line_by_line_read(tmp_path, monkeypatch):
         assert [(int(p), int(q) + 1) for p, q in zip(pos, line)] == ref[::64]
     # the seeded reader gives every row once, with its byte offset and line number
     ds = make_ds(str(path), on_error="skip", seed=5, batch_rows=16)
-    reader = streaming._ShuffledReader(ds._srcs, streaming._Layout(ds._srcs), 0, 1, 16, 5, 0)
+    reader = readers.ShuffledReader(ds._srcs, readers.Layout(ds._srcs), 0, 1, 16, 5, 0)
     refs = np.concatenate([b.refs for b in reader.batches([0, 0])])
     assert sorted((int(p), int(q)) for p, q in refs[:, 1:3]) == ref
     assert sorted(refs[:, 3].tolist()) == list(range(701)) and refs[:, 3].tolist() != list(range(701))
@@ -352,10 +353,10 @@ def test_jsonl_index_matches_a_line_by_line_read(tmp_path, monkeypatch):
     # big files keep their index next to the cache, keyed by path, size, mtime and inode
     monkeypatch.setenv("VECPACK_CACHE", str(tmp_path / "cache"))
     monkeypatch.setattr(streaming, "_INDEX_CACHE_MIN_BYTES", 0)
-    first = streaming._jsonl_index(str(path))
+    first = streaming.index(str(path))
     assert len(list((tmp_path / "cache" / ".stream-index").glob("*.npz"))) == 1
     monkeypatch.setattr(streaming, "_scan_jsonl", lambda *a: pytest.fail("index not reused"))
-    again = streaming._jsonl_index(str(path))
+    again = streaming.index(str(path))
     assert all(np.array_equal(a, b) for a, b in zip(first[:2], again[:2])) and first[2] == again[2]
 
 
@@ -424,7 +425,7 @@ def test_seeded_order_is_the_same_for_any_n_jobs(tmp_path):
     inline = list(make_ds(str(path), n_jobs=1, **kw))
     pids = tmp_path / "pids"
     pids.mkdir()
-    from vecpack.streaming import _Encoding
+    from vecpack.streaming.encoding import Encoding as _Encoding
 
     warm = _Encoding(PidEncoder(pids), 2)    # start vecpack's pool (seconds on a busy machine)
     warm.start()

@@ -118,7 +118,7 @@ def test_bad_rows_with_the_real_encoder(tmp_path, qwen_dir):
 
 
 def test_encoder_is_built_once_per_process(sharegpt_file, qwen_dir, ref, monkeypatch):
-    from vecpack.encoder import ChatEncoder
+    from vecpack.tokenizing.encoder import ChatEncoder
 
     calls = []
     real = ChatEncoder.from_tokenizer.__func__
@@ -130,7 +130,7 @@ def test_encoder_is_built_once_per_process(sharegpt_file, qwen_dir, ref, monkeyp
     vecpack.tokenize(sharegpt_file, qwen_dir, masking="last", style="sharegpt", n_jobs=2,
                      progress=False)
     assert len(calls) <= 1
-    assert len(importlib.import_module("vecpack.tokenize")._ENCODERS) <= 4
+    assert len(importlib.import_module("vecpack.tokenizing.encoder")._ENCODERS) <= 4
 
 
 def test_out_dir_and_pack(sharegpt_file, qwen_dir, ref, tmp_path):
@@ -143,9 +143,9 @@ def test_out_dir_and_pack(sharegpt_file, qwen_dir, ref, tmp_path):
 
 
 def _fresh_encoders():
-    tok = importlib.import_module("vecpack.tokenize")
-    tok._ENCODERS.clear()
-    tok._PASSED.clear()
+    from vecpack import _state
+
+    _state.reset()
 
 
 @pytest.mark.parametrize("n_jobs", [1, 2])
@@ -154,7 +154,7 @@ def test_a_failed_parity_check_reruns_everything_with_hf_tokenizers(sharegpt_fil
     """The check runs beside the tokenizing; when it fails, nothing of the tiktoken run is kept."""
     from concurrent.futures import Future
 
-    from vecpack import pool
+    from vecpack.tokenizing import pool
 
     started = []
 
@@ -180,15 +180,16 @@ def test_a_failed_parity_check_reruns_everything_with_hf_tokenizers(sharegpt_fil
 
 def test_the_parity_check_sees_this_datasets_rows(tmp_path, qwen_dir, monkeypatch):
     """A difference that only the dataset's own rows show still switches to HF tokenizers."""
-    from vecpack import encoder as encoder_mod
+    from vecpack.tokenizing import encoder as encoder_mod
+    from vecpack.tokenizing import runtime as runtime_mod
 
-    real = encoder_mod._Runtime.encode_tiktoken
+    real = runtime_mod.Runtime.encode_tiktoken
 
     def broken(self, text):
         ids = real(self, text)
         return ids[:-1] if "zebra" in text else ids
 
-    monkeypatch.setattr(encoder_mod._Runtime, "encode_tiktoken", broken)
+    monkeypatch.setattr(runtime_mod.Runtime, "encode_tiktoken", broken)
     p = tmp_path / "z.jsonl"
     row = {"conversations": [{"from": "human", "value": "a zebra"}, {"from": "gpt", "value": "b"}]}
     p.write_text(json.dumps(row) + "\n", encoding="utf-8")
@@ -203,7 +204,7 @@ def test_the_parity_check_sees_this_datasets_rows(tmp_path, qwen_dir, monkeypatc
 
 def _spy_on_checks(monkeypatch) -> list:
     """The samples (or None) that each call hands to the parity check, from now on."""
-    from vecpack import pool
+    from vecpack.tokenizing import pool
 
     seen = []
     real = pool.start_check
@@ -240,7 +241,7 @@ def test_rows_that_passed_are_not_checked_again_in_the_process(sharegpt_file, qw
 
 
 def test_strict_tiktoken_backend_raises_when_the_check_fails(qwen_dir, monkeypatch):
-    from vecpack.encoder import ChatEncoder
+    from vecpack.tokenizing.encoder import ChatEncoder
 
     enc = ChatEncoder.from_tokenizer(qwen_dir, backend="tiktoken", defer_check=True)
     with pytest.raises(ValueError, match="cannot reproduce this tokenizer: nope"):
@@ -249,7 +250,7 @@ def test_strict_tiktoken_backend_raises_when_the_check_fails(qwen_dir, monkeypat
 
 def test_a_new_encoder_has_the_hf_process_load_the_tokenizer_at_once(sharegpt_file, qwen_dir, monkeypatch):
     """The parity check's HF process starts loading while the encoder is being built."""
-    from vecpack import parity
+    from vecpack.tokenizing import parity
 
     loads = []
     real = parity.preload

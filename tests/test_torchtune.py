@@ -17,15 +17,14 @@ pytest.importorskip("torchtune")
 pytestmark = pytest.mark.torchtune
 
 import torch  # noqa: E402
-from torchtune.data import (OpenAIToMessages, ShareGPTToMessages, padded_collate_packed,  # noqa: E402
-                            validate_messages)
+from torchtune.data import OpenAIToMessages, ShareGPTToMessages, padded_collate_packed, validate_messages  # noqa: E402
 from torchtune.datasets import ConcatDataset, PackedDataset, chat_dataset  # noqa: E402
 from torchtune.models.llama3 import llama3_tokenizer  # noqa: E402
 from torchtune.models.qwen2_5 import qwen2_5_tokenizer  # noqa: E402
 
 from vecpack.errors import InputError  # noqa: E402
 from vecpack.testing import make_sharegpt  # noqa: E402
-from vecpack.tt_encoder import TorchtuneEncoder, split_long_runs  # noqa: E402
+from vecpack.torchtune.encoder import TorchtuneEncoder, split_long_runs  # noqa: E402
 
 COLUMN = {"sharegpt": "conversations", "openai": "messages"}
 
@@ -214,7 +213,8 @@ def test_encoder_pickles_and_fingerprints(qwen_tok, llama_tok, sharegpt_file):
     ({"conversations": [{"from": "human", "value": "x"}]}, "at least 2 messages"),
     ({"conversations": [{"from": "gpt", "value": "x"}, {"from": "human", "value": "y"}]}, "assistant message before"),
     ({"conversations": [{"from": "human", "value": "x"}, {"from": "human", "value": "y"}]}, "two consecutive user"),
-    ({"conversations": [{"from": "human", "value": "x"}, {"from": "system", "value": "y"}]}, "system message at index 1"),
+    ({"conversations": [{"from": "human", "value": "x"}, {"from": "system", "value": "y"}]},
+     "system message at index 1"),
     ({"conversations": [{"from": "human", "value": 3}, {"from": "gpt", "value": "y"}]}, "must be a string"),
     ({"conversations": [{"from": "human", "value": "x"}, {"from": "gpt", "value": "y"}], "image": "a.png"},
      "multimodal"),
@@ -223,7 +223,7 @@ def test_bad_rows_raise_input_error(qwen_tok, row, match):
     enc = TorchtuneEncoder.from_tokenizer(qwen_tok, style="sharegpt")
     with pytest.raises(InputError, match=match):
         enc.encode_row(row)
-    with pytest.raises(Exception):  # torchtune rejects every one of them too
+    with pytest.raises(Exception):  # noqa: B017 - torchtune rejects every one of them too
         _reference(qwen_tok, row, style="sharegpt", train_on_input=False, new_system_prompt=None)
 
 
@@ -353,7 +353,7 @@ def test_collate_and_recipe_detection(qwen_at, sharegpt_file, cache_dir):
 
 def test_unpacked_matches_chat_dataset(qwen_at, openai_file, cache_dir):
     from vecpack import PackedChatDataset
-    from vecpack.torchtune import ChatDataset
+    from vecpack.torchtune.chat import ChatDataset
 
     tok = qwen_at(300)
     theirs = chat_dataset(tok, source="json", data_files=str(openai_file), conversation_column="messages",
@@ -420,7 +420,7 @@ def _rank_main(rank, world, init_file, tok_path, data, cache, out):
             json.dump({"built": not info.corpus_hit, "len": len(ds), "digest": digest}, f)
         dist.barrier()
     finally:
-        from vecpack import pool
+        from vecpack.tokenizing import pool
 
         pool.shutdown()  # a multiprocessing child otherwise waits for loky's idle workers at exit
         dist.destroy_process_group()

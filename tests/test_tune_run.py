@@ -118,7 +118,8 @@ def test_tune_run_full_finetune_single_device(tmp_path, qwen_dir):
                CUDA_VISIBLE_DEVICES="", TOKENIZERS_PARALLELISM="false")
     # `python -m torchtune._cli.tune` is torchtune's `tune` entry point; called this way because
     # Ray installs a console script of the same name that can shadow it on PATH.
-    proc = subprocess.run([sys.executable, "-m", "torchtune._cli.tune", "run", "full_finetune_single_device", "--config", str(cfg)],
+    proc = subprocess.run([sys.executable, "-m", "torchtune._cli.tune", "run", "full_finetune_single_device",
+                           "--config", str(cfg)],
                           cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-6000:]

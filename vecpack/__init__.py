@@ -1,51 +1,47 @@
-"""vecpack: tokenize and pack chat fine-tuning data on every core.
+"""vecpack: tokenize and pack fine-tuning data on every core, into attention-ready sequences.
 
-The public API. Data flows top to bottom::
-
-    formats -> template/encoder -> pool -> tokenize   (flat int32 arrays)
-    plan (numba kernels) -> pack                      (attention-ready packs)
-    cache -> build / load                             (content-addressed, mmapped)
-    collate, torchtune, streaming, cli                (front doors)
+This module is the public API. Where each piece lives is in
+``docs/architecture.md``.
 
 >>> import numpy as np, vecpack
 >>> tokens = np.arange(1, 8, dtype=np.int32)
 >>> offsets = np.array([0, 3, 5, 7], dtype=np.int64)
 >>> packed = vecpack.pack(tokens, offsets, max_len=4, strategy="greedy")
->>> len(packed)
-2
+>>> len(packed), packed[0]["input_ids"].tolist()
+(2, [1, 2, 3, 0])
 
-Names that need torch (collators, datasets) are imported lazily, so
-``import vecpack`` stays light.
+Names that need torch or the tokenizers (collators, datasets, ``tokenize``) are
+imported on first use, so ``import vecpack`` stays light.
 """
 
-from ._version import __version__ as __version__
-from .errors import InputError as InputError
-from .errors import VecpackError as VecpackError
-from .errors import WorkerDiedError as WorkerDiedError
-from .plan import Plan as Plan
-from .plan import plan as plan
-from .packed import Packed as Packed
-from .packed import pack as pack
-from .tokenize import Tokenized as Tokenized
-from .tokenize import tokenize as tokenize
-from .build import build as build
-from .build import load as load
-from .build import save as save
+from vecpack._version import __version__ as __version__
+from vecpack.errors import EncoderError as EncoderError
+from vecpack.errors import InputError as InputError
+from vecpack.errors import VecpackError as VecpackError
+from vecpack.errors import WorkerDiedError as WorkerDiedError
+from vecpack.packing.packed import Packed as Packed
+from vecpack.packing.packed import pack as pack
+from vecpack.packing.plan import Plan as Plan
+from vecpack.packing.plan import plan as plan
+from vecpack.store.build import build as build
+from vecpack.store.saved import load as load
+from vecpack.store.saved import save as save
 
-# Lazily imported: these pull in torch.
+# name -> the module that defines it, imported on first use
 _LAZY = {
-    "FlexBatch": "vecpack.collate",
-    "PackedChatDataset": "vecpack.torchtune",
-    "StreamingPackedDataset": "vecpack.streaming",
-    "collate_flash": "vecpack.collate",
-    "collate_flex": "vecpack.collate",
-    "collate_torchtune": "vecpack.collate",
+    "FlexBatch": "vecpack.integrations.collate",
+    "PackedChatDataset": "vecpack.torchtune.chat",
+    "StreamingPackedDataset": "vecpack.streaming.dataset",
+    "Tokenized": "vecpack.tokenizing.tokenized",
+    "collate_flash": "vecpack.integrations.collate",
+    "collate_flex": "vecpack.integrations.collate",
+    "collate_torchtune": "vecpack.integrations.collate",
+    "tokenize": "vecpack.tokenizing.corpus",
 }
 
 __all__ = sorted([
-    "FlexBatch", "InputError", "Packed", "PackedChatDataset", "Plan", "StreamingPackedDataset", "Tokenized",
-    "VecpackError", "WorkerDiedError", "__version__", "build", "collate_flash", "collate_flex",
-    "collate_torchtune", "load", "pack", "plan", "save", "tokenize",
+    "EncoderError", "InputError", "Packed", "Plan", "VecpackError", "WorkerDiedError", "__version__",
+    "build", "load", "pack", "plan", "save", *_LAZY,
 ])
 
 

@@ -10,14 +10,37 @@ file can be found with ``sed -n LINEp``.
 
 from __future__ import annotations
 
-__all__ = ["InputError", "VecpackError", "WorkerDiedError"]
+__all__ = ["EncoderError", "InputError", "VecpackError", "WorkerDiedError"]
 
 
 class VecpackError(Exception):
     """Base class of every error vecpack raises on purpose."""
 
 
-class InputError(VecpackError, ValueError):
+class _Located(VecpackError):
+    """An error about one row, at ``file:line`` (or ``file row N``): ``str()`` is ``"<where>: <message>"``."""
+
+    _prefix = ""
+
+    def __init__(self, reason: str, *, file: str | None = None,
+                 line: int | None = None, row: int | None = None):
+        self.reason = reason
+        self.file = None if file is None else str(file)
+        self.line = line
+        self.row = row
+        super().__init__(f"{_where(self.file, line, row)}: {self._prefix}{reason}")
+
+    def located(self, *, file=None, line=None, row=None):
+        """Return a copy with the location filled in where it was missing."""
+        return type(self)(self.reason, file=self.file or file,
+                          line=self.line if self.line is not None else line,
+                          row=self.row if self.row is not None else row)
+
+    def __reduce__(self):  # survive pickling across worker processes
+        return (_rebuild, (type(self), self.reason, self.file, self.line, self.row))
+
+
+class InputError(_Located, ValueError):
     """A row of the input cannot be used.
 
     Args:
@@ -28,34 +51,31 @@ class InputError(VecpackError, ValueError):
             Parquet, in-memory datasets).
     """
 
-    def __init__(self, reason: str, *, file: str | None = None,
-                 line: int | None = None, row: int | None = None):
-        self.reason = reason
-        self.file = None if file is None else str(file)
-        self.line = line
-        self.row = row
-        super().__init__(self._format())
 
-    def _format(self) -> str:
-        where = self.file or "<input>"
-        if self.line is not None:
-            where = f"{where}:{self.line}"
-        elif self.row is not None:
-            where = f"{where} row {self.row}"
-        return f"{where}: {self.reason}"
+class EncoderError(_Located, RuntimeError):
+    """The encoder itself failed on a row: a bug, not bad data.
 
-    def located(self, *, file=None, line=None, row=None) -> "InputError":
-        """Return a copy with the location filled in where it was missing."""
-        return InputError(self.reason, file=self.file or file,
-                          line=self.line if self.line is not None else line,
-                          row=self.row if self.row is not None else row)
+    Raised whatever ``on_error`` says (it is never counted as a rejected row),
+    by every backend alike, located like :class:`InputError`.
 
-    def __reduce__(self):  # survive pickling across worker processes
-        return (_rebuild_input_error, (self.reason, self.file, self.line, self.row))
+    >>> str(EncoderError("ZeroDivisionError: division by zero", file="train.jsonl", line=7))
+    'train.jsonl:7: the encoder failed on this row: ZeroDivisionError: division by zero'
+    """
+
+    _prefix = "the encoder failed on this row: "
 
 
-def _rebuild_input_error(reason, file, line, row):
-    return InputError(reason, file=file, line=line, row=row)
+def _where(file: str | None, line: int | None, row: int | None) -> str:
+    where = file or "<input>"
+    if line is not None:
+        return f"{where}:{line}"
+    if row is not None:
+        return f"{where} row {row}"
+    return where
+
+
+def _rebuild(cls, reason, file, line, row):
+    return cls(reason, file=file, line=line, row=row)
 
 
 class WorkerDiedError(VecpackError, RuntimeError):

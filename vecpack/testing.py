@@ -32,6 +32,8 @@ import pathlib
 import random
 import sysconfig
 
+from vecpack.options import CONVERSATION_STYLES, check_choice
+
 __all__ = [
     "QWEN_PATTERN",
     "LLAMA3_PATTERN",
@@ -62,7 +64,8 @@ QWEN_CHAT_TEMPLATE = (
     "{{- '<|im_start|>system\\nYou are Qwen, created by Alibaba Cloud. You are a helpful assistant.<|im_end|>\\n' }}"
     "{%- endif %}"
     "{%- for message in messages %}"
-    "{%- if (message.role == 'user') or (message.role == 'system' and not loop.first) or (message.role == 'assistant') %}"
+    "{%- if (message.role == 'user') or (message.role == 'system' and not loop.first)"
+    " or (message.role == 'assistant') %}"
     "{{- '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>' + '\\n' }}"
     "{%- endif %}"
     "{%- endfor %}"
@@ -73,7 +76,8 @@ QWEN_CHAT_TEMPLATE = (
 LLAMA3_CHAT_TEMPLATE = (
     "{{- bos_token }}"
     "{%- for message in messages %}"
-    "{{- '<|start_header_id|>' + message['role'] + '<|end_header_id|>\\n\\n' + message['content'] | trim + '<|eot_id|>' }}"
+    "{{- '<|start_header_id|>' + message['role'] + '<|end_header_id|>\\n\\n'"
+    " + message['content'] | trim + '<|eot_id|>' }}"
     "{%- endfor %}"
     "{%- if add_generation_prompt %}{{- '<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}{%- endif %}"
 )
@@ -298,8 +302,7 @@ def make_sharegpt(path: str | os.PathLike, n: int, *, seed: int = 0, style: str 
         median_user, median_assistant: median message length in characters;
             lengths are log-normal (sigma 1.1), capped at 60,000 characters.
     """
-    if style not in ("sharegpt", "openai"):
-        raise ValueError(f"style must be 'sharegpt' or 'openai', got {style!r}")
+    check_choice(style, "style", CONVERSATION_STYLES)
     rng = random.Random(seed)
     text = _english_corpus()
     k_role, k_text, r_sys, r_user, r_bot = {

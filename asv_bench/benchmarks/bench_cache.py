@@ -103,7 +103,7 @@ class CacheReopen4M:
     def setup_cache(self):
         import numpy as np
 
-        from vecpack.cache import Cache, make_key
+        from vecpack.store.cache import Cache, make_key
 
         from . import synthetic_corpus
 

@@ -85,15 +85,15 @@ class Pack:
     def setup(self):
         self.corpus = synthetic_corpus(50_000)
         tokens, labels, offsets = self.corpus
-        vecpack.pack(tokens[:offsets[10]], offsets[:11], MAX_LEN, labels=labels[:offsets[10]]).input_ids
+        _ = vecpack.pack(tokens[:offsets[10]], offsets[:11], MAX_LEN, labels=labels[:offsets[10]]).input_ids
 
     def peakmem_pack(self):
         tokens, labels, offsets = self.corpus
-        vecpack.pack(tokens, offsets, MAX_LEN, labels=labels).input_ids
+        _ = vecpack.pack(tokens, offsets, MAX_LEN, labels=labels).input_ids
 
     def time_pack(self):
         tokens, labels, offsets = self.corpus
-        vecpack.pack(tokens, offsets, MAX_LEN, labels=labels).input_ids
+        _ = vecpack.pack(tokens, offsets, MAX_LEN, labels=labels).input_ids
 
 
 class Quality:

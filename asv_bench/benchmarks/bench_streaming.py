@@ -40,7 +40,7 @@ BUFFER = 1000
 
 _RSS_SCRIPT = r"""
 import resource, sys, numpy as np
-from vecpack.streaming import StreamingPackedDataset
+from vecpack.streaming.dataset import StreamingPackedDataset
 
 class Bytes:
     backend = "bytes"
@@ -65,7 +65,7 @@ def _setup_data(root: pathlib.Path) -> dict:
 
 
 def _dataset(info, seed=0):
-    from vecpack.streaming import StreamingPackedDataset
+    from vecpack.streaming.dataset import StreamingPackedDataset
 
     return StreamingPackedDataset(info["data"], info["tokenizer"], MAX_LEN, buffer_size=BUFFER,
                                   seed=seed)
@@ -144,7 +144,7 @@ class Streaming:
     track_first_pack_file_order_s.unit = "seconds"
 
     def track_index_scan_s(self, info):
-        from vecpack.streaming import _scan_jsonl
+        from vecpack.streaming.dataset import _scan_jsonl
 
         return best_of(lambda: _scan_jsonl(info["data"]), repeat=3)
 

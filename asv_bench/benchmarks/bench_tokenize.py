@@ -12,10 +12,10 @@ import shutil
 import tempfile
 import time
 
-from . import best_of  # noqa: F401  (also puts the checkout on sys.path)
-
 import vecpack
 from vecpack.testing import cached_tokenizer_dir, make_sharegpt
+
+from . import best_of  # noqa: F401  (also puts the checkout on sys.path)
 
 ROWS = 20_000
 
@@ -92,8 +92,9 @@ class PoolOverhead:
     repeat = (1, 3, 60.0)
 
     def setup(self):
-        from vecpack.formats import to_messages
         import numpy as np
+
+        from vecpack.chat.formats import to_messages
 
         class Bytes:
             backend = "bytes"
@@ -139,7 +140,7 @@ _STARTUP = """
 import json, shutil, sys, tempfile, time
 t0 = time.perf_counter()
 import vecpack
-from vecpack import pool
+from vecpack.tokenizing import pool
 t1 = time.perf_counter()
 files, tokenizer = sys.argv[1:-1], sys.argv[-1]
 pool.warm(2, tokenizer)

@@ -1,0 +1,1 @@
+"""Rows to conversations: the row styles and the chat template, rendered exactly."""

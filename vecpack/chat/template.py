@@ -1,0 +1,483 @@
+"""Hugging Face chat templates, rendered exactly, as trainable segments.
+
+:class:`ChatTemplate` renders a conversation to the string that
+``transformers``' ``apply_chat_template(messages, tokenize=False)`` returns
+(same Jinja environment: sandboxed, ``trim_blocks``/``lstrip_blocks``,
+``raise_exception``, ``tojson``, ``strftime_now``, ``{% generation %}``, the
+tokenizer's special tokens as variables, ``add_generation_prompt=False``) and
+says which characters carry the loss::
+
+    messages ──▶ ["<|im_start|>user\\n", "Hi", "<|im_end|>\\n<|im_start|>assistant\\n", "Hello", "<|im_end|>", "\\n"]
+                   ........................................................  #####   ##########   ..
+
+Fast path (``mode == "compiled"``). Most templates lay a conversation out
+the same way whatever its contents: only the *sequence of roles* matters. For
+each role sequence seen, the template is rendered once with sentinel
+contents; the output is cut into literal pieces and content slots, and the
+content transform (none, ``| trim``, ``lstrip``, ``rstrip``) is read off a
+second probe with whitespace around the sentinels. A layout is used only if
+it reproduces the probe renders exactly (bare and padded sentinels; a
+template that treats empty contents specially sends rows with an empty
+content to Jinja). Templates that *inspect* contents (Qwen3's
+``'</think>' in content``, ``content.split(...)``, ``.lstrip('\n')``) are read
+for the strings they test for; a row containing one is rendered by Jinja and
+cut at the layout's literals, so the mask covers what the template kept.
+:meth:`ChatTemplate.verify` checks layouts against Jinja on real rows, and
+any difference switches the template to ``mode == "jinja"``: every row is
+rendered by Jinja (exact text; contents located in the output for masks).
+All chat templates TRL ships (Qwen 2.5/3, Llama 3.x, Gemma, Phi, DeepSeek,
+gpt-oss, Cohere, GLM, Nemotron...) are tested to render exactly.
+
+Masking (``masking=``):
+
+* ``"assistant"``: the content of every assistant turn and the end-of-turn
+  token that closes it.
+* ``"last"``: the same, for the last assistant turn only.
+* ``"all"``: every character of the rendered conversation.
+
+The end-of-turn tokens are the added tokens that directly follow the
+assistant content in the rendered text (only whitespace before the first),
+when each is the tokenizer's eos token or its text contains ``end``, ``eot``,
+``eom`` or ``eos`` (``<|im_end|>``, ``<|eot_id|>``, ``<end_of_turn>``,
+``</s>``, Cohere's ``<|END_RESPONSE|><|END_OF_TURN_TOKEN|>``...).
+
+>>> t = ChatTemplate("{% for m in messages %}<{{ m.role }}>{{ m.content | trim }}</s>{% endfor %}",
+...                  added_tokens=["</s>"], variables={"eos_token": "</s>"})
+>>> t.segments([{"role": "user", "content": "Hi "}, {"role": "assistant", "content": " Yo"}])
+[('<user>', False), ('Hi', False), ('</s><assistant>', False), ('Yo', True), ('</s>', True)]
+>>> t.render([{"role": "user", "content": "Hi "}, {"role": "assistant", "content": " Yo"}])
+'<user>Hi</s><assistant>Yo</s>'
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import unicodedata
+from datetime import datetime
+
+from vecpack.errors import InputError
+from vecpack.options import MASKINGS, check_choice
+
+__all__ = ["MASKINGS", "ChatTemplate", "compile_jinja"]
+
+
+_SENTINEL = "\ue000{}\ue001"
+_SENTINEL_RE = re.compile("\ue000([0-9]+)\ue001")
+_PAD = "\t \n\x0b"  # whitespace probes wrap the sentinels in (unlikely in a template)
+_TRANSFORMS = (None, str.lstrip, str.rstrip, str.strip)  # most specific first: strip's output always matches
+_MAX_LAYOUTS = 4096  # distinct role sequences remembered per process
+_EOT_HINT = re.compile(r"end|eot|eom|eos", re.IGNORECASE)
+
+
+def compile_jinja(source: str):
+    """Compile a chat template in the environment transformers renders it in.
+
+    >>> compile_jinja("{{ bos_token }}{{ [1, 'é'] | tojson }}").render(bos_token="<s>")
+    '<s>[1, "é"]'
+    """
+    import jinja2
+    from jinja2.ext import Extension, loopcontrols
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    class Generation(Extension):
+        """``{% generation %}...{% endgeneration %}`` renders its body unchanged."""
+
+        tags = {"generation"}
+
+        def parse(self, parser):
+            lineno = next(parser.stream).lineno
+            body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
+            return jinja2.nodes.CallBlock(self.call_method("_render"), [], [], body).set_lineno(lineno)
+
+        def _render(self, caller):
+            return caller()
+
+    def raise_exception(message):
+        raise jinja2.exceptions.TemplateError(message)
+
+    def tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
+        return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+
+    def strftime_now(fmt):
+        return datetime.now().strftime(fmt)
+
+    class Namespace(jinja2.utils.Namespace):
+        def __init__(*args, **kwargs):
+            self, args = args[0], args[1:]
+            attrs = dict(*args, **kwargs)
+            if any(isinstance(k, str) and k.startswith("_") for k in attrs):
+                raise jinja2.exceptions.SecurityError("namespace attributes cannot start with '_'")
+            jinja2.utils.Namespace.__init__(self, attrs)
+
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
+                                        extensions=[Generation, loopcontrols])
+    env.filters["tojson"] = tojson
+    env.globals["raise_exception"] = raise_exception
+    env.globals["strftime_now"] = strftime_now
+    env.globals["namespace"] = Namespace
+    return env.from_string(source)
+
+
+_STR_METHODS = {"split", "rsplit", "startswith", "endswith", "find", "rfind", "index", "rindex", "count",
+                "replace", "partition", "rpartition", "removeprefix", "removesuffix"}
+_STRIP_METHODS = {"strip", "lstrip", "rstrip"}
+
+
+def _content_triggers(env, source: str) -> tuple[frozenset, tuple, frozenset]:
+    """Strings a template tests contents against: ``(equal, inside, edge characters)``.
+
+    A compiled layout assumes contents are copied, not inspected. Templates
+    that do inspect them (``'</think>' in content``, ``content.split(...)``,
+    ``content.startswith(...)``, ``content.strip('\\n')``, ``== ''``) are
+    still compiled, but a row whose contents equal, contain, or start or end
+    with one of the strings they test for is rendered by Jinja.
+    """
+    from jinja2 import nodes
+
+    equal, inside, edges = set(), set(), set()
+
+    def consts(*exprs):
+        for e in exprs:
+            if isinstance(e, nodes.Const) and isinstance(e.value, str):
+                yield e.value
+
+    tree = env.parse(source)
+    for node in tree.find_all(nodes.Compare):
+        operands = [node.expr, *(op.expr for op in node.ops)]
+        for op in node.ops:
+            target = inside if op.op in ("in", "notin") else equal if op.op in ("eq", "ne") else None
+            if target is not None:
+                target.update(consts(*operands))
+    for node in tree.find_all(nodes.Call):
+        callee = node.node
+        if isinstance(callee, nodes.Getattr) and not isinstance(callee.node, nodes.Const):
+            if callee.attr in _STR_METHODS:
+                inside.update(consts(*node.args))
+            elif callee.attr in _STRIP_METHODS:
+                edges.update(ch for arg in consts(*node.args) for ch in arg)
+    for node in tree.find_all(nodes.Filter):
+        if node.name == "replace":
+            inside.update(consts(*node.args[:1]))
+        elif node.name == "trim":
+            edges.update(ch for arg in consts(*node.args) for ch in arg)
+    inside.discard("")
+    return frozenset(equal), tuple(sorted(inside)), frozenset(edges)
+
+
+class _Layout:
+    """How one role sequence renders: literal pieces and content slots."""
+
+    __slots__ = ("parts", "slots", "train", "n_cacheable", "nbytes", "memo")
+
+    def __init__(self, parts, slots, train, n_cacheable):
+        self.parts = parts              # list[str]; slot positions hold ""
+        self.slots = slots              # list[(position, message index, transform or None)]
+        self.train = train              # list[bool], one per part
+        self.n_cacheable = n_cacheable  # leading parts made of literals and system contents only
+        # UTF-8 size of each literal (-1: a content slot, or a literal NFC would change)
+        slot_pos = {pos for pos, _, _ in slots}
+        self.nbytes = [-1 if pos in slot_pos or not unicodedata.is_normalized("NFC", p) else len(p.encode("utf-8"))
+                       for pos, p in enumerate(parts)]
+        self.memo = {}  # what consumers derive from the literals (the encoder's special tokens)
+
+    def split(self, text: str) -> list[str] | None:
+        """Cut ``text`` at this layout's literals (``None`` if they are not all there, in order)."""
+        parts = self.parts.copy()
+        slot_pos = [pos for pos, _, _ in self.slots]
+        bounds = [-1, *slot_pos, len(parts)]
+        pos = 0
+        for g in range(len(bounds) - 1):
+            delim = "".join(parts[bounds[g] + 1:bounds[g + 1]])
+            if g == 0:
+                if not text.startswith(delim):
+                    return None
+                pos = len(delim)
+                continue
+            if g == len(bounds) - 2:
+                end = len(text) - len(delim)
+                if end < pos or not text.endswith(delim):
+                    return None
+            else:
+                if not delim:
+                    return None  # two adjacent contents: no way to tell where one ends
+                end = text.find(delim, pos)
+                if end < 0:
+                    return None
+            parts[bounds[g]] = text[pos:end]
+            pos = end + len(delim)
+        return parts
+
+    def fill(self, messages) -> list[str]:
+        parts = self.parts.copy()
+        for pos, i, fn in self.slots:
+            c = messages[i]["content"]
+            parts[pos] = c if fn is None else fn(c)
+        return parts
+
+
+class ChatTemplate:
+    """A chat template that renders conversations as ``(text, trainable)`` segments.
+
+    Args:
+        source: the Jinja source (``tokenizer_config.json``'s ``chat_template``).
+        variables: extra template variables, normally the tokenizer's special
+            tokens (``bos_token``, ``eos_token``...), as transformers passes them.
+        added_tokens: the tokenizer's added tokens (to find end-of-turn tokens).
+        masking: ``"assistant"``, ``"last"`` or ``"all"``.
+
+    Attributes:
+        mode: ``"compiled"`` (per-role-sequence layouts) or ``"jinja"``.
+
+    >>> t = ChatTemplate("{% for m in messages %}{{ m.role }}: {{ m.content }}\\n{% endfor %}")
+    >>> t.render([{"role": "user", "content": "Hi"}])
+    'user: Hi\\n'
+    """
+
+    def __init__(self, source: str, *, variables: dict | None = None, added_tokens=(),
+                 masking: str = "assistant", mode: str = "compiled"):
+        if not isinstance(source, str) or not source:
+            raise ValueError("the tokenizer has no chat template (tokenizer_config.json 'chat_template')")
+        check_choice(masking, "masking", MASKINGS)
+        if mode not in ("compiled", "jinja"):
+            raise ValueError(f"mode must be 'compiled' or 'jinja', got {mode!r}")
+        self.source = source
+        self.variables = {k: v for k, v in (variables or {}).items() if v is not None}
+        self.added_tokens = tuple(added_tokens)
+        self.masking = masking
+        self.mode = mode
+        self._setup()
+
+    def _setup(self):
+        self._jinja = compile_jinja(self.source)
+        self._equal, self._inside, self._edges = _content_triggers(self._jinja.environment, self.source)
+        self._layouts: dict[tuple, _Layout | Exception | None] = {}
+        eos = self.variables.get("eos_token")
+        eot = [t for t in self.added_tokens if t == eos or _EOT_HINT.search(t)]
+        alternatives = "|".join(map(re.escape, sorted(eot, key=len, reverse=True)))
+        self._eot_re = re.compile(r"\s*(?:%s)+" % alternatives) if eot else None
+
+    def __getstate__(self):
+        return {"source": self.source, "variables": self.variables, "added_tokens": self.added_tokens,
+                "masking": self.masking, "mode": self.mode}
+
+    def __setstate__(self, state):
+        self.__dict__.update(state)
+        self._setup()
+
+    # ------------------------------------------------------------------ rendering
+
+    def render(self, messages: list[dict]) -> str:
+        """The string ``apply_chat_template(messages, tokenize=False)`` returns.
+
+        Raises:
+            InputError: the template itself rejects the conversation
+                (``raise_exception``), e.g. roles that do not alternate.
+        """
+        import jinja2
+
+        try:
+            return self._jinja.render(messages=messages, tools=None, documents=None,
+                                      add_generation_prompt=False, **self.variables)
+        except jinja2.exceptions.TemplateError as e:
+            raise InputError(f"the chat template rejects this conversation: {e}") from None
+
+    def segments(self, messages: list[dict]) -> list[tuple[str, bool]]:
+        """The rendered conversation as ``(text, trainable)`` pieces.
+
+        ``"".join(text for text, _ in segments) == render(messages)``; empty
+        pieces are left out.
+        """
+        parts, train, _, _ = self.parts(messages)
+        return [(p, t) for p, t in zip(parts, train) if p]
+
+    def parts(self, messages: list[dict]) -> tuple[list[str], list[bool], int, _Layout | None]:
+        """Hot-path form of :meth:`segments`: ``(texts, trainable, n_cacheable, layout)``.
+
+        ``n_cacheable`` counts the leading texts that hold only template
+        literals and system-message contents (the same across many rows).
+        ``layout`` is the compiled layout the texts follow (its literals at
+        its literal positions; ``layout.nbytes`` their UTF-8 sizes, -1 at
+        content slots), or ``None`` when they were located in Jinja's output.
+        """
+        key = tuple(m["role"] for m in messages)
+        layout = self._layouts.get(key, False)
+        if layout is False:
+            if len(self._layouts) >= _MAX_LAYOUTS:
+                self._layouts.clear()
+            layout = self._layouts[key] = self._compile(key)
+        if self.mode == "compiled" and type(layout) is _Layout and not self._tripped(messages):
+            return layout.fill(messages), layout.train, layout.n_cacheable, layout
+        return self._located(messages, layout)
+
+    def _tripped(self, messages) -> bool:
+        """Whether a content holds a string the template tests for (so the layout may not apply)."""
+        equal, inside, edges = self._equal, self._inside, self._edges
+        for m in messages:
+            c = m["content"]
+            if c in equal or (edges and c and (c[0] in edges or c[-1] in edges)):
+                return True
+            for t in inside:
+                if t in c:
+                    return True
+        return False
+
+    # ------------------------------------------------------------------ layouts
+
+    def _probe(self, roles, contents):
+        return self._jinja.render(messages=[{"role": r, "content": c} for r, c in zip(roles, contents)],
+                                  tools=None, documents=None, add_generation_prompt=False, **self.variables)
+
+    def _compile(self, roles: tuple):
+        """A :class:`_Layout` for this role sequence, the template's error, or ``None``."""
+        import jinja2
+
+        n = len(roles)
+        bare = [_SENTINEL.format(i) for i in range(n)]
+        padded = [_PAD + s + _PAD for s in bare]
+        try:
+            s_bare = self._probe(roles, bare)
+            s_pad = self._probe(roles, padded)
+            s_empty = self._probe(roles, [""] * n)
+        except jinja2.exceptions.TemplateError as e:
+            return e
+        except Exception:  # the template reads contents in ways sentinels break
+            return None
+        hits = list(_SENTINEL_RE.finditer(s_bare))
+        pad_hits = list(_SENTINEL_RE.finditer(s_pad))
+        if [h.group(1) for h in hits] != [h.group(1) for h in pad_hits]:
+            return None
+        slots, lits, prev = [], [], 0
+        for h, ph in zip(hits, pad_hits):
+            i = int(h.group(1))
+            if i >= n:
+                return None
+            lits.append(s_bare[prev:h.start()])
+            prev = h.end()
+            core, content, p = ph.group(0), padded[i], ph.start()
+            for fn in _TRANSFORMS:
+                t = content if fn is None else fn(content)
+                off = t.index(core)
+                if s_pad[p - off:p - off + len(t)] == t:
+                    break
+            else:
+                return None
+            slots.append((i, fn))
+        lits.append(s_bare[prev:])
+        layout = self._build_layout(roles, lits, slots)
+        for contents, expect in ((bare, s_bare), (padded, s_pad), ([""] * n, s_empty)):
+            msgs = [{"role": r, "content": c} for r, c in zip(roles, contents)]
+            if "".join(layout.fill(msgs)) != expect:
+                if contents[0] != "":
+                    return None
+                # empty contents render differently (a skipped empty system prompt...):
+                # keep the layout, send rows with an empty content through Jinja
+                self._equal = self._equal | {""}
+        return layout
+
+    def _trainable_messages(self, roles) -> set[int]:
+        if self.masking == "all":
+            return set(range(len(roles)))
+        idx = [i for i, r in enumerate(roles) if r == "assistant"]
+        return set(idx[-1:]) if self.masking == "last" else set(idx)
+
+    def _build_layout(self, roles, lits, slots) -> _Layout:
+        """Interleave literals and slots; split off end-of-turn tokens after trained contents."""
+        everything = self.masking == "all"
+        trained = self._trainable_messages(roles)
+        parts, train, specs = [lits[0]], [everything], []
+        n_cacheable = 0
+        for (i, fn), lit in zip(slots, lits[1:]):
+            specs.append((len(parts), i, fn))
+            parts.append("")
+            train.append(i in trained)
+            if i in trained and not everything and self._eot_re is not None:
+                m = self._eot_re.match(lit)
+                if m:
+                    parts.append(lit[:m.end()])
+                    train.append(True)
+                    lit = lit[m.end():]
+            parts.append(lit)
+            train.append(everything)
+        # leading literals + system contents can be cached by the encoder
+        slot_roles = {pos: roles[i] for pos, i, _ in specs}
+        for pos in range(len(parts)):
+            if pos in slot_roles and slot_roles[pos] != "system":
+                break
+            n_cacheable = pos + 1
+        return _Layout(parts, specs, train, n_cacheable)
+
+    # ------------------------------------------------------------------ jinja mode
+
+    def _located(self, messages, layout):
+        """Render with Jinja and find each message's content in the output."""
+        text = self.render(messages)  # raises InputError if the template rejects the conversation
+        if type(layout) is _Layout:
+            parts = layout.fill(messages)
+            if "".join(parts) == text:
+                return parts, layout.train, layout.n_cacheable, layout
+            parts = layout.split(text)
+            if parts is not None:  # same literals, contents rewritten by the template
+                return parts, layout.train, 0, layout
+        roles = [m["role"] for m in messages]
+        trained = self._trainable_messages(roles)
+        found = []  # (start, end, message index), found from the end backwards
+        hi = len(text)
+        for i in range(len(messages) - 1, -1, -1):
+            c = messages[i]["content"]
+            for cand in (c, c.strip(), c.lstrip(), c.rstrip()):
+                if cand:
+                    p = text.rfind(cand, 0, hi)
+                    if p >= 0:
+                        found.append((p, p + len(cand), i))
+                        hi = p
+                        break
+        found.reverse()
+        everything = self.masking == "all"
+        parts, train, prev = [], [], 0
+        for start, end, i in found:
+            parts.append(text[prev:start])
+            train.append(everything)
+            parts.append(text[start:end])
+            train.append(i in trained)
+            prev = end
+            if i in trained and not everything and self._eot_re is not None:
+                m = self._eot_re.match(text, end)
+                if m and m.end() > end:
+                    parts.append(text[end:m.end()])
+                    train.append(True)
+                    prev = m.end()
+        parts.append(text[prev:])
+        train.append(everything)
+        return parts, train, 0, None
+
+    # ------------------------------------------------------------------ checks
+
+    def verify(self, conversations) -> int:
+        """Compare the compiled layouts with Jinja on real conversations.
+
+        Any difference switches :attr:`mode` to ``"jinja"`` (exact for every
+        row, slower). Conversations the template rejects, and those whose
+        contents hold a string the template tests for (always rendered by
+        Jinja), are skipped.
+
+        Returns:
+            The number of conversations whose compiled rendering differed.
+        """
+        bad = 0
+        for messages in conversations:
+            try:
+                text = self.render(messages)
+            except InputError:
+                continue
+            if self._tripped(messages):
+                continue  # rendered by Jinja anyway
+            key = tuple(m["role"] for m in messages)
+            layout = self._layouts.get(key, False)
+            if layout is False:
+                layout = self._layouts[key] = self._compile(key)
+            if type(layout) is _Layout and "".join(layout.fill(messages)) != text:
+                bad += 1
+        if bad:
+            self.mode = "jinja"
+        return bad

@@ -1,0 +1,309 @@
+"""What each ``vecpack`` command does: ``pack``, ``inspect``, ``stats``, ``export``, ``cache``.
+
+Every ``cmd_*`` takes the parsed arguments and returns the exit status; errors
+are raised and turned into one line by :func:`vecpack.cli.run.main`.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import pathlib
+import sys
+import time
+
+from vecpack.cli.parser import PROG, UsageError
+
+__all__ = ["cmd_cache", "cmd_export", "cmd_inspect", "cmd_pack", "cmd_stats"]
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def _existing_dir(path: str, what: str) -> pathlib.Path:
+    p = pathlib.Path(path)
+    if not p.exists():
+        raise FileNotFoundError(f"{what} {path}: no such directory")
+    if not p.is_dir():
+        raise NotADirectoryError(f"{what} {path}: not a directory")
+    return p
+
+
+def _load(path: str):
+    """Open a directory written by ``vecpack pack -o`` / :func:`vecpack.save`."""
+    import vecpack
+
+    _existing_dir(path, "packed dataset")
+    return vecpack.load(path)
+
+
+def _manifest(path) -> dict:
+    try:
+        return json.loads((pathlib.Path(path) / "manifest.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+
+
+def _use_color(choice: str, stream) -> bool:
+    if choice == "always":
+        return True
+    if choice == "never" or os.environ.get("NO_COLOR"):
+        return False
+    return hasattr(stream, "isatty") and stream.isatty() and os.environ.get("TERM") != "dumb"
+
+
+# --------------------------------------------------------------------------- pack
+
+
+def _n(count: int, one: str, many: str | None = None) -> str:
+    """``_n(1, "pack")`` -> ``'1 pack'``, ``_n(2000, "pack")`` -> ``'2,000 packs'``."""
+    return f"{count:,} {one if count == 1 else (many or one + 's')}"
+
+
+def _pack_report(packed, *, elapsed: float, out: pathlib.Path | None, args) -> str:
+    from vecpack.cli.report import format_bytes, format_duration, pack_stats
+
+    s = pack_stats(packed)
+    info = getattr(packed, "build_info", None)
+    tstats = dict(info.tokenize_stats) if info is not None else {}
+    read = int(tstats.get("rows", s["num_documents"]))
+    rejected = int(tstats.get("rejected", 0))
+    rate = read / elapsed if elapsed > 0 else float("inf")
+    hit = info is not None and info.corpus_key is not None and info.corpus_hit and info.plan_hit
+
+    def line(name, text):
+        return f"  {name:<13} {text}"
+
+    lines = [
+        f"{_n(read, 'row')} → {_n(s['num_packs'], 'pack')} of {s['max_len']:,} tokens "
+        f"in {format_duration(elapsed)} ({rate:,.0f} rows/s{', from the cache' if hit else ''})",
+        line("rows", f"{read:,} read · {s['num_documents']:,} tokenized · {rejected:,} rejected"
+                     + (" (--on-error skip)" if rejected else "")),
+    ]
+    for example in list(tstats.get("rejected_examples") or [])[:3]:
+        lines.append(line("", f"rejected: {' '.join(str(example).split())}"))
+    lines += [
+        line("documents", f"{_n(s['num_entries'], 'entry', 'entries')} · {s['truncated']:,} truncated · "
+                          f"{s['dropped']:,} dropped · {s['split']:,} split · "
+                          f"{int(packed.stats.get('empty', 0)):,} empty (--long {args.long})"),
+        line("tokens", f"{s['source_tokens']:,} tokenized · {s['num_tokens']:,} packed · {s['trained_tokens']:,} "
+                       f"trained ({100 * s['trained_tokens'] / max(s['num_tokens'], 1):.1f}%)"),
+        line("packs", f"{s['num_packs']:,} · fill {100 * s['fill']:.1f}% (min {100 * s['fill_min']:.1f}%) · "
+                      f"strategy {args.strategy}"),
+    ]
+    backend = f"{args.backend}"
+    if tstats.get("n_jobs"):
+        backend += f" × {_n(int(tstats['n_jobs']), 'worker')}"
+    if tstats.get("backend"):
+        backend += f" · {tstats['backend']} encoder"
+    lines.append(line("backend", backend))
+    if info is not None and info.corpus_key is not None:
+        for kind, key, path, was_hit in (("corpus", info.corpus_key, info.corpus_path, info.corpus_hit),
+                                         ("plan", info.plan_key, info.plan_path, info.plan_hit)):
+            lines.append(line(f"cache {kind}", f"{'hit' if was_hit else 'built'} · {key} · {path}"))
+    else:
+        lines.append(line("cache", "off (--no-cache)"))
+    if out is not None:
+        size = sum(p.stat().st_size for p in out.rglob("*") if p.is_file())
+        lines.append(line("output", f"{out} ({format_bytes(size)})"))
+        lines.append(f"next: vecpack inspect {out}  ·  vecpack stats {out} --plot stats.png")
+    return "\n".join(lines)
+
+
+def _progress(args) -> bool:
+    """A progress bar on a terminal (stderr), unless --quiet; --progress forces it."""
+    if args.quiet:
+        return False
+    return args.progress or (hasattr(sys.stderr, "isatty") and sys.stderr.isatty())
+
+
+def _check_output(out: pathlib.Path) -> None:
+    """-o may be new, an empty directory, or a dataset that an earlier ``pack -o`` wrote (replaced)."""
+    if not out.exists():
+        if out.parent.exists() and not out.parent.is_dir():
+            raise NotADirectoryError(f"-o {out}: {out.parent} is not a directory")
+        return
+    if not out.is_dir():
+        raise FileExistsError(f"-o {out}: exists and is not a directory")
+    if any(out.iterdir()) and _manifest(out).get("kind") != "packed":
+        raise FileExistsError(f"-o {out}: directory is not empty and is not a vecpack dataset; "
+                              f"refusing to replace it")
+
+
+def cmd_pack(args) -> int:
+    import vecpack
+
+    for f in args.inputs:
+        p = pathlib.Path(f)
+        if not p.exists() and any(c in f for c in "*?["):  # a quoted glob: vecpack.build expands it
+            if not glob.glob(f):
+                raise FileNotFoundError(f"input {f}: no file matches this pattern")
+            continue
+        if not p.exists():
+            raise FileNotFoundError(f"input {f}: no such file")
+        if p.is_dir():
+            raise IsADirectoryError(f"input {f}: is a directory, expected a JSONL, JSON or Parquet file")
+    tokenizer = _existing_dir(args.tokenizer, "--tokenizer").resolve()  # recorded for `vecpack inspect`
+    if args.address:
+        if args.backend != "ray":
+            raise ValueError("--address needs --backend ray")
+        os.environ["RAY_ADDRESS"] = args.address  # vecpack.tokenizing.ray joins this cluster
+    out = pathlib.Path(args.output) if args.output else None
+    if out is not None:
+        _check_output(out)
+    t0 = time.perf_counter()
+    packed = vecpack.build(
+        args.inputs, str(tokenizer), args.max_len, style=args.style, column=args.column,
+        masking=args.masking, strategy=args.strategy, long=args.long, shuffle_seed=args.seed,
+        n_jobs=args.jobs, on_error=args.on_error, progress=_progress(args),
+        cache=not args.no_cache, cache_dir=args.cache_dir, backend=args.backend)
+    if out is not None:
+        vecpack.save(packed, out)
+    elapsed = time.perf_counter() - t0
+    print(_pack_report(packed, elapsed=elapsed, out=out, args=args))
+    return 0
+
+
+# --------------------------------------------------------------------------- inspect / stats / export
+
+
+def _recorded_tokenizer(out: pathlib.Path) -> str | None:
+    """The tokenizer directory a saved dataset was built with, if it says."""
+    prov = _manifest(out).get("meta", {}).get("provenance") or {}
+    if prov.get("tokenizer"):
+        return str(prov["tokenizer"])
+    if prov.get("cache_dir") and prov.get("corpus_key"):  # the corpus cache entry describes it
+        described = _manifest(pathlib.Path(prov["cache_dir"]) / prov["corpus_key"]).get("meta", {})
+        tok = (described.get("described") or {}).get("tokenizer")
+        return str(tok) if tok else None
+    return None
+
+
+def _tokenizer_dir(args, out: pathlib.Path) -> pathlib.Path:
+    if args.tokenizer:
+        return _existing_dir(args.tokenizer, "--tokenizer")
+    recorded = _recorded_tokenizer(out)
+    if recorded and pathlib.Path(recorded).is_dir():
+        return pathlib.Path(recorded)
+    where = f" (it was built with {recorded}, which is not there now)" if recorded else ""
+    raise FileNotFoundError(f"{out}: cannot tell which tokenizer to decode with{where}; pass --tokenizer DIR")
+
+
+def cmd_inspect(args) -> int:
+    from vecpack.cli.report import TokenDecoder, render_pack
+
+    packed = _load(args.packed)
+    if not -len(packed) <= args.pack < len(packed):
+        raise IndexError(f"--pack {args.pack} is out of range: {args.packed} has {len(packed):,} packs "
+                         f"(0 to {len(packed) - 1:,}, or negative from the end)")
+    decoder = TokenDecoder(_tokenizer_dir(args, pathlib.Path(args.packed)))
+    info = getattr(packed, "build_info", None)
+    row_ids = None if info is None else info.row_ids
+    text = render_pack(packed, args.pack, decoder, color=_use_color(args.color, sys.stdout), row_ids=row_ids)
+    print(text)
+    return 0
+
+
+def cmd_stats(args) -> int:
+    from vecpack.cli.report import plot_stats, stats_text
+
+    packed = _load(args.packed)
+    st = packed.stats
+    title = f"{args.packed} · strategy {st.get('strategy', '?')} · long {st.get('long', '?')}"
+    print(stats_text(packed, title=title))
+    if args.plot:
+        plot = pathlib.Path(args.plot)
+        if plot.suffix.lower() != ".png":
+            raise UsageError(f"{PROG} stats: --plot {plot}: expected a .png file name")
+        if not plot.parent.is_dir():
+            raise FileNotFoundError(f"--plot {plot}: directory {plot.parent} does not exist")
+        plot_stats(packed, plot, title=title)
+        print(f"wrote {plot}")
+    return 0
+
+
+def cmd_export(args) -> int:
+    from vecpack.cli.report import format_bytes
+    from vecpack.integrations.export import export
+
+    src = pathlib.Path(args.packed)
+    packed = _load(args.packed)
+    if args.output:
+        dest = pathlib.Path(args.output)
+    else:
+        name = src.resolve().name
+        dest = src.resolve().parent / (f"{name}-hf" if args.format == "hf" else f"{name}.{args.format}")
+    t0 = time.perf_counter()
+    export(packed, dest, args.format, overwrite=args.force)
+    size = sum(p.stat().st_size for p in dest.rglob("*") if p.is_file()) if dest.is_dir() else dest.stat().st_size
+    print(f"wrote {len(packed):,} packs to {dest} ({args.format}, {format_bytes(size)}) "
+          f"in {time.perf_counter() - t0:.2f} s")
+    return 0
+
+
+# --------------------------------------------------------------------------- cache
+
+
+def _age(seconds: float) -> str:
+    for unit, n in (("d", 86400), ("h", 3600), ("min", 60)):
+        if seconds >= n:
+            return f"{seconds / n:.0f} {unit} ago"
+    return "just now"
+
+
+def _np_dtype(descr: str) -> str:
+    """``'<i4'`` -> ``'int32'``."""
+    import numpy as np
+
+    return str(np.dtype(descr))
+
+
+def cmd_cache(args) -> int:
+    from vecpack.cli.report import format_bytes
+    from vecpack.store.cache import Cache
+
+    cache = Cache(args.cache_dir)
+    now = time.time()
+    if args.cache_command == "list":
+        entries = cache.entries()
+        if not entries:
+            print(f"cache {cache.root}: empty")
+            return 0
+        kw = max(len(e.key) for e in entries)
+        print(f"{'KEY':<{kw}}  {'KIND':<7} {'SIZE':>10}  {'LAST USED':<12} CREATED")
+        for e in entries:
+            print(f"{e.key:<{kw}}  {e.kind:<7} {format_bytes(e.bytes):>10}  {_age(now - e.last_access):<12} "
+                  f"{time.strftime('%Y-%m-%d %H:%M', time.localtime(e.created))}")
+        print(f"{len(entries)} entries, {format_bytes(sum(e.bytes for e in entries))} in {cache.root}")
+    elif args.cache_command == "info":
+        try:
+            info = cache.info(args.key)
+        except KeyError as e:
+            raise LookupError(e.args[0]) from None
+        d = info.to_dict()
+        d["size"] = format_bytes(info.bytes)
+        if args.json:
+            print(json.dumps(d, indent=2, default=str))
+            return 0
+        arrays = " · ".join(f"{name} {_np_dtype(a['dtype'])}{list(a['shape'])}" for name, a in d["arrays"].items())
+        rows = [("key", d["key"]), ("kind", d["kind"]), ("path", d["path"]),
+                ("size", f"{d['size']} ({info.bytes:,} bytes)"), ("created", d["created"]),
+                ("last used", f"{d['last_access']} ({_age(now - info.last_access)})"),
+                ("vecpack", d["vecpack_version"]), ("arrays", arrays)]
+        meta = dict(info.manifest.get("meta") or {})
+        for name, label in (("described", "built from"), ("inputs", "key inputs")):
+            if meta.get(name) is not None:
+                rows.append((label, json.dumps(meta.pop(name), default=str)))
+        for name, value in meta.items():
+            rows.append((name, json.dumps(value, default=str)))
+        for name, value in rows:
+            print(f"{name:<11} {value}")
+    elif args.cache_command == "clear":
+        removed = cache.clear(older_than_days=args.older_than)
+        what = "" if args.older_than is None else f" unused for {args.older_than:g}+ days"
+        print(f"removed {len(removed)} entries{what}, freed {format_bytes(sum(e.bytes for e in removed))} "
+              f"from {cache.root}")
+    return 0
+
+

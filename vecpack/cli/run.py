@@ -1,0 +1,87 @@
+"""The ``vecpack`` entry point: parse, dispatch, and turn every error into one line.
+
+Exit status: 0 ok, 1 an error about the data, a file or the environment, 2 a
+bad command line, 130 interrupted. ``--debug`` shows the traceback instead.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import warnings
+
+from vecpack.cli.parser import PROG, UsageError, build_parser
+
+__all__ = ["main"]
+
+
+def _err(msg: str) -> None:
+    print(f"{PROG}: error: {' '.join(str(msg).split())}", file=sys.stderr)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the ``vecpack`` command; returns the exit status.
+
+    Exit status: 0 ok, 1 an error about the data, a file or the environment,
+    2 a bad command line, 130 interrupted.
+    """
+    argv = sys.argv[1:] if argv is None else list(argv)
+    debug = "--debug" in argv
+    parser = build_parser()
+    with warnings.catch_warnings():
+        if not debug:
+            warnings.showwarning = _show_warning
+        return _run(parser, argv, debug)
+
+
+def _show_warning(message, category, filename, lineno, file=None, line=None):
+    """Warnings (e.g. a corrupt cache entry being rebuilt) as one line each."""
+    print(f"{PROG}: warning: {' '.join(str(message).split())}", file=sys.stderr)
+
+
+def _run(parser, argv, debug: bool) -> int:
+    try:
+        args = parser.parse_args(argv)
+        if args.command is None:
+            parser.print_help()
+            return 2
+        from vecpack.cli import commands
+
+        return getattr(commands, f"cmd_{args.command}")(args)
+    except UsageError as e:
+        if debug:
+            raise
+        print(' '.join(str(e).split()), file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        if debug:
+            raise
+        _err("interrupted")
+        return 130
+    except BrokenPipeError:  # `vecpack inspect ... | head`
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 0
+    except Exception as e:  # noqa: BLE001 - the one place that turns errors into a message
+        if debug:
+            raise
+        _err(_describe(e))
+        return 1
+
+
+def _describe(e: BaseException) -> str:
+    """One line for an exception: the message, with the type when it helps."""
+    from vecpack.errors import VecpackError
+
+    if isinstance(e, OSError) and e.filename and e.strerror:
+        return f"{e.filename}: {e.strerror}"  # "data.jsonl: Permission denied"
+    if isinstance(e, KeyError) and e.args:
+        return str(e.args[0])
+    if isinstance(e, (VecpackError, OSError, LookupError, ValueError, TypeError, ImportError)) and str(e):
+        return str(e)
+    return f"{type(e).__name__}: {e} (unexpected; rerun with --debug for the traceback)"
+
+
+if __name__ == "__main__":
+    sys.exit(main())
+

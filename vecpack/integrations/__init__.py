@@ -1,0 +1,1 @@
+"""Training frameworks: collators for each attention path, masks, export for TRL and datasets."""

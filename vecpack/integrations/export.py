@@ -1,0 +1,172 @@
+"""Export a packed dataset for trainers that read padding-free packs (TRL and friends).
+
+One row per pack, without padding, with the columns TRL's padding-free
+training reads (``trl.pack_dataset`` writes ``input_ids`` and
+``seq_lengths``; ``DataCollatorForLanguageModeling(padding_free=True)`` reads
+``input_ids``, ``labels`` and ``seq_lengths`` and rebuilds ``position_ids``
+from ``seq_lengths``)::
+
+    input_ids     list<int32>  the pack's real tokens (length = sum(seq_lengths))
+    labels        list<int32>  unshifted, -100 where no loss (first token of each document too)
+    position_ids  list<int32>  restart at 0 at every document
+    seq_lengths   list<int32>  the length of each document in the pack
+
+Formats: ``parquet`` (one file, a row group per block of packs), ``jsonl``
+(one JSON object per line) and ``hf`` (``datasets.Dataset.save_to_disk``).
+
+>>> import numpy as np, tempfile, json, vecpack
+>>> from vecpack.integrations.export import export
+>>> packed = vecpack.pack(np.arange(1, 8, dtype=np.int32), np.array([0, 3, 5, 7]), max_len=4,
+...                       strategy="greedy")
+>>> path = export(packed, tempfile.mkdtemp() + "/p.jsonl", "jsonl")
+>>> json.loads(open(path).readline())["seq_lengths"]
+[3]
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import shutil
+import tempfile
+
+import numpy as np
+
+from vecpack.options import EXPORT_FORMATS, check_choice
+
+__all__ = ["COLUMNS", "FORMATS", "export", "iter_batches"]
+
+COLUMNS = ("input_ids", "labels", "position_ids", "seq_lengths")
+FORMATS = EXPORT_FORMATS
+
+
+def _block(packed, block: int | None) -> int:
+    if block is None:  # about 4M tokens (64 MB of int32 arrays) at a time
+        return max(1, (1 << 22) // packed.max_len)
+    if block < 1:
+        raise ValueError(f"block must be >= 1, got {block}")
+    return block
+
+
+def iter_batches(packed, *, block: int | None = None):
+    """Yield ``(lengths, columns)`` for blocks of up to ``block`` packs (default: about 4M tokens).
+
+    ``lengths`` is int64 [B], the real tokens of each pack; ``columns`` maps
+    ``input_ids``, ``labels`` and ``position_ids`` to flat int32 arrays (the
+    packs' tokens back to back, padding removed), ``seq_lengths`` to the flat
+    int32 document lengths, and ``seq_offsets`` to int64 [B+1] offsets into it.
+    """
+    block = _block(packed, block)
+    n = len(packed)
+    positions = np.arange(packed.max_len, dtype=np.int64)
+    for start in range(0, n, block):
+        rows = packed.rows(start, min(start + block, n))
+        seq_lens = np.asarray(rows["seq_lens"], dtype=np.int32)
+        seq_off = np.asarray(rows["seq_lens_offsets"], dtype=np.int64)
+        cs = np.concatenate([[0], np.cumsum(seq_lens, dtype=np.int64)])
+        lengths = cs[seq_off[1:]] - cs[seq_off[:-1]]
+        keep = positions[None, :] < lengths[:, None]
+        columns = {c: np.ascontiguousarray(rows[c][keep], dtype=np.int32)
+                   for c in ("input_ids", "labels", "position_ids")}
+        columns["seq_lengths"] = seq_lens
+        columns["seq_offsets"] = seq_off
+        yield lengths, columns
+
+
+def _arrow_batch(lengths, columns):
+    import pyarrow as pa
+
+    offsets = pa.array(np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32))
+    arrays = [pa.ListArray.from_arrays(offsets, pa.array(columns[c])) for c in COLUMNS[:3]]
+    seq_offsets = pa.array(columns["seq_offsets"].astype(np.int32))
+    arrays.append(pa.ListArray.from_arrays(seq_offsets, pa.array(columns["seq_lengths"])))
+    return pa.RecordBatch.from_arrays(arrays, names=list(COLUMNS))
+
+
+def _schema():
+    import pyarrow as pa
+
+    return pa.schema([(c, pa.list_(pa.int32())) for c in COLUMNS])
+
+
+def _write_parquet(packed, dest: pathlib.Path, block: int) -> None:
+    try:
+        import pyarrow.parquet as pq
+    except ImportError as e:
+        raise ImportError('parquet export needs pyarrow: pip install "vecpack[parquet]"') from e
+    with pq.ParquetWriter(dest, _schema(), compression="zstd") as writer:
+        for lengths, columns in iter_batches(packed, block=block):
+            writer.write_batch(_arrow_batch(lengths, columns))
+
+
+def _write_jsonl(packed, dest: pathlib.Path, block: int) -> None:
+    with open(dest, "w", encoding="utf-8") as f:
+        for lengths, columns in iter_batches(packed, block=block):
+            bounds = np.concatenate([[0], np.cumsum(lengths)])
+            lists = {c: columns[c].tolist() for c in COLUMNS[:3]}
+            seq = columns["seq_lengths"].tolist()
+            so = columns["seq_offsets"]
+            for i in range(len(lengths)):
+                a, b = int(bounds[i]), int(bounds[i + 1])
+                row = {c: lists[c][a:b] for c in COLUMNS[:3]}
+                row["seq_lengths"] = seq[so[i]:so[i + 1]]
+                f.write(json.dumps(row, separators=(",", ":")))
+                f.write("\n")
+
+
+def _write_hf(packed, dest: pathlib.Path, block: int) -> None:
+    try:
+        import datasets
+        import pyarrow as pa
+    except ImportError as e:
+        raise ImportError('hf export needs datasets: pip install "vecpack[hf]"') from e
+    with tempfile.TemporaryDirectory(dir=dest.parent, prefix=f".{dest.name}.") as tmp:
+        stream = pathlib.Path(tmp) / "packs.arrow"
+        with pa.OSFile(str(stream), "wb") as sink, pa.ipc.new_stream(sink, _schema()) as writer:
+            for lengths, columns in iter_batches(packed, block=block):
+                writer.write_batch(_arrow_batch(lengths, columns))
+        ds = datasets.Dataset.from_file(str(stream))  # memory-mapped, no copy
+        bars = datasets.is_progress_bar_enabled()
+        datasets.disable_progress_bars()
+        try:
+            ds.save_to_disk(str(dest))
+        finally:
+            if bars:
+                datasets.enable_progress_bars()
+        del ds
+
+
+def export(packed, dest: str | os.PathLike, format: str = "parquet", *, overwrite: bool = False,
+           block: int | None = None) -> pathlib.Path:
+    """Write ``packed`` to ``dest`` as ``parquet``, ``jsonl`` or ``hf``; return ``dest``.
+
+    Args:
+        packed: a :class:`vecpack.Packed` (e.g. from :func:`vecpack.load`).
+        dest: a file (parquet, jsonl) or a directory (hf).
+        format: ``"parquet"``, ``"jsonl"`` or ``"hf"``.
+        overwrite: replace ``dest`` if it exists (otherwise that is an error).
+        block: packs converted at a time (bounds memory; default about 4M tokens).
+
+    The output is written next to ``dest`` and renamed into place when
+    complete, so an interrupted export leaves no partial file behind.
+    """
+    check_choice(format, "format", FORMATS)
+    dest = pathlib.Path(dest)
+    if dest.exists() and not overwrite:
+        raise FileExistsError(f"{dest} already exists (pass overwrite=True / --force to replace it)")
+    if not dest.parent.is_dir():
+        raise FileNotFoundError(f"{dest.parent}: no such directory")
+    tmp = dest.parent / f".{dest.name}.{os.getpid()}.partial"
+    writer = {"parquet": _write_parquet, "jsonl": _write_jsonl, "hf": _write_hf}[format]
+    try:
+        writer(packed, tmp, block)
+        if dest.exists():
+            shutil.rmtree(dest) if dest.is_dir() else dest.unlink()
+        os.replace(tmp, dest)
+    finally:
+        if tmp.is_dir():
+            shutil.rmtree(tmp, ignore_errors=True)
+        elif tmp.exists():
+            tmp.unlink()
+    return dest

@@ -1,0 +1,191 @@
+"""Document-causal attention masks for packed sequences.
+
+A pack holds several segments (documents, or chunks of a split document)
+back to back, then padding. A token may attend to earlier tokens of its own
+segment only; a padding token attends to itself alone, so no attention row is
+empty (an all-masked SDPA row yields NaN, which would poison the batch)::
+
+    seq_idx   0 0 0 1 1 2 -1 -1        (segment of each token, -1 = padding)
+
+              k: 0 0 0 1 1 2 p p
+    q: 0         1 . . . . . . .
+       0         1 1 . . . . . .
+       0         1 1 1 . . . . .
+       1         . . . 1 . . . .
+       1         . . . 1 1 . . .
+       2         . . . . . 1 . .
+       p         . . . . . . 1 .
+       p         . . . . . . . 1
+
+Two forms of the same mask:
+
+* :func:`block_causal_mask` -- a dense ``[B, 1, T, T]`` boolean tensor (``True``
+  = attend) for ``torch.nn.functional.scaled_dot_product_attention`` or a
+  transformers model run with ``attn_implementation="sdpa"``.
+* :func:`flex_block_mask` -- a ``torch.nn.attention.flex_attention.BlockMask``,
+  built straight from the segment boundaries in O(B*T + B*(T/block)^2) work: it
+  never materialises the ``T x T`` mask that ``create_block_mask`` evaluates.
+
+Both take ``seq_idx`` (``[B, T]`` integers, as produced by
+:func:`vecpack.collate_flex`): segment indices that never decrease along a row,
+followed by ``-1`` for the padding tail.
+
+>>> import torch
+>>> from vecpack.integrations.masks import block_causal_mask
+>>> seq_idx = torch.tensor([[0, 0, 1, -1]])
+>>> block_causal_mask(seq_idx)[0, 0].int()
+tensor([[1, 0, 0, 0],
+        [1, 1, 0, 0],
+        [0, 0, 1, 0],
+        [0, 0, 0, 1]], dtype=torch.int32)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+
+__all__ = ["block_causal_mask", "flex_block_mask", "seq_idx_from_seq_lens"]
+
+
+def seq_idx_from_seq_lens(seq_lens: Sequence[np.ndarray], length: int) -> np.ndarray:
+    """Segment index of every token of every row, ``-1`` for padding.
+
+    Args:
+        seq_lens: one 1-D integer array per row: the lengths of the segments
+            laid out from position 0 (padding follows them).
+        length: the row length ``T``.
+
+    Returns:
+        ``int32 [len(seq_lens), length]``.
+
+    Raises:
+        ValueError: a row's segments do not fit in ``length`` or a length is < 1.
+
+    >>> seq_idx_from_seq_lens([np.array([2, 1]), np.array([3])], 4)
+    array([[ 0,  0,  1, -1],
+           [ 0,  0,  0, -1]], dtype=int32)
+    """
+    out = np.full((len(seq_lens), length), -1, dtype=np.int32)
+    for row, lens in enumerate(seq_lens):
+        lens = np.asarray(lens)
+        if lens.size and int(lens.min()) < 1:
+            raise ValueError(f"seq_lens[{row}] has a segment of length {int(lens.min())} (< 1)")
+        used = int(lens.sum())
+        if used > length:
+            raise ValueError(f"seq_lens[{row}] sums to {used} > row length {length}")
+        out[row, :used] = np.repeat(np.arange(lens.size, dtype=np.int32), lens)
+    return out
+
+
+def _distinct_padding(seq_idx: torch.Tensor, length: int) -> torch.Tensor:
+    """``seq_idx`` extended to ``length`` with a distinct, increasing id per padding slot.
+
+    Real segments keep their ids (< T); padding slot ``t`` gets ``T + t``. Rows
+    stay non-decreasing, and "same id and causal" is then the whole mask rule.
+    """
+    b, t = seq_idx.shape
+    seq_idx = seq_idx.to(torch.int32)
+    if length > t:
+        seq_idx = torch.nn.functional.pad(seq_idx, (0, length - t), value=-1)
+    slot = torch.arange(length, dtype=torch.int32, device=seq_idx.device) + t
+    return torch.where(seq_idx >= 0, seq_idx, slot.expand(b, length)).contiguous()
+
+
+def _check(seq_idx: torch.Tensor) -> None:
+    if seq_idx.dim() != 2:
+        raise ValueError(f"seq_idx must be [B, T], got shape {tuple(seq_idx.shape)}")
+    if seq_idx.dtype.is_floating_point or seq_idx.dtype == torch.bool:
+        raise TypeError(f"seq_idx must hold integers, got {seq_idx.dtype}")
+    if seq_idx.device.type == "cpu" and seq_idx.numel():
+        # Checked where it is free (no device sync): rows are non-decreasing
+        # segment ids, then a padding tail of -1.
+        d = _distinct_padding(seq_idx, seq_idx.shape[1])
+        if bool((d[:, 1:] < d[:, :-1]).any()) or bool((seq_idx < -1).any()):
+            raise ValueError(
+                "seq_idx rows must be non-decreasing segment ids followed by a -1 padding tail"
+            )
+
+
+def block_causal_mask(seq_idx: torch.Tensor) -> torch.Tensor:
+    """Dense document-causal mask: ``[B, 1, T, T]`` bool, ``True`` = may attend.
+
+    Query ``q`` sees key ``k`` iff both are in the same segment and ``k <= q``;
+    a padding token sees only itself.
+
+    Args:
+        seq_idx: ``[B, T]`` segment ids (see the module docstring).
+
+    >>> block_causal_mask(torch.tensor([[0, 1, 1]]))[0, 0].int()
+    tensor([[1, 0, 0],
+            [0, 1, 0],
+            [0, 1, 1]], dtype=torch.int32)
+    """
+    _check(seq_idx)
+    t = seq_idx.shape[1]
+    seg = _distinct_padding(seq_idx, t)
+    causal = torch.ones(t, t, dtype=torch.bool, device=seq_idx.device).tril_()
+    return (seg[:, None, :, None] == seg[:, None, None, :]) & causal
+
+
+def _ordered(blocks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Dense ``[B, H, nq, nk]`` block flags -> (count per row, column indices, set ones first)."""
+    blocks = blocks.to(torch.int32)
+    num = blocks.sum(dim=-1, dtype=torch.int32)
+    idx = torch.argsort(blocks, dim=-1, descending=True, stable=True).to(torch.int32)
+    return num.contiguous(), idx.contiguous()
+
+
+def flex_block_mask(seq_idx: torch.Tensor, *, block_size: int = 128):
+    """Document-causal ``BlockMask`` for ``flex_attention``, on ``seq_idx``'s device.
+
+    The block structure is derived from segment boundaries, without evaluating
+    the mask token by token: with non-decreasing ids, q-block ``i`` and kv-block
+    ``j <= i`` share a segment iff the last id of block ``j`` is >= the first id
+    of block ``i``; the pair is *full* (``mask_mod`` can be skipped) iff both
+    blocks are complete, hold one and the same segment, and every key precedes
+    every query. The result equals ``create_block_mask`` on the same rule
+    (tests/test_collate.py checks this tensor by tensor).
+
+    Args:
+        seq_idx: ``[B, T]`` segment ids (see the module docstring).
+        block_size: the sparse block size (flex attention's default is 128).
+
+    Returns:
+        A ``BlockMask`` of shape ``(B, 1, T, T)``.
+
+    >>> bm = flex_block_mask(torch.tensor([[0, 0, 1, 1, 1, -1]]), block_size=2)
+    >>> bm.to_dense()[0, 0].tolist()  # block-level: segment 1 spans blocks 1 and 2
+    [[1, 0, 0], [0, 1, 0], [0, 1, 1]]
+    """
+    from torch.nn.attention.flex_attention import BlockMask
+
+    _check(seq_idx)
+    if not isinstance(block_size, int) or block_size < 1:
+        raise ValueError(f"block_size must be a positive int, got {block_size!r}")
+    b, t = seq_idx.shape
+    if t == 0:
+        raise ValueError("seq_idx has no tokens (T == 0)")
+    nb = -(-t // block_size)
+    seg = _distinct_padding(seq_idx, nb * block_size)  # padded to whole blocks: mask_mod never reads out of range
+    blocks = seg.view(b, nb, block_size)
+    first, last = blocks[:, :, 0], blocks[:, :, -1]  # [B, nb]; slots past T carry distinct ids
+    i = torch.arange(nb, device=seg.device)
+    lower = i[None, :] <= i[:, None]  # [q, kv]: kv block not after q block
+    # every key of block j precedes every query of block i
+    strictly = (i[None, :] * block_size + block_size - 1) <= (i[:, None] * block_size)
+    nonempty = lower & (last[:, None, :] >= first[:, :, None])
+    single = first == last
+    full = strictly & single[:, :, None] & single[:, None, :] & (first[:, :, None] == first[:, None, :])
+    partial = nonempty & ~full
+    kv_num, kv_idx = _ordered(partial[:, None])
+    full_num, full_idx = _ordered(full[:, None])
+
+    def mask_mod(batch, head, q_idx, kv_idx):
+        return (seg[batch, q_idx] == seg[batch, kv_idx]) & (q_idx >= kv_idx)
+
+    return BlockMask.from_kv_blocks(
+        kv_num, kv_idx, full_num, full_idx, BLOCK_SIZE=block_size, mask_mod=mask_mod, seq_lengths=(t, t)
+    )

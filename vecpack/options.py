@@ -1,0 +1,133 @@
+"""Every option list, shared constant and argument validator, in one import-light place.
+
+Each front door (``vecpack.pack``, ``build``, ``tokenize``,
+``StreamingPackedDataset``, ``PackedChatDataset``, the CLI) validates its
+arguments here, so one bad value gets one exception type and one message
+wherever it is passed. This module imports only the standard library.
+
+>>> check_choice("ffd", "strategy", STRATEGIES)
+'ffd'
+>>> check_choice("best", "strategy", STRATEGIES)
+Traceback (most recent call last):
+...
+ValueError: unknown strategy 'best'; strategy must be one of ['bfd', 'ffd', 'greedy']
+>>> check_int(0, "max_len", minimum=1)
+Traceback (most recent call last):
+...
+ValueError: max_len must be >= 1, got 0
+"""
+
+from __future__ import annotations
+
+import operator
+import os
+import pathlib
+
+__all__ = [
+    "CONVERSATION_STYLES", "EXECUTORS", "EXPORT_FORMATS", "IGNORE_INDEX", "INT32_MAX", "LONG_POLICIES", "MASKINGS",
+    "ON_ERROR", "STRATEGIES", "STREAM_STRATEGIES", "STYLES", "cache_root", "check_choice",
+    "check_int", "check_max_len", "check_options", "check_seed",
+]
+
+#: Row formats (see :mod:`vecpack.chat.formats`).
+STYLES = ("sharegpt", "openai", "alpaca", "text")
+#: Styles of a list of turns (torchtune's ``conversation_style``).
+CONVERSATION_STYLES = ("sharegpt", "openai")
+#: Which tokens carry the loss (see :mod:`vecpack.chat.template`).
+MASKINGS = ("assistant", "last", "all")
+#: Packing strategies (see :func:`vecpack.plan`).
+STRATEGIES = ("bfd", "ffd", "greedy")
+#: What streaming can do without every length up front.
+STREAM_STRATEGIES = ("bfd", "greedy")
+#: Documents longer than ``max_len``; the position is the numba kernels' code.
+LONG_POLICIES = ("truncate", "drop", "split", "error")
+#: A row that cannot be read or encoded.
+ON_ERROR = ("raise", "skip")
+#: Where the tokenizing tasks run.
+EXECUTORS = ("loky", "ray")
+#: ``vecpack export`` formats.
+EXPORT_FORMATS = ("parquet", "jsonl", "hf")
+
+#: Label of tokens that carry no loss (PyTorch's cross-entropy default).
+IGNORE_INDEX = -100
+INT32_MAX = 2**31 - 1
+
+
+def cache_root() -> pathlib.Path:
+    """vecpack's cache directory: ``$VECPACK_CACHE``, else ``~/.cache/vecpack``."""
+    env = os.environ.get("VECPACK_CACHE")
+    return pathlib.Path(env).expanduser() if env else pathlib.Path.home() / ".cache" / "vecpack"
+
+
+def check_choice(value, name: str, choices, hint: str = "") -> str:
+    """``value`` if it is one of ``choices``, else a ``ValueError`` naming them (and ``hint``)."""
+    if isinstance(value, str) and value in choices:
+        return value
+    return _fail(ValueError, f"unknown {name} {value!r}; {name} must be one of {list(choices)}", hint)
+
+
+def check_int(value, name: str, *, minimum: int | None = None, maximum: int | None = None) -> int:
+    """``value`` as an ``int``: ``TypeError`` if it is not an integer, ``ValueError`` if out of range."""
+    if isinstance(value, bool) or type(value).__name__ == "bool_":
+        raise TypeError(f"{name} must be an int, got bool")
+    try:
+        value = operator.index(value)
+    except TypeError:
+        raise TypeError(f"{name} must be an int, got {type(value).__name__}") from None
+    if minimum is not None and value < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {value}")
+    if maximum is not None and value > maximum:
+        raise ValueError(f"{name} must be <= {maximum}, got {value}")
+    return value
+
+
+def check_max_len(value, name: str = "max_len", hint: str = "") -> int:
+    """Tokens per pack: an integer in ``1..2**31-1`` (``hint``: how to give one, when it is missing)."""
+    if value is None:
+        return _fail(ValueError, f"{name} is required (tokens per pack, e.g. 4096)", hint)
+    return check_int(value, name, minimum=1, maximum=INT32_MAX)
+
+
+def check_seed(value, name: str = "seed") -> int | None:
+    """A seed: an integer >= 0, or ``None``."""
+    return None if value is None else check_int(value, name, minimum=0, maximum=2**64 - 1)
+
+
+#: ``check_options`` keyword -> (the name messages use, the choices).
+_CHOICES = {
+    "style": ("style", STYLES),
+    "masking": ("masking", MASKINGS),
+    "strategy": ("strategy", STRATEGIES),
+    "long": ("long policy", LONG_POLICIES),
+    "on_error": ("on_error", ON_ERROR),
+    "executor": ("backend", EXECUTORS),
+}
+
+
+def check_options(**options) -> dict:
+    """Validate the named options a front door takes; returns them normalised.
+
+    Keywords: ``style``, ``masking``, ``strategy``, ``long``, ``on_error``,
+    ``executor`` (the ``backend=`` of :func:`vecpack.tokenize`),
+    ``max_len``, ``seed`` / ``shuffle_seed``. ``None`` values of the choices
+    are left alone (the caller's default applies).
+
+    >>> check_options(style="openai", max_len=4096)
+    {'style': 'openai', 'max_len': 4096}
+    """
+    out = {}
+    for key, value in options.items():
+        if key in _CHOICES:
+            name, choices = _CHOICES[key]
+            out[key] = value if value is None else check_choice(value, name, choices)
+        elif key == "max_len":
+            out[key] = check_max_len(value)
+        elif key in ("seed", "shuffle_seed"):
+            out[key] = check_seed(value, key)
+        else:
+            raise TypeError(f"check_options() got an unknown option {key!r}")
+    return out
+
+
+def _fail(kind, message: str, hint: str):
+    raise kind(f"{message} ({hint})" if hint else message)

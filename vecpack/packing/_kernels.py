@@ -1,0 +1,495 @@
+"""numba kernels for packing. No Python glue here: see plan.py and packed.py.
+
+Every kernel is ``@njit(cache=True)`` and works on flat arrays only:
+lengths and indices are ``int64``, tokens and labels ``int32``. The glue passes
+inputs as read-only views (see :func:`vecpack.packing.plan._ro`) so that each kernel is
+compiled once, whether its inputs are in-memory or memory-mapped.
+
+Pipeline (lengths -> Plan)::
+
+    lengths --expand_entries--> entries (doc, start, length), all in 1..max_len
+            --assign_greedy--> pack_offsets                         (input order)
+            --assign_ffd / assign_bfd--> placement order + pack of each entry
+            --shuffle_ranks + group_entries--> doc_index/doc_start/doc_length, pack_offsets
+
+then (Plan + tokens -> arrays)::
+
+    fill_packs (prange over packs) / fill_pack (one pack)
+        -> input_ids, labels, position_ids, document_ids  [packs, max_len] int32
+
+Complexity: expand O(D); greedy O(E); ffd O(E log P); bfd O(E log max_len)
+(a counting sort by length, then a segment tree over *remaining capacity*
+whose leaves are capacities 0..max_len; each leaf holds a stack of the packs
+with that capacity, so best fit is "smallest non-empty leaf >= length").
+"""
+
+import numpy as np
+from numba import njit, prange
+
+__all__ = [
+    "LONG_DROP",
+    "LONG_ERROR",
+    "LONG_SPLIT",
+    "LONG_TRUNCATE",
+    "assign_bfd",
+    "assign_ffd",
+    "assign_greedy",
+    "check_plan",
+    "expand_entries",
+    "fill_pack",
+    "fill_packs",
+    "group_entries",
+    "shuffle_ranks",
+]
+
+LONG_TRUNCATE = 0
+LONG_DROP = 1
+LONG_SPLIT = 2
+LONG_ERROR = 3
+
+# expand_entries statistics slots.
+ST_EMPTY = 0          # zero-length documents (dropped)
+ST_LONG = 1           # documents longer than max_len
+ST_LONG_TOKENS = 2    # their total length
+ST_LONG_EXCESS = 3    # tokens beyond max_len in them (what truncation cuts)
+ST_ENTRIES = 4        # entries produced
+ST_TOKENS = 5         # tokens placed
+ST_INPUT_TOKENS = 6   # sum of all lengths
+ST_SIZE = 7
+
+
+@njit(cache=True)
+def expand_entries(lengths, max_len, policy):
+    """Turn document lengths into entries of 1..max_len tokens.
+
+    Zero-length documents are skipped. A document longer than ``max_len`` is
+    cut to ``max_len`` (LONG_TRUNCATE), skipped (LONG_DROP or LONG_ERROR; the
+    caller raises before for LONG_ERROR) or cut into consecutive chunks of
+    ``max_len`` with a shorter last chunk (LONG_SPLIT).
+
+    Returns ``(entry_doc, entry_start, entry_len, stats)``; ``stats`` is an
+    int64 array indexed by the ``ST_*`` constants.
+    """
+    n = lengths.shape[0]
+    stats = np.zeros(ST_SIZE, np.int64)
+    bound = n  # one entry per document at most, unless split
+    if policy == LONG_SPLIT:
+        bound = 0
+        for i in range(n):
+            length = lengths[i]
+            bound += 1 if length <= max_len else (length + max_len - 1) // max_len
+    entry_doc = np.empty(bound, np.int64)
+    entry_start = np.zeros(bound, np.int64)
+    entry_len = np.empty(bound, np.int64)
+    k = 0
+    tokens = 0
+    for i in range(n):
+        length = lengths[i]
+        stats[ST_INPUT_TOKENS] += length
+        if length == 0:
+            stats[ST_EMPTY] += 1
+        elif length <= max_len:
+            entry_doc[k] = i
+            entry_len[k] = length
+            tokens += length
+            k += 1
+        else:
+            stats[ST_LONG] += 1
+            stats[ST_LONG_TOKENS] += length
+            stats[ST_LONG_EXCESS] += length - max_len
+            if policy == LONG_TRUNCATE:
+                entry_doc[k] = i
+                entry_len[k] = max_len
+                tokens += max_len
+                k += 1
+            elif policy == LONG_SPLIT:
+                start = 0
+                while start < length:
+                    chunk = min(max_len, length - start)
+                    entry_doc[k] = i
+                    entry_start[k] = start
+                    entry_len[k] = chunk
+                    tokens += chunk
+                    start += chunk
+                    k += 1
+    stats[ST_ENTRIES] = k
+    stats[ST_TOKENS] = tokens
+    return entry_doc[:k], entry_start[:k], entry_len[:k], stats
+
+
+@njit(cache=True)
+def assign_greedy(entry_len, max_len):
+    """Next-fit in input order; returns ``pack_offsets`` (int64, P+1).
+
+    This is exactly torchtune's ``PackedDataset(split_across_pack=False)``:
+    an entry that would overflow the current pack closes it and starts the
+    next one; the last, partial pack is kept.
+    """
+    n = entry_len.shape[0]
+    cuts = np.empty(n + 1, np.int64)
+    num_packs = 0
+    used = 0
+    cuts[0] = 0
+    for i in range(n):
+        length = entry_len[i]
+        if used + length > max_len and used > 0:
+            num_packs += 1
+            cuts[num_packs] = i
+            used = 0
+        used += length
+    if n > 0:
+        num_packs += 1
+        cuts[num_packs] = n
+    return cuts[: num_packs + 1].copy()
+
+
+@njit(cache=True)
+def _order_decreasing(entry_len, max_len):
+    """Counting sort: entry ids by decreasing length, ties by increasing id.
+
+    Returns ``(order, counts)``; ``counts[n]`` is the number of entries of
+    length ``n``, so the sorted lengths are runs the callers walk without
+    touching ``entry_len`` again (random reads are the cost here).
+    """
+    n = entry_len.shape[0]
+    counts = np.zeros(max_len + 1, np.int64)
+    for i in range(n):
+        counts[entry_len[i]] += 1
+    starts = np.empty(max_len + 1, np.int64)
+    pos = 0
+    for length in range(max_len, -1, -1):
+        starts[length] = pos
+        pos += counts[length]
+    order = np.empty(n, np.int64)
+    for i in range(n):
+        length = entry_len[i]
+        order[starts[length]] = i
+        starts[length] += 1
+    return order, counts
+
+
+@njit(cache=True)
+def assign_ffd(entry_len, max_len):
+    """First-fit decreasing over all entries.
+
+    A max-segment-tree over packs holds each pack's remaining capacity;
+    packs not opened yet hold ``max_len``, so the leftmost leaf with capacity
+    >= length is the first pack that fits, or the next new one. First fit
+    leaves at most one pack at most half full, so ``2 * tokens // max_len + 2``
+    leaves always suffice.
+
+    Returns ``(order, pack_sorted, counts, num_packs)``: entries in placement
+    order (decreasing length), the pack of ``order[k]`` at ``pack_sorted[k]``
+    (packs numbered in opening order), ``counts[n]`` = entries of length n,
+    and the number of packs.
+    """
+    n = entry_len.shape[0]
+    order, counts = _order_decreasing(entry_len, max_len)
+    pack_sorted = np.empty(n, np.int64)
+    total = 0
+    for length in range(1, max_len + 1):
+        total += length * counts[length]
+    bound = min(n, 2 * total // max_len + 2)
+    size = 1
+    while size < bound:
+        size *= 2
+    tree = np.full(2 * size, max_len, np.int64)
+    num_packs = 0
+    k = 0
+    for length in range(max_len, 0, -1):
+        for _ in range(counts[length]):
+            if tree[1] < length:  # cannot happen: the bound above is a theorem
+                raise RuntimeError("vecpack: first-fit ran out of packs")
+            node = 1
+            while node < size:
+                node = 2 * node
+                if tree[node] < length:
+                    node += 1
+            p = node - size
+            pack_sorted[k] = p
+            k += 1
+            if p + 1 > num_packs:
+                num_packs = p + 1
+            tree[node] -= length
+            node >>= 1
+            while node >= 1:
+                a = tree[2 * node]
+                b = tree[2 * node + 1]
+                m = a if a > b else b
+                if tree[node] == m:
+                    break
+                tree[node] = m
+                node >>= 1
+    return order, pack_sorted, counts, num_packs
+
+
+@njit(cache=True)
+def _tree_set(tree, size, leaf, value):
+    """Set a leaf of a count segment tree to 0/1 and fix the counts above."""
+    node = leaf + size
+    delta = value - tree[node]
+    if delta == 0:
+        return
+    while node >= 1:
+        tree[node] += delta
+        node >>= 1
+
+
+@njit(cache=True)
+def _tree_next(tree, size, leaf):
+    """Smallest leaf index >= ``leaf`` whose count is non-zero, or -1."""
+    node = leaf + size
+    if tree[node] > 0:
+        return leaf
+    # Climb until a right sibling subtree holds something.
+    while node > 1:
+        if node & 1 == 0 and tree[node + 1] > 0:
+            node += 1
+            while node < size:
+                node = 2 * node
+                if tree[node] == 0:
+                    node += 1
+            return node - size
+        node >>= 1
+    return -1
+
+
+@njit(cache=True)
+def assign_bfd(entry_len, max_len):
+    """Best-fit decreasing over all entries in O(E log max_len).
+
+    Packs are kept in buckets by remaining capacity (1..max_len-1; full packs
+    leave the structure). A count segment tree over the capacities finds the
+    smallest non-empty capacity >= the entry's length, the best fit; the pack
+    is popped from that bucket (LIFO, so the result is deterministic) and
+    pushed onto the bucket of its new capacity. Packs with equal remaining
+    capacity are interchangeable for every later decision, so the pack count
+    and the multiset of pack loads equal those of textbook BFD whatever the
+    tie-break.
+
+    Returns ``(order, pack_sorted, num_packs)`` like :func:`assign_ffd`.
+    """
+    n = entry_len.shape[0]
+    order, counts = _order_decreasing(entry_len, max_len)
+    pack_sorted = np.empty(n, np.int64)
+    size = 1
+    while size < max_len + 1:
+        size *= 2
+    tree = np.zeros(2 * size, np.int64)
+    head = np.full(max_len + 1, -1, np.int64)
+    # Best fit never leaves two packs at most half full: packs <= 2 * tokens // max_len + 1.
+    total = 0
+    for length in range(1, max_len + 1):
+        total += length * counts[length]
+    nxt = np.empty(max(1, min(n, 2 * total // max_len + 2)), np.int64)
+    num_packs = 0
+    k = 0
+    for length in range(max_len, 0, -1):
+        for _ in range(counts[length]):
+            c = _tree_next(tree, size, length)
+            if c < 0:
+                p = num_packs
+                num_packs += 1
+                cap = max_len - length
+            else:
+                p = head[c]
+                head[c] = nxt[p]
+                if head[c] < 0:
+                    _tree_set(tree, size, c, 0)
+                cap = c - length
+            pack_sorted[k] = p
+            k += 1
+            if cap > 0:
+                if head[cap] < 0:
+                    _tree_set(tree, size, cap, 1)
+                nxt[p] = head[cap]
+                head[cap] = p
+    return order, pack_sorted, counts, num_packs
+
+
+@njit(cache=True)
+def _splitmix64(state):
+    # uint64 arithmetic wraps modulo 2**64, as splitmix64 wants.
+    state = state + np.uint64(0x9E3779B97F4A7C15)
+    z = state
+    z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return state, z ^ (z >> np.uint64(31))
+
+
+@njit(cache=True)
+def shuffle_ranks(num_packs, seed):
+    """A uniform random permutation of ``range(num_packs)`` from ``seed``.
+
+    Fisher-Yates driven by splitmix64 with rejection sampling (no modulo
+    bias), so the result depends on the seed alone, not on the numpy version.
+    """
+    ranks = np.arange(num_packs)
+    state = np.uint64(seed)
+    for i in range(num_packs - 1, 0, -1):
+        bound = np.uint64(i + 1)
+        # Largest multiple of bound that fits in 2**64, minus one.
+        limit = np.uint64(0xFFFFFFFFFFFFFFFF) - (np.uint64(0xFFFFFFFFFFFFFFFF) % bound + np.uint64(1)) % bound
+        while True:
+            state, r = _splitmix64(state)
+            if r <= limit:
+                break
+        j = np.int64(r % bound)
+        t = ranks[i]
+        ranks[i] = ranks[j]
+        ranks[j] = t
+    return ranks
+
+
+@njit(cache=True)
+def group_entries(order, pack_sorted, counts, num_packs, ranks, entry_doc, entry_start,
+                  identity, split):
+    """Lay entries out pack by pack.
+
+    ``order[k]`` was placed in pack ``pack_sorted[k]`` and has the k-th
+    largest length (``counts`` from the assignment); pack ``p`` goes to
+    position ``ranks[p]``; inside a pack, entries keep placement order.
+    ``identity`` says entry ``e`` is document ``e`` (no empty, dropped or
+    split documents) and ``split`` that ``entry_start`` may be non-zero; both
+    only skip random reads. Returns ``(doc_index, doc_start, doc_length,
+    pack_offsets)``.
+    """
+    n = order.shape[0]
+    fill = np.zeros(num_packs, np.int64)
+    for k in range(n):
+        fill[pack_sorted[k]] += 1
+    pack_offsets = np.empty(num_packs + 1, np.int64)
+    pack_offsets[0] = 0
+    # Entry counts by rank, then prefix sums; fill[p] becomes pack p's first slot.
+    by_rank = np.empty(num_packs, np.int64)
+    for p in range(num_packs):
+        by_rank[ranks[p]] = fill[p]
+    for r in range(num_packs):
+        pack_offsets[r + 1] = pack_offsets[r] + by_rank[r]
+    for p in range(num_packs):
+        fill[p] = pack_offsets[ranks[p]]
+    doc_index = np.empty(n, np.int64)
+    doc_start = np.zeros(n, np.int64)
+    doc_length = np.empty(n, np.int64)
+    k = 0
+    for length in range(counts.shape[0] - 1, 0, -1):
+        for _ in range(counts[length]):
+            e = order[k]
+            p = pack_sorted[k]
+            k += 1
+            j = fill[p]
+            fill[p] = j + 1
+            doc_index[j] = e if identity else entry_doc[e]
+            doc_length[j] = length
+            if split:
+                doc_start[j] = entry_start[e]
+    return doc_index, doc_start, doc_length, pack_offsets
+
+
+@njit(cache=True)
+def check_plan(doc_lengths, doc_index, doc_start, doc_length, pack_offsets, max_len):
+    """Check a plan against a corpus. Returns ``(code, where)``; code 0 is OK.
+
+    1: pack_offsets does not start at 0, decrease or end at len(doc_index)
+    (where = pack); 2: doc_index out of range (entry); 3: entry length not in
+    1..max_len (entry); 4: entry runs past the end of its document (entry);
+    5: pack holds more than max_len tokens (pack).
+    """
+    num_docs = doc_lengths.shape[0]
+    num_entries = doc_index.shape[0]
+    num_packs = pack_offsets.shape[0] - 1
+    if num_packs < 0 or pack_offsets[0] != 0 or pack_offsets[num_packs] != num_entries:
+        return 1, 0
+    for p in range(num_packs):
+        a = pack_offsets[p]
+        b = pack_offsets[p + 1]
+        if b < a:
+            return 1, p
+        used = 0
+        for e in range(a, b):
+            d = doc_index[e]
+            if d < 0 or d >= num_docs:
+                return 2, e
+            length = doc_length[e]
+            if length < 1 or length > max_len:
+                return 3, e
+            if doc_start[e] < 0 or doc_start[e] + length > doc_lengths[d]:
+                return 4, e
+            used += length
+        if used > max_len:
+            return 5, p
+    return 0, 0
+
+
+@njit(cache=True)
+def _write_entry(tokens, labels, src, n, d32, at, ignore_index, ids, lab, pos, doc):
+    """Write one entry (``tokens[src:src + n]``, document ``d32``) at ``at`` of a pack row."""
+    for j in range(n):
+        ids[at + j] = tokens[src + j]
+    for j in range(n):
+        lab[at + j] = labels[src + j]
+    lab[at] = ignore_index
+    for j in range(n):
+        pos[at + j] = j
+    for j in range(n):
+        doc[at + j] = d32
+
+
+@njit(cache=True)
+def _pad_tail(at, pad_id, ignore_index, ids, lab, pos, doc):
+    """Padding after the last entry: pad_id, ignore_index, positions from 0, document -1."""
+    max_len = ids.shape[0]
+    for j in range(at, max_len):
+        ids[j] = pad_id
+    for j in range(at, max_len):
+        lab[j] = ignore_index
+    for j in range(at, max_len):
+        pos[j] = j - at
+    for j in range(at, max_len):
+        doc[j] = -1
+
+
+@njit(cache=True)
+def _fill_row(tokens, labels, offsets, doc_index, doc_start, doc_length, e0, e1,
+              pad_id, ignore_index, ids, lab, pos, doc):
+    """Write one pack (entries e0:e1) into four 1-D rows of max_len."""
+    at = 0
+    for e in range(e0, e1):
+        d = doc_index[e]
+        n = doc_length[e]
+        _write_entry(tokens, labels, offsets[d] + doc_start[e], n, np.int32(d), at, ignore_index,
+                     ids, lab, pos, doc)
+        at += n
+    _pad_tail(at, pad_id, ignore_index, ids, lab, pos, doc)
+
+
+@njit(cache=True)
+def fill_entries(tokens, labels, lengths, doc_ids, pad_id, ignore_index, ids, lab, pos, doc):
+    """One pack whose entries lie back to back in ``tokens``: entry ``e`` has ``lengths[e]``
+    tokens and document id ``doc_ids[e]`` (streaming assembles its packs this way)."""
+    at = 0
+    for e in range(lengths.shape[0]):
+        n = lengths[e]
+        _write_entry(tokens, labels, at, n, np.int32(doc_ids[e]), at, ignore_index, ids, lab, pos, doc)
+        at += n
+    _pad_tail(at, pad_id, ignore_index, ids, lab, pos, doc)
+
+
+@njit(cache=True)
+def fill_pack(tokens, labels, offsets, doc_index, doc_start, doc_length, pack_offsets, p,
+              pad_id, ignore_index, ids, lab, pos, doc):
+    """Fill one pack ``p`` into four 1-D int32 arrays of max_len."""
+    _fill_row(tokens, labels, offsets, doc_index, doc_start, doc_length,
+              pack_offsets[p], pack_offsets[p + 1], pad_id, ignore_index, ids, lab, pos, doc)
+
+
+@njit(cache=True, parallel=True)
+def fill_packs(tokens, labels, offsets, doc_index, doc_start, doc_length, pack_offsets, start,
+               pad_id, ignore_index, ids, lab, pos, doc):
+    """Fill packs ``start:start + ids.shape[0]`` into [n, max_len] int32 arrays, in parallel."""
+    n = ids.shape[0]
+    for k in prange(n):
+        p = start + k
+        _fill_row(tokens, labels, offsets, doc_index, doc_start, doc_length,
+                  pack_offsets[p], pack_offsets[p + 1], pad_id, ignore_index,
+                  ids[k], lab[k], pos[k], doc[k])

@@ -1,0 +1,375 @@
+"""Packed sequences: a corpus of flat token arrays laid out by a :class:`~vecpack.packing.plan.Plan`.
+
+One pack of ``max_len = 12`` holding document 7 (5 tokens), document 3
+(4 tokens) and padding (3)::
+
+                  |<------ doc 7 ------>|<---- doc 3 ---->|<- padding ->|
+    input_ids     | a0   a1  a2  a3  a4 | b0   b1  b2  b3 | pad pad pad |
+    labels        | -100 y1  y2  y3  y4 | -100 z1  z2  z3 | -100 ...    |
+    position_ids  | 0    1   2   3   4  | 0    1   2   3  | 0   1   2   |
+    document_ids  | 7    7   7   7   7  | 3    3   3   3  | -1  -1  -1  |
+    seq_lens      [5, 4]                       (padding not included)
+
+Labels are unshifted (aligned with input_ids) and the first token of every
+entry is ``ignore_index``, so no token is ever the target of another
+document's token, whether the trainer shifts labels per row or per document.
+
+>>> import numpy as np
+>>> tokens = np.arange(1, 8, dtype=np.int32)
+>>> packed = pack(tokens, np.array([0, 3, 5, 7]), max_len=4, strategy="greedy")
+>>> len(packed)
+2
+>>> row = packed[0]
+>>> row["input_ids"].tolist(), row["labels"].tolist(), row["seq_lens"].tolist()
+([1, 2, 3, 0], [-100, 2, 3, -100], [3])
+>>> packed.input_ids.shape
+(2, 4)
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from vecpack.options import check_int, check_max_len, check_options
+from vecpack.packing.plan import Plan, _kernels, _ro, plan
+
+__all__ = ["Packed", "pack", "warm_kernels"]
+
+_INT32 = np.iinfo(np.int32)
+_ARRAYS = ("input_ids", "labels", "position_ids", "document_ids")
+_VIEWS = ("_tokens", "_labels", "_offsets", "_doc_index", "_doc_start", "_doc_length",
+          "_pack_offsets")
+_PLAN_ERRORS = {
+    1: "pack_offsets must start at 0, not decrease and end at len(doc_index) (pack {})",
+    2: "doc_index out of range of the corpus's documents (entry {})",
+    3: "doc_length must be in 1..max_len (entry {})",
+    4: "entry runs past the end of its document (entry {})",
+    5: "pack {} holds more than max_len tokens",
+}
+
+
+def _check_tokens(a, name: str) -> np.ndarray:
+    if not isinstance(a, np.ndarray):
+        raise TypeError(f"{name} must be a numpy int32 array, got {type(a).__name__}; "
+                        f"convert with np.asarray({name}, dtype=np.int32)")
+    if a.ndim != 1:
+        raise ValueError(f"{name} must be 1-D, got shape {a.shape}")
+    if a.dtype != np.int32:
+        raise TypeError(f"{name} must be int32, got {a.dtype}; convert with "
+                        f"{name}.astype(np.int32) (after checking the values fit)")
+    return a
+
+
+def _check_offsets(offsets, num_tokens: int) -> np.ndarray:
+    a = np.asarray(offsets)
+    if a.ndim != 1:
+        raise ValueError(f"offsets must be 1-D, got shape {a.shape}")
+    if a.size == 0:
+        raise ValueError("offsets must have D+1 >= 1 entries, starting with 0")
+    if a.dtype.kind not in "iu":
+        raise TypeError(f"offsets must be an integer array (int64), got dtype {a.dtype}")
+    a = a.astype(np.int64, copy=False)
+    if a[0] != 0:
+        raise ValueError(f"offsets must start at 0, got offsets[0] = {int(a[0])}")
+    steps = np.diff(a)
+    if steps.size and steps.min() < 0:
+        i = int(np.argmax(steps < 0))
+        raise ValueError(f"offsets must not decrease: offsets[{i}] = {int(a[i])} > "
+                         f"offsets[{i + 1}] = {int(a[i + 1])}")
+    if a[-1] > num_tokens:
+        raise ValueError(f"offsets end at {int(a[-1])}, past the end of tokens ({num_tokens})")
+    if a.shape[0] - 1 > _INT32.max:
+        raise ValueError(f"too many documents for int32 document_ids: {a.shape[0] - 1}")
+    return a
+
+
+class Packed:
+    """Packs of ``max_len`` tokens, built lazily from the corpus and a plan.
+
+    ``packed[i]`` builds one pack on its own (cheap, independent of the full
+    arrays); ``packed.input_ids`` etc. run the parallel fill once for all packs
+    and keep the result.
+
+    Args:
+        tokens: int32 [N], all documents concatenated.
+        offsets: int64 [D+1], document ``d`` is ``tokens[offsets[d]:offsets[d+1]]``.
+        plan: a :class:`~vecpack.packing.plan.Plan` for these documents.
+        labels: int32 [N] aligned with tokens (``ignore_index`` = no loss);
+            ``None`` means the tokens themselves.
+        pad_id: input_ids value of padding.
+        ignore_index: labels value of padding and of every entry's first token.
+        arrays: optional precomputed ``{"input_ids", "labels", "position_ids",
+            "document_ids"}`` [P, max_len] int32 arrays (e.g. memory-mapped
+            from a saved dataset), used instead of the fill.
+        validate: check that offsets and plan fit the corpus (reads every
+            offset and plan entry). Pass ``False`` only for arrays that were
+            checked when they were written, such as a cache entry, so that
+            reopening one touches no page it does not need.
+
+    Attributes:
+        tokens, token_labels, offsets, plan: the inputs (``token_labels`` is
+            ``tokens`` when no labels were given).
+        pad_id, ignore_index, max_len, stats, doc_index, pack_offsets.
+        input_ids, labels, position_ids, document_ids: [P, max_len] int32.
+        seq_lens: int32 [E], tokens of every entry, in pack order;
+            ``seq_lens_offsets`` (int64 [P+1]) cuts it per pack (CSR).
+    """
+
+    def __init__(self, tokens, offsets, plan: Plan, labels=None, pad_id: int = 0,
+                 ignore_index: int = -100, *, arrays: dict | None = None, validate: bool = True):
+        tokens = _check_tokens(tokens, "tokens")
+        if validate:
+            offsets = _check_offsets(offsets, tokens.shape[0])
+        elif not (isinstance(offsets, np.ndarray) and offsets.ndim == 1 and offsets.dtype == np.int64):
+            raise TypeError("validate=False needs offsets as a 1-D int64 array")
+        if labels is not None:
+            labels = _check_tokens(labels, "labels")
+            if labels.shape[0] != tokens.shape[0]:
+                raise ValueError(f"labels has {labels.shape[0]} entries but tokens has "
+                                 f"{tokens.shape[0]}; they must be aligned")
+        if not isinstance(plan, Plan):
+            raise TypeError(f"plan must be a vecpack.Plan, got {type(plan).__name__}")
+        self.pad_id = check_int(pad_id, "pad_id", minimum=_INT32.min, maximum=_INT32.max)
+        self.ignore_index = check_int(ignore_index, "ignore_index", minimum=_INT32.min,
+                                       maximum=_INT32.max)
+        self.tokens = tokens
+        self.token_labels = tokens if labels is None else labels
+        self.offsets = offsets
+        self.plan = plan
+        self._views()
+        if validate:
+            code, where = _kernels.check_plan(_ro(np.diff(offsets)), self._doc_index,
+                                              self._doc_start, self._doc_length,
+                                              self._pack_offsets, plan.max_len)
+            if code:
+                raise ValueError("plan does not fit this corpus: "
+                                 + _PLAN_ERRORS[code].format(where))
+        self._arrays = None
+        self._filled = False  # whether _arrays came from our own fill
+        if arrays is not None:
+            self._arrays = self._check_arrays(arrays)
+        self._seq_lens = None
+
+    def _views(self):
+        """Read-only views the kernels take (one numba specialization for every input)."""
+        self._tokens = _ro(self.tokens)
+        self._labels = _ro(self.token_labels)
+        self._offsets = _ro(self.offsets)
+        self._doc_index = _ro(self.plan.doc_index)
+        self._doc_start = _ro(self.plan.doc_start)
+        self._doc_length = _ro(self.plan.doc_length)
+        self._pack_offsets = _ro(self.plan.pack_offsets)
+
+    def __getstate__(self):
+        # Views would be pickled as copies: leave them (and the fill, which is
+        # recomputed on demand unless it was given) out.
+        state = {k: v for k, v in self.__dict__.items()
+                 if k not in _VIEWS and not (k == "_arrays" and self._filled)}
+        if self._filled:
+            state["_arrays"] = None
+        return state
+
+    def __setstate__(self, state):
+        self.__dict__.update(state)
+        self._views()
+
+    # -- plan views -------------------------------------------------------
+    @property
+    def max_len(self) -> int:
+        return self.plan.max_len
+
+    @property
+    def stats(self) -> dict:
+        return self.plan.stats
+
+    @property
+    def doc_index(self) -> np.ndarray:
+        return self.plan.doc_index
+
+    @property
+    def pack_offsets(self) -> np.ndarray:
+        return self.plan.pack_offsets
+
+    @property
+    def seq_lens(self) -> np.ndarray:
+        if self._seq_lens is None:
+            s = self.plan.doc_length.astype(np.int32)
+            s.flags.writeable = False
+            self._seq_lens = s
+        return self._seq_lens
+
+    @property
+    def seq_lens_offsets(self) -> np.ndarray:
+        return self.plan.pack_offsets
+
+    def __len__(self) -> int:
+        return self.plan.pack_offsets.shape[0] - 1
+
+    def __repr__(self) -> str:
+        return f"Packed(num_packs={len(self)}, max_len={self.max_len}, fill={self.stats['fill']:.4f})"
+
+    # -- one pack ---------------------------------------------------------
+    def __getitem__(self, i) -> dict:
+        """Pack ``i`` as a dict of int32 arrays (fresh copies), negative indices allowed."""
+        n = len(self)
+        i = check_int(i, "pack index")
+        if i < 0:
+            i += n
+        if not 0 <= i < n:
+            raise IndexError(f"pack index out of range: {i if i >= 0 else i - n} (len {n})")
+        m = self.max_len
+        out = {name: np.empty(m, np.int32) for name in _ARRAYS}
+        if self._arrays is not None:
+            for name in _ARRAYS:
+                out[name][:] = self._arrays[name][i]
+        else:
+            _kernels.fill_pack(self._tokens, self._labels, self._offsets, self._doc_index,
+                               self._doc_start, self._doc_length, self._pack_offsets, i,
+                               self.pad_id, self.ignore_index, out["input_ids"], out["labels"],
+                               out["position_ids"], out["document_ids"])
+        a, b = self.plan.pack_offsets[i], self.plan.pack_offsets[i + 1]
+        out["seq_lens"] = self.plan.doc_length[a:b].astype(np.int32)
+        return out
+
+    def rows(self, start: int, stop: int) -> dict:
+        """Packs ``start:stop`` as [stop-start, max_len] int32 arrays (one parallel fill).
+
+        Also returns ``seq_lens`` (int32) and ``seq_lens_offsets`` (int64,
+        starting at 0) for those packs. For streaming a range without
+        materializing everything.
+        """
+        n = len(self)
+        start = check_int(start, "start", minimum=0, maximum=n)
+        stop = check_int(stop, "stop", minimum=start, maximum=n)
+        if self._arrays is not None:
+            out = {name: np.array(self._arrays[name][start:stop]) for name in _ARRAYS}
+        else:
+            out = self._fill(start, stop)
+        po = self.plan.pack_offsets[start:stop + 1]
+        out["seq_lens"] = self.plan.doc_length[po[0]:po[-1]].astype(np.int32)
+        out["seq_lens_offsets"] = po - po[0]
+        return out
+
+    # -- all packs --------------------------------------------------------
+    def _fill(self, start: int, stop: int) -> dict:
+        shape = (stop - start, self.max_len)
+        out = {name: np.empty(shape, np.int32) for name in _ARRAYS}
+        if stop > start:
+            _kernels.fill_packs(self._tokens, self._labels, self._offsets, self._doc_index,
+                                self._doc_start, self._doc_length, self._pack_offsets, start,
+                                self.pad_id, self.ignore_index, out["input_ids"], out["labels"],
+                                out["position_ids"], out["document_ids"])
+        return out
+
+    def _materialize(self) -> dict:
+        if self._arrays is None:
+            arrays = self._fill(0, len(self))
+            for a in arrays.values():
+                a.flags.writeable = False
+            self._arrays = arrays
+            self._filled = True
+        return self._arrays
+
+    def _check_arrays(self, arrays: dict) -> dict:
+        shape = (len(self), self.max_len)
+        out = {}
+        for name in _ARRAYS:
+            if name not in arrays:
+                raise ValueError(f"arrays is missing {name!r}")
+            a = arrays[name]
+            if not isinstance(a, np.ndarray) or a.dtype != np.int32 or a.shape != shape:
+                raise ValueError(f"arrays[{name!r}] must be an int32 array of shape {shape}, got "
+                                 f"{getattr(a, 'dtype', type(a).__name__)} {getattr(a, 'shape', '')}")
+            out[name] = a
+        return out
+
+    @property
+    def input_ids(self) -> np.ndarray:
+        """[P, max_len] int32 token ids, ``pad_id`` after the last entry."""
+        return self._materialize()["input_ids"]
+
+    @property
+    def labels(self) -> np.ndarray:
+        """[P, max_len] int32 labels, unshifted; ``ignore_index`` on padding and first tokens."""
+        return self._materialize()["labels"]
+
+    @property
+    def position_ids(self) -> np.ndarray:
+        """[P, max_len] int32, 0.. within every entry; padding counts from 0 as one more segment."""
+        return self._materialize()["position_ids"]
+
+    @property
+    def document_ids(self) -> np.ndarray:
+        """[P, max_len] int32 source document index of each token, -1 on padding."""
+        return self._materialize()["document_ids"]
+
+
+def pack(tokens, offsets, max_len: int, *, labels=None, strategy: str = "bfd", pad_id: int = 0,
+         ignore_index: int = -100, long: str = "truncate", shuffle_seed: int | None = 0) -> Packed:
+    """Pack a tokenized corpus into sequences of ``max_len`` tokens.
+
+    Args:
+        tokens: 1-D int32 array, all documents concatenated.
+        offsets: integer array (int64) of D+1 boundaries starting at 0;
+            document ``d`` is ``tokens[offsets[d]:offsets[d+1]]``.
+        max_len: tokens per pack (>= 1).
+        labels: int32 array aligned with tokens, ``ignore_index`` where no
+            loss; default: the tokens themselves.
+        strategy: ``"bfd"``, ``"ffd"`` or ``"greedy"`` (see :func:`vecpack.plan`).
+        pad_id: input_ids value for padding.
+        ignore_index: label of padding and of the first token of every entry.
+        long: ``"truncate"``, ``"drop"``, ``"split"`` or ``"error"`` for
+            documents longer than ``max_len`` (see :func:`vecpack.plan`).
+        shuffle_seed: seed of the pack order shuffle for ffd/bfd, ``None``
+            for none.
+
+    Returns:
+        A :class:`Packed`; arrays are computed on first use.
+
+    >>> import numpy as np
+    >>> tokens = np.array([5, 6, 7, 8, 9], dtype=np.int32)
+    >>> p = pack(tokens, np.array([0, 2, 5]), max_len=6, strategy="greedy")
+    >>> p[0]["position_ids"].tolist(), p[0]["document_ids"].tolist()
+    ([0, 1, 0, 1, 2, 0], [0, 0, 1, 1, 1, -1])
+    """
+    check_options(strategy=strategy, long=long)
+    max_len = check_max_len(max_len)
+    tokens = _check_tokens(tokens, "tokens")
+    offsets = _check_offsets(offsets, tokens.shape[0])
+    if labels is not None:
+        labels = _check_tokens(labels, "labels")
+        if labels.shape[0] != tokens.shape[0]:
+            raise ValueError(f"labels has {labels.shape[0]} entries but tokens has "
+                             f"{tokens.shape[0]}; they must be aligned")
+    p = plan(np.diff(offsets), max_len, strategy=strategy, long=long, shuffle_seed=shuffle_seed)
+    return Packed(tokens, offsets, p, labels=labels, pad_id=pad_id, ignore_index=ignore_index)
+
+
+def warm_kernels(strategy: str = "bfd", long: str = "truncate", *, background: bool = True):
+    """Load (or compile) the numba kernels that a later :func:`pack` will call.
+
+    :func:`vecpack.build` calls this in a background thread while the
+    tokenizer workers run, so the ~0.3 s of loading numba's on-disk cache (or
+    the first compilation on a new machine) is hidden instead of added.
+
+    Args:
+        strategy, long: the kernels to load (as in :func:`vecpack.plan`).
+        background: run in a daemon thread and return it; else run now.
+
+    >>> warm_kernels("greedy", background=False)
+    """
+    def run():
+        tokens = np.arange(1, 8, dtype=np.int32)
+        p = pack(tokens, np.array([0, 3, 5, 7], dtype=np.int64), 4, strategy=strategy,
+                 long="truncate" if long == "error" else long, shuffle_seed=0)
+        p.input_ids  # noqa: B018 - the parallel fill
+        p[0]         # the one-pack fill
+
+    if not background:
+        run()
+        return None
+    import threading
+
+    thread = threading.Thread(target=run, name="vecpack-warm-kernels", daemon=True)
+    thread.start()
+    return thread

@@ -1,0 +1,225 @@
+"""Decide which documents go into which pack, from their lengths alone.
+
+>>> import numpy as np, vecpack
+>>> p = vecpack.plan(np.array([3, 2, 2, 1]), max_len=4, strategy="greedy")
+>>> p.pack_offsets.tolist(), p.doc_index.tolist()
+([0, 1, 3, 4], [0, 1, 2, 3])
+>>> p = vecpack.plan(np.array([3, 2, 2, 1]), max_len=4, strategy="bfd", shuffle_seed=None)
+>>> [p.doc_index[a:b].tolist() for a, b in zip(p.pack_offsets[:-1], p.pack_offsets[1:])]
+[[0, 3], [1, 2]]
+>>> p.stats["fill"]
+1.0
+
+A plan is a CSR layout of *entries* (a document, or a chunk of one when
+``long="split"``): pack ``p`` holds entries ``pack_offsets[p]:pack_offsets[p+1]``,
+entry ``e`` is ``doc_length[e]`` tokens of document ``doc_index[e]`` starting
+at token ``doc_start[e]``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from vecpack.errors import InputError
+from vecpack.options import LONG_POLICIES, check_max_len, check_options
+
+__all__ = ["LONG_CODES", "Plan", "plan"]
+
+#: The numba kernels' code of each ``long`` policy (``_kernels.LONG_*``; a test checks they agree).
+LONG_CODES = {name: code for code, name in enumerate(LONG_POLICIES)}
+
+
+class _LazyKernels:
+    """``vecpack.packing._kernels``, imported on first use.
+
+    Tokenizer workers import vecpack but never pack: they skip numba's ~0.2 s import.
+    """
+
+    def __getattr__(self, name):
+        from vecpack.packing import _kernels as kernels
+
+        self.__dict__.update((k, v) for k, v in vars(kernels).items() if not k.startswith("__"))
+        return getattr(kernels, name)
+
+
+_kernels = _LazyKernels()
+
+
+@dataclass(frozen=True, eq=False)
+class Plan:
+    """Which tokens go into which pack. Arrays are read-only.
+
+    Attributes:
+        doc_index: int64 [E], the source document of each entry, in pack order.
+        doc_start: int64 [E], token offset inside that document where the
+            entry starts (0 unless the document was split).
+        doc_length: int64 [E], tokens the entry uses (1..max_len).
+        pack_offsets: int64 [P+1], pack ``p`` holds entries
+            ``pack_offsets[p]:pack_offsets[p+1]``.
+        max_len: tokens per pack.
+        stats: counts, see :func:`plan`.
+    """
+
+    doc_index: np.ndarray
+    doc_start: np.ndarray
+    doc_length: np.ndarray
+    pack_offsets: np.ndarray
+    max_len: int
+    stats: dict
+
+    def __len__(self) -> int:
+        return self.pack_offsets.shape[0] - 1
+
+    @property
+    def num_packs(self) -> int:
+        """Number of packs, P."""
+        return len(self)
+
+    def __repr__(self) -> str:
+        s = self.stats
+        return (f"Plan(num_packs={len(self)}, num_entries={self.doc_index.shape[0]}, "
+                f"max_len={self.max_len}, fill={s.get('fill', float('nan')):.4f})")
+
+
+def _ro(a: np.ndarray) -> np.ndarray:
+    """A read-only, C-contiguous plain-ndarray view (one numba specialization for all inputs)."""
+    a = np.ascontiguousarray(a)
+    if type(a) is not np.ndarray:  # np.memmap and other subclasses
+        a = a.view(np.ndarray)
+    if a.flags.writeable:
+        a = a.view()
+        a.flags.writeable = False
+    return a
+
+
+def _check_lengths(lengths) -> np.ndarray:
+    arr = np.asarray(lengths)
+    if arr.ndim != 1:
+        raise ValueError(f"lengths must be 1-D, got shape {arr.shape}")
+    if arr.size == 0:
+        return np.zeros(0, np.int64)
+    if arr.dtype.kind not in "iu":
+        raise TypeError(f"lengths must be an integer array, got dtype {arr.dtype}")
+    if arr.dtype.kind == "u" and arr.dtype.itemsize == 8 and arr.max() > np.iinfo(np.int64).max:
+        raise ValueError("lengths must fit in int64")
+    arr = arr.astype(np.int64, copy=False)
+    if arr.min() < 0:
+        i = int(np.argmax(arr < 0))
+        raise ValueError(f"lengths must be >= 0; document {i} has length {int(arr[i])}")
+    return arr
+
+
+def plan(lengths, max_len: int, *, strategy: str = "bfd", long: str = "truncate",
+         shuffle_seed: int | None = 0) -> Plan:
+    """Assign documents to packs of at most ``max_len`` tokens.
+
+    Args:
+        lengths: integer array, the length of every document (1-D, >= 0).
+        max_len: tokens per pack (>= 1).
+        strategy: ``"greedy"`` keeps input order and cuts packs exactly where
+            torchtune's ``PackedDataset(split_across_pack=False)`` does (the
+            pack order is never shuffled: shuffling is the sampler's job);
+            ``"ffd"`` first-fit decreasing; ``"bfd"`` best-fit decreasing.
+            ffd and bfd are global over all documents.
+        long: what to do with a document longer than ``max_len``:
+            ``"truncate"`` keeps its first ``max_len`` tokens, ``"drop"``
+            leaves it out, ``"split"`` cuts it into chunks of ``max_len`` (the
+            last one shorter), each its own attention segment; ``"error"``
+            raises :class:`~vecpack.errors.InputError`. Zero-length documents
+            are always left out (counted as ``empty``).
+        shuffle_seed: ffd/bfd emit packs sorted by their largest document,
+            which correlates neighbouring batches; the pack order is therefore
+            shuffled with this seed (deterministic, independent of numpy's
+            version). ``None`` keeps the algorithm's order.
+
+    Returns:
+        A :class:`Plan`. ``plan.stats`` holds ``num_documents`` (input),
+        ``num_entries``, ``num_packs``, ``num_tokens`` (placed),
+        ``input_tokens``, ``fill`` (num_tokens / (num_packs * max_len)),
+        ``empty`` (zero-length documents left out), ``truncated`` /
+        ``truncated_tokens`` (documents cut and tokens cut), ``dropped`` /
+        ``dropped_tokens``, ``split`` / ``split_chunks`` (documents split, and
+        the entries they became), ``max_entries_per_pack``, and the
+        arguments ``max_len``, ``strategy``, ``long``, ``shuffle_seed``.
+        Every document is placed (one entry, or several if split), dropped or
+        empty: ``num_documents == placed + dropped + empty``.
+
+    Raises:
+        TypeError / ValueError: bad arguments, naming the argument.
+        InputError: ``long="error"`` and a document is longer than max_len.
+
+    >>> import numpy as np
+    >>> p = plan(np.array([5, 0, 2]), max_len=4, long="split", strategy="greedy")
+    >>> p.doc_index.tolist(), p.doc_start.tolist(), p.doc_length.tolist()
+    ([0, 0, 2], [0, 4, 0], [4, 1, 2])
+    >>> p.stats["split"], p.stats["empty"]
+    (1, 1)
+    """
+    max_len = check_max_len(max_len)
+    check_options(strategy=strategy, long=long)
+    shuffle_seed = check_options(shuffle_seed=shuffle_seed)["shuffle_seed"]
+    lengths = _check_lengths(lengths)
+    policy = LONG_CODES[long]
+    if policy == _kernels.LONG_ERROR and lengths.size and lengths.max() > max_len:
+        too_long = lengths > max_len
+        i = int(np.argmax(too_long))
+        raise InputError(
+            f"document is {int(lengths[i])} tokens, longer than max_len={max_len} "
+            f"({int(too_long.sum())} such documents); pass long='truncate', 'split' or 'drop', "
+            f"or raise max_len", row=i)
+
+    entry_doc, entry_start, entry_len, est = _kernels.expand_entries(_ro(lengths), max_len, policy)
+    entry_len_ro = _ro(entry_len)
+    if strategy == "greedy":
+        pack_offsets = _kernels.assign_greedy(entry_len_ro, max_len)
+        doc_index, doc_start, doc_length = entry_doc, entry_start, entry_len
+        shuffled = False
+    else:
+        assign = _kernels.assign_bfd if strategy == "bfd" else _kernels.assign_ffd
+        order, pack_sorted, counts, num_packs = assign(entry_len_ro, max_len)
+        del entry_len, entry_len_ro  # lengths are in `counts` now; keep the peak low
+        if shuffle_seed is None:
+            ranks = np.arange(num_packs, dtype=np.int64)
+        else:
+            ranks = _kernels.shuffle_ranks(num_packs, np.uint64(shuffle_seed))
+        # Entry e is document e unless a document was left out or split.
+        identity = est[_kernels.ST_EMPTY] == 0 and (
+            est[_kernels.ST_LONG] == 0 or policy == _kernels.LONG_TRUNCATE)
+        doc_index, doc_start, doc_length, pack_offsets = _kernels.group_entries(
+            _ro(order), _ro(pack_sorted), _ro(counts), num_packs, _ro(ranks), _ro(entry_doc),
+            _ro(entry_start), bool(identity), policy == _kernels.LONG_SPLIT)
+        shuffled = shuffle_seed is not None
+
+    num_packs = pack_offsets.shape[0] - 1
+    num_tokens = int(est[_kernels.ST_TOKENS])
+    n_long = int(est[_kernels.ST_LONG])
+    per_pack = np.diff(pack_offsets)
+    stats = {
+        "num_documents": int(lengths.shape[0]),
+        "num_entries": int(doc_index.shape[0]),
+        "num_packs": int(num_packs),
+        "num_tokens": num_tokens,
+        "input_tokens": int(est[_kernels.ST_INPUT_TOKENS]),
+        "fill": num_tokens / (num_packs * max_len) if num_packs else 0.0,
+        "empty": int(est[_kernels.ST_EMPTY]),
+        "truncated": n_long if policy == _kernels.LONG_TRUNCATE else 0,
+        "truncated_tokens": int(est[_kernels.ST_LONG_EXCESS]) if policy == _kernels.LONG_TRUNCATE else 0,
+        "dropped": n_long if policy == _kernels.LONG_DROP else 0,
+        "dropped_tokens": int(est[_kernels.ST_LONG_TOKENS]) if policy == _kernels.LONG_DROP else 0,
+        "split": n_long if policy == _kernels.LONG_SPLIT else 0,
+        "split_chunks": 0,
+        "max_entries_per_pack": int(per_pack.max()) if num_packs else 0,
+        "max_len": max_len,
+        "strategy": strategy,
+        "long": long,
+        "shuffle_seed": shuffle_seed if shuffled else None,
+    }
+    if policy == _kernels.LONG_SPLIT:
+        long_docs = lengths[lengths > max_len]
+        stats["split_chunks"] = int(((long_docs + max_len - 1) // max_len).sum())
+    for a in (doc_index, doc_start, doc_length, pack_offsets):
+        a.flags.writeable = False
+    return Plan(doc_index=doc_index, doc_start=doc_start, doc_length=doc_length,
+                pack_offsets=pack_offsets, max_len=max_len, stats=stats)

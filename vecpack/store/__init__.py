@@ -1,0 +1,1 @@
+"""The content-addressed, memory-mapped cache, and packed datasets saved to directories."""

@@ -1,0 +1,244 @@
+"""One call from chat files to packed sequences, through the cache: :func:`build`.
+
+:func:`build` runs the two expensive steps through the content-addressed
+cache (:mod:`vecpack.store.cache`), each keyed by everything its output depends on::
+
+    data files --content hash--+
+    tokenizer files/template --+--> corpus-<key>/  tokens labels offsets row_ids .npy
+    style, column, masking ----+          |   (tokenize: all cores, minutes at 4M rows)
+                                          v
+              max_len, strategy, --> plan-<key>/   doc_index doc_start doc_length pack_offsets .npy
+              long, shuffle_seed          |   (plan: seconds)
+                                          v
+                                       Packed  (memory-mapped; [P, max_len] arrays filled lazily)
+
+A second ``build`` with the same inputs tokenizes nothing and returns
+byte-identical arrays in milliseconds; changing only ``max_len`` (or the
+strategy) re-plans without re-tokenizing. :func:`save` writes a packed dataset
+as a self-contained directory; :func:`load` opens it (or a ``plan-...`` cache
+entry) memory-mapped.
+
+>>> import vecpack, tempfile
+>>> from vecpack.testing import make_sharegpt, cached_tokenizer_dir
+>>> data = make_sharegpt(tempfile.mkdtemp() + "/chat.jsonl", 50)
+>>> cache = tempfile.mkdtemp()
+>>> packed = vecpack.build(data, cached_tokenizer_dir(), 2048, cache_dir=cache, n_jobs=1, progress=False)
+>>> packed.build_info.corpus_hit, len(packed) > 0
+(False, True)
+>>> again = vecpack.build(data, cached_tokenizer_dir(), 4096, cache_dir=cache, progress=False)
+>>> again.build_info.corpus_hit, again.build_info.plan_hit       # a new max_len: re-planned, not re-tokenized
+(True, False)
+>>> out = vecpack.save(packed, tempfile.mkdtemp() + "/packed")
+>>> vecpack.load(out)[0]["input_ids"].shape
+(2048,)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import pathlib
+import time
+
+import numpy as np
+
+from vecpack.options import check_max_len, check_options
+from vecpack.packing.packed import Packed, pack, warm_kernels
+from vecpack.packing.plan import Plan, plan
+from vecpack.store import cache as _cache
+from vecpack.store.fingerprint import corpus_key_inputs, describe
+from vecpack.tokenizing.spec import default_pad_id
+
+__all__ = ["BuildInfo", "PLAN_FORMAT", "build", "jsonable", "packed_from_entries"]
+
+logger = logging.getLogger("vecpack")
+
+#: Bump when plans change for the same lengths and options.
+PLAN_FORMAT = 1
+
+_CORPUS_ARRAYS = ("tokens", "labels", "offsets", "row_ids")
+_PLAN_ARRAYS = ("doc_index", "doc_start", "doc_length", "pack_offsets")
+
+@dataclasses.dataclass(frozen=True)
+class BuildInfo:
+    """Where a :func:`build` result came from (``packed.build_info``).
+
+    Attributes:
+        cache_dir: the cache root, or None with ``cache=False``.
+        corpus_key, plan_key: cache keys (None with ``cache=False``).
+        corpus_path, plan_path: the entries' directories.
+        corpus_hit, plan_hit: True when read from the cache, False when built now.
+        tokenize_stats: ``Tokenized.stats`` of the run that built the corpus.
+        row_ids: int64 [D], the input row of every document.
+        seconds: wall time of this call.
+        described: readable inputs: ``data_files`` (paths as given) and
+            ``tokenizer`` (its path, or its type name).
+    """
+
+    cache_dir: pathlib.Path | None
+    corpus_key: str | None
+    plan_key: str | None
+    corpus_path: pathlib.Path | None
+    plan_path: pathlib.Path | None
+    corpus_hit: bool
+    plan_hit: bool
+    tokenize_stats: dict
+    row_ids: np.ndarray | None = dataclasses.field(default=None, repr=False)
+    seconds: float = 0.0
+    described: dict = dataclasses.field(default_factory=dict)
+
+
+def jsonable(obj):
+    """stats dicts -> plain JSON types (numpy scalars, arrays, paths)."""
+    if isinstance(obj, dict):
+        return {str(k): jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [jsonable(v) for v in obj]
+    if isinstance(obj, np.generic):
+        return obj.item()
+    if isinstance(obj, np.ndarray):
+        return obj.tolist()
+    if isinstance(obj, (str, int, float, bool)) or obj is None:
+        return obj
+    return str(obj)
+
+
+def build(data_files, tokenizer=None, max_len: int | None = None, *, style: str = "sharegpt",
+          column: str | None = None, masking: str = "assistant", strategy: str = "bfd",
+          long: str = "truncate", shuffle_seed: int | None = 0, pad_id: int | None = None,
+          ignore_index: int = -100, n_jobs: int = -1, on_error: str = "raise", progress: bool = True,
+          cache: bool = True, cache_dir: str | os.PathLike | None = None, backend: str = "loky",
+          encoder=None, verify: bool = False) -> Packed:
+    """Tokenize chat data and pack it, through the cache.
+
+    Args:
+        data_files: JSONL/JSON/Parquet path(s) or glob(s), or a
+            ``datasets.Dataset`` (see :func:`vecpack.tokenize`).
+        tokenizer: a local Hugging Face tokenizer directory or a
+            ``transformers`` tokenizer (may be None when ``encoder`` is given).
+        max_len: tokens per pack.
+        style, column, masking, n_jobs, on_error, progress, backend: as
+            :func:`vecpack.tokenize` (``n_jobs``, ``progress`` and
+            ``backend`` do not change the output, so they are not in the key).
+        strategy, long, shuffle_seed: as :func:`vecpack.plan`.
+        pad_id: padding id; default the tokenizer's pad token, else 0.
+        ignore_index: label of padding and of every entry's first token.
+        cache: False tokenizes and packs in memory, touching no cache.
+        cache_dir: cache root (default ``$VECPACK_CACHE``, else
+            ``~/.cache/vecpack``); ``$VECPACK_CACHE_MAX_GB`` caps its size.
+        encoder: any object with ``encode_row(row) -> (tokens, labels)``,
+            ``backend`` and a stable ``fingerprint`` string (e.g.
+            :class:`vecpack.torchtune.encoder.TorchtuneEncoder`); used instead of
+            ``tokenizer``, and its fingerprint keys the cache.
+        verify: re-hash the inputs ignoring the stat memo, and compare the
+            cached arrays' checksums before trusting them.
+
+    Returns:
+        A :class:`~vecpack.Packed` over memory-mapped arrays, with
+        ``packed.build_info`` (a :class:`BuildInfo`: keys, paths, hits).
+
+    A cache hit logs one INFO line on the ``"vecpack"`` logger saying where
+    the data came from.
+    """
+    t0 = time.perf_counter()
+    max_len = check_max_len(max_len)
+    check_options(style=style, masking=masking, strategy=strategy, long=long, on_error=on_error,
+                  executor=backend, shuffle_seed=shuffle_seed)
+    if tokenizer is None and encoder is None:
+        raise TypeError("build() needs a tokenizer (a directory or a transformers tokenizer) or encoder=")
+    tok_kwargs = dict(style=style, column=column, masking=masking, n_jobs=n_jobs, on_error=on_error,
+                      progress=progress, backend=backend)
+    if encoder is not None:
+        tok_kwargs["encoder"] = encoder
+
+    if not cache:
+        warm_kernels(strategy, long)  # loads while the tokenizer loads
+        t = _tokenize(data_files, tokenizer, **tok_kwargs)
+        packed = pack(t.tokens, t.offsets, max_len, labels=t.labels, strategy=strategy,
+                      pad_id=default_pad_id(tokenizer, t.encoder or encoder) if pad_id is None else pad_id,
+                      ignore_index=ignore_index, long=long, shuffle_seed=shuffle_seed)
+        packed.build_info = BuildInfo(None, None, None, None, None, False, False, dict(t.stats),
+                                      np.asarray(t.row_ids), time.perf_counter() - t0,
+                                      describe(data_files, tokenizer, encoder))
+        return packed
+
+    store = _cache.Cache(cache_dir)
+    inputs, described = corpus_key_inputs(data_files, tokenizer, style=style, column=column,
+                                          masking=masking, on_error=on_error, encoder=encoder,
+                                          root=store.root, verify=verify)
+    ckey = _cache.make_key("corpus", inputs)
+
+    def build_corpus(tmp: pathlib.Path) -> dict:
+        warm_kernels(strategy, long)  # loads while the tokenizer loads
+        t = _tokenize(data_files, tokenizer, out_dir=tmp, **tok_kwargs)
+        missing = [n for n in _CORPUS_ARRAYS if not (tmp / f"{n}.npy").exists()]
+        if missing:
+            raise RuntimeError(f"vecpack.tokenize(out_dir=...) did not write {missing}")
+        return {"stats": jsonable(dict(t.stats)), "pad_id": default_pad_id(tokenizer, t.encoder or encoder)}
+
+    corpus = store.get_or_build(ckey, build_corpus, kind="corpus", verify=verify,
+                                meta={"inputs": inputs, "described": described})
+    offsets = corpus.arrays["offsets"]
+
+    pinputs = {"format": PLAN_FORMAT, "corpus": ckey, "max_len": max_len, "strategy": strategy,
+               "long": long, "shuffle_seed": None if shuffle_seed is None else int(shuffle_seed)}
+    pkey = _cache.make_key("plan", pinputs)
+
+    def build_plan(tmp: pathlib.Path) -> dict:
+        p = plan(np.diff(offsets), max_len, strategy=strategy, long=long, shuffle_seed=shuffle_seed)
+        for n in _PLAN_ARRAYS:
+            np.save(tmp / f"{n}.npy", np.ascontiguousarray(getattr(p, n), dtype=np.int64))
+        return {"stats": jsonable(dict(p.stats))}
+
+    pentry = store.get_or_build(pkey, build_plan, kind="plan", verify=verify, keep=(ckey,),
+                                meta={"inputs": pinputs, "corpus": ckey})
+    packed = packed_from_entries(corpus, pentry, pad_id=pad_id, ignore_index=ignore_index)
+    seconds = time.perf_counter() - t0
+    packed.build_info = BuildInfo(store.root, ckey, pkey, corpus.path, pentry.path, not corpus.built,
+                                  not pentry.built, dict(corpus.meta.get("stats", {})),
+                                  corpus.arrays.get("row_ids"), seconds,
+                                  described)
+    _log_build(packed, corpus, pentry, store, seconds)
+    return packed
+
+
+def _tokenize(*args, **kwargs):
+    """:func:`vecpack.tokenize`, imported only when something is tokenized (a cache hit loads no tokenizer)."""
+    from vecpack.tokenizing.corpus import tokenize
+
+    return tokenize(*args, **kwargs)
+
+
+def packed_from_entries(corpus, pentry, *, pad_id=None, ignore_index=-100) -> Packed:
+    a = pentry.arrays
+    p = Plan(doc_index=a["doc_index"], doc_start=a["doc_start"], doc_length=a["doc_length"],
+             pack_offsets=a["pack_offsets"], max_len=int(pentry.meta["inputs"]["max_len"]),
+             stats=dict(pentry.meta.get("stats", {})))
+    if pad_id is None:
+        pad_id = int(corpus.meta.get("pad_id", 0))
+    # The entries' sizes and headers were checked on open and the plan was checked against
+    # this corpus when it was built: skip the O(documents) re-check so a reopen stays lazy.
+    return Packed(corpus.arrays["tokens"], corpus.arrays["offsets"], p, labels=corpus.arrays["labels"],
+                  pad_id=pad_id, ignore_index=ignore_index, validate=False)
+
+
+def _log_build(packed, corpus, pentry, store, seconds):
+    stats = packed.stats
+    what = (f"{stats.get('num_documents', '?'):,} documents in {len(packed):,} packs of "
+            f"{packed.max_len} (fill {stats.get('fill', float('nan')):.3f})")
+    tstats = corpus.meta.get("stats") or {}
+    if not corpus.built and tstats.get("rejected"):  # never let skipped rows go unreported
+        examples = "; ".join(str(e) for e in (tstats.get("rejected_examples") or [])[:3])
+        logger.warning("vecpack: %s of %s input rows were rejected when this corpus was built "
+                       "(on_error='skip')%s", f"{tstats['rejected']:,}", f"{tstats.get('rows', '?'):,}",
+                       f"; first: {examples}" if examples else "")
+    if not corpus.built and not pentry.built:
+        logger.info("vecpack: cache hit: %s loaded from %s (%s, built %s) in %.3f s", what,
+                    pentry.path.parent, corpus.key, corpus.manifest.get("created"), seconds)
+    elif not corpus.built:
+        logger.info("vecpack: tokenized corpus from cache %s; re-packed into %s, stored as %s, in %.2f s",
+                    corpus.path, what, pentry.path, seconds)
+    else:
+        logger.info("vecpack: built %s in %.2f s; cached in %s (%s, %s)", what, seconds,
+                    store.root, corpus.key, pentry.key)

@@ -1,0 +1,259 @@
+"""Content hashes: of input files (memoised by stat, racy-clean safe) and of cache keys.
+
+:func:`hash_files` hashes file *contents* (xxh3-128 when ``xxhash`` is
+installed, else BLAKE2b), so renaming or moving an input still hits and a
+one-byte change misses. To avoid re-reading a 10 GB input on every open,
+digests are memoised by ``(path, size, mtime_ns, ctime_ns, inode, device)``;
+like git's index, a memo record whose file was modified no earlier than the
+moment hashing started ("racily clean") is not trusted and the file is hashed
+again. :func:`make_key` turns a dict of key inputs into ``"<kind>-<32 hex>"``.
+
+>>> make_key("demo", {"n": 3})[:5]
+'demo-'
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import pathlib
+from typing import Any, Iterable
+
+import numpy as np
+
+from vecpack.options import cache_root
+from vecpack.store._fs import flock
+
+__all__ = ["checksum_algorithm", "default_root", "file_digest", "file_digests", "hash_files", "make_key"]
+
+logger = logging.getLogger("vecpack")
+
+_MEMO = "hash-memo.json"
+_MEMO_STAMP = "hash-memo.stamp"
+_MEMO_MAX_RECORDS = 4096
+_READ_BLOCK = 1 << 22  # 4 MiB
+
+
+def default_root() -> pathlib.Path:
+    """``$VECPACK_CACHE`` if set, else ``~/.cache/vecpack`` (see :func:`vecpack.options.cache_root`)."""
+    return cache_root()
+
+
+def checksum_algorithm() -> str:
+    """Name of the hash used for file contents: ``"xxh3_128"`` or ``"blake2b_128"``.
+
+    xxh3 (from the optional ``xxhash`` package) runs at memory speed; BLAKE2b
+    is the standard-library fallback.
+    """
+    try:
+        import xxhash  # noqa: F401
+    except ImportError:
+        return "blake2b_128"
+    return "xxh3_128"
+
+
+def _hasher(algo: str):
+    if algo == "xxh3_128":
+        import xxhash
+
+        return xxhash.xxh3_128()
+    if algo == "blake2b_128":
+        return hashlib.blake2b(digest_size=16)
+    raise ValueError(f"unknown checksum algorithm {algo!r}")
+
+
+def file_digest(path: str | os.PathLike, algo: str | None = None) -> str:
+    """Hash one file's contents, streamed in 4 MiB blocks.
+
+    Returns ``"<algo>:<hex>"``.
+
+    >>> import tempfile, os
+    >>> p = os.path.join(tempfile.mkdtemp(), "f")
+    >>> _ = open(p, "w").write("hello")
+    >>> file_digest(p, "blake2b_128")
+    'blake2b_128:46fb7408d4f285228f4af516ea25851b'
+    """
+    algo = algo or checksum_algorithm()
+    h = _hasher(algo)
+    buf = bytearray(_READ_BLOCK)
+    view = memoryview(buf)
+    with open(path, "rb", buffering=0) as f:
+        while True:
+            n = f.readinto(buf)
+            if not n:
+                break
+            h.update(view[:n])
+    return f"{algo}:{h.hexdigest()}"
+
+
+def _canonical(obj: Any) -> bytes:
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=True,
+                      default=json_default).encode()
+
+
+def json_default(obj):
+    if isinstance(obj, np.generic):
+        return obj.item()
+    if isinstance(obj, np.ndarray):
+        return obj.tolist()
+    if isinstance(obj, (pathlib.PurePath,)):
+        return str(obj)
+    if isinstance(obj, (set, frozenset)):
+        return sorted(obj)
+    raise TypeError(f"cannot put {type(obj).__name__} into a cache manifest")
+
+
+def make_key(kind: str, inputs: dict) -> str:
+    """The cache key of an entry: ``"<kind>-<32 hex digits>"``.
+
+    ``inputs`` is any JSON-able dict naming everything the entry's contents
+    depend on (content hashes, options, format versions); dict order does not
+    matter.
+
+    >>> make_key("plan", {"max_len": 4096, "strategy": "bfd"}) == make_key(
+    ...     "plan", {"strategy": "bfd", "max_len": 4096})
+    True
+    """
+    if not kind or not kind.replace("_", "").isalnum():
+        raise ValueError(f"kind must be alphanumeric, got {kind!r}")
+    digest = hashlib.blake2b(_canonical({"kind": kind, "inputs": inputs}), digest_size=16).hexdigest()
+    return f"{kind}-{digest}"
+
+
+class _HashMemo:
+    """Content hashes of files, keyed by path and stat, stored as JSON.
+
+    Racy-clean rule (as git's index): hashing starts by touching a stamp file
+    next to the memo and reading its mtime ``T0`` from the filesystem clock. A
+    record is trusted later only if the file's stat is unchanged *and* its
+    ``mtime_ns < T0``: a write during or after hashing would carry an mtime
+    ``>= T0`` (file timestamps come from the same clock), so such records are
+    re-hashed on the next lookup.
+    """
+
+    def __init__(self, root: pathlib.Path):
+        self.root = root
+        self.path = root / _MEMO
+        self._records: dict[str, dict] | None = None
+        self._dirty: dict[str, dict] = {}
+        self._t0: int | None = None
+
+    def _load(self) -> dict[str, dict]:
+        if self._records is None:
+            try:
+                data = json.loads(self.path.read_text())
+                self._records = data["records"] if data.get("version") == 1 else {}
+            except (OSError, ValueError, KeyError, TypeError):
+                self._records = {}
+        return self._records
+
+    def _stamp(self) -> int:
+        """The filesystem's 'now' (see the class docstring), once per lookup batch."""
+        if self._t0 is None:
+            stamp = self.root / _MEMO_STAMP
+            try:
+                self.root.mkdir(parents=True, exist_ok=True)
+                stamp.touch()
+                os.utime(stamp)
+                self._t0 = stamp.stat().st_mtime_ns
+            except OSError:  # read-only cache: never trust a record we write now
+                self._t0 = -1
+        return self._t0
+
+    @staticmethod
+    def _sig(st: os.stat_result) -> list[int]:
+        return [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_dev]
+
+    def digest(self, path: str, algo: str, *, verify: bool = False) -> str:
+        real = os.path.realpath(path)
+        st = os.stat(real)
+        sig = self._sig(st)
+        rec = None if verify else self._load().get(real)
+        if (rec is not None and rec.get("sig") == sig and rec.get("algo") == algo
+                and st.st_mtime_ns < rec.get("t0", -1)):
+            return rec["digest"]
+        t0 = self._stamp()
+        digest = file_digest(real, algo)
+        st2 = os.stat(real)
+        if self._sig(st2) != sig:  # changed while we read it: hash again, do not memoise
+            return file_digest(real, algo)
+        new = {"sig": sig, "algo": algo, "digest": digest, "t0": t0}
+        self._load()[real] = new
+        self._dirty[real] = new
+        return digest
+
+    def save(self) -> None:
+        if not self._dirty:
+            return
+        try:
+            self.root.mkdir(parents=True, exist_ok=True)
+            with flock(self.root / (_MEMO + ".lock")):
+                try:  # merge with what other processes wrote meanwhile
+                    on_disk = json.loads(self.path.read_text()).get("records", {})
+                except (OSError, ValueError, AttributeError):
+                    on_disk = {}
+                on_disk.update(self._dirty)
+                if len(on_disk) > _MEMO_MAX_RECORDS:  # keep the most recently hashed
+                    keep = sorted(on_disk.items(), key=lambda kv: kv[1].get("t0", 0))
+                    on_disk = dict(keep[-_MEMO_MAX_RECORDS:])
+                tmp = self.path.with_name(f"{_MEMO}.{os.getpid()}.tmp")
+                tmp.write_text(json.dumps({"version": 1, "records": on_disk}))
+                os.replace(tmp, self.path)
+        except OSError as e:  # the memo is an optimisation only
+            logger.debug("vecpack: could not write hash memo %s: %s", self.path, e)
+        self._dirty.clear()
+
+
+def hash_files(paths: str | os.PathLike | Iterable[str | os.PathLike], *, names: bool = False,
+               verify: bool = False, root: str | os.PathLike | None = None) -> str:
+    """One content hash for a list of files (order matters, paths do not).
+
+    Each file is hashed by content (streamed); the results are combined in
+    the given order. Digests are memoised in ``<root>/hash-memo.json`` keyed
+    by the file's path and ``(size, mtime_ns, ctime_ns, inode, device)``, with
+    git's racy-clean rule, so reopening a 10 GB input costs one ``stat``.
+
+    Args:
+        paths: a file or a list of files.
+        names: also hash each file's base name (for directories of named
+            files such as a tokenizer, where ``vocab.json`` and
+            ``merges.txt`` play different roles).
+        verify: ignore the memo and re-read every file.
+        root: where the memo lives (default: the default cache root).
+
+    Returns:
+        ``"<algo>:<hex>"``.
+
+    >>> import tempfile, os
+    >>> d = tempfile.mkdtemp()
+    >>> for name in "ab":
+    ...     _ = open(os.path.join(d, name), "w").write("same bytes")
+    >>> hash_files(os.path.join(d, "a"), root=d) == hash_files(os.path.join(d, "b"), root=d)
+    True
+    """
+    if isinstance(paths, (str, os.PathLike)):
+        paths = [paths]
+    paths = [os.fspath(p) for p in paths]
+    h = hashlib.blake2b(digest_size=16)
+    h.update(f"files:{len(paths)}\n".encode())
+    for p, d in zip(paths, file_digests(paths, verify=verify, root=root)):
+        line = f"{os.path.basename(p)}\0{d}\n" if names else f"{d}\n"
+        h.update(line.encode())
+    return f"{checksum_algorithm()}:{h.hexdigest()}"
+
+
+def file_digests(paths: Iterable[str | os.PathLike], *, verify: bool = False,
+                 root: str | os.PathLike | None = None) -> list[str]:
+    """Content digest of every file (see :func:`file_digest`), through the stat memo.
+
+    One memo read and at most one memo write for the whole list, so a glob of
+    thousands of shards costs thousands of ``stat`` calls, not reads.
+    """
+    algo = checksum_algorithm()
+    memo = _HashMemo(pathlib.Path(root) if root is not None else default_root())
+    try:
+        return [memo.digest(os.fspath(p), algo, verify=verify) for p in paths]
+    finally:
+        memo.save()

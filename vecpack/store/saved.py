@@ -1,0 +1,183 @@
+"""A packed dataset as a self-contained directory: :func:`save` writes it, :func:`load` maps it.
+
+The directory holds the corpus (``tokens``, ``labels``, ``offsets``, and
+``row_ids`` when known) and the plan (``doc_index``, ``doc_start``,
+``doc_length``, ``pack_offsets``) as ``.npy`` files, plus a
+``manifest.json`` in the cache's format (:mod:`vecpack.store.entries`). It is
+written next to its final name and renamed into place, so a reader never sees
+a partial dataset. :func:`load` also opens a ``plan-...`` cache entry.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import shutil
+import time
+import uuid
+
+import numpy as np
+
+from vecpack._version import __version__
+from vecpack.packing.packed import Packed
+from vecpack.packing.plan import Plan
+from vecpack.store import cache as _cache
+from vecpack.store import entries as _entries
+from vecpack.store._fs import fsync_path, iso
+from vecpack.store.build import BuildInfo, jsonable, packed_from_entries
+from vecpack.store.hashing import checksum_algorithm
+
+__all__ = ["SAVED_FORMAT", "load", "save"]
+
+#: Layout of directories written by :func:`save`.
+SAVED_FORMAT = 1
+
+
+def save(packed: Packed, out_dir: str | os.PathLike, *, overwrite: bool = True) -> pathlib.Path:
+    """Write a packed dataset as a self-contained directory.
+
+    The directory holds the corpus (``tokens``, ``labels``, ``offsets``, and
+    ``row_ids`` when known) and the plan (``doc_index``, ``doc_start``,
+    ``doc_length``, ``pack_offsets``) as ``.npy`` files, plus a
+    ``manifest.json`` (max_len, pad_id, ignore_index, stats, checksums,
+    provenance). It is written next to ``out_dir`` and renamed into place,
+    so a reader never sees a partial dataset. :func:`load` opens it.
+
+    Args:
+        packed: a :class:`~vecpack.Packed` (from :func:`build`, :func:`load`
+            or :func:`vecpack.pack`).
+        out_dir: the directory to create.
+        overwrite: replace an existing dataset written by ``save``
+            (anything else at ``out_dir`` is never replaced).
+
+    Returns:
+        ``out_dir`` as a :class:`pathlib.Path`.
+    """
+    if not isinstance(packed, Packed):
+        raise TypeError(f"packed must be a vecpack.Packed, got {type(packed).__name__}")
+    out = pathlib.Path(out_dir)
+    if out.exists():
+        if not out.is_dir():
+            raise FileExistsError(f"save: {str(out)!r} exists and is not a directory")
+        existing = list(out.iterdir())
+        if existing:
+            m = out / "manifest.json"
+            kind = None
+            if m.is_file():
+                try:
+                    kind = json.loads(m.read_text()).get("kind")
+                except (OSError, ValueError):
+                    pass
+            if kind != "packed":
+                raise FileExistsError(f"save: {str(out)!r} is not empty and is not a vecpack "
+                                      f"dataset; refusing to overwrite it")
+            if not overwrite:
+                raise FileExistsError(f"save: {str(out)!r} already holds a dataset (overwrite=False)")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(f".{out.name}.incomplete-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+    tmp.mkdir()
+    try:
+        arrays = {"tokens": packed.tokens, "labels": packed.token_labels, "offsets": packed.offsets,
+                  "doc_index": packed.plan.doc_index, "doc_start": packed.plan.doc_start,
+                  "doc_length": packed.plan.doc_length, "pack_offsets": packed.plan.pack_offsets}
+        info = getattr(packed, "build_info", None)
+        if info is not None and info.row_ids is not None:
+            arrays["row_ids"] = info.row_ids
+        for name, a in arrays.items():
+            with open(tmp / f"{name}.npy", "wb") as f:
+                np.lib.format.write_array(f, np.asarray(a), allow_pickle=False)
+                f.flush()
+                os.fsync(f.fileno())
+        now = time.time()
+        provenance = {}
+        if info is not None:
+            provenance = {"cache_dir": None if info.cache_dir is None else str(info.cache_dir),
+                          "corpus_key": info.corpus_key, "plan_key": info.plan_key,
+                          "tokenize_stats": jsonable(info.tokenize_stats),
+                          **jsonable(info.described)}
+        manifest = {
+            "layout": _entries.CACHE_LAYOUT_VERSION, "format": SAVED_FORMAT, "kind": "packed",
+            "key": None, "meta": {"max_len": packed.max_len, "pad_id": packed.pad_id,
+                                  "ignore_index": packed.ignore_index,
+                                  "stats": jsonable(dict(packed.stats)), "provenance": provenance},
+            "arrays": _entries.describe_arrays(tmp), "checksum_algorithm": checksum_algorithm(),
+            "vecpack_version": __version__, "created": iso(now), "created_unix": now,
+        }
+        _entries.write_manifest(tmp, manifest)
+        fsync_path(tmp, directory=True)
+        old = None
+        if out.exists():
+            old = out.with_name(f".{out.name}.old-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+            os.rename(out, old)
+        os.rename(tmp, out)
+        fsync_path(out.parent, directory=True)
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return out
+
+
+def load(path: str | os.PathLike, *, verify: bool = False, pad_id: int | None = None,
+         ignore_index: int | None = None) -> Packed:
+    """Open a packed dataset memory-mapped.
+
+    Args:
+        path: a directory written by :func:`save` (or ``vecpack pack -o``),
+            or a ``plan-...`` cache entry (its corpus entry is found next to it).
+        verify: compare checksums (file sizes and ``.npy`` headers are always
+            checked).
+        pad_id, ignore_index: override the stored values.
+
+    Raises:
+        FileNotFoundError: nothing at ``path``.
+        ValueError: not a vecpack dataset, or a damaged one (naming the file).
+    """
+    path = pathlib.Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"load: no such dataset: {str(path)!r}")
+    try:
+        manifest = _entries.read_manifest(path)
+    except _entries.CorruptEntry as e:
+        raise ValueError(f"load: {str(path)!r} is not a vecpack dataset ({e})") from None
+    kind = manifest.get("kind")
+    if kind == "packed":
+        try:
+            _entries.verify_arrays(path, manifest["arrays"], checksums=verify)
+        except _entries.CorruptEntry as e:
+            raise ValueError(f"load: {str(path)!r} is damaged: {e}") from None
+        a = _entries.open_arrays(path, manifest["arrays"])
+        meta = manifest["meta"]
+        p = Plan(doc_index=a["doc_index"], doc_start=a["doc_start"], doc_length=a["doc_length"],
+                 pack_offsets=a["pack_offsets"], max_len=int(meta["max_len"]), stats=dict(meta["stats"]))
+        packed = Packed(a["tokens"], a["offsets"], p, labels=a["labels"],
+                        pad_id=int(meta["pad_id"]) if pad_id is None else pad_id,
+                        ignore_index=int(meta["ignore_index"]) if ignore_index is None else ignore_index,
+                        validate=verify)
+        prov = meta.get("provenance") or {}
+        packed.build_info = BuildInfo(None, prov.get("corpus_key"), prov.get("plan_key"), None, None,
+                                      True, True, dict(prov.get("tokenize_stats") or {}),
+                                      a.get("row_ids"), 0.0,
+                                      {k: prov[k] for k in ("data_files", "tokenizer") if k in prov})
+        return packed
+    if kind == "plan":
+        store = _cache.Cache(path.parent)
+        pentry = store.open(path.name, verify=verify)
+        corpus_key = manifest.get("meta", {}).get("corpus")
+        corpus = store.open(corpus_key, verify=verify) if pentry is not None and corpus_key else None
+        if pentry is None or corpus is None:
+            raise ValueError(f"load: cache entry {str(path)!r} is damaged or its corpus entry "
+                             f"{corpus_key!r} is gone; run vecpack.build again")
+        packed = packed_from_entries(corpus, pentry, pad_id=pad_id,
+                                      ignore_index=-100 if ignore_index is None else ignore_index)
+        packed.build_info = BuildInfo(store.root, corpus.key, pentry.key, corpus.path, pentry.path,
+                                      True, True, dict(corpus.meta.get("stats", {})),
+                                      corpus.arrays.get("row_ids"), 0.0,
+                                      dict(corpus.meta.get("described") or {}))
+        return packed
+    if kind == "corpus":
+        raise ValueError(f"load: {str(path)!r} is a tokenized corpus without a packing; open a "
+                         f"plan-... entry, or call vecpack.build(..., max_len=...)")
+    raise ValueError(f"load: {str(path)!r} is not a vecpack dataset (manifest kind {kind!r})")

@@ -1,0 +1,1 @@
+"""Packing while training runs, with exact resume: StreamingPackedDataset."""

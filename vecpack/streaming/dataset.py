@@ -1,0 +1,350 @@
+"""Streaming packing: pack while training runs, and resume exactly.
+
+:class:`StreamingPackedDataset` is a torch ``IterableDataset`` that reads
+rows, tokenizes them ahead of the packer (a process pool, or inline in each
+DataLoader worker) and packs them with best fit over a bounded buffer
+(:mod:`vecpack.packing.online`). Nothing is tokenized up front: the first
+pack is out as soon as ``buffer_size`` documents have been read::
+
+    rows (JSONL / Parquet / datasets.Dataset), row r -> shard r % num_shards
+      │   blocks of 64 rows (Parquet: row groups) in an order drawn from (seed, epoch),
+      │   the rows of each block shuffled too; seed=None: file order
+      │   read ahead in batches, tokenized by loky workers, consumed in order
+      ▼
+    buffer of <= buffer_size documents ──► best fit into the open pack
+      │                                     (longest that fits, oldest first)
+      ▼
+    packs: {"input_ids", "labels", "position_ids", "document_ids": int32[max_len],
+            "seq_lens": int32[S]}   -- exactly the layout of ``Packed[i]``
+
+Shards: ``num_shards = world_size * num_workers`` (ranks times DataLoader
+workers); shard ``rank * num_workers + worker_id`` owns the rows whose
+global row number (0-based, over all files in order, blank lines not counted)
+is congruent to it, so every row belongs to exactly one shard.
+``document_ids`` is that global row number.
+
+Resume: :meth:`~StreamingPackedDataset.state_dict` describes the live
+iterator in a few kilobytes: the read cursor (file, byte offset, line, row),
+the position of every buffered document and of the open pack's documents
+(re-read and re-tokenized on restore, so no tokens are stored), the
+counters and the epoch. :meth:`~StreamingPackedDataset.load_state_dict`
+makes the next ``iter()`` continue exactly there; torchdata's
+``StatefulDataLoader`` calls both for you, per worker. The stream after a
+restore equals the uninterrupted one pack for pack. States hold only ints,
+strings, lists and int64 ``torch`` tensors, so ``torch.save``/``torch.load``
+(``weights_only=True``) and distributed checkpointing carry them.
+
+Order: with ``seed`` (default 0) the input is cut into blocks of 64
+consecutive rows (JSONL: found by a one-pass newline index, see
+:func:`_jsonl_index`; Parquet: one block per row group); each pass visits
+the blocks in a permutation drawn from ``(seed, epoch)`` and each block's
+rows in a permutation of their own, so a file sorted by source or length
+does not make correlated packs, and every epoch has its own order. The
+order depends on the seed, the epoch and the inputs only (not ``n_jobs``,
+not timing); the cursor is then ``(block in the epoch's order, row in the
+block's order)``. ``seed=None`` reads in file order.
+
+Epochs: one ``iter()`` is one pass over the shard's rows; at the end the
+buffer is drained and the last, partial pack emitted. :meth:`set_epoch`
+selects the pass (its order, with a seed) and labels it in stats and states.
+Memory is bounded by the buffer (``buffer_size`` documents), the read-ahead
+(``2 * n_jobs`` batches of ``batch_rows`` rows) and one open pack, whatever
+the dataset size.
+
+>>> import json, os, tempfile
+>>> import numpy as np
+>>> class Chars:                      # a toy encoder: one token per character
+...     def encode_row(self, row):
+...         t = np.array([ord(c) for c in row["text"]], np.int32)
+...         return t, t
+>>> path = os.path.join(tempfile.mkdtemp(), "rows.jsonl")
+>>> with open(path, "w") as f:
+...     for text in ["hello", "hi", "greetings", "yo"]:
+...         _ = f.write(json.dumps({"text": text}) + "\\n")
+>>> make = lambda seed: StreamingPackedDataset(path, max_len=8, buffer_size=2, encoder=Chars(),
+...                                            n_jobs=1, seed=seed)
+>>> ds = make(None)                   # file order
+>>> it = iter(ds)
+>>> next(it)["document_ids"].tolist()
+[0, 0, 0, 0, 0, 1, 1, -1]
+>>> state = ds.state_dict()           # after one pack; "greetings" (truncated) is buffered
+>>> resumed = make(None)
+>>> resumed.load_state_dict(state)
+>>> [p["document_ids"].tolist() for p in resumed] == [p["document_ids"].tolist() for p in it]
+True
+>>> resumed.stats["num_packs"], resumed.stats["truncated"], round(resumed.stats["fill"], 3)
+(3, 1, 0.708)
+>>> shuffled = make(0)                # the default: a seeded order, new each epoch
+>>> [p["document_ids"].tolist() for p in shuffled]
+[[3, 3, 1, 1, -1, -1, -1, -1], [2, 2, 2, 2, 2, 2, 2, 2], [0, 0, 0, 0, 0, -1, -1, -1]]
+"""
+
+from __future__ import annotations
+
+from typing import Iterator
+
+import torch
+from torch.utils.data import IterableDataset
+
+from vecpack.inputs.readers import reader
+from vecpack.inputs.sources import Source, resolve_sources
+from vecpack.options import STREAM_STRATEGIES, check_choice, check_int, check_max_len, check_options, check_seed
+from vecpack.streaming.readers import Layout
+from vecpack.streaming.run import STAT_KEYS, STATE_VERSION, Run, with_fill
+from vecpack.tokenizing.corpus import check_args
+from vecpack.tokenizing.encoder import encoder_for
+from vecpack.tokenizing.spec import default_pad_id
+
+__all__ = ["StreamingPackedDataset"]
+
+
+def _is_hf_iterable(obj) -> bool:
+    return type(obj).__name__ == "IterableDataset" and (type(obj).__module__ or "").startswith("datasets")
+
+
+def _head(hf, n: int):
+    """The first ``n`` rows of an HF IterableDataset as a ``datasets.Dataset`` (encoder checks)."""
+    import itertools
+
+    import datasets
+
+    initial = hf.state_dict()
+    rows = list(itertools.islice(iter(hf), n))
+    hf.load_state_dict(initial)
+    return datasets.Dataset.from_list(rows) if rows else []
+
+
+def _default_shard(rank, world_size) -> tuple[int, int]:
+    if rank is None and world_size is None:
+        if torch.distributed.is_available() and torch.distributed.is_initialized():
+            return torch.distributed.get_rank(), torch.distributed.get_world_size()
+        return 0, 1
+    if rank is None or world_size is None:
+        raise ValueError("pass both rank and world_size, or neither (then torch.distributed's are used)")
+    if not (isinstance(world_size, int) and world_size >= 1):
+        raise ValueError(f"world_size must be an integer >= 1, got {world_size!r}")
+    if not (isinstance(rank, int) and 0 <= rank < world_size):
+        raise ValueError(f"rank must be an integer in 0..{world_size - 1}, got {rank!r}")
+    return rank, world_size
+
+
+class StreamingPackedDataset(IterableDataset):
+    """Pack chat data on the fly, with an exactly resumable iterator.
+
+    Args:
+        data_files: a JSONL or Parquet path, a glob, a list of them, a
+            ``datasets.Dataset``, or a ``datasets.IterableDataset`` (read in
+            the main process only; its state and the buffered tokens go into
+            :meth:`state_dict`). JSON-array files cannot be streamed.
+        tokenizer: a local Hugging Face tokenizer directory or a
+            ``transformers`` tokenizer (a :class:`~vecpack.tokenizing.encoder.ChatEncoder`
+            is built from it once per process); may be None with ``encoder``.
+        max_len: tokens per pack.
+        style, column, masking: how rows become messages and which tokens
+            carry loss (see :mod:`vecpack.chat.formats`, :mod:`vecpack.tokenizing.encoder`).
+        buffer_size: documents the packer chooses from (>= 1). 1 is greedy
+            packing in input order (torchtune's); 1000 fills >= 0.99 on
+            chat data.
+        strategy: ``"bfd"`` (best fit over the buffer) or ``"greedy"``
+            (same as ``buffer_size=1``).
+        long: a document longer than ``max_len``: ``"truncate"`` keeps its
+            first ``max_len`` tokens, ``"drop"`` leaves it out, ``"split"``
+            cuts it into ``max_len`` chunks (each its own attention segment),
+            ``"error"`` raises :class:`~vecpack.errors.InputError`. All are
+            counted in :attr:`stats`.
+        pad_id: input_ids of padding; default: the encoder's ``pad_id``, else 0.
+        ignore_index: labels of padding and of every entry's first token.
+        on_error: a row that cannot be read or encoded: ``"raise"`` an
+            :class:`~vecpack.errors.InputError` naming file and line, or
+            ``"skip"`` it (counted as ``rejected``).
+        n_jobs: tokenizing processes ahead of the packer (vecpack's shared
+            loky pool); ``-1`` every core; default: every core in the main
+            process, 1 (inline) inside a DataLoader worker.
+        rank, world_size: this process's shard of the data; default:
+            torch.distributed's when it is initialized (looked up at each
+            ``iter()``), else 0 and 1.
+        batch_rows: rows per tokenizing task.
+        seed: the read order. An integer (default 0): blocks of 64 rows
+            (Parquet: row groups) in an order drawn from ``(seed, epoch)``,
+            rows within each block shuffled too; every epoch
+            (:meth:`set_epoch`) has its own order, the same for any
+            ``n_jobs``. ``None``: file order (required for a
+            ``datasets.IterableDataset``, which cannot seek).
+        encoder: any picklable object with ``encode_row(row) -> (int32
+            tokens, int32 labels)``, used instead of ``tokenizer`` (e.g.
+            :class:`vecpack.torchtune.encoder.TorchtuneEncoder`).
+
+    Attributes:
+        stats: counters of the current (or last) pass in this process:
+            ``num_rows`` read, ``num_documents`` placed, ``num_entries``,
+            ``num_packs``, ``num_tokens``, ``fill``, ``empty``, ``rejected``,
+            ``truncated``/``truncated_tokens``, ``dropped``/``dropped_tokens``,
+            ``split``/``split_chunks``, ``epoch``. Inside DataLoader workers
+            each worker's counters are in its state (see
+            :meth:`stats_from_loader_state`).
+    """
+
+    def __init__(self, data_files, tokenizer=None, max_len: int | None = None, *, style: str = "sharegpt",
+                 column: str | None = None, masking: str = "assistant", buffer_size: int = 1000,
+                 strategy: str = "bfd", long: str = "truncate", pad_id: int | None = None,
+                 ignore_index: int = -100, on_error: str = "raise", n_jobs: int | None = None,
+                 rank: int | None = None, world_size: int | None = None, batch_rows: int = 64,
+                 seed: int | None = 0, encoder=None):
+        super().__init__()
+        max_len = check_max_len(max_len)
+        check_options(style=style, masking=masking, strategy=strategy, long=long, on_error=on_error)
+        check_choice(strategy, "strategy", STREAM_STRATEGIES,
+                     hint="ffd needs every length up front: use vecpack.build")
+        buffer_size = check_int(buffer_size, "buffer_size", minimum=1)
+        batch_rows = check_int(batch_rows, "batch_rows", minimum=1)
+        seed = check_seed(seed)
+        self.data_files = data_files
+        self._stream = None
+        if _is_hf_iterable(data_files):
+            if seed is not None:
+                raise ValueError("a datasets.IterableDataset cannot be read in a seeded order (its rows "
+                                 "have no positions to seek to): pass seed=None and shuffle it with "
+                                 "its own .shuffle(seed=..., buffer_size=...) if needed")
+            # no positions to re-read: buffered tokens travel in the state instead
+            self._stream = (data_files, data_files.state_dict())
+            self._srcs = [Source("<IterableDataset>", "iterable", 0)]
+            sample = resolve_sources(_head(data_files, 64))
+        else:
+            self._srcs = sample = resolve_sources(data_files)
+            for s in self._srcs:
+                if not reader(s.kind).streams:
+                    raise reader(s.kind)._no_stream(s.name)
+        check_args(style, masking, on_error, "loky", tokenizer, encoder)
+        if encoder is None:
+            encoder = encoder_for(tokenizer, style, column, masking, sample, defer=False)[1]
+        self.encoder = encoder
+        self.max_len = int(max_len)
+        self.buffer_size = 1 if strategy == "greedy" else int(buffer_size)
+        self.strategy = strategy
+        self.long = long
+        self.pad_id = int(default_pad_id(tokenizer, encoder) if pad_id is None else pad_id)
+        self.ignore_index = int(ignore_index)
+        self.on_error = on_error
+        self.n_jobs = n_jobs
+        if rank is not None or world_size is not None:
+            _default_shard(rank, world_size)            # validate now
+        self.rank, self.world_size = rank, world_size   # None: torch.distributed's, at iter()
+        self.batch_rows = batch_rows
+        self.seed = None if seed is None else int(seed)
+        # the shuffle units (JSONL: one newline scan, cached for big files), made here so that
+        # DataLoader workers inherit them; remade at iter() if a file changed
+        self._layout = None if seed is None else Layout(self._srcs)
+        self.epoch = 0
+        self._pending: dict | None = None   # a loaded state, for the next iter()
+        self._run: Run | None = None       # the live iterator's state
+
+    # pools and live iterators do not travel to DataLoader workers
+    def __getstate__(self):
+        d = dict(self.__dict__)
+        d["_run"] = None
+        return d
+
+    # ------------------------------------------------------------------ public
+    def set_epoch(self, epoch: int) -> None:
+        """Make the next pass epoch ``epoch``: its read order (with a seed), and its label in stats.
+
+        A state given to :meth:`load_state_dict` carries its own epoch, which
+        the resumed pass keeps. With DataLoader workers, call it before the
+        loader creates its iterator (``persistent_workers=False``, the
+        default): workers get a copy of the dataset at that moment.
+        """
+        self.epoch = int(epoch)
+
+    def __iter__(self) -> Iterator[dict]:
+        shard, nshards = self._shard()
+        state = self._pending
+        if state is not None:
+            self._check_state(state, shard, nshards)
+        self._pending = None
+        run = Run(self, shard, nshards, state)
+        self._run = run
+        return run.packs()
+
+    def state_dict(self) -> dict:
+        """Where the live iterator stands (or where the next ``iter()`` starts).
+
+        Returns a small dict (ints, strings, lists, int64 tensors); give it to
+        :meth:`load_state_dict` of a fresh dataset built with the same
+        arguments to continue exactly there.
+        """
+        if self._pending is not None:
+            return self._pending
+        if self._run is not None:
+            return self._run.state_dict()
+        shard, nshards = self._shard()
+        return Run(self, shard, nshards, None).state_dict()
+
+    def load_state_dict(self, state: dict) -> None:
+        """Make the next ``iter()`` resume from ``state`` (see :meth:`state_dict`)."""
+        if not isinstance(state, dict) or state.get("version") != STATE_VERSION:
+            raise ValueError("not a StreamingPackedDataset state (or from another vecpack version)")
+        self._check_config(state)
+        self._pending = state
+        self._run = None
+
+    @property
+    def stats(self) -> dict:
+        """Counters of the live (or last) pass in this process, with ``fill``."""
+        if self._run is not None:
+            return self._run.stats_dict()
+        return with_fill(dict.fromkeys(STAT_KEYS, 0), self.max_len, self.epoch)
+
+    @staticmethod
+    def stats_from_loader_state(loader_state: dict) -> dict:
+        """Sum the per-worker counters found in a ``StatefulDataLoader.state_dict()``."""
+        found = []
+
+        def walk(x):
+            if isinstance(x, dict):
+                if x.get("version") == STATE_VERSION and "stats" in x:
+                    found.append(x)
+                    return
+                for v in x.values():
+                    walk(v)
+
+        walk(loader_state)
+        if not found:
+            raise ValueError("no StreamingPackedDataset state in this loader state")
+        total = dict.fromkeys(STAT_KEYS, 0)
+        for s in found:
+            for k in STAT_KEYS:
+                total[k] += int(s["stats"][k])
+        return with_fill(total, int(found[0]["config"]["max_len"]), int(found[0]["epoch"]))
+
+    # ------------------------------------------------------------------ internals
+    def _shard(self) -> tuple[int, int]:
+        rank, world = _default_shard(self.rank, self.world_size)
+        info = torch.utils.data.get_worker_info()
+        wid, nw = (info.id, info.num_workers) if info is not None else (0, 1)
+        return rank * nw + wid, world * nw
+
+    def _n_jobs(self) -> int:
+        from vecpack.tokenizing.pool import effective_n_jobs
+
+        if self.n_jobs is None:
+            return 1 if torch.utils.data.get_worker_info() is not None else effective_n_jobs(-1)
+        return effective_n_jobs(self.n_jobs)
+
+    def _config(self) -> dict:
+        return {"max_len": self.max_len, "buffer_size": self.buffer_size, "long": self.long,
+                "strategy": self.strategy, "seed": self.seed,
+                "sources": [[s.name, s.kind, int(s.size)] for s in self._srcs]}
+
+    def _check_config(self, state: dict) -> None:
+        mine, theirs = self._config(), state.get("config", {})
+        for k in mine:
+            if mine[k] != theirs.get(k):
+                raise ValueError(f"state was saved with {k}={theirs.get(k)!r}, but this dataset has "
+                                 f"{k}={mine[k]!r}; a stream resumes only with the same inputs and "
+                                 "packing arguments")
+
+    def _check_state(self, state: dict, shard: int, nshards: int) -> None:
+        if list(state["shard"]) != [shard, nshards]:
+            raise ValueError(f"state belongs to shard {state['shard'][0]} of {state['shard'][1]} "
+                             f"(rank x DataLoader worker), but this iterator is shard {shard} of "
+                             f"{nshards}; resume with the same world size and num_workers")

@@ -1,0 +1,297 @@
+"""One pass of a :class:`~vecpack.streaming.dataset.StreamingPackedDataset` over its shard.
+
+:class:`Run` reads batches (:mod:`~vecpack.streaming.readers`), has them
+tokenized (:mod:`~vecpack.streaming.encoding`), applies the ``long`` policy,
+feeds the online packer (:mod:`vecpack.packing.online`) and lays out each
+emitted pack with the packing kernels, so a streamed pack has exactly the
+layout of ``Packed[i]``. Its state (:meth:`Run.state_dict`) is the read
+cursor, the position of every buffered document and of the open pack's, the
+counters and the epoch; a restore re-reads and re-encodes those documents.
+"""
+
+from __future__ import annotations
+
+from typing import Iterator
+
+import numpy as np
+import torch
+
+from vecpack.errors import InputError
+from vecpack.options import INT32_MAX
+from vecpack.packing.online import BufferPacker
+from vecpack.packing.plan import _kernels
+from vecpack.streaming.encoding import Encoding, documents
+from vecpack.streaming.readers import Layout, Reader, ShuffledReader
+
+__all__ = ["STATE_VERSION", "STAT_KEYS", "Run", "with_fill"]
+
+STATE_VERSION = 1
+# columns of the entry table kept in the state (and, per slot, in memory)
+_F, _POS, _LINE, _ROW, _START, _LEN, _SEQ, _DOCLEN = range(8)
+_NCOL = 8
+STAT_KEYS = ("num_rows", "num_documents", "num_entries", "num_packs", "num_tokens",
+             "input_tokens", "empty", "rejected", "truncated", "truncated_tokens",
+             "dropped", "dropped_tokens", "split", "split_chunks")
+
+
+def _docs_from_state(d: dict, rows: np.ndarray) -> list:
+    saved = np.asarray(d["rows"], np.int64)
+    off = np.asarray(d["offsets"], np.int64)
+    tokens = np.asarray(d["tokens"], np.int32)
+    labels = np.asarray(d["labels"], np.int32)
+    idx = np.searchsorted(saved, rows)
+    if (idx >= len(saved)).any() or not np.array_equal(saved[np.minimum(idx, len(saved) - 1)], rows):
+        raise ValueError("state is missing the tokens of buffered documents")
+    return [(tokens[off[j]:off[j + 1]], labels[off[j]:off[j + 1]]) for j in idx]
+
+
+def with_fill(stats: dict, max_len: int, epoch: int) -> dict:
+    p = stats["num_packs"]
+    stats["fill"] = stats["num_tokens"] / (p * max_len) if p else 0.0
+    stats["epoch"] = epoch
+    return stats
+
+
+class Run:
+    """One pass over a shard: the packer, the token store and the read cursor."""
+
+    def __init__(self, ds, shard: int, nshards: int, state: dict | None):
+        self.ds = ds
+        self.shard, self.nshards = shard, nshards
+        self.max_len = ds.max_len
+        self.packer = BufferPacker(ds.max_len, ds.buffer_size)
+        cap = ds.buffer_size + 64
+        self.meta = np.zeros((cap, _NCOL), np.int64)     # one row per entry slot
+        self.used = np.zeros(cap, bool)
+        self.docs: list = [None] * cap                   # slot -> (tokens, labels) of the whole doc
+        self.free = list(range(cap - 1, -1, -1))
+        self.open: list[int] = []                        # slots of the open pack, mirrored
+        self.started = False
+        self.finished = False
+        if state is None:
+            self.epoch = ds.epoch
+            self.cursor = np.zeros(4 if ds.seed is None else 2, np.int64)
+            self.anchor = None
+            self.stats = dict.fromkeys(STAT_KEYS, 0)
+            self.start_state = None
+        else:
+            self.epoch = int(state["epoch"])
+            self.cursor = np.asarray(state["cursor"], np.int64).copy()
+            self.anchor = state.get("anchor")
+            self.stats = {k: int(state["stats"][k]) for k in STAT_KEYS}
+            self.finished = bool(state["finished"])
+            self.start_state = state
+
+    # ------------------------------------------------------------------ slots
+    def _slot(self) -> int:
+        if not self.free:
+            cap = self.meta.shape[0]
+            self.meta = np.concatenate([self.meta, np.zeros((cap, _NCOL), np.int64)])
+            self.used = np.concatenate([self.used, np.zeros(cap, bool)])
+            self.docs.extend([None] * cap)
+            self.free = list(range(2 * cap - 1, cap - 1, -1))
+        s = self.free.pop()
+        self.used[s] = True
+        return s
+
+    def _release(self, s: int) -> None:
+        self.used[s] = False
+        self.docs[s] = None
+        self.free.append(s)
+
+    # ------------------------------------------------------------------ state
+    def state_dict(self) -> dict:
+        if not self.started and self.start_state is not None:
+            return self.start_state
+        used = np.flatnonzero(self.used)
+        in_open = np.zeros(self.used.shape[0], bool)
+        in_open[self.open] = True
+        buf = used[~in_open[used]]
+        buf = buf[np.argsort(self.meta[buf, _SEQ], kind="stable")]
+        return {
+            "version": STATE_VERSION,
+            "epoch": self.epoch,
+            "shard": [self.shard, self.nshards],
+            "config": self.ds._config(),
+            "cursor": [int(c) for c in self.cursor],
+            "buffer": torch.from_numpy(self.meta[buf].copy()),
+            "open": torch.from_numpy(self.meta[self.open].copy()),
+            "next_seq": int(self.packer.next_seq),
+            "stats": dict(self.stats),
+            "finished": self.finished,
+            "anchor": self.anchor,
+            "docs": self._doc_tokens(np.concatenate([buf, np.asarray(self.open, np.int64)]))
+            if self.ds._stream is not None else None,
+        }
+
+    def _doc_tokens(self, slots: np.ndarray) -> dict:
+        """The documents of ``slots`` (by global row) as tokens, for inputs that cannot be re-read."""
+        rows, first = np.unique(self.meta[slots, _ROW], return_index=True)
+        docs = [self.docs[int(slots[j])] for j in first]
+        lengths = [d[0].shape[0] for d in docs]
+        return {"rows": torch.from_numpy(rows.astype(np.int64)),
+                "offsets": torch.from_numpy(np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)),
+                "tokens": torch.from_numpy(np.concatenate([d[0] for d in docs] or [np.zeros(0, np.int32)])),
+                "labels": torch.from_numpy(np.concatenate([d[1] for d in docs] or [np.zeros(0, np.int32)]))}
+
+    def stats_dict(self) -> dict:
+        return with_fill(dict(self.stats), self.max_len, self.epoch)
+
+    def _restore(self, enc: Encoding, reader: Reader) -> None:
+        st = self.start_state
+        buf = np.asarray(st["buffer"], np.int64).reshape(-1, _NCOL)
+        opn = np.asarray(st["open"], np.int64).reshape(-1, _NCOL)
+        table = np.concatenate([buf, opn])
+        if len(table):
+            # re-read and re-encode each document once (split chunks share one)
+            keys, first, inverse = np.unique(table[:, [_F, _POS]], axis=0, return_index=True,
+                                             return_inverse=True)
+            refs = table[first][:, [_F, _POS, _LINE, _ROW]]
+            if st.get("docs") is not None:
+                docs = _docs_from_state(st["docs"], refs[:, 3])
+            else:
+                docs = []
+                for part in enc.encode(reader.read_rows(refs), refs):
+                    docs.extend(documents(part, part.records)[0])
+            for j, ref in enumerate(refs):
+                rows = table[inverse.reshape(-1) == j]
+                d = docs[j]
+                if d is None or d[0].shape[0] != int(rows[0, _DOCLEN]):
+                    got = "cannot be encoded" if d is None else f"has {d[0].shape[0]} tokens"
+                    raise InputError(f"row changed since the state was saved: it {got}, the state "
+                                     f"says {int(rows[0, _DOCLEN])} tokens", **reader.where(ref))
+            inverse = inverse.reshape(-1)
+        slots = []
+        for k, row in enumerate(table):
+            s = self._slot()
+            self.meta[s] = row
+            self.docs[s] = docs[inverse[k]]
+            slots.append(s)
+        nb = len(buf)
+        self.packer.restore([(s, int(self.meta[s, _LEN]), int(self.meta[s, _SEQ])) for s in slots[:nb]],
+                            [(s, int(self.meta[s, _LEN])) for s in slots[nb:]],
+                            int(st["next_seq"]))
+        self.open = slots[nb:]
+
+    # ------------------------------------------------------------------ the pass
+    def packs(self) -> Iterator[dict]:
+        ds = self.ds
+        self.started = True
+        if self.finished:
+            return
+        if ds._stream is not None and torch.utils.data.get_worker_info() is not None:
+            raise RuntimeError("a datasets.IterableDataset input streams in the main process only "
+                               "(num_workers=0): datasets would shard it per worker itself; rows are "
+                               "tokenized ahead in vecpack's pool instead (n_jobs)")
+        if ds.seed is None:
+            reader = Reader(ds._srcs, self.shard, self.nshards, ds.batch_rows, ds._stream)
+        else:
+            if not ds._layout.fresh(ds._srcs):
+                ds._layout = Layout(ds._srcs)
+            reader = ShuffledReader(ds._srcs, ds._layout, self.shard, self.nshards, ds.batch_rows,
+                                    ds.seed, self.epoch)
+        enc = Encoding(ds.encoder, ds._n_jobs(), reader.where)
+        try:
+            if self.start_state is not None:
+                self._restore(enc, reader)
+            packer = self.packer
+
+            def pump():
+                # decide while the buffer is full; a yield can happen mid-way, so a
+                # restored run continues here before it reads anything
+                while packer.full:
+                    pack = packer.step()
+                    if pack is not None:
+                        yield self._emit(pack)
+                        enc.start()   # the first pack is out: now warm up the pool
+                    else:
+                        self.open = packer.open_pack
+
+            yield from pump()
+            for batch, rows in enc.map(reader.batches(self.cursor, self.anchor)):
+                docs, errors = documents(rows, len(batch.payloads))
+                for k, doc in enumerate(docs):
+                    if doc is None:
+                        if ds.on_error == "raise":
+                            raise InputError(errors[k], **reader.where(batch.refs[k]))
+                        self.stats["rejected"] += 1
+                        self.stats["num_rows"] += 1
+                    else:
+                        self._admit(batch.refs[k], doc, reader)
+                    self.cursor = batch.cursors[k]
+                    self.anchor = batch.anchor
+                    yield from pump()
+            for pack in packer.drain():
+                yield self._emit(pack)
+            self.open = []
+            self.finished = True
+        finally:
+            enc.close()
+
+    def _admit(self, ref, doc, reader: Reader) -> None:
+        """Long policy + buffer: one row becomes 0, 1 or several entries."""
+        st = self.stats
+        st["num_rows"] += 1
+        tokens = doc[0]
+        n = tokens.shape[0]
+        st["input_tokens"] += n
+        M = self.max_len
+        if n == 0:
+            st["empty"] += 1
+            return
+        if n <= M:
+            chunks = [(0, n)]
+        elif self.ds.long == "truncate":
+            st["truncated"] += 1
+            st["truncated_tokens"] += n - M
+            chunks = [(0, M)]
+        elif self.ds.long == "drop":
+            st["dropped"] += 1
+            st["dropped_tokens"] += n
+            return
+        elif self.ds.long == "split":
+            st["split"] += 1
+            chunks = [(a, min(M, n - a)) for a in range(0, n, M)]
+            st["split_chunks"] += len(chunks)
+        else:
+            raise InputError(f"document is {n} tokens, longer than max_len={M}; pass "
+                             "long='truncate', 'split' or 'drop', or raise max_len",
+                             **reader.where(ref))
+        if ref[3] > INT32_MAX:
+            raise InputError(f"row number {int(ref[3])} does not fit int32 document_ids",
+                             **reader.where(ref))
+        st["num_documents"] += 1
+        for start, length in chunks:
+            s = self._slot()
+            m = self.meta[s]
+            m[_F], m[_POS], m[_LINE], m[_ROW] = ref[0], ref[1], ref[2], ref[3]
+            m[_START], m[_LEN], m[_DOCLEN] = start, length, n
+            self.docs[s] = doc
+            m[_SEQ] = self.packer.add(s, length)
+
+    def _emit(self, slots: list) -> dict:
+        """The pack of ``slots`` (laid out by the packing kernels, as ``Packed[i]``); frees them."""
+        M = self.max_len
+        ds = self.ds
+        lengths = np.empty(len(slots), np.int64)
+        doc_ids = np.empty(len(slots), np.int64)
+        toks, labs = [], []
+        for j, s in enumerate(slots):
+            m = self.meta[s]
+            a, n = int(m[_START]), int(m[_LEN])
+            t, lb = self.docs[s]
+            toks.append(t[a:a + n])
+            labs.append(lb[a:a + n])
+            lengths[j], doc_ids[j] = n, m[_ROW]
+            self._release(s)
+        out = {name: np.empty(M, np.int32) for name in ("input_ids", "labels", "position_ids", "document_ids")}
+        _kernels.fill_entries(np.concatenate(toks), np.concatenate(labs), lengths, doc_ids, ds.pad_id,
+                              ds.ignore_index, out["input_ids"], out["labels"], out["position_ids"],
+                              out["document_ids"])
+        out["seq_lens"] = lengths.astype(np.int32)
+        self.open = []
+        st = self.stats
+        st["num_packs"] += 1
+        st["num_entries"] += len(slots)
+        st["num_tokens"] += int(lengths.sum())
+        return out

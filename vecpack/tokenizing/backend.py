@@ -1,0 +1,143 @@
+"""Which engine encodes a tokenizer's rows: decided here, and only here.
+
+::
+
+    tokenizer.json ── a byte-level BPE that tiktoken reproduces? (spec.tiktoken_spec) ── no ──► HF tokenizers
+         │ yes                                                                              (the reason)
+    parity check: tiktoken ids == HF tokenizers ids on the probes and the dataset's own rows
+         │ (runs beside the tokenizing: HF in its own process, tiktoken as the pool's first task)
+         ├── same ids ──► tiktoken; the passed sample is remembered for the rest of the process
+         └── differ ────► HF tokenizers: tiktoken's output is thrown away and the rows
+                           tokenized again (a RuntimeWarning says why)
+
+``backend="tiktoken"`` asks for tiktoken and raises instead of falling back;
+``backend="tokenizers"`` skips the question. :func:`decide` answers it when an
+encoder is built; :class:`Pending` is the check of one ``tokenize()`` call.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import pathlib
+
+from vecpack._state import memo
+from vecpack.tokenizing import parity
+from vecpack.tokenizing import pool as _pool
+from vecpack.tokenizing.spec import Unsupported, tiktoken_spec
+
+__all__ = ["ENGINES", "Pending", "decide", "fall_back", "preload", "unsupported"]
+
+#: Encoding engines, in order of preference.
+ENGINES = ("tiktoken", "tokenizers")
+
+_PASSED = memo("passed parity samples", 256)  # digests of samples that passed in this process
+
+
+def unsupported(path) -> str:
+    """Why tiktoken cannot reproduce the tokenizer at ``path`` (``""``: it may, the check decides)."""
+    try:
+        tiktoken_spec(pathlib.Path(path))
+    except Unsupported as e:
+        return str(e)
+    return ""
+
+
+def fall_back(encoder, reason: str, *, stacklevel: int = 3):
+    """``encoder`` on HF tokenizers because of ``reason`` (warns; raises if tiktoken was required)."""
+    return encoder.fallback(reason, stacklevel=stacklevel + 1)
+
+
+def decide(encoder, texts, *, requested: str = "auto", defer: bool = False):
+    """Choose the engine of a freshly configured encoder (on HF tokenizers until decided).
+
+    Args:
+        encoder: a :class:`~vecpack.tokenizing.encoder.ChatEncoder`.
+        texts: rendered sample rows for the parity check.
+        requested: ``"auto"``, ``"tiktoken"`` (raise rather than fall back)
+            or ``"tokenizers"``.
+        defer: leave the parity check to the caller: the encoder comes back on
+            tiktoken with ``pending_check`` set (:func:`vecpack.tokenize`
+            overlaps it with the tokenizing, through :class:`Pending`).
+    """
+    if requested == "tokenizers":
+        return encoder
+    encoder._strict = requested == "tiktoken"
+    reason = unsupported(encoder.path)
+    if reason:  # decided without HF tokenizers
+        return fall_back(encoder, reason)
+    encoder.backend, encoder._rt = "tiktoken", None
+    if defer:
+        encoder.pending_check = tuple(texts)
+        return encoder
+    reason = parity.reason(str(encoder.path), texts)
+    return fall_back(encoder, reason) if reason else encoder
+
+
+def check_now(encoder):
+    """Run an encoder's deferred parity check here; returns the encoder to use."""
+    texts = encoder.pending_check
+    if texts is None:
+        return encoder
+    reason = parity.reason(str(encoder.path), texts)
+    encoder.pending_check = None
+    return fall_back(encoder, reason) if reason else encoder
+
+
+def preload(tokenizer) -> None:
+    """Have the parity check's HF process load ``tokenizer`` now (a new encoder will want a check)."""
+    path = _pool.tokenizer_dir(tokenizer)
+    if path is not None:
+        parity.preload(path)
+
+
+def _digest(key, texts) -> bytes:
+    """A digest of a parity-check sample and the tokenizer it was checked with."""
+    h = hashlib.blake2b(repr(key).encode(), digest_size=16)
+    for t in texts:
+        b = t.encode("utf-8", "surrogatepass")
+        h.update(len(b).to_bytes(8, "little"))
+        h.update(b)
+    return h.digest()
+
+
+class Pending:
+    """The parity check of one call, under way beside its tokenizing.
+
+    ``Pending.start(encoder, texts, key, workers)``; then :meth:`failed` says
+    whether to throw the tiktoken output away (``""`` when it stands). A check
+    that cannot run counts as failed (HF tokenizers then runs). Nothing to
+    check (another engine, no sample, a sample that passed before in this
+    process) is a ``Pending`` that never fails.
+    """
+
+    def __init__(self, check=None, digest: bytes | None = None, encoder=None):
+        self.check, self.digest, self.encoder = check, digest, encoder
+        self._reason: str | None = None if check is not None else ""
+
+    @classmethod
+    def start(cls, encoder, texts, key, workers: int) -> "Pending":
+        if texts is None or getattr(encoder, "backend", None) != "tiktoken":
+            return cls()
+        digest = _digest(key if key is not None else encoder.path, texts)
+        if digest in _PASSED:  # these very rows passed with this tokenizer in this process
+            encoder.pending_check = None
+            return cls()
+        return cls(_pool.start_check(encoder, texts, workers), digest, encoder)
+
+    def known(self) -> str:
+        """The verdict if it is already known (the engine cannot be built, the check cannot run)."""
+        if self._reason is None and self.check.done():
+            return self.failed()
+        return self._reason or ""
+
+    def failed(self) -> str:
+        """Wait for the verdict: ``""`` if tiktoken's output stands, else why not."""
+        if self._reason is None:
+            try:
+                self._reason = self.check.result()
+            except Exception as e:  # the check itself failed: do not trust tiktoken
+                self._reason = f"the parity check could not run ({type(e).__name__}: {e})"
+            if not self._reason:
+                self.encoder.pending_check = None
+                _PASSED[self.digest] = True
+        return self._reason

@@ -1,0 +1,202 @@
+"""``vecpack.tokenize()``: chat datasets -> flat token / label arrays, on every core.
+
+::
+
+    data_files ──resolve──► sources ──plan_chunks──► tasks ──executors.execute──► chunks ──merge──► Tokenized
+    tokenizer ──encoder_for──► ChatEncoder ──backend.Pending──► parity check beside the work
+                                                  (failed: the rows are tokenized again with HF tokenizers)
+
+The result feeds ``vecpack.pack(t.tokens, t.offsets, max_len, labels=t.labels)``
+directly. See ``docs/parallelism.md`` for how the work is spread over cores.
+
+>>> import tempfile, vecpack
+>>> from vecpack.testing import cached_tokenizer_dir, make_sharegpt
+>>> data = make_sharegpt(tempfile.mkdtemp() + "/chat.jsonl", 20)
+>>> t = vecpack.tokenize(data, cached_tokenizer_dir("qwen2.5"), n_jobs=1, progress=False)
+>>> t.stats["rows"], len(t), t.tokens.dtype, t.stats["backend"]
+(20, 20, dtype('int32'), 'tiktoken')
+>>> packed = vecpack.pack(t.tokens, t.offsets, 4096, labels=t.labels)
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+import time
+
+from vecpack.errors import InputError
+from vecpack.inputs.readers import reader, sample_rows
+from vecpack.inputs.sources import resolve_sources
+from vecpack.options import check_options
+from vecpack.tokenizing import executors
+from vecpack.tokenizing import pool as _pool
+from vecpack.tokenizing.backend import Pending, fall_back
+from vecpack.tokenizing.encoder import encoder_for, remember
+from vecpack.tokenizing.merge import ChunkMerger
+from vecpack.tokenizing.tasks import default_chunk_bytes, plan_chunks, rejected_examples
+from vecpack.tokenizing.tokenized import Tokenized
+
+__all__ = ["Tokenized", "check_args", "tokenize"]
+
+
+def check_args(style, masking, on_error, backend, tokenizer, encoder) -> None:
+    """Validate ``tokenize``'s options (also what ``build`` and streaming pass on)."""
+    check_options(style=style, masking=masking, on_error=on_error, executor=backend)
+    if encoder is None and tokenizer is None:
+        raise TypeError("tokenizer is required (a local Hugging Face tokenizer directory or a "
+                        "transformers tokenizer)")
+    if encoder is not None and not hasattr(encoder, "encode_row"):
+        raise TypeError(f"encoder must have an encode_row(row) method, got {type(encoder).__name__}")
+
+
+def _estimate_output_bytes(sources) -> int:
+    # ~4 bytes of text per token, 8 bytes (token + label) per token, plus slack
+    return int(sum(reader(s.kind).output_estimate(s) for s in sources) * 2.5)
+
+
+def tokenize(data_files, tokenizer=None, *, style: str = "sharegpt", column: str | None = None,
+             masking: str = "assistant", n_jobs: int = -1, on_error: str = "raise",
+             progress: bool = True, out_dir=None, backend: str = "loky", encoder=None,
+             chunk_bytes: int | None = None) -> Tokenized:
+    """Tokenize chat data on every core into flat int32 tokens / labels and int64 offsets.
+
+    Each accepted input row becomes one document, in input order; the arrays
+    are byte-identical whatever ``n_jobs`` and ``chunk_bytes`` are.
+
+    With the tiktoken fast path, this call's first 64 rows are also encoded by
+    HF ``tokenizers`` while the workers run, in a process of its own that loads
+    HF once (:mod:`vecpack.tokenizing.parity`); if any id differs, the tiktoken result
+    is discarded and the rows are tokenized again with HF ``tokenizers``
+    (``stats["backend"]`` says which ran, with a ``RuntimeWarning``).
+
+    Args:
+        data_files: a JSONL / JSON-array / Parquet path, a glob, a list of
+            them, or an in-memory ``datasets.Dataset``.
+        tokenizer: a local Hugging Face tokenizer directory or a
+            transformers tokenizer (its chat template is used).
+        style: ``"sharegpt"``, ``"openai"``, ``"alpaca"`` or ``"text"``.
+        column: the column holding the conversation, if not the style's default.
+        masking: which tokens are trained: ``"assistant"``, ``"all"``, ``"last"``.
+        n_jobs: worker processes; ``-1`` = every core, ``1`` = in this process.
+        on_error: ``"raise"``: the first bad row raises :class:`InputError`
+            (``file:line: reason``); ``"skip"``: bad rows are counted in
+            ``stats["rejected"]`` and the first few reported.
+        progress: show one progress bar and a summary line (on stderr).
+        out_dir: write ``tokens.npy``, ``labels.npy``, ``offsets.npy``,
+            ``row_ids.npy`` there and return them memory-mapped.
+        backend: ``"loky"`` (local processes) or ``"ray"`` (a Ray cluster).
+        encoder: a ready encoder (anything with ``encode_row`` and
+            ``backend``); ``tokenizer`` and the style options are then unused.
+        chunk_bytes: input bytes per task (default: about 16 tasks per worker).
+
+    Returns:
+        :class:`Tokenized`.
+
+    Raises:
+        InputError: a bad row (``on_error="raise"``) or an unreadable file.
+        WorkerDiedError: a worker process died (usually out of memory).
+    """
+    check_args(style, masking, on_error, backend, tokenizer, encoder)
+    n_jobs = _pool.effective_n_jobs(n_jobs)
+    t0 = time.perf_counter()
+    sources = resolve_sources(data_files)
+    estimate = _estimate_output_bytes(sources)
+    if chunk_bytes is None:
+        text_bytes = sum(s.size for s in sources if reader(s.kind).text)
+        chunk_bytes = default_chunk_bytes(text_bytes or estimate // 3, n_jobs)
+    tasks = plan_chunks(sources, chunk_bytes=chunk_bytes)
+    if backend == "loky" and n_jobs > 1 and len(tasks) > 1:
+        # one task runs here: starting workers would only take CPU from it
+        _pool.warm(n_jobs, tokenizer)
+    key, texts = None, None
+    if encoder is None:
+        key, encoder = encoder_for(tokenizer, style, column, masking, sources)
+        texts = encoder.pending_check
+        if texts is None and encoder.backend == "tiktoken":
+            # an encoder built for an earlier call: check this dataset's own rows too
+            texts = encoder.sample_texts(sample_rows(sources, 64)) or None
+    else:
+        texts = getattr(encoder, "pending_check", None)
+    if out_dir is not None:
+        out_dir = os.fspath(out_dir)
+        os.makedirs(out_dir, exist_ok=True)
+    # the parity check on the sample runs beside the tokenizing; if it fails, the result is
+    # thrown away and the rows are tokenized again with HF tokenizers. One task is tokenized
+    # here and its check's tiktoken side computed here afterwards, with this process's engine.
+    workers = n_jobs if backend == "loky" and len(tasks) > 1 else 1
+    check = Pending.start(encoder, texts, key, workers)
+    early = check.known()
+    if early:  # known before anything ran (the engine cannot be built, or the check cannot run)
+        encoder = fall_back(encoder, early)
+        remember(key, encoder, tokenizer)
+        check = Pending()
+    run = dict(executor=backend, n_jobs=n_jobs, on_error=on_error, progress=progress)
+    try:
+        result, metas = _run(tasks, encoder, out_dir, estimate, chunk_bytes, check, run)
+    except _RetryWithFallback:
+        result = None
+    reason = check.failed()
+    if reason:
+        encoder = fall_back(encoder, reason)
+        remember(key, encoder, tokenizer)
+        result, metas = _run(tasks, encoder, out_dir, estimate, chunk_bytes, Pending(), run)
+    seconds = time.perf_counter() - t0
+    result.stats = {
+        "rows": sum(m.records for m in metas),
+        "documents": len(result),
+        "tokens": int(len(result.tokens)),
+        "trainable_tokens": sum(m.trainable for m in metas),
+        "rejected": sum(m.rejected for m in metas),
+        "rejected_examples": rejected_examples(metas, tasks),
+        "backend": getattr(encoder, "backend", type(encoder).__name__),
+        "seconds": seconds,
+        "n_jobs": n_jobs if backend == "loky" else None,
+        "chunks": len(tasks),
+        "executor": backend,
+    }
+    result.encoder = encoder
+    if progress:
+        _summary(result.stats)
+    return result
+
+
+def _run(tasks, encoder, out_dir, estimate, chunk_bytes, check: Pending, run: dict):
+    """Tokenize ``tasks`` with ``encoder`` into a ``Tokenized`` (empty stats) and the metas."""
+    # /dev/shm holds the in-flight chunk files, plus the result itself when it is in memory
+    in_flight = int(2.5 * chunk_bytes) * 4 * run["n_jobs"]
+    # Ray tasks may run on other machines: their chunk files go next to out_dir (the cache).
+    work = _pool.chunk_dir(in_flight + (estimate if out_dir is None else 0), out_dir,
+                           shared=run["executor"] == "ray" and out_dir is not None)
+    try:
+        # finished chunks are appended to the final arrays while the others run
+        merger = ChunkMerger(out_dir if out_dir is not None else os.path.join(work, "merged"),
+                             keep=out_dir is not None)
+        try:
+            metas = executors.execute(tasks, encoder, work, merger=merger, **run)
+            return merger.finish(), metas
+        except BaseException as exc:
+            merger.abort()
+            if isinstance(exc, InputError) and check.failed():
+                # a row that only the (failed) tiktoken engine rejects must not be reported
+                raise _RetryWithFallback() from exc
+            raise
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+class _RetryWithFallback(Exception):
+    pass
+
+
+def _summary(s: dict) -> None:
+    rate = s["rows"] / s["seconds"] if s["seconds"] > 0 else 0.0
+    line = (f"vecpack.tokenize: {s['rows']:,} rows -> {s['documents']:,} documents, "
+            f"{s['tokens']:,} tokens, {s['rejected']:,} rejected, backend {s['backend']}, "
+            f"{s['seconds']:.1f} s ({rate:,.0f} rows/s, {s['n_jobs'] or s['executor']} workers)")
+    print(line, file=sys.stderr)
+    for ex in s["rejected_examples"]:
+        print(f"  rejected: {ex}", file=sys.stderr)
+    if s["rejected"] > len(s["rejected_examples"]):
+        print(f"  ... and {s['rejected'] - len(s['rejected_examples']):,} more rejected rows",
+              file=sys.stderr)

@@ -1,0 +1,221 @@
+"""Where the tokenizing tasks run: in this process, on the loky pool, or on Ray; one protocol.
+
+:func:`execute` runs :class:`~vecpack.tokenizing.tasks.ChunkTask` s with
+:func:`~vecpack.tokenizing.rows.tokenize_chunk` wherever they go, shows one
+progress bar, hands each finished chunk to the merger in any order, and
+turns failures into the same errors on every executor: the first bad row in
+input order (``InputError`` at file:line), an encoder bug
+(``EncoderError``), a dead worker (``WorkerDiedError``).
+
+=========  ==============================================  =================================
+executor   runs tasks                                      progress / abort
+=========  ==============================================  =================================
+inline     here, one after the other (``n_jobs=1``, or     a callback per task
+           one task)
+loky       on the persistent pool (:mod:`~vecpack.tokenizing.pool`)  a shared ``int64`` file of slots
+ray        as Ray tasks (:mod:`~vecpack.tokenizing.ray`)   finished tasks; pending ones cancelled
+=========  ==============================================  =================================
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from concurrent.futures import FIRST_COMPLETED, wait
+
+import numpy as np
+
+from vecpack.inputs.readers import reader
+from vecpack.tokenizing import pool as _pool
+from vecpack.tokenizing.merge import ChunkMerger
+from vecpack.tokenizing.rows import tokenize_chunk
+from vecpack.tokenizing.tasks import ChunkError, ChunkMeta, ChunkTask, located_error
+
+__all__ = ["earlier", "execute"]
+
+
+def execute(tasks: list[ChunkTask], encoder, out_dir: str, *, executor: str = "loky", n_jobs: int = 1,
+            on_error: str = "raise", progress: bool = True, desc: str = "tokenize",
+            merger: ChunkMerger | None = None) -> list[ChunkMeta]:
+    """Run every task and return the metas in input order.
+
+    ``executor="loky"`` runs them in this process (``n_jobs <= 1`` or a single
+    task) or on the persistent worker pool; ``"ray"`` on a Ray cluster. With a
+    ``merger``, every finished chunk is handed to it at once (so the copy into
+    the final arrays overlaps the tokenizing).
+
+    Every executor reports failures the same way. On a bad record
+    (``on_error="raise"``), an encoder bug, a dead worker or Ctrl-C, the
+    other tasks are stopped, their chunk files are left in ``out_dir`` for the
+    caller to remove (it made the directory) and the error is raised: the
+    :class:`~vecpack.errors.InputError` of the first bad record in input order
+    (at file:line), :class:`~vecpack.errors.EncoderError`,
+    :class:`~vecpack.errors.WorkerDiedError`, or ``KeyboardInterrupt``.
+    """
+    run = _Execution(tasks, out_dir, merger, _Bar(tasks, progress and len(tasks) > 0, desc))
+    try:
+        if executor == "ray":
+            from vecpack.tokenizing import ray as _ray  # lazy: imports ray
+
+            _ray.execute(tasks, encoder, out_dir, on_error=on_error, done=run.done)
+        elif n_jobs <= 1 or len(tasks) <= 1:
+            _execute_inline(run, encoder, on_error)
+        else:
+            _execute_pool(run, encoder, on_error, min(n_jobs, len(tasks)))
+        run.bar.close(final=sum(m.records for m in run.metas))
+        return run.metas  # type: ignore[return-value]
+    except ChunkError as e:
+        run.bar.close()
+        raise located_error(tasks[e.index], e.local, e.reason, e.crash) from e.__cause__
+    except BaseException:
+        run.bar.close()
+        raise
+    finally:
+        run.close()
+
+
+class _Execution:
+    """One run's shared state: the progress slots, the bar, the metas, the merger.
+
+    ``slots`` is a memory-mapped ``int64`` file: slot 0 is the abort flag the
+    workers check, slot ``1 + i`` the records task ``i`` has done.
+    """
+
+    def __init__(self, tasks, out_dir: str, merger, bar):
+        self.tasks, self.out_dir, self.merger, self.bar = tasks, out_dir, merger, bar
+        self.progress_path = os.path.join(out_dir, "progress.i64")
+        self.slots = np.memmap(self.progress_path, dtype=np.int64, mode="w+", shape=(1 + len(tasks),))
+        self.direct = merger.direct_target(out_dir, len(tasks)) if merger is not None else None
+        self.metas: list[ChunkMeta | None] = [None] * len(tasks)
+        self.failed = False
+
+    def done(self, task: ChunkTask, meta: ChunkMeta) -> None:
+        """A task finished: keep its meta, count its rows, hand it to the merger."""
+        self.metas[task.index] = meta
+        self.slots[1 + task.index] = meta.records
+        self.bar.finished(task, meta)
+        if self.merger is not None and not self.failed:
+            self.merger.add(meta)
+        self.bar.update(self.slots)
+
+    def close(self) -> None:
+        del self.slots
+
+
+def _execute_inline(run: _Execution, encoder, on_error: str) -> None:
+    slots, last = run.slots, [time.monotonic()]
+    for task in run.tasks:
+        def progress(done, _slot=1 + task.index):
+            slots[_slot] = done
+            now = time.monotonic()
+            if now - last[0] > 0.1:
+                last[0] = now
+                run.bar.update(slots)
+        run.done(task, tokenize_chunk(task, encoder, run.out_dir, on_error=on_error,
+                                      progress=progress, direct=run.direct))
+
+
+def _execute_pool(run: _Execution, encoder, on_error: str, n_jobs: int) -> None:
+    from joblib.externals.loky.process_executor import BrokenProcessPool
+
+    key, blob = _pool._pickled(encoder)
+    enc_path = os.path.join(run.out_dir, "encoder.pkl")
+    with open(enc_path, "wb") as f:
+        f.write(blob)
+    ex = _pool._executor(n_jobs)
+    slots, futures = run.slots, {}
+    try:
+        for task in run.tasks:
+            fut = ex.submit(_pool.run_chunk, task, key, enc_path, run.out_dir, on_error,
+                            run.progress_path, len(slots), run.direct)
+            futures[fut] = task
+        pending = set(futures)
+        error: BaseException | None = None
+        while pending:
+            done, pending = wait(pending, timeout=0.1, return_when=FIRST_COMPLETED)
+            for fut in done:
+                task = futures[fut]
+                if fut.cancelled():
+                    continue
+                exc = fut.exception()
+                if exc is None:
+                    run.done(task, fut.result())
+                    continue
+                if isinstance(exc, _pool.Aborted):
+                    continue
+                if error is None or earlier(exc, error):
+                    error = exc
+                run.failed = True
+                if isinstance(exc, BrokenProcessPool):
+                    pending = set()  # loky already stopped every worker
+                    break
+                slots[0] = 1  # running tasks stop at their next check; queued ones at once
+            run.bar.update(slots)
+        if error is not None:
+            if isinstance(error, BrokenProcessPool):
+                raise _pool._died(error) from None
+            raise error
+    except BaseException as exc:
+        # Ctrl-C (or an error above): stop the workers' tasks before the caller removes out_dir
+        # (futures are not cancelled: loky trips over cancelled futures when it is killed)
+        slots[0] = 1
+        _, still = wait(list(futures), timeout=2 if isinstance(exc, KeyboardInterrupt) else 10)
+        if still:  # a task ignores the abort flag (stuck in native code): kill the pool
+            ex.shutdown(wait=True, kill_workers=True)
+        raise
+
+
+def earlier(exc: BaseException, current: BaseException) -> bool:
+    """Prefer the bad record that comes first in the input (deterministic messages)."""
+    return (isinstance(exc, ChunkError) and isinstance(current, ChunkError)
+            and (exc.index, exc.local) < (current.index, current.local))
+
+
+class _Bar:
+    """One tqdm bar over all workers, fed from the shared progress slots."""
+
+    def __init__(self, tasks: list[ChunkTask], enabled: bool, desc: str):
+        self.enabled = enabled
+        self.bar = None
+        if not enabled:
+            return
+        from tqdm.auto import tqdm
+
+        text = [t for t in tasks if reader(t.kind).text]
+        self.known = sum(reader(t.kind).known_rows(t.source, t.start, t.stop)
+                         for t in tasks if not reader(t.kind).text)
+        self.text_bytes = sum(t.stop - t.start for t in text)
+        self.rate = next((r for r in (reader(k).rows_per_byte([t for t in text if t.kind == k])
+                                      for k in dict.fromkeys(t.kind for t in text)) if r), 1 / 2000)
+        self.done_rows = 0
+        self.done_bytes = 0
+        self.bar = tqdm(total=self._total(), unit=" rows", desc=desc, dynamic_ncols=True,
+                        smoothing=0.1, file=sys.stderr)
+
+    def _total(self) -> int:
+        return int(self.known + self.text_bytes * self.rate)
+
+    def finished(self, task: ChunkTask, meta: ChunkMeta) -> None:
+        if self.bar is not None and reader(task.kind).text and task.stop > task.start:
+            self.done_rows += meta.records
+            self.done_bytes += task.stop - task.start
+            self.rate = self.done_rows / self.done_bytes
+
+    def update(self, slots: np.ndarray) -> None:
+        if self.bar is None:
+            return
+        n = int(slots[1:].sum())
+        total = max(self._total(), n)
+        if abs(total - (self.bar.total or 0)) > 0.002 * total:
+            self.bar.total = total
+        if n > self.bar.n:
+            self.bar.update(n - self.bar.n)
+
+    def close(self, final: int | None = None) -> None:
+        if self.bar is not None:
+            if final is not None:
+                self.bar.total = final
+                self.bar.n = final
+                self.bar.refresh()
+            self.bar.close()

@@ -1,0 +1,318 @@
+"""Chunk arrays -> the final flat arrays, in input order, while the other chunks are still tokenizing.
+
+Workers write a chunk's tokens and labels straight into the final ``.npy``
+files when every earlier chunk's size is known (:class:`DirectTarget`), else
+into chunk files; :class:`ChunkMerger` takes each finished chunk in any
+order, appends it as soon as every earlier one is in (a kernel-side copy),
+and writes ``offsets`` and ``row_ids`` as it goes::
+
+    chunk 0 (direct) ┐
+    chunk 2 (file)   ├─► ChunkMerger.add (any order) ──► tokens.npy labels.npy offsets.npy row_ids.npy
+    chunk 1 (direct) ┘        appends in order, deletes chunk files as it copies them
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import threading
+import uuid
+from dataclasses import dataclass
+
+import numpy as np
+
+from vecpack.tokenizing.tasks import ChunkMeta
+
+__all__ = ["ChunkMerger", "DirectTarget", "merge_chunks"]
+
+_SUFFIXES = ("tokens", "labels")
+
+
+@dataclass(frozen=True)
+class DirectTarget:
+    """Where workers may write a chunk's arrays in place: the final ``.npy`` files.
+
+    ``counts`` is a shared ``int64`` file with one slot per task (-1 until that
+    task's token count is known). A worker records its count, and if every
+    earlier slot is filled it knows its offset and writes (``pwrite``) its tokens
+    and labels there; else it writes chunk files that the driver copies in.
+    The regions never overlap, so writers need no lock.
+    """
+
+    counts_path: str
+    n_tasks: int
+    tokens_path: str
+    labels_path: str
+    header: int
+
+    def write(self, index: int, tokens: np.ndarray, labels: np.ndarray) -> bool:
+        counts = np.memmap(self.counts_path, dtype=np.int64, mode="r+", shape=(self.n_tasks,))
+        try:
+            counts[index] = len(tokens)
+            before = np.array(counts[:index])
+        finally:
+            del counts
+        if (before < 0).any():
+            return False
+        offset = self.header + int(before.sum()) * 4
+        for path, arr in ((self.tokens_path, tokens), (self.labels_path, labels)):
+            _pwrite_all(path, np.ascontiguousarray(arr, dtype=np.int32), offset)
+        return True
+
+
+def _pwrite_all(path: str, arr: np.ndarray, offset: int) -> None:
+    view = memoryview(arr).cast("B")
+    fd = os.open(path, os.O_WRONLY)
+    try:
+        done = 0
+        while done < len(view):
+            done += os.pwrite(fd, view[done:done + (1 << 30)], offset + done)
+    finally:
+        os.close(fd)
+
+
+_NPY_HEADER = 128  # bytes reserved for the header of a streamed .npy file
+_SYNC_EVERY = 256 << 20  # bytes of tokens + labels between background flushes of a kept result
+
+
+def _npy_data_offset(f) -> tuple[int, tuple, np.dtype]:
+    version = np.lib.format.read_magic(f)
+    shape, _, dtype = (np.lib.format.read_array_header_1_0(f) if version == (1, 0)
+                       else np.lib.format.read_array_header_2_0(f))
+    return f.tell(), shape, dtype
+
+
+_COPY = ["copy_file_range", "sendfile", "read"]  # kernel copies first; drop what fails here
+
+
+def _copy_range(src, dst, offset: int, count: int) -> int:
+    """Copy up to ``count`` bytes of ``src`` from ``offset`` to ``dst``'s position."""
+    while True:
+        how = _COPY[0]
+        try:
+            if how == "copy_file_range":
+                return os.copy_file_range(src.fileno(), dst.fileno(), count, offset)
+            if how == "sendfile":
+                return os.sendfile(dst.fileno(), src.fileno(), offset, count)
+        except (OSError, AttributeError) as e:
+            if isinstance(e, OSError) and e.errno not in (18, 22, 38, 95):  # EXDEV EINVAL ENOSYS EOPNOTSUPP
+                raise
+            if len(_COPY) > 1 and _COPY[0] == how:
+                _COPY.pop(0)
+            continue
+        src.seek(offset)
+        return dst.write(src.read(min(count, 1 << 24)))
+
+
+class _NpyAppender:
+    """A 1-D ``.npy`` file written by appending; its header is written at :meth:`close`."""
+
+    def __init__(self, path: str, dtype):
+        self.path = path
+        self.dtype = np.dtype(dtype)
+        self.n = 0
+        self.f = open(path, "wb", buffering=0)
+        self.f.write(b"\0" * _NPY_HEADER)
+
+    def append(self, arr: np.ndarray) -> None:
+        arr = np.ascontiguousarray(arr, dtype=self.dtype)
+        if arr.size:
+            self.f.write(memoryview(arr).cast("B"))
+        self.n += arr.size
+
+    def skip(self, count: int) -> None:
+        """Account for ``count`` items that a worker wrote in place (see :class:`DirectTarget`)."""
+        self.n += count
+        self.f.seek(_NPY_HEADER + self.n * self.dtype.itemsize)
+
+    def append_npy(self, path: str, expect: int) -> None:
+        """Append the data of a ``.npy`` file (copied by the kernel, not through Python)."""
+        with open(path, "rb", buffering=0) as src:
+            offset, shape, dtype = _npy_data_offset(src)
+            if shape != (expect,) or dtype != self.dtype:
+                raise RuntimeError(f"chunk file {path} holds {dtype}{shape}, expected "
+                                   f"{self.dtype}({expect},)")
+            left = expect * self.dtype.itemsize
+            while left > 0:
+                n = _copy_range(src, self.f, offset, left)
+                if n <= 0:
+                    raise RuntimeError(f"chunk file {path} is truncated")
+                offset += n
+                left -= n
+        self.n += expect
+
+    def close(self) -> None:
+        size = os.fstat(self.f.fileno()).st_size
+        if size != _NPY_HEADER + self.n * self.dtype.itemsize:
+            raise RuntimeError(f"{self.path} holds {size} bytes, expected "
+                               f"{_NPY_HEADER + self.n * self.dtype.itemsize} (a chunk went missing)")
+        header = ("{'descr': %r, 'fortran_order': False, 'shape': (%d,), }"
+                  % (self.dtype.str, self.n)).encode("latin1")
+        magic = b"\x93NUMPY\x01\x00"
+        room = _NPY_HEADER - len(magic) - 2
+        header = header + b" " * (room - len(header) - 1) + b"\n"
+        self.f.seek(0)
+        self.f.write(magic + room.to_bytes(2, "little") + header)
+        self.f.close()
+
+    def abort(self) -> None:
+        self.f.close()
+        try:
+            os.unlink(self.path)
+        except OSError:
+            pass
+
+
+class ChunkMerger:
+    """Concatenate chunk files in input order as they arrive, deleting each one once copied.
+
+    The driver feeds :meth:`add` every :class:`ChunkMeta` as its task
+    finishes (in any order); chunks are appended as soon as all earlier ones
+    are in, so the copy overlaps the tokenizing and chunk files do not pile up.
+
+    Args:
+        out_dir: where ``tokens.npy``, ``labels.npy``, ``offsets.npy`` and
+            ``row_ids.npy`` are written.
+        keep: ``True``: the files stay and :meth:`finish` returns read-only
+            memory maps of them; ``False``: :meth:`finish` maps them
+            copy-on-write and unlinks them (in-memory arrays, no final copy).
+    """
+
+    _ARRAYS = (("tokens", np.int32), ("labels", np.int32), ("offsets", np.int64),
+               ("row_ids", np.int64))
+
+    def __init__(self, out_dir: str, *, keep: bool = True):
+        os.makedirs(out_dir, exist_ok=True)
+        self.out_dir, self.keep = out_dir, keep
+        self.files = {name: _NpyAppender(os.path.join(out_dir, f"{name}.npy"), dt)
+                      for name, dt in self._ARRAYS}
+        self.files["offsets"].append(np.zeros(1, np.int64))
+        self.pending: dict[int, ChunkMeta] = {}
+        self.next = 0
+        self.tokens = 0
+        self.records = 0
+        self._synced = 0          # tokens flushed to disk by the background syncer
+        self._syncer = None
+
+    def direct_target(self, work_dir: str, n_tasks: int) -> DirectTarget:
+        """Let the workers of one run write chunks straight into ``tokens.npy`` / ``labels.npy``."""
+        counts_path = os.path.join(work_dir, f"counts-{uuid.uuid4().hex[:8]}.i64")
+        counts = np.memmap(counts_path, dtype=np.int64, mode="w+", shape=(max(1, n_tasks),))
+        counts[:] = -1
+        counts.flush()
+        del counts
+        return DirectTarget(counts_path, max(1, n_tasks), self.files["tokens"].path,
+                            self.files["labels"].path, _NPY_HEADER)
+
+    def add(self, meta: ChunkMeta) -> None:
+        self.pending[meta.index] = meta
+        while self.next in self.pending:
+            self._append(self.pending.pop(self.next))
+            self.next += 1
+
+    def _append(self, m: ChunkMeta) -> None:
+        f = self.files
+        if m.direct:
+            f["tokens"].skip(m.tokens)
+            f["labels"].skip(m.tokens)
+        else:
+            f["tokens"].append_npy(m.path("tokens"), m.tokens)
+            f["labels"].append_npy(m.path("labels"), m.tokens)
+            for name in _SUFFIXES:
+                os.unlink(m.path(name))
+        f["offsets"].append(np.cumsum(m.lengths) + self.tokens)
+        f["row_ids"].append(m.rows + self.records)
+        self.tokens += m.tokens
+        self.records += m.records
+        if self.keep and (self.tokens - self._synced) * 8 >= _SYNC_EVERY:
+            self._sync_behind()
+
+    def _sync_behind(self) -> None:
+        """Flush the written part of the big files to disk in a thread, while tokenizing goes on.
+
+        The cache fsyncs an entry before publishing it; flushing as we go
+        leaves only the tail for that fsync instead of a gigabyte.
+        """
+        if self._syncer is not None and self._syncer.is_alive():
+            return
+        paths = [self.files["tokens"].path, self.files["labels"].path]
+        self._synced = self.tokens
+
+        def run():
+            for path in paths:
+                try:
+                    fd = os.open(path, os.O_RDONLY)
+                    try:
+                        os.fdatasync(fd)
+                    finally:
+                        os.close(fd)
+                except OSError:  # best effort: the cache's own fsync follows
+                    pass
+
+        self._syncer = threading.Thread(target=run, name="vecpack-sync", daemon=True)
+        self._syncer.start()
+
+    def finish(self):
+        """Close the files and return the :class:`~vecpack.tokenizing.corpus.Tokenized` (empty stats)."""
+        from vecpack.tokenizing.tokenized import Tokenized
+
+        if self.pending:
+            raise RuntimeError(f"chunk {self.next} never arrived (have {sorted(self.pending)})")
+        if self._syncer is not None:
+            self._syncer.join()
+        arrays = {}
+        for name, _ in self._ARRAYS:
+            self.files[name].close()
+            path = self.files[name].path
+            if self.keep:
+                arrays[name] = np.load(path, mmap_mode="r")
+            else:  # the mapping keeps the data alive after the unlink
+                arrays[name] = np.asarray(np.load(path, mmap_mode="c"))
+                os.unlink(path)
+        return Tokenized(stats={}, **arrays)
+
+    def abort(self) -> None:
+        if self._syncer is not None:
+            self._syncer.join()
+        for f in self.files.values():
+            f.abort()
+
+
+def merge_chunks(metas: list[ChunkMeta], out_dir: str | None = None):
+    """Concatenate chunk files in input order into a :class:`~vecpack.tokenizing.corpus.Tokenized`.
+
+    Each chunk's files are deleted as soon as they are copied. ``row_ids`` are
+    global: the records of earlier chunks are added to each chunk's local rows.
+
+    Args:
+        metas: one :class:`ChunkMeta` per task (any order).
+        out_dir: write ``tokens.npy``, ``labels.npy``, ``offsets.npy`` and
+            ``row_ids.npy`` there and return them memory-mapped (read-only);
+            ``None`` returns in-memory arrays (built next to the chunk files).
+
+    Returns:
+        ``Tokenized`` with empty ``stats`` (the caller fills them in).
+    """
+    metas = sorted(metas, key=lambda m: m.index)
+    if not metas:
+        from vecpack.tokenizing.tokenized import Tokenized
+
+        if out_dir is not None:
+            return ChunkMerger(out_dir).finish()
+        return Tokenized(np.zeros(0, np.int32), np.zeros(0, np.int32), np.zeros(1, np.int64),
+                         np.zeros(0, np.int64), {})
+    work = out_dir if out_dir is not None else os.path.join(metas[0].out_dir,
+                                                            f"merge-{uuid.uuid4().hex[:8]}")
+    merger = ChunkMerger(work, keep=out_dir is not None)
+    try:
+        for m in metas:
+            merger.add(m)
+        result = merger.finish()
+    except BaseException:
+        merger.abort()
+        raise
+    finally:
+        if out_dir is None:
+            shutil.rmtree(work, ignore_errors=True)
+    return result
+

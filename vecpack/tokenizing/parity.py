@@ -1,0 +1,283 @@
+"""The tiktoken-vs-HF parity check: probes, HF ``tokenizers`` in a lean process, the verdict.
+
+Before vecpack trusts its tiktoken engine for a tokenizer, the engine must
+give the ids HF ``tokenizers`` gives on fixed probe strings, the tokenizer's
+added tokens and a sample of the dataset's own rendered rows::
+
+    driver                                      HF process (one per driver process)
+    ------                                      -----------------------------------
+    start(): probes + sample ── texts ────────► Tokenizer.from_file (once) -> ids
+      │                                                        │
+      └─ tiktoken ids: a pool worker's task                    │
+         (it has the engine), or here                          │
+                    │                                          │
+                    └──► Check.result(): "" (same ids) ◄───────┘
+                         or where they first differ
+
+The HF side runs in a process of its own that imports only the standard
+library and ``tokenizers`` (:mod:`vecpack._hf_server`). Loading the Qwen2.5
+tokenizer takes about 0.4 s and 150 MB. Elsewhere it would cost more: a pool
+worker pays it, then the next call's check may land on the other worker (loky
+cannot send a task to a given worker), which pays it again; a thread in the
+driver would hold the GIL for the whole load (``Tokenizer.from_file`` does
+not release it) and stall the pool's feeder threads. The process lives as
+long as the driver process, and exits when the driver does (its stdin
+closes); a forked child starts its own when it needs one. A process that was
+killed is replaced once; where none can run, HF tokenizers is loaded in the
+driver instead.
+
+>>> probes(["<|im_end|>"], ["Hi"])[-3:]
+['<|im_end|>', 'a<|im_end|>b', 'Hi']
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import pathlib
+import pickle
+import subprocess
+import sys
+import threading
+from concurrent.futures import Future, ThreadPoolExecutor
+
+from vecpack.tokenizing import _hf_server
+from vecpack.tokenizing.runtime import tiktoken_ids
+from vecpack.tokenizing.spec import Unsupported, tiktoken_spec
+
+__all__ = ["PROBES", "Check", "HFProcessExited", "preload", "probes", "reason", "shutdown", "start", "verdict"]
+
+PROBES = (
+    "Hello world! It's 2024-06-01, isn't it? I'LL SEE you'RE 123456789 times.",
+    "  leading spaces\n\n\ntrailing   \t\n  \r\n\r\n x",
+    "ação, coração, São Paulo — «citações» ¿qué? naïve café 日本語のテキスト 한국어 Ελληνικά",
+    "emoji 🤖🚀👩‍💻 flags 🇧🇷 combining e\u0301 a\u0300 \u212b Å",
+    "def f(x):\n    return x**2  # comment\n\tindent = {'a': [1, 2]}\n",
+    "1 12 123 1234 12345 3.14159 1,000,000 ½ ² ٣",
+    "\u00a0nbsp\u2003em\u3000ideographic \u200b zero\u200dwidth",
+)
+_TIMEOUT = 600.0  # seconds a check may take before it counts as failed (HF then runs)
+
+
+def probes(added, texts) -> list[str]:
+    """Every text a check compares: :data:`PROBES`, the added tokens, then ``texts``."""
+    specials = " ".join(sorted(added)[:8])
+    return [*PROBES, specials, f"a{specials.replace(' ', '')}b", *texts]
+
+
+def verdict(texts, ours, theirs, where=None) -> str:
+    """``""`` if ``ours[i] == theirs[i]`` for every text, else where they first differ.
+
+    ``where(text, i)`` gives the character offset of token ``i`` (for the message).
+
+    >>> verdict(["ab"], [[1, 2]], [[1, 3]], lambda text, i: i)
+    "tiktoken and HF tokenizers differ on a sample at token 1 (text near 'ab')"
+    """
+    for text, mine, hf in zip(texts, ours, theirs):
+        if list(mine) != list(hf):
+            i = next((k for k, (a, b) in enumerate(zip(mine, hf)) if a != b), min(len(mine), len(hf)))
+            at = where(text, i) if where is not None else 0
+            return (f"tiktoken and HF tokenizers differ on a sample at token {i} "
+                    f"(text near {text[max(0, at - 20):][:40]!r})")
+    return ""
+
+
+class Check:
+    """A parity check under way. :meth:`result` never raises: a check that could not
+    run is a failed check (its reason says so), and HF tokenizers runs instead."""
+
+    def __init__(self, path: str, texts, theirs: Future | None, ours: Future | None,
+                 failed: str = "", file: tuple = ()):
+        self.path, self.texts, self._file = path, texts, file  # file: (tokenizer.json, version)
+        self._theirs, self._ours, self._failed = theirs, ours, failed
+        self._reason = None
+
+    def done(self) -> bool:
+        return self._failed != "" or self._reason is not None or (
+            self._theirs.done() and (self._ours is None or self._ours.done()))
+
+    def result(self, timeout: float | None = _TIMEOUT) -> str:
+        if self._failed:
+            return self._failed
+        if self._reason is None:
+            self._reason = self._decide(timeout)
+        return self._reason
+
+    def _decide(self, timeout) -> str:
+        try:
+            ours = (tiktoken_ids(self.path, self.texts) if self._ours is None
+                    else self._ours.result(timeout))
+            if isinstance(ours, str):  # the engine cannot be built for this tokenizer
+                return ours
+            file, key = self._file
+            theirs = _ask(("ids", file, key, self.texts), timeout, self._theirs)
+            return verdict(self.texts, ours, theirs,
+                           lambda text, i: _ask(("where", file, key, text, i), timeout))
+        except Exception as e:
+            return f"the parity check could not run ({type(e).__name__}: {e})"
+
+
+def _ask(request, timeout, sent: Future | None = None):
+    """The HF process's answer to ``request`` (``sent``: already on its way).
+
+    If the process was killed (out of memory?), one more try in a fresh one;
+    if it cannot run at all (it cannot start, or dies again), the answer is
+    computed here, loading HF tokenizers in this process.
+    """
+    for attempt in range(2):
+        try:
+            return (sent if attempt == 0 and sent is not None else _server().call(*request)).result(timeout)
+        except HFProcessExited:
+            continue
+        except OSError:
+            break
+    status, value = _hf_server.handle(request, _HERE)
+    return value
+
+
+def start(path: str, texts, tiktoken_side=None) -> Check:
+    """Start checking the tiktoken engine of tokenizer directory ``path`` on ``texts``.
+
+    The HF side starts now, in the HF process. ``tiktoken_side(all_texts)``,
+    if given, returns a future of the tiktoken ids (a pool task); else they
+    are computed here when :meth:`Check.result` is called.
+    """
+    try:
+        added = tiktoken_spec(pathlib.Path(path))[2]
+    except Unsupported as e:
+        return Check(path, (), None, None, failed=str(e))
+    texts = tuple(probes(added, texts))
+    try:
+        file, key = _tokenizer_file(path)
+        theirs = _server().call("ids", file, key, texts)
+        ours = tiktoken_side(texts) if tiktoken_side is not None else None
+    except Exception as e:
+        return Check(path, texts, None, None,
+                     failed=f"the parity check could not run ({type(e).__name__}: {e})")
+    return Check(path, texts, theirs, ours, file=(file, key))
+
+
+def reason(path: str, texts) -> str:
+    """``""`` if tiktoken reproduces HF tokenizers on the probes and ``texts``, else why not."""
+    return start(path, texts).result()
+
+
+def preload(path: str) -> None:
+    """Have the HF process load tokenizer directory ``path`` now, ahead of a check."""
+    try:
+        path = pathlib.Path(path).expanduser().resolve()  # as the encoder will name it
+        tiktoken_spec(path)  # (memoised; the encoder reads it next anyway)
+        file, key = _tokenizer_file(str(path))
+        _server().call("load", file, key)
+    except (OSError, ValueError, RuntimeError, Unsupported):  # no check, or it will say why
+        pass
+
+
+def shutdown() -> None:
+    """Stop this process's HF process (a later check starts another)."""
+    with _HF.lock:
+        server, _HF.server = _HF.server, None
+    if server is not None:
+        server.close()
+
+
+def _tokenizer_file(path: str) -> tuple[str, tuple]:
+    file = pathlib.Path(path) / "tokenizer.json"
+    st = file.stat()
+    return str(file), (st.st_size, st.st_mtime_ns)
+
+
+# --------------------------------------------------------------------------- the HF process
+
+_LAUNCH = ("import runpy, sys; f = sys.argv[1]; sys.path[:] = sys.argv[2:]; "
+           "runpy.run_path(f, run_name='__main__')")
+_ENV = {"TOKENIZERS_PARALLELISM": "false", "RAYON_NUM_THREADS": "1"}
+
+
+_HERE = _hf_server._Tokenizers()  # HF tokenizers in this process, when the HF process cannot run
+
+
+class HFProcessExited(RuntimeError):
+    """The HF process exited before it answered (the next request starts another)."""
+
+
+class _Server:
+    """The HF process and the one thread that talks to it (requests go in call order)."""
+
+    def __init__(self):
+        self.io = ThreadPoolExecutor(1, thread_name_prefix="vecpack-hf-check")
+        self.proc: subprocess.Popen | None = None
+        self.dead = False
+
+    def call(self, *request) -> Future:
+        return self.io.submit(self._roundtrip, request)
+
+    def _roundtrip(self, request):
+        if self.proc is None:
+            script = str(pathlib.Path(__file__).with_name("_hf_server.py"))
+            self.proc = subprocess.Popen([sys.executable, "-c", _LAUNCH, script, *sys.path],
+                                         stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                         env={**os.environ, **_ENV})
+        try:
+            _hf_server._write_frame(self.proc.stdin, request)
+            reply = _hf_server._read_frame(self.proc.stdout)
+            if reply is None:
+                raise EOFError
+            status, value = reply
+        except (OSError, EOFError, pickle.UnpicklingError, ValueError):
+            self.dead = True
+            try:
+                code = self.proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                code = None
+            raise HFProcessExited(f"the HF tokenizers process exited (status {code})") from None
+        if status != "ok":
+            raise RuntimeError(value)
+        return value
+
+    def close(self) -> None:
+        self.io.shutdown(wait=False, cancel_futures=True)
+        proc = self.proc
+        if proc is not None and proc.poll() is None:
+            try:
+                proc.stdin.close()  # the process exits at end of input
+                proc.wait(timeout=2)
+            except (OSError, subprocess.TimeoutExpired):
+                proc.kill()
+                proc.wait()
+
+
+class _Holder:
+    """This process's HF process (``server``), and the lock that starts it."""
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.server: _Server | None = None
+
+
+_HF = _Holder()
+
+
+def _server() -> _Server:
+    with _HF.lock:
+        if _HF.server is None or _HF.server.dead:
+            if _HF.server is not None:
+                _HF.server.close()
+            _HF.server = _Server()
+        return _HF.server
+
+
+def _forget_after_fork() -> None:
+    """A forked child does not talk to its parent's HF process (it starts its own)."""
+    server, _HF.server, _HF.lock = _HF.server, None, threading.Lock()
+    if server is not None:
+        if server.proc is not None:
+            for pipe in (server.proc.stdin, server.proc.stdout):
+                try:
+                    pipe.close()  # this process's copies only: the parent's stay open
+                except OSError:
+                    pass
+
+
+os.register_at_fork(after_in_child=_forget_after_fork)
+atexit.register(shutdown)

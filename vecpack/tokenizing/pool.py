@@ -1,0 +1,401 @@
+"""The persistent loky worker pool: start it early, keep it, stop it; what its workers run.
+
+::
+
+    driver                           loky workers (persistent, one per core)
+    ------                           ---------------------------------------
+    warm(): start the pool  ───────► build the tokenizer engine (_warm)
+    start_check(): first task ─────► one worker: the sample's tiktoken ids (HF's come from
+                                       vecpack.tokenizing.parity's HF process; the driver compares)
+    executors.execute(tasks) ──────► run_chunk(task): vecpack.tokenizing.rows.tokenize_chunk
+
+The pool outlives a call (idle workers stay 5 minutes) so a process pays the
+start-up once. The encoder is pickled once per call into the chunk directory
+and unpickled once per worker process (kept for the next call). Chunk files
+live in ``/dev/shm`` when it has room (:func:`chunk_dir`). A worker that dies
+breaks the pool: the next call starts a fresh one.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import pickle
+import re
+import shutil
+import tempfile
+import threading
+import uuid
+from concurrent.futures import wait
+
+import numpy as np
+
+from vecpack._state import memo
+from vecpack.errors import WorkerDiedError
+from vecpack.tokenizing import parity
+from vecpack.tokenizing.rows import tokenize_chunk
+from vecpack.tokenizing.runtime import runtime, tiktoken_ids
+from vecpack.tokenizing.tasks import ChunkMeta, ChunkTask
+
+__all__ = ["chunk_dir", "effective_n_jobs", "ready", "shutdown", "start_check", "warm"]
+
+
+class Aborted(Exception):
+    """The driver asked the workers to stop (error elsewhere, or Ctrl-C)."""
+
+
+# --------------------------------------------------------------------------- worker side
+
+
+_WORKER_ENCODERS = memo("worker encoders", 2)   # key -> encoder, in each worker process
+
+
+def load_encoder(key: str, path: str):
+    """The encoder pickled at ``path``, unpickled once per worker process (the last two kept)."""
+    enc = _WORKER_ENCODERS.get(key)
+    if enc is None:
+        with open(path, "rb") as f:
+            enc = pickle.load(f)
+        _WORKER_ENCODERS[key] = enc
+    return enc
+
+
+_WORKER_GROWTH_BYTES = 3 << 29  # 1.5 GiB: what a worker may grow by before loky restarts it
+
+
+def _allow_engine_memory() -> None:
+    """Let this worker hold its tokenizer engines without being restarted as a "leak".
+
+    loky measures a worker's memory after its first task and restarts it (with a
+    "A worker stopped while some jobs were given to the executor" warning) once it
+    grows by 300 MB. Engines load on first use: HF tokenizers for Qwen2.5 alone
+    is 157 MB, tiktoken 57 MB, plus a chunk's arrays, so a worker whose first
+    task was the warm-up would be restarted (and reload everything) mid-run.
+    """
+    from joblib.externals.loky import process_executor
+
+    if getattr(process_executor, "_MAX_MEMORY_LEAK_SIZE", 0) < _WORKER_GROWTH_BYTES:
+        process_executor._MAX_MEMORY_LEAK_SIZE = _WORKER_GROWTH_BYTES
+
+
+def run_chunk(task: ChunkTask, enc_key: str, enc_path: str, out_dir: str, on_error: str,
+              progress_path: str, n_slots: int, direct=None) -> ChunkMeta:
+    """The function loky workers run: one task, with progress and abort through a shared array."""
+    _allow_engine_memory()
+    slots = np.memmap(progress_path, dtype=np.int64, mode="r+", shape=(n_slots,))
+    if slots[0]:
+        raise Aborted()
+    slot = 1 + task.index
+
+    def progress(done: int, slots=slots) -> None:
+        slots[slot] = done
+        if slots[0]:
+            raise Aborted()
+
+    encoder = load_encoder(enc_key, enc_path)
+    try:
+        return tokenize_chunk(task, encoder, out_dir, on_error=on_error, progress=progress,
+                              direct=direct)
+    finally:
+        del slots, progress  # unmap the progress file now, not at the next collection
+
+
+def _warm(tokenizer_path: str | None = None) -> int:
+    """Start a worker; with a tokenizer directory, also build its tiktoken engine now."""
+    _allow_engine_memory()
+    if tokenizer_path is not None:
+        try:
+            runtime(tokenizer_path, "tiktoken")
+        except Exception:  # unsupported (or unreadable): the real task says why
+            pass
+    return os.getpid()
+
+
+# --------------------------------------------------------------------------- driver side
+
+
+def effective_n_jobs(n_jobs: int | None) -> int:
+    """``-1`` -> every usable core; ``-2`` -> all but one; ``None`` -> 1."""
+    if n_jobs is None:
+        return 1
+    if not isinstance(n_jobs, (int, np.integer)) or isinstance(n_jobs, bool) or n_jobs == 0:
+        raise ValueError(f"n_jobs must be a non-zero integer (-1 = every core), got {n_jobs!r}")
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # macOS, Windows
+        cores = os.cpu_count() or 1
+    return max(1, int(n_jobs) if n_jobs > 0 else cores + 1 + int(n_jobs))
+
+
+_EXECUTOR_ENV = {"TOKENIZERS_PARALLELISM": "false", "RAYON_NUM_THREADS": "1"}
+
+
+class _Lifecycle:
+    """The pool's state in this process: who is starting it, its warm-up tasks, its size.
+
+    Attributes:
+        lock: held while the executor is made or resized (``warm`` may be doing it).
+        starter: the one background thread that starts pools (two threads importing
+            loky at once can deadlock), made on first use.
+        starting: the future of a start in progress.
+        warming: futures of the warm-up tasks of the current pool.
+        size: ``max_workers`` of the executor last asked for.
+        exit_pid: the process that registered the exit hook (a forked child registers again).
+    """
+
+    def __init__(self):
+        self.lock = threading.RLock()
+        self.starter_lock = threading.Lock()
+        self.starter = None
+        self.starting = None
+        self.warming: list = []
+        self.size: int | None = None
+        self.exit_pid: int | None = None
+
+
+_POOL = _Lifecycle()
+
+
+def _fresh_after_fork() -> None:
+    """A forked child gets fresh locks and no starter (its parent's thread may have held them)."""
+    exit_pid = _POOL.exit_pid
+    _POOL.__init__()
+    _POOL.exit_pid = exit_pid
+
+
+os.register_at_fork(after_in_child=_fresh_after_fork)
+
+
+def _executor(n_jobs: int):
+    starting = _POOL.starting
+    if starting is not None and not threading.current_thread().name.startswith("vecpack-start"):
+        # warm() is starting the pool: let it finish importing loky (two threads importing
+        # loky at once can deadlock) and launching the workers; we need them anyway
+        wait([starting], timeout=60)
+        _POOL.starting = None
+    from joblib.externals.loky import get_reusable_executor
+
+    with _POOL.lock:  # warm() may be starting the pool in its thread right now
+        if _POOL.warming and _POOL.size != n_jobs:  # let a resize find the warm-up tasks done
+            wait(_POOL.warming, timeout=30)
+            _POOL.warming = []
+        elif _POOL.warming and all(f.done() for f in _POOL.warming):
+            _POOL.warming = []
+        _stop_at_exit()
+        _POOL.size = n_jobs
+        # idle workers stay 5 minutes so later calls skip start-up (shutdown() frees them)
+        return get_reusable_executor(max_workers=n_jobs, timeout=300, env=_EXECUTOR_ENV)
+
+
+def _stop_at_exit() -> None:
+    """Stop the idle workers when this process exits.
+
+    Without this, a process that is itself a ``multiprocessing`` child (a
+    DataLoader worker, a user's own pool) waits at exit for multiprocessing to
+    join the idle loky workers, up to their 5-minute idle timeout. A
+    ``multiprocessing.util.Finalize`` with an exit priority runs before that
+    join, in the main process and in children alike.
+    """
+    if _POOL.exit_pid == os.getpid():
+        return
+    from multiprocessing import util
+
+    util.Finalize(None, _shutdown_existing, exitpriority=20)
+    _POOL.exit_pid = os.getpid()
+
+
+def _shutdown_existing() -> None:
+    from joblib.externals.loky import reusable_executor
+
+    held = _POOL.lock.acquire(timeout=10)  # let a pool that warm() is starting finish starting
+    try:
+        ex = reusable_executor._executor
+        if ex is not None:
+            ex.shutdown(wait=True, kill_workers=True)
+    finally:
+        if held:
+            _POOL.lock.release()
+
+
+def tokenizer_dir(tokenizer) -> str | None:
+    """``tokenizer`` as a directory holding ``tokenizer.json``, else None (an object, or no file)."""
+    if not isinstance(tokenizer, (str, os.PathLike)):
+        return None
+    path = os.fspath(tokenizer)
+    return path if os.path.isfile(os.path.join(path, "tokenizer.json")) else None
+
+
+def warm(n_jobs: int, tokenizer=None):
+    """Start the worker processes now (returns at once; they start in the background).
+
+    With a tokenizer directory, each worker also builds its tokenizer engine
+    while the driver is busy elsewhere (reading the template). Importing
+    loky and launching the processes blocks for about 0.2 s, so the one
+    background starter thread does it. Returns its future (None for
+    ``n_jobs <= 1``).
+    """
+    if n_jobs <= 1:
+        return None
+    path = tokenizer_dir(tokenizer)
+
+    def start():
+        ex = _executor(n_jobs)
+        with _POOL.lock:
+            if not _POOL.warming:  # else already warming
+                _POOL.warming = [ex.submit(_warm, path) for _ in range(n_jobs)]
+
+    fut = _in_background(start)
+    _POOL.starting = fut
+    return fut
+
+
+def ready(timeout: float | None = None) -> list[int]:
+    """Wait until the workers that :func:`warm` started are up with their engines built.
+
+    Returns their process ids (none if no warm-up is under way).
+    """
+    starting = _POOL.starting
+    if starting is not None:
+        wait([starting], timeout)
+    done, _ = wait(list(_POOL.warming), timeout)
+    return [f.result() for f in done if f.exception() is None]
+
+
+def _in_background(fn):
+    """Run ``fn`` in this process's one starter thread (in call order); returns a future."""
+    with _POOL.starter_lock:
+        if _POOL.starter is None:  # none yet (a forked child starts with none)
+            from concurrent.futures import ThreadPoolExecutor
+
+            _POOL.starter = ThreadPoolExecutor(1, thread_name_prefix="vecpack-start")
+        return _POOL.starter.submit(fn)
+
+
+def start_check(encoder, texts, n_jobs: int):
+    """Check ``encoder``'s tiktoken engine against HF tokenizers on ``texts``.
+
+    Returns a :class:`vecpack.tokenizing.parity.Check` (``result()``: ``""`` for the
+    same ids, else why not), or None when there is nothing to check. The HF
+    side runs in the HF process of :mod:`vecpack.tokenizing.parity`. With
+    ``n_jobs > 1`` the tiktoken side is the pool's next task, ahead of the
+    chunks submitted after this call (a worker has the engine); with
+    ``n_jobs == 1`` (one process, or one chunk tokenized here) it runs here
+    when the result is asked for, with this process's engine.
+    """
+    if texts is None or getattr(encoder, "backend", None) != "tiktoken":
+        return None
+    path = str(encoder.path)
+    if n_jobs <= 1:
+        return parity.start(path, texts)
+
+    def on_a_worker(all_texts):
+        try:
+            return _executor(n_jobs).submit(tiktoken_ids, path, all_texts)
+        except RuntimeError:  # the pool just broke or was shut down: a fresh one
+            _shutdown_existing()
+            return _executor(n_jobs).submit(tiktoken_ids, path, all_texts)
+
+    return parity.start(path, texts, on_a_worker)
+
+
+def shutdown() -> None:
+    """Stop the persistent worker processes and the parity check's HF process.
+
+    Both start again when needed.
+    """
+    _shutdown_existing()
+    _POOL.warming = []  # their workers are gone
+    parity.shutdown()
+
+
+def _shm_root() -> str | None:
+    return "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
+
+
+def _sweep_stale(root: str) -> None:
+    """Remove chunk directories left by vecpack processes that no longer exist (e.g. SIGKILLed)."""
+    try:
+        names = os.listdir(root)
+    except OSError:
+        return
+    for name in names:
+        m = re.fullmatch(r"vecpack-chunks-(\d+)-[0-9a-f]{8}", name)
+        if not m:
+            continue
+        pid = int(m.group(1))
+        if pid == os.getpid():
+            continue
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            shutil.rmtree(os.path.join(root, name), ignore_errors=True)
+        except PermissionError:
+            pass
+
+
+def chunk_dir(estimated_bytes: int, fallback: str | None = None, *, shared: bool = False) -> str:
+    """Make a fresh directory for chunk files.
+
+    ``/dev/shm`` when it has room for 1.5 times ``estimated_bytes``; else
+    ``fallback`` (the caller's ``out_dir``) or the system temp directory.
+    ``shared=True`` (Ray: writers on other machines) skips ``/dev/shm``,
+    which only this machine sees.
+    """
+    name = f"vecpack-chunks-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    shm = None if shared else _shm_root()
+    if shm is not None:
+        _sweep_stale(shm)
+        st = os.statvfs(shm)
+        if st.f_bavail * st.f_frsize > 1.5 * estimated_bytes + (64 << 20):
+            path = os.path.join(shm, name)
+            os.mkdir(path)
+            return path
+    root = fallback or tempfile.gettempdir()
+    os.makedirs(root, exist_ok=True)
+    path = os.path.join(root, "." + name)
+    os.mkdir(path)
+    return path
+
+
+_PICKLES = memo("pickled encoders", 4)  # id(encoder) -> (encoder, key, bytes)
+
+
+def _pickled(encoder) -> tuple[str, bytes]:
+    hit = _PICKLES.get(id(encoder))
+    if hit is not None and hit[0] is encoder:
+        return hit[1], hit[2]
+    try:
+        blob = pickle.dumps(encoder, protocol=pickle.HIGHEST_PROTOCOL)
+    except (pickle.PicklingError, AttributeError, TypeError) as e:
+        # a class defined in a function or a notebook: cloudpickle (which loky uses) copes
+        try:
+            import cloudpickle
+        except ImportError:
+            raise TypeError(f"the encoder cannot be pickled for the worker processes ({e}); "
+                            "define its class at module level or use n_jobs=1") from e
+        blob = cloudpickle.dumps(encoder, protocol=pickle.HIGHEST_PROTOCOL)
+    key = hashlib.sha1(blob).hexdigest()
+    _PICKLES[id(encoder)] = (encoder, key, blob)
+    return key, blob
+
+
+
+def _died(exc: BaseException) -> BaseException:
+    from joblib.externals.loky.process_executor import TerminatedWorkerError
+
+    text = str(exc)
+    if not isinstance(exc, TerminatedWorkerError):  # e.g. a task that failed to unpickle
+        return RuntimeError(f"the worker pool broke: {text.strip()}")
+    m = re.search(r"exit codes of the workers are \{([^}]*)\}", text)
+    codes = m.group(1) if m else "unknown"
+    if "SIGKILL" in codes or "-9" in codes:
+        cause = ("it was killed with SIGKILL, most likely by the out-of-memory killer: lower "
+                 "n_jobs, or check `dmesg` for 'Out of memory'")
+    elif "SIGSEGV" in codes or "-11" in codes:
+        cause = "it crashed (segmentation fault) inside native code (the tokenizer?)"
+    else:
+        cause = "it was killed by the operating system, usually for running out of memory"
+    return WorkerDiedError(f"a tokenizer worker process died (exit code {codes}); {cause}. "
+                           "No partial result was kept.")
+
+

@@ -1,0 +1,142 @@
+"""Tokenize on a Ray cluster: ``vecpack.tokenize(..., backend="ray")``.
+
+The same :class:`~vecpack.tokenizing.tasks.ChunkTask` ranges that loky workers take
+locally become Ray tasks. Each task tokenizes its range and writes its arrays
+straight into ``out_dir`` (a directory every node can see: a shared
+filesystem on a real cluster); only a few counters travel back to the
+driver, never tokens. The driver then merges the chunk files in input order,
+so the result is byte-identical to the local backend::
+
+    driver: plan_chunks ──► ray tasks ──► chunk-000000.*.npy ┐
+                            (retried on node loss)  ...       ├─► merge_chunks ─► Tokenized
+                                                    chunk-00000N.*.npy ┘
+
+A task writes into a private ``attempt-*`` directory and moves its files
+into place only after every array is on disk, so a task killed half-way
+(node lost, OOM) leaves nothing that the merge could pick up; Ray retries it
+(``max_retries``) and the retry starts from scratch.
+
+Connecting: ``address=None`` joins the cluster named by ``$RAY_ADDRESS`` or
+starts a local one; ``"auto"`` joins a running local cluster; ``"ray://host:10001"``
+a remote one. An already initialised Ray (``ray.init`` by the caller) is used
+as it is.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import uuid
+
+from vecpack.errors import WorkerDiedError
+from vecpack.tokenizing.rows import tokenize_chunk
+from vecpack.tokenizing.tasks import ChunkError
+
+__all__ = ["execute", "init"]
+
+MAX_RETRIES = 3
+
+
+def init(address: str | None = None, *, num_cpus: int | None = None):
+    """Connect to (or start) Ray unless it is running already; returns the ``ray`` module."""
+    try:
+        import ray
+    except ModuleNotFoundError as e:  # pragma: no cover - depends on the environment
+        raise ModuleNotFoundError("backend='ray' needs Ray: pip install 'vecpack[ray]'") from e
+    if not ray.is_initialized():
+        kwargs = {"ignore_reinit_error": True, "include_dashboard": False, "log_to_driver": False}
+        if address is None:
+            address = os.environ.get("RAY_ADDRESS") or None
+        if address is not None:
+            kwargs["address"] = address
+        elif num_cpus is not None:
+            kwargs["num_cpus"] = num_cpus
+        ray.init(**kwargs)
+    return ray
+
+
+def _run_task(task, encoder, out_dir: str, on_error: str):
+    """Body of one Ray task: tokenize into a private directory, then publish atomically."""
+    attempt = os.path.join(out_dir, f"attempt-{task.index:06d}-{uuid.uuid4().hex[:12]}")
+    os.makedirs(attempt)
+    try:
+        meta = tokenize_chunk(task, encoder, attempt, on_error=on_error)
+        for name in sorted(os.listdir(attempt)):
+            src = os.path.join(attempt, name)
+            with open(src, "rb") as f:
+                os.fsync(f.fileno())
+            os.replace(src, os.path.join(out_dir, name))
+        meta.out_dir = out_dir
+        return meta
+    finally:
+        shutil.rmtree(attempt, ignore_errors=True)
+
+
+def execute(tasks, encoder, out_dir: str, *, on_error: str, done, address: str | None = None,
+            num_cpus: int | None = None, max_retries: int = MAX_RETRIES) -> None:
+    """Run every task on Ray, calling ``done(task, meta)`` as each one finishes (any order).
+
+    Called by :func:`vecpack.tokenizing.executors.execute`, which locates the
+    errors: the first bad record (or encoder bug) in input order comes back as
+    its :class:`~vecpack.tokenizing.tasks.ChunkError`, as on every executor.
+
+    Args:
+        tasks: from :func:`vecpack.tokenizing.tasks.plan_chunks`.
+        encoder: the row encoder (shipped once through the object store).
+        out_dir: where chunk files land; must be visible to every node.
+        on_error: ``"raise"`` or ``"skip"``, as in :func:`vecpack.tokenize`.
+        done: called with each finished task and its meta.
+        address, num_cpus: see :func:`init`.
+        max_retries: how often Ray re-runs a task whose worker died.
+
+    Raises:
+        ChunkError: a bad record or an encoder bug, the first in input order.
+        WorkerDiedError: a task failed on every retry because its worker died.
+    """
+    ray = init(address, num_cpus=num_cpus)
+    from ray.exceptions import RayTaskError, WorkerCrashedError
+
+    try:
+        from ray.exceptions import NodeDiedError
+    except ImportError:  # pragma: no cover - older Ray
+        NodeDiedError = WorkerCrashedError
+
+    remote = ray.remote(num_cpus=1, max_retries=max_retries, retry_exceptions=False)(_run_task)
+    enc_ref = ray.put(encoder)
+    refs = [remote.remote(task, enc_ref, out_dir, on_error) for task in tasks]
+    index = {ref: i for i, ref in enumerate(refs)}
+    pending = list(refs)
+    error = None
+    while pending:
+        ready, pending = ray.wait(pending, num_returns=1, timeout=0.5)
+        for ref in ready:
+            i = index[ref]
+            try:
+                meta = ray.get(ref)
+            except RayTaskError as e:
+                cause = getattr(e, "cause", None)
+                if isinstance(cause, ChunkError):
+                    error = _first(error, ((cause.index, cause.local), cause))
+                else:
+                    error = _first(error, ((len(tasks), 0), cause or e))
+                continue
+            except (WorkerCrashedError, NodeDiedError) as e:
+                error = _first(error, ((len(tasks), 0), WorkerDiedError(
+                    f"a Ray worker died on every one of {max_retries + 1} attempts at "
+                    f"chunk {i} of {tasks[i].source} (likely out of memory on its node): {e}")))
+                continue
+            if error is None:
+                done(tasks[i], meta)
+        if error is not None:
+            for ref in pending:
+                ray.cancel(ref, force=False)
+            break
+    if error is not None:
+        raise error[1]
+
+
+def _first(current, candidate):
+    """Keep the error that comes first in the input, so messages are deterministic."""
+    if current is None or candidate[0] < current[0]:
+        return candidate
+    return current

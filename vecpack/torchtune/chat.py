@@ -1,0 +1,284 @@
+"""``PackedChatDataset``: a drop-in for torchtune's ``chat_dataset(packed=True)``.
+
+Change one line of a torchtune config and the dataset is tokenized on every
+core, packed by numba and cached (memory-mapped) for the next run::
+
+    dataset:
+      _component_: vecpack.PackedChatDataset      # was torchtune.datasets.chat_dataset
+      source: json
+      data_files: data/train.jsonl
+      conversation_column: conversations
+      conversation_style: sharegpt
+      train_on_input: False
+      packed: True                                # the recipe reads this key to pick its collator
+      split: train
+
+Items are what torchtune's ``PackedDataset`` yields (``torch.long``), so the
+recipe's ``padded_collate_packed`` and its row-level label shift work as is::
+
+    max_seq_len = 12, seq_lens = [4, 3, 2] (+ 3 padding)
+
+    tokens     a a a a | b b b | c c | 0 0 0
+    labels     - a a a | - b b | - c | - - -       (- = -100)
+    input_pos  0 1 2 3 | 0 1 2 | 0 1 | 2 3 4       (padding continues, clamped to 11)
+    seq_lens   [4, 3, 2, 3]                        (the padding is one more entry)
+
+With ``strategy="greedy"`` every pack equals torchtune 0.6.1's, token for
+token, except that the label of each document's first token is always -100
+(torchtune keeps it when ``train_on_input=True``, so after the recipe's shift
+the last token of one document learns to predict the first of the next).
+
+>>> import tempfile
+>>> from torchtune.models.qwen2_5 import qwen2_5_tokenizer
+>>> from vecpack.testing import cached_tokenizer_dir, make_sharegpt
+>>> d = cached_tokenizer_dir("qwen2.5")
+>>> tok = qwen2_5_tokenizer(str(d / "vocab.json"), str(d / "merges.txt"), max_seq_len=4096)
+>>> data = make_sharegpt(tempfile.mkdtemp() + "/train.jsonl", 20)
+>>> ds = PackedChatDataset(tok, data_files=data, conversation_column="conversations",
+...                        conversation_style="sharegpt", cache_dir=tempfile.mkdtemp(), progress=False)
+>>> sorted(ds[0])
+['input_pos', 'labels', 'seq_lens', 'tokens']
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any, Callable
+
+import numpy as np
+import torch
+from torch.utils.data import Dataset
+from torchtune.datasets import PackedDataset
+
+from vecpack.options import IGNORE_INDEX, INT32_MAX, check_max_len, check_options
+from vecpack.torchtune.encoder import TorchtuneEncoder
+
+__all__ = ["ChatDataset", "PackedChatDataset"]
+
+log = logging.getLogger("vecpack")
+
+_LOCAL_SOURCES = {"json": ("json", "jsonl"), "parquet": ("parquet",)}
+# torchtune's PackedDataset pads tokens with padding_idx=0 (chat_dataset never changes it).
+TORCHTUNE_PAD_ID = 0
+
+
+def _rank() -> int:
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        return torch.distributed.get_rank()
+    return int(os.environ.get("RANK", "0"))
+
+
+def _resolve_data(source: str, data_files, split: str, filter_fn: Callable | None, kwargs: dict):
+    """Local files vecpack reads itself, or a ``datasets.Dataset`` loaded exactly as torchtune does."""
+    simple = (source in _LOCAL_SOURCES and data_files is not None and split == "train"
+              and filter_fn is None and not kwargs and not isinstance(data_files, dict))
+    if simple:
+        return data_files
+    from datasets import load_dataset
+
+    if data_files is not None:
+        kwargs = {**kwargs, "data_files": data_files}
+    ds = load_dataset(source, split=split, **kwargs)
+    if filter_fn is not None:
+        ds = ds.filter(filter_fn)
+    return ds
+
+
+def _max_len(tokenizer, max_seq_len: int | None) -> tuple[int | None, int | None]:
+    """(pack length, truncation length) from the argument and the tokenizer's max_seq_len."""
+    tok_len = getattr(tokenizer, "max_seq_len", None)
+    pack_len = max_seq_len if max_seq_len is not None else tok_len
+    for name, v in (("max_seq_len", max_seq_len), ("tokenizer.max_seq_len", tok_len)):
+        if v is not None:
+            check_max_len(v, name)
+    trunc = min(v for v in (max_seq_len, tok_len) if v is not None) if pack_len is not None else None
+    return pack_len, trunc
+
+
+def _build(tokenizer, *, source, data_files, conversation_column, conversation_style, split,
+           train_on_input, new_system_prompt, max_seq_len, pack_len, strategy, n_jobs, cache_dir,
+           filter_fn, on_error, progress, load_dataset_kwargs):
+    """(encoder, Packed): rows truncated at ``max_seq_len``, packed into ``pack_len`` tokens."""
+    from vecpack.inputs.readers import sample_rows
+    from vecpack.inputs.sources import resolve_sources
+    from vecpack.store.build import build
+
+    data = _resolve_data(source, data_files, split, filter_fn, load_dataset_kwargs)
+    encoder = TorchtuneEncoder(
+        tokenizer, style=conversation_style, column=conversation_column, train_on_input=train_on_input,
+        new_system_prompt=new_system_prompt, max_seq_len=max_seq_len,
+        check_rows=lambda: sample_rows(resolve_sources(data), 64))  # only read on a cache miss
+    packed = build(
+        data, None, pack_len, encoder=encoder, strategy=strategy, long="error", shuffle_seed=None,
+        pad_id=TORCHTUNE_PAD_ID, ignore_index=IGNORE_INDEX, n_jobs=n_jobs, on_error=on_error,
+        progress=progress and _rank() == 0, cache_dir=cache_dir)
+    return encoder, packed
+
+
+class PackedChatDataset(PackedDataset):
+    """torchtune's ``chat_dataset(packed=True)``, tokenized on every core and cached.
+
+    A map-style dataset of packs with torchtune ``PackedDataset``'s items and
+    padding conventions. It subclasses ``PackedDataset`` (without running its
+    slow ``__init__``), so ``ConcatDataset`` and other ``isinstance`` checks
+    treat it as packed. With ``packed=False`` the constructor returns a
+    :class:`ChatDataset` instead (unpacked rows, like ``SFTDataset``).
+
+    Args:
+        tokenizer: the torchtune tokenizer the recipe passes first
+            (Qwen2 / Qwen2.5, Llama 3 and Mistral run on fast engines; any
+            other ``ModelTokenizer`` runs its own ``tokenize_messages`` in the
+            worker processes).
+        source: ``"json"`` (JSON Lines or a JSON array) or ``"parquet"`` with
+            ``data_files``: read by vecpack directly. Anything else (a Hub
+            name, ``"csv"``, extra ``load_dataset`` keywords, a ``split``
+            other than ``"train"``, ``filter_fn``) goes through
+            ``datasets.load_dataset`` exactly as torchtune does, then vecpack
+            tokenizes the loaded table.
+        data_files: path(s) or glob(s).
+        conversation_column, conversation_style: as ``chat_dataset``
+            (``"sharegpt"`` or ``"openai"``).
+        split: as ``chat_dataset``.
+        train_on_input, new_system_prompt: as ``chat_dataset``.
+        packed: True (default) for packs. False returns a :class:`ChatDataset`.
+        max_seq_len: pack length; default ``tokenizer.max_seq_len``. Rows are
+            truncated (torchtune's rules: the last token becomes eos) at the
+            smaller of this and ``tokenizer.max_seq_len``.
+        strategy: ``"greedy"`` (torchtune's packs, in input order), ``"bfd"``
+            (best-fit decreasing: fewer packs) or ``"ffd"``.
+        n_jobs: worker processes (-1: every core).
+        cache_dir: the cache root (default ``$VECPACK_CACHE`` or
+            ``~/.cache/vecpack``). Under ``torch.distributed`` every rank
+            asks the cache; one process per node builds under the cache lock
+            while the others wait, then all memory-map the same files.
+        filter_fn: as ``chat_dataset`` (applied by ``datasets``).
+        on_error: ``"raise"`` (default, as torchtune) or ``"skip"`` bad rows
+            (counted in :attr:`stats`).
+        progress: show a progress bar on rank 0.
+        **load_dataset_kwargs: passed to ``datasets.load_dataset`` when that
+            path is taken (see ``source``).
+
+    Raises:
+        ValueError: bad arguments, or no ``max_seq_len`` anywhere.
+        vecpack.InputError: a bad row (file:line and the reason).
+    """
+
+    def __new__(cls, tokenizer=None, *args, packed: bool = True, **kwargs):
+        if not packed:
+            return ChatDataset(tokenizer, *args, **kwargs)
+        return super().__new__(cls)
+
+    def __init__(self, tokenizer, *, source: str = "json", data_files=None,
+                 conversation_column: str | None = None, conversation_style: str = "sharegpt",
+                 split: str = "train", train_on_input: bool = False,
+                 new_system_prompt: str | None = None, packed: bool = True,
+                 max_seq_len: int | None = None, strategy: str = "greedy", n_jobs: int = -1,
+                 cache_dir: str | os.PathLike | None = None, filter_fn: Callable | None = None,
+                 on_error: str = "raise", progress: bool = True, **load_dataset_kwargs: Any):
+        # PackedDataset.__init__ is deliberately not called: it packs in Python.
+        pack_len, trunc = _max_len(tokenizer, max_seq_len)
+        check_max_len(pack_len, "max_seq_len", hint="set tokenizer.max_seq_len or pass max_seq_len=")
+        check_options(strategy=strategy, on_error=on_error)
+        self.encoder, self.packed = _build(
+            tokenizer, source=source, data_files=data_files, conversation_column=conversation_column,
+            conversation_style=conversation_style, split=split, train_on_input=train_on_input,
+            new_system_prompt=new_system_prompt, max_seq_len=trunc, pack_len=pack_len, strategy=strategy,
+            n_jobs=n_jobs, cache_dir=cache_dir, filter_fn=filter_fn, on_error=on_error, progress=progress,
+            load_dataset_kwargs=load_dataset_kwargs)
+        if self.packed.max_len != pack_len:  # pragma: no cover - guards the build contract
+            raise RuntimeError(f"built packs of {self.packed.max_len} tokens, expected {pack_len}")
+        # PackedDataset's public attributes
+        self.ds = None
+        self.max_seq_len = int(pack_len)
+        self.padding_idx = TORCHTUNE_PAD_ID
+        self.max_packs = None
+        self.split_across_pack = False
+        self.strategy = strategy
+        if _rank() == 0:
+            s = self.stats
+            log.info("vecpack: %d documents -> %d packs of %d tokens (fill %.3f, strategy %s)",
+                     s.get("num_documents", -1), len(self), self.max_seq_len, s.get("fill", float("nan")),
+                     strategy)
+
+    @property
+    def stats(self) -> dict:
+        """Packing statistics (``num_documents``, ``num_packs``, ``fill``, ...)."""
+        return self.packed.stats
+
+    @property
+    def packs(self) -> "PackedChatDataset":
+        """``PackedDataset.packs`` compatibility: indexable, sized."""
+        return self
+
+    def __len__(self) -> int:
+        return len(self.packed)
+
+    def __getitem__(self, idx: int) -> dict[str, torch.Tensor]:
+        p = self.packed[idx]
+        seq_lens = p["seq_lens"].astype(np.int64)
+        used = int(seq_lens.sum())
+        n = self.max_seq_len
+        input_pos = p["position_ids"].astype(np.int64)
+        if used < n:
+            # torchtune: padding positions continue from the last real one, clamped to n - 1
+            last = int(input_pos[used - 1]) if used else -1
+            input_pos[used:] = np.minimum(np.arange(last + 1, last + 1 + n - used), n - 1)
+            seq_lens = np.append(seq_lens, n - used)
+        return {
+            "tokens": torch.from_numpy(p["input_ids"].astype(np.int64)),
+            "labels": torch.from_numpy(p["labels"].astype(np.int64)),
+            "input_pos": torch.from_numpy(input_pos),
+            "seq_lens": torch.from_numpy(seq_lens),
+        }
+
+    def __repr__(self) -> str:
+        return (f"PackedChatDataset(num_packs={len(self)}, max_seq_len={self.max_seq_len}, "
+                f"strategy={self.strategy!r}, fill={self.stats.get('fill', float('nan')):.4f})")
+
+
+class ChatDataset(Dataset):
+    """Unpacked rows, as torchtune's ``SFTDataset`` yields them (``packed=False``).
+
+    Items are ``{"tokens": list[int], "mask": list[bool], "labels": list[int]}``
+    (the recipe then uses ``padded_collate_sft``). Built through the same
+    parallel tokenizer and cache as :class:`PackedChatDataset`; no packing.
+    Takes the same arguments (``strategy`` is ignored).
+    """
+
+    def __init__(self, tokenizer, *, source: str = "json", data_files=None,
+                 conversation_column: str | None = None, conversation_style: str = "sharegpt",
+                 split: str = "train", train_on_input: bool = False,
+                 new_system_prompt: str | None = None, max_seq_len: int | None = None,
+                 strategy: str = "greedy", n_jobs: int = -1,
+                 cache_dir: str | os.PathLike | None = None, filter_fn: Callable | None = None,
+                 on_error: str = "raise", progress: bool = True, **load_dataset_kwargs: Any):
+        _, trunc = _max_len(tokenizer, max_seq_len)
+        self.encoder, built = _build(
+            tokenizer, source=source, data_files=data_files, conversation_column=conversation_column,
+            conversation_style=conversation_style, split=split, train_on_input=train_on_input,
+            new_system_prompt=new_system_prompt, max_seq_len=trunc,
+            # no packing wanted: one greedy plan over whole documents (cheap, never read)
+            pack_len=trunc if trunc is not None else INT32_MAX, strategy="greedy", n_jobs=n_jobs,
+            cache_dir=cache_dir, filter_fn=filter_fn, on_error=on_error, progress=progress,
+            load_dataset_kwargs=load_dataset_kwargs)
+        self.stats = built.stats
+        self._tokens = built.tokens
+        self._labels = built.token_labels
+        self._offsets = built.offsets
+        self.max_seq_len = trunc
+
+    def __len__(self) -> int:
+        return self._offsets.shape[0] - 1
+
+    def __getitem__(self, idx: int) -> dict[str, list]:
+        n = len(self)
+        if idx < 0:
+            idx += n
+        if not 0 <= idx < n:
+            raise IndexError(f"row index out of range: {idx} (len {n})")
+        a, b = int(self._offsets[idx]), int(self._offsets[idx + 1])
+        labels = np.asarray(self._labels[a:b])
+        return {"tokens": np.asarray(self._tokens[a:b]).tolist(),
+                "mask": (labels == IGNORE_INDEX).tolist(),
+                "labels": labels.tolist()}
