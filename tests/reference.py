@@ -102,3 +102,29 @@ def pack_rows(tokens, labels, offsets, packs, max_len, pad_id=0, ignore_index=-1
                          position_ids=pos + list(range(pad)), document_ids=doc + [-1] * pad,
                          seq_lens=seq))
     return rows
+
+
+def reference_labels(tokens, bytelen, parts, train, masking_all=False, nfc=False):
+    """Labels by the rule, one token at a time: trained iff one of its bytes is in a trainable part.
+
+    ``tokens`` spell ``"".join(parts)`` (each part NFC-normalized when ``nfc``); ``bytelen[t]`` is
+    how many bytes token ``t`` spells.
+    """
+    import unicodedata
+
+    if masking_all:
+        return [int(t) for t in tokens]
+    trained_bytes = set()
+    at = 0
+    for part, t in zip(parts, train):
+        n = len((unicodedata.normalize("NFC", part) if nfc else part).encode("utf-8"))
+        if t:
+            trained_bytes.update(range(at, at + n))
+        at += n
+    out, pos = [], 0
+    for tok in tokens:
+        n = int(bytelen[int(tok)])
+        out.append(int(tok) if any(b in trained_bytes for b in range(pos, pos + n)) else -100)
+        pos += n
+    assert pos == at, "the tokens do not spell the parts"
+    return out

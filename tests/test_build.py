@@ -428,7 +428,7 @@ def test_warm_build_in_a_new_process_never_loads_the_tokenizer(qwen_dir, tmp_pat
         logging.basicConfig(level=logging.INFO, format="%(message)s")
         p = vecpack.build({str(data)!r}, {str(qwen_dir)!r}, 2048, cache_dir={str(tmp_path / 'c')!r},
                           progress=False)
-        loaded = [m for m in ("tokenizers", "tiktoken", "transformers", "vecpack.tokenizing.encoder")
+        loaded = [m for m in ("tokenizers", "tiktoken", "fastokens", "transformers", "vecpack.tokenizing.encoder")
                   if m in sys.modules]
         print(p.build_info.corpus_hit, p.build_info.plan_hit, loaded)
     """)

@@ -91,7 +91,7 @@ def test_pack_reports_counts_and_writes_a_loadable_dataset(packed_run, loaded, s
     assert f"fill {100 * fill:.1f}%" in stdout
     assert f"{loaded.stats['truncated']:,} truncated" in stdout
     assert "strategy bfd" in stdout and "loky × 2 workers" in stdout
-    assert "tiktoken encoder" in stdout  # the shipped tokenizer takes the fast path
+    assert "fastokens encoder" in stdout  # the shipped tokenizer takes the fast path
     assert str(out) in stdout
 
 

@@ -9,6 +9,7 @@ import unicodedata
 import numpy as np
 import pytest
 from helpers import QWEN3_LIKE
+from reference import reference_labels
 
 from vecpack.chat.formats import to_messages
 from vecpack.errors import InputError
@@ -70,21 +71,23 @@ def check_parity(enc, hf, rows, style):
         assert (labels[trained] == tokens[trained]).all()
 
 
+@pytest.mark.parametrize("engine", ["fastokens", "tiktoken"])
 @pytest.mark.parametrize("style, fixture", [("sharegpt", "sharegpt_file"), ("openai", "openai_file")])
-def test_parity_on_generated_rows(request, tok, style, fixture):
+def test_parity_on_generated_rows(request, tok, style, fixture, engine):
     d, hf = tok
     rows = read(request.getfixturevalue(fixture))
-    enc = ChatEncoder.from_tokenizer(d, style=style, sample_rows=rows[:32])
-    assert enc.backend == "tiktoken", enc.backend_reason
+    enc = ChatEncoder.from_tokenizer(d, style=style, sample_rows=rows[:32], backend=engine)
+    assert enc.backend == engine, enc.backend_reason
     assert enc.template.mode == "compiled"
     check_parity(enc, hf, rows, style)
 
 
-def test_parity_on_hand_written_rows(tok):
+@pytest.mark.parametrize("engine", ["fastokens", "tiktoken"])
+def test_parity_on_hand_written_rows(tok, engine):
     d, hf = tok
     rows = hand_rows()
-    enc = ChatEncoder.from_tokenizer(d, sample_rows=rows)
-    assert enc.backend == "tiktoken", enc.backend_reason
+    enc = ChatEncoder.from_tokenizer(d, sample_rows=rows, backend=engine)
+    assert enc.backend == engine, enc.backend_reason
     check_parity(enc, hf, rows, "sharegpt")
     ref = ChatEncoder.from_tokenizer(d, backend="tokenizers")
     assert ref.backend == "tokenizers"
@@ -101,12 +104,13 @@ def test_special_token_text_in_content_becomes_the_token(qwen_dir):
     assert (labels == im_end).sum() == 2
 
 
-def test_tokenizers_backend_matches_tiktoken(tok, sharegpt_file):
+@pytest.mark.parametrize("engine", ["fastokens", "tiktoken"])
+def test_tokenizers_backend_matches_the_fast_engines(tok, sharegpt_file, engine):
     d, _ = tok
     rows = read(sharegpt_file)[:200] + hand_rows()
-    fast = ChatEncoder.from_tokenizer(d)
+    fast = ChatEncoder.from_tokenizer(d, backend=engine)
     slow = ChatEncoder.from_tokenizer(d, backend="tokenizers")
-    assert (fast.backend, slow.backend) == ("tiktoken", "tokenizers")
+    assert (fast.backend, slow.backend) == (engine, "tokenizers")
     for row in rows:
         (t1, l1), (t2, l2) = fast.encode_row(row), slow.encode_row(row)
         np.testing.assert_array_equal(t1, t2)
@@ -116,7 +120,7 @@ def test_tokenizers_backend_matches_tiktoken(tok, sharegpt_file):
 def test_transformers_object_is_accepted(qwen_dir, sharegpt_file, cache_dir):
     hf = auto(qwen_dir)
     enc = ChatEncoder.from_tokenizer(hf)
-    assert enc.backend == "tiktoken"
+    assert enc.backend == "fastokens"
     assert str(cache_dir) in enc.path  # materialized once, workers reload it by path
     check_parity(enc, hf, read(sharegpt_file)[:50], "sharegpt")
     assert ChatEncoder.from_tokenizer(hf).path == enc.path
@@ -181,7 +185,7 @@ def test_straddling_token_is_trained(qwen_dir):
     enc = ChatEncoder.from_tokenizer(qwen_dir)
     tokens, labels = enc.encode_messages([{"role": "user", "content": "q"},
                                           {"role": "assistant", "content": "\nX"}])
-    nl2 = enc.runtime.core.encode_ordinary("\n\n")
+    nl2 = enc.runtime.encode("\n\n").tolist()
     assert len(nl2) == 1
     i = tokens.tolist().index(nl2[0])
     assert labels[i] == nl2[0] and labels[i - 1] == -100  # "assistant" itself is not trained
@@ -228,7 +232,7 @@ def test_pickles_small_and_rebuilds(qwen_dir, sharegpt_file):
     blob = pickle.dumps(enc)
     assert len(blob) < 20_000
     clone = pickle.loads(blob)
-    assert clone.backend == "tiktoken" and clone.fingerprint == enc.fingerprint
+    assert clone.backend == "fastokens" and clone.fingerprint == enc.fingerprint
     for row in rows:
         for a, b in zip(enc.encode_row(row), clone.encode_row(row)):
             np.testing.assert_array_equal(a, b)
@@ -242,10 +246,10 @@ def test_system_prompt_prefix_is_cached(qwen_dir):
     for i in range(5):
         enc.encode_messages([system, {"role": "user", "content": f"q{i}"}, {"role": "assistant", "content": "a"}])
     assert len(cache) == 1
-    ((region, (k, ids)),) = cache.items()
+    ((region, (k, ids, _)),) = cache.items()
     assert region == "<|im_start|>system\n" + system["content"] + "<|im_end|>\n<|im_start|>user\n"
     assert region[:k].endswith("<|im_end|>\n<|im_start|>")  # cut right after an added token
-    assert ids.tolist() == enc.runtime.encode_tiktoken(region[:k])
+    assert ids.tolist() == enc.runtime.encode(region[:k]).tolist()
 
 
 def test_fingerprint_depends_on_options(qwen_dir, llama3_dir):
@@ -279,15 +283,15 @@ def test_unsupported_tokenizer_falls_back(qwen_dir, tmp_path):
 def test_parity_failure_on_sample_rows_falls_back(qwen_dir, monkeypatch):
     from vecpack.tokenizing import runtime as runtime_mod
 
-    real = runtime_mod.Runtime.encode_tiktoken
+    real = runtime_mod.Runtime.encode
 
-    def broken(self, text):
-        ids = real(self, text)
+    def broken(self, text, allowed=None):
+        ids = real(self, text, allowed)
         return ids[:-1] if "zebra" in text else ids
 
-    monkeypatch.setattr(runtime_mod.Runtime, "encode_tiktoken", broken)
+    monkeypatch.setattr(runtime_mod.Runtime, "encode", broken)
     rows = [{"conversations": [{"from": "human", "value": "a zebra"}, {"from": "gpt", "value": "b"}]}]
-    assert ChatEncoder.from_tokenizer(qwen_dir).backend == "tiktoken"  # probes alone do not see it
+    assert ChatEncoder.from_tokenizer(qwen_dir).backend == "fastokens"  # probes alone do not see it
     with pytest.warns(RuntimeWarning, match="differ on a sample"):
         enc = ChatEncoder.from_tokenizer(qwen_dir, sample_rows=rows)
     assert enc.backend == "tokenizers"
@@ -336,7 +340,7 @@ def test_gpt2_style_byte_level_tokenizer(qwen_dir, qwen_spec, tmp_path):
                                                 for m in spec["model"]["merges"]])
     d = _variant(tmp_path, qwen_dir, spec, "gpt2")
     enc = ChatEncoder.from_tokenizer(d, sample_rows=hand_rows())
-    assert enc.backend == "tiktoken", enc.backend_reason
+    assert enc.backend == "fastokens", enc.backend_reason
     tk = Tokenizer.from_file(str(d / "tokenizer.json"))
     for row in hand_rows():
         msgs = to_messages(row, "sharegpt", None)
@@ -374,7 +378,7 @@ def test_template_that_rewrites_reasoning(qwen_dir, sharegpt_file, tmp_path):
 
 def test_allowed_added_tokens_are_narrowed_safely(llama3_dir):
     """Only the added tokens a row can hold are passed to tiktoken; contents with added-token text still match."""
-    enc = ChatEncoder.from_tokenizer(llama3_dir)
+    enc = ChatEncoder.from_tokenizer(llama3_dir, backend="tiktoken")
     hf = auto(llama3_dir)
     plain = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]
     enc.encode_messages(plain)
@@ -491,12 +495,21 @@ def test_chunk_sink_equals_row_by_row(qwen_dir, masking):
                                    {"from": "gpt", "value": ""}]})
     enc = ChatEncoder.from_tokenizer(qwen_dir, masking=masking)
     sink = enc.chunk_sink()
-    lengths = [sink.add(r) for r in rows]
-    tokens, labels = sink.finish()
+    for r in rows:
+        sink.add(r)
+    tokens, labels, lengths = sink.finish()
     per = [enc.encode_row(r) for r in rows]
-    assert lengths == [len(t) for t, _ in per]
+    assert lengths.tolist() == [len(t) for t, _ in per]
     assert tokens.tolist() == np.concatenate([t for t, _ in per]).tolist()
     assert labels.tolist() == np.concatenate([lab for _, lab in per]).tolist()
+    assert sink.trainable == int((labels != -100).sum())
+    # every row's labels follow the rule, checked token by token against a plain reference
+    hf = ChatEncoder.from_tokenizer(qwen_dir, backend="tokenizers", masking=masking)
+    for r, (t, lab) in zip(rows, per):
+        parts, train, _, _ = enc.template.parts(to_messages(r, "sharegpt", None))
+        assert lab.tolist() == reference_labels(t, enc.runtime.bytelen, parts, train, masking == "all",
+                                                enc.runtime.nfc)
+        assert lab.tolist() == hf.encode_row(r)[1].tolist()
     assert ChatEncoder.from_tokenizer(qwen_dir, backend="tokenizers").chunk_sink() is None
 
 
@@ -505,7 +518,7 @@ def test_chunk_sink_equals_row_by_row(qwen_dir, masking):
                                                max_size=12))
 def test_runs_mask_equals_marking_each_run(n, raw):
     """The chunk labeller's mask: ordered runs (overlapping or touching) vs marking them one by one."""
-    from vecpack.tokenizing.labels import runs_mask as _runs_mask
+    from vecpack.tokenizing.labels import _runs_mask
 
     runs = sorted((min(a, n - 1), min(a + k, n)) for a, k in raw)
     first = np.array([a for a, _ in runs], dtype=np.int64)

@@ -35,7 +35,7 @@ def _encoder(qwen_dir):
     from vecpack.tokenizing.encoder import ChatEncoder
 
     enc = ChatEncoder.from_tokenizer(qwen_dir, sample_rows=[ROW], defer_check=True)
-    assert enc.backend == "tiktoken" and enc.pending_check
+    assert enc.backend == "fastokens" and enc.pending_check
     return enc
 
 
@@ -58,7 +58,7 @@ def test_the_check_passes_with_tiktoken_on_a_worker_and_hf_in_a_lean_process(qwe
     ex = pool._executor(2)
     seen = dict(f.result(timeout=60) for f in [ex.submit(engines) for _ in range(2)])
     assert len(seen) == 2 and info["pid"] not in seen
-    assert "tiktoken" in {b for bs in seen.values() for b in bs}  # the check's tiktoken side
+    assert "fastokens" in {b for bs in seen.values() for b in bs}  # the check's engine side
     assert not any("tokenizers" in b for b in seen.values())  # no worker loaded HF tokenizers
     assert pool.start_check(enc, None, 2) is None
 
@@ -67,15 +67,17 @@ def test_the_check_in_this_process_and_its_verdict(qwen_dir, monkeypatch):
     from vecpack.tokenizing import runtime as encoder
 
     assert parity.reason(str(qwen_dir), ["plain text", "<|im_start|>user\nHi<|im_end|>"]) == ""
-    real = encoder.Runtime.encode_tiktoken
+    real = encoder.Runtime.encode
 
-    def broken(self, text):
-        ids = real(self, text)
-        return ids[:2] + [ids[2] + 1] + ids[3:] if "zebra" in text else ids
+    def broken(self, text, allowed=None):
+        ids = real(self, text, allowed).copy()
+        if "zebra" in text:
+            ids[2] += 1
+        return ids
 
-    monkeypatch.setattr(encoder.Runtime, "encode_tiktoken", broken)
+    monkeypatch.setattr(encoder.Runtime, "encode", broken)
     why = parity.reason(str(qwen_dir), ["a zebra crossing the road"])
-    assert why.startswith("tiktoken and HF tokenizers differ on a sample at token 2 (text near ")
+    assert why.startswith("fastokens and HF tokenizers differ on a sample at token 2 (text near ")
     assert "zebra" in why
 
 

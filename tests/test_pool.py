@@ -489,4 +489,4 @@ def test_ready_waits_for_the_workers_that_warm_started(qwen_dir):
 
         return sorted({backend for _, backend, *_ in runtime._RUNTIMES})
 
-    assert pool._executor(2).submit(engines).result(timeout=60) == ["tiktoken"]
+    assert pool._executor(2).submit(engines).result(timeout=60) == ["fastokens"]

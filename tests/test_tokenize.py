@@ -46,7 +46,7 @@ def test_matches_apply_chat_template_through_the_pool(sharegpt_file, qwen_dir, h
         trained = labels != -100
         assert trained.any() and (labels[trained] == tokens[trained]).all()
     s = t.stats
-    assert s["backend"] == "tiktoken" and s["n_jobs"] == 2 and s["rejected"] == 0
+    assert s["backend"] == "fastokens" and s["n_jobs"] == 2 and s["rejected"] == 0
     assert s["tokens"] == len(t.tokens) and 0 < s["trainable_tokens"] < s["tokens"]
     assert s["seconds"] > 0 and s["rejected_examples"] == []
 
@@ -169,7 +169,7 @@ def test_a_failed_parity_check_reruns_everything_with_hf_tokenizers(sharegpt_fil
     with pytest.warns(RuntimeWarning, match="differ on a sample at token 3"):
         t = vecpack.tokenize(sharegpt_file, qwen_dir, n_jobs=n_jobs, chunk_bytes=200_000,
                              progress=False)
-    assert started == ["tiktoken"] and t.stats["backend"] == "tokenizers"
+    assert started == ["fastokens"] and t.stats["backend"] == "tokenizers"
     assert t.encoder.backend == "tokenizers" and "test" in t.encoder.backend_reason
     assert same(t, ref)  # HF tokenizers gives the same arrays
     monkeypatch.undo()
@@ -183,13 +183,13 @@ def test_the_parity_check_sees_this_datasets_rows(tmp_path, qwen_dir, monkeypatc
     from vecpack.tokenizing import encoder as encoder_mod
     from vecpack.tokenizing import runtime as runtime_mod
 
-    real = runtime_mod.Runtime.encode_tiktoken
+    real = runtime_mod.Runtime.encode
 
-    def broken(self, text):
-        ids = real(self, text)
+    def broken(self, text, allowed=None):
+        ids = real(self, text, allowed)
         return ids[:-1] if "zebra" in text else ids
 
-    monkeypatch.setattr(runtime_mod.Runtime, "encode_tiktoken", broken)
+    monkeypatch.setattr(runtime_mod.Runtime, "encode", broken)
     p = tmp_path / "z.jsonl"
     row = {"conversations": [{"from": "human", "value": "a zebra"}, {"from": "gpt", "value": "b"}]}
     p.write_text(json.dumps(row) + "\n", encoding="utf-8")
@@ -225,7 +225,7 @@ def test_every_call_checks_its_own_datasets_rows(sharegpt_file, qwen_dir, tmp_pa
     row = {"conversations": [{"from": "human", "value": "zebra crossing"}, {"from": "gpt", "value": "ok"}]}
     other.write_text(json.dumps(row) + "\n", encoding="utf-8")
     t = vecpack.tokenize(str(other), qwen_dir, n_jobs=2, progress=False)
-    assert t.stats["backend"] == "tiktoken"
+    assert t.stats["backend"] == "fastokens"
     assert any("zebra crossing" in x for x in seen[-1])
 
 

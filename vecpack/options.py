@@ -24,9 +24,9 @@ import os
 import pathlib
 
 __all__ = [
-    "CONVERSATION_STYLES", "EXECUTORS", "EXPORT_FORMATS", "IGNORE_INDEX", "INT32_MAX", "LONG_POLICIES", "MASKINGS",
-    "ON_ERROR", "STRATEGIES", "STREAM_STRATEGIES", "STYLES", "cache_root", "check_choice",
-    "check_int", "check_max_len", "check_options", "check_seed",
+    "CONVERSATION_STYLES", "ENGINES", "EXECUTORS", "EXPORT_FORMATS", "FAST_ENGINES", "IGNORE_INDEX", "INT32_MAX",
+    "LONG_POLICIES", "MASKINGS", "ON_ERROR", "STRATEGIES", "STREAM_STRATEGIES", "STYLES", "cache_root",
+    "check_choice", "check_int", "check_max_len", "check_options", "check_seed",
 ]
 
 #: Row formats (see :mod:`vecpack.chat.formats`).
@@ -43,6 +43,11 @@ STREAM_STRATEGIES = ("bfd", "greedy")
 LONG_POLICIES = ("truncate", "drop", "split", "error")
 #: A row that cannot be read or encoded.
 ON_ERROR = ("raise", "skip")
+#: Tokenizer engines, fastest first (``backend=`` of ``ChatEncoder.from_tokenizer``; see
+#: :mod:`vecpack.tokenizing.runtime`).
+ENGINES = ("fastokens", "tiktoken", "tokenizers")
+#: The engines that run from tiktoken's tables and need the parity check.
+FAST_ENGINES = ENGINES[:2]
 #: Where the tokenizing tasks run.
 EXECUTORS = ("loky", "ray")
 #: ``vecpack export`` formats.

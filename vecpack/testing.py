@@ -333,3 +333,33 @@ def make_sharegpt(path: str | os.PathLike, n: int, *, seed: int = 0, style: str 
                 conv.append({k_role: r_bot, k_text: message(median_assistant)})
             f.write(json.dumps({key: conv}, ensure_ascii=False) + "\n")
     return str(path)
+
+
+#: The one system prompt of :func:`make_short_chats` (the shape of the rows in the original request).
+SHORT_CHAT_SYSTEM = ("Você é o EscavAI, o assistente virtual do Escavador. Seu objetivo é tirar dúvidas "
+                     "jurídicas dos usuários do Escavador da melhor forma possível")
+
+
+def make_short_chats(path: str | os.PathLike, n: int, *, seed: int = 0) -> str:
+    """Write ``n`` short ShareGPT conversations that share one system prompt; return the path.
+
+    The shape of the 4M-row file in vecpack's original request: the same system
+    prompt on every row, then one to three short exchanges in Portuguese, about
+    160 tokens per row with the Qwen2.5 template. Same ``n`` and ``seed``, same bytes.
+    """
+    rng = random.Random(seed)
+
+    def say(lo: int, hi: int) -> str:
+        out = rng.choice(_PT)
+        while len(out) < lo:
+            out += " " + rng.choice(_PT)
+        return out[:hi]
+
+    with open(path, "w", encoding="utf-8") as f:
+        for _ in range(n):
+            conv = [{"from": "system", "value": SHORT_CHAT_SYSTEM}]
+            for _ in range(rng.choice((1, 1, 1, 2, 3))):
+                conv.append({"from": "human", "value": say(4, 120)})
+                conv.append({"from": "gpt", "value": say(40, 360)})
+            f.write(json.dumps({"conversations": conv}, ensure_ascii=False) + "\n")
+    return str(path)

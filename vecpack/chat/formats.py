@@ -46,7 +46,7 @@ from __future__ import annotations
 from vecpack.errors import InputError
 from vecpack.options import STYLES, check_choice
 
-__all__ = ["DEFAULT_COLUMNS", "OPENAI_ROLES", "SHAREGPT_ROLES", "STYLES", "to_messages"]
+__all__ = ["DEFAULT_COLUMNS", "OPENAI_ROLES", "SHAREGPT_ROLES", "STYLES", "roles_contents", "to_messages"]
 
 
 #: The column each style reads unless ``column`` renames it.
@@ -94,6 +94,32 @@ def to_messages(row: dict, style: str, column: str | None = None) -> list[dict]:
     if not isinstance(row, dict):
         raise InputError(f"row is a JSON {_kind(row)}, expected an object")
     return convert(row, column or DEFAULT_COLUMNS[style])
+
+
+def roles_contents(row, style: str, column: str | None = None) -> tuple[tuple[str, ...], list[str]]:
+    """:func:`to_messages` as ``(roles, contents)``, without building message dicts (the encoder's hot path).
+
+    Well-formed ShareGPT and OpenAI rows (string contents) take a fast path;
+    anything else goes through :func:`to_messages`, which validates it and
+    words the error.
+
+    >>> roles_contents({"conversations": [{"from": "human", "value": "Hi"}]}, "sharegpt")
+    (('user',), ['Hi'])
+    """
+    fast = _FAST.get(style)
+    if fast is not None:
+        roles, key, value = fast
+        try:
+            conv = row[column or DEFAULT_COLUMNS[style]]
+            if type(conv) is list and conv:
+                found = tuple([roles[m[key]] for m in conv])
+                contents = [m[value] for m in conv]
+                "".join(contents)  # TypeError unless every content is a string (fast, in C)
+                return found, contents
+        except (KeyError, TypeError):
+            pass
+    messages = to_messages(row, style, column)
+    return tuple(m["role"] for m in messages), [m["content"] for m in messages]
 
 
 def _conversation(row: dict, column: str) -> list:
@@ -189,3 +215,4 @@ def _text(row: dict, column: str) -> list[dict]:
 
 
 _CONVERTERS = {"sharegpt": _sharegpt, "openai": _openai, "alpaca": _alpaca, "text": _text}
+_FAST = {"sharegpt": (SHAREGPT_ROLES, "from", "value"), "openai": (OPENAI_ROLES, "role", "content")}

@@ -168,7 +168,7 @@ def _content_triggers(env, source: str) -> tuple[frozenset, tuple, frozenset]:
 class _Layout:
     """How one role sequence renders: literal pieces and content slots."""
 
-    __slots__ = ("parts", "slots", "train", "n_cacheable", "nbytes", "memo")
+    __slots__ = ("parts", "slots", "train", "n_cacheable", "nbytes", "unsized", "memo")
 
     def __init__(self, parts, slots, train, n_cacheable):
         self.parts = parts              # list[str]; slot positions hold ""
@@ -179,6 +179,7 @@ class _Layout:
         slot_pos = {pos for pos, _, _ in slots}
         self.nbytes = [-1 if pos in slot_pos or not unicodedata.is_normalized("NFC", p) else len(p.encode("utf-8"))
                        for pos, p in enumerate(parts)]
+        self.unsized = tuple(pos for pos, b in enumerate(self.nbytes) if b < 0)  # sized row by row
         self.memo = {}  # what consumers derive from the literals (the encoder's special tokens)
 
     def split(self, text: str) -> list[str] | None:
@@ -208,10 +209,11 @@ class _Layout:
             pos = end + len(delim)
         return parts
 
-    def fill(self, messages) -> list[str]:
+    def fill(self, contents) -> list[str]:
+        """The row's pieces: the literals, and each message's content (transformed) in its slot."""
         parts = self.parts.copy()
         for pos, i, fn in self.slots:
-            c = messages[i]["content"]
+            c = contents[i]
             parts[pos] = c if fn is None else fn(c)
         return parts
 
@@ -300,21 +302,27 @@ class ChatTemplate:
         its literal positions; ``layout.nbytes`` their UTF-8 sizes, -1 at
         content slots), or ``None`` when they were located in Jinja's output.
         """
-        key = tuple(m["role"] for m in messages)
-        layout = self._layouts.get(key, False)
+        return self.parts_of(tuple(m["role"] for m in messages), [m["content"] for m in messages])
+
+    def parts_of(self, roles: tuple, contents: list) -> tuple[list[str], list[bool], int, _Layout | None]:
+        """:meth:`parts` of the conversation with these roles and contents (no message dicts)."""
+        layout = self._layouts.get(roles, False)
         if layout is False:
             if len(self._layouts) >= _MAX_LAYOUTS:
                 self._layouts.clear()
-            layout = self._layouts[key] = self._compile(key)
-        if self.mode == "compiled" and type(layout) is _Layout and not self._tripped(messages):
-            return layout.fill(messages), layout.train, layout.n_cacheable, layout
-        return self._located(messages, layout)
+            layout = self._layouts[roles] = self._compile(roles)
+        if self.mode == "compiled" and type(layout) is _Layout and not self._tripped_contents(contents):
+            return layout.fill(contents), layout.train, layout.n_cacheable, layout
+        return self._located([{"role": r, "content": c} for r, c in zip(roles, contents)], layout)
 
     def _tripped(self, messages) -> bool:
-        """Whether a content holds a string the template tests for (so the layout may not apply)."""
+        """Whether a message holds a string the template tests for (so the layout may not apply)."""
+        return self._tripped_contents([m["content"] for m in messages])
+
+    def _tripped_contents(self, contents) -> bool:
+        """:meth:`_tripped` of the messages' contents."""
         equal, inside, edges = self._equal, self._inside, self._edges
-        for m in messages:
-            c = m["content"]
+        for c in contents:
             if c in equal or (edges and c and (c[0] in edges or c[-1] in edges)):
                 return True
             for t in inside:
@@ -366,8 +374,7 @@ class ChatTemplate:
         lits.append(s_bare[prev:])
         layout = self._build_layout(roles, lits, slots)
         for contents, expect in ((bare, s_bare), (padded, s_pad), ([""] * n, s_empty)):
-            msgs = [{"role": r, "content": c} for r, c in zip(roles, contents)]
-            if "".join(layout.fill(msgs)) != expect:
+            if "".join(layout.fill(contents)) != expect:
                 if contents[0] != "":
                     return None
                 # empty contents render differently (a skipped empty system prompt...):
@@ -413,7 +420,7 @@ class ChatTemplate:
         """Render with Jinja and find each message's content in the output."""
         text = self.render(messages)  # raises InputError if the template rejects the conversation
         if type(layout) is _Layout:
-            parts = layout.fill(messages)
+            parts = layout.fill([m["content"] for m in messages])
             if "".join(parts) == text:
                 return parts, layout.train, layout.n_cacheable, layout
             parts = layout.split(text)
@@ -476,7 +483,7 @@ class ChatTemplate:
             layout = self._layouts.get(key, False)
             if layout is False:
                 layout = self._layouts[key] = self._compile(key)
-            if type(layout) is _Layout and "".join(layout.fill(messages)) != text:
+            if type(layout) is _Layout and "".join(layout.fill([m["content"] for m in messages])) != text:
                 bad += 1
         if bad:
             self.mode = "jinja"

@@ -46,10 +46,11 @@ def json_type(obj) -> str:
 
 def to_record(payload):
     """A payload -> a row ``dict``, or a :class:`BadRecord` saying what is wrong."""
-    if isinstance(payload, dict) or isinstance(payload, BadRecord):
-        return payload
-    if isinstance(payload, (bytes, bytearray, memoryview)):
+    kind = type(payload)
+    if kind is memoryview or kind is bytes or kind is bytearray:
         return _parse_line(payload)
+    if kind is dict or isinstance(payload, (dict, BadRecord)):
+        return payload
     return BadRecord(f"expected a JSON object, got a JSON {json_type(payload)}")
 
 
@@ -61,13 +62,13 @@ def _parse_line(raw: bytes | memoryview):
     before: it accepts what ``orjson`` is stricter about (``NaN``, escaped lone
     surrogates, integers beyond 64 bits) and words the error for the rest.
     """
-    if _orjson_loads is not None and raw[:3] != BOM:
+    if _orjson_loads is not None:  # (orjson refuses a BOM: the slow path words that error)
         try:
             obj = _orjson_loads(raw)
         except ValueError:
             pass
         else:
-            if isinstance(obj, dict):
+            if type(obj) is dict:
                 return obj
     raw = bytes(raw)  # a memoryview from the JSONL reader: the rare slow path wants bytes
     if raw.startswith(BOM):

@@ -2,44 +2,37 @@
 
 ::
 
-    tokenizer.json ── a byte-level BPE that tiktoken reproduces? (spec.tiktoken_spec) ── no ──► HF tokenizers
-         │ yes                                                                              (the reason)
-    parity check: tiktoken ids == HF tokenizers ids on the probes and the dataset's own rows
-         │ (runs beside the tokenizing: HF in its own process, tiktoken as the pool's first task)
-         ├── same ids ──► tiktoken; the passed sample is remembered for the rest of the process
-         └── differ ────► HF tokenizers: tiktoken's output is thrown away and the rows
+    tokenizer.json ── a byte-level BPE whose merges follow its ranks? (spec.tiktoken_spec) ── no ──► HF tokenizers
+         │ yes                                                                                 (the reason)
+    fastokens installed, ranks 0, 1, 2...? ── yes ──► fastokens   (else tiktoken: the same tables)
+         │
+    parity check: engine ids == HF tokenizers ids on the probes (awkward and pathological
+         │ texts) and the dataset's own rows (beside the tokenizing: HF in its own process,
+         │ the engine as the pool's first task)
+         ├── same ids ──► the engine; the passed sample is remembered for the rest of the process
+         └── differ ────► HF tokenizers: the engine's output is thrown away and the rows
                            tokenized again (a RuntimeWarning says why)
 
-``backend="tiktoken"`` asks for tiktoken and raises instead of falling back;
-``backend="tokenizers"`` skips the question. :func:`decide` answers it when an
-encoder is built; :class:`Pending` is the check of one ``tokenize()`` call.
+``backend="fastokens"`` or ``"tiktoken"`` asks for that engine and raises
+instead of falling back; ``backend="tokenizers"`` skips the question.
+:func:`decide` answers it when an encoder is built; :class:`Pending` is the
+check of one ``tokenize()`` call. ``stats["backend"]`` and the CLI report say
+which engine ran, and :attr:`ChatEncoder.backend_reason` why not a faster one.
 """
 
 from __future__ import annotations
 
 import hashlib
-import pathlib
 
 from vecpack._state import memo
+from vecpack.options import FAST_ENGINES
 from vecpack.tokenizing import parity
 from vecpack.tokenizing import pool as _pool
-from vecpack.tokenizing.spec import Unsupported, tiktoken_spec
+from vecpack.tokenizing.runtime import fast_engine
 
-__all__ = ["ENGINES", "Pending", "decide", "fall_back", "preload", "unsupported"]
-
-#: Encoding engines, in order of preference.
-ENGINES = ("tiktoken", "tokenizers")
+__all__ = ["Pending", "check_now", "decide", "fall_back", "preload"]
 
 _PASSED = memo("passed parity samples", 256)  # digests of samples that passed in this process
-
-
-def unsupported(path) -> str:
-    """Why tiktoken cannot reproduce the tokenizer at ``path`` (``""``: it may, the check decides)."""
-    try:
-        tiktoken_spec(pathlib.Path(path))
-    except Unsupported as e:
-        return str(e)
-    return ""
 
 
 def fall_back(encoder, reason: str, *, stacklevel: int = 3):
@@ -53,23 +46,29 @@ def decide(encoder, texts, *, requested: str = "auto", defer: bool = False):
     Args:
         encoder: a :class:`~vecpack.tokenizing.encoder.ChatEncoder`.
         texts: rendered sample rows for the parity check.
-        requested: ``"auto"``, ``"tiktoken"`` (raise rather than fall back)
-            or ``"tokenizers"``.
+        requested: ``"auto"``, ``"fastokens"`` or ``"tiktoken"`` (raise rather
+            than fall back), or ``"tokenizers"``.
         defer: leave the parity check to the caller: the encoder comes back on
-            tiktoken with ``pending_check`` set (:func:`vecpack.tokenize`
+            its engine with ``pending_check`` set (:func:`vecpack.tokenize`
             overlaps it with the tokenizing, through :class:`Pending`).
     """
     if requested == "tokenizers":
         return encoder
-    encoder._strict = requested == "tiktoken"
-    reason = unsupported(encoder.path)
-    if reason:  # decided without HF tokenizers
+    encoder._strict = requested != "auto"
+    engine, reason = fast_engine(encoder.path)
+    if requested == "tiktoken" and engine == "fastokens":
+        engine = "tiktoken"
+    elif requested == "fastokens" and engine == "tiktoken":
+        engine = "tokenizers"  # fastokens was asked for and cannot run: say why
+    if engine == "tokenizers":  # decided without HF tokenizers
+        if requested != "auto":
+            encoder.backend = requested  # the strict error names what was asked for
         return fall_back(encoder, reason)
-    encoder.backend, encoder._rt = "tiktoken", None
+    encoder.backend, encoder.backend_reason, encoder._rt = engine, reason, None
     if defer:
         encoder.pending_check = tuple(texts)
         return encoder
-    reason = parity.reason(str(encoder.path), texts)
+    reason = parity.reason(str(encoder.path), texts, engine)
     return fall_back(encoder, reason) if reason else encoder
 
 
@@ -78,7 +77,7 @@ def check_now(encoder):
     texts = encoder.pending_check
     if texts is None:
         return encoder
-    reason = parity.reason(str(encoder.path), texts)
+    reason = parity.reason(str(encoder.path), texts, encoder.backend)
     encoder.pending_check = None
     return fall_back(encoder, reason) if reason else encoder
 
@@ -116,7 +115,7 @@ class Pending:
 
     @classmethod
     def start(cls, encoder, texts, key, workers: int) -> "Pending":
-        if texts is None or getattr(encoder, "backend", None) != "tiktoken":
+        if texts is None or getattr(encoder, "backend", None) not in FAST_ENGINES:
             return cls()
         digest = _digest(key if key is not None else encoder.path, texts)
         if digest in _PASSED:  # these very rows passed with this tokenizer in this process

@@ -14,7 +14,7 @@ directly. See ``docs/parallelism.md`` for how the work is spread over cores.
 >>> data = make_sharegpt(tempfile.mkdtemp() + "/chat.jsonl", 20)
 >>> t = vecpack.tokenize(data, cached_tokenizer_dir("qwen2.5"), n_jobs=1, progress=False)
 >>> t.stats["rows"], len(t), t.tokens.dtype, t.stats["backend"]
-(20, 20, dtype('int32'), 'tiktoken')
+(20, 20, dtype('int32'), 'fastokens')
 >>> packed = vecpack.pack(t.tokens, t.offsets, 4096, labels=t.labels)
 """
 
@@ -28,7 +28,7 @@ import time
 from vecpack.errors import InputError
 from vecpack.inputs.readers import reader, sample_rows
 from vecpack.inputs.sources import resolve_sources
-from vecpack.options import check_options
+from vecpack.options import FAST_ENGINES, check_options
 from vecpack.tokenizing import executors
 from vecpack.tokenizing import pool as _pool
 from vecpack.tokenizing.backend import Pending, fall_back
@@ -113,7 +113,7 @@ def tokenize(data_files, tokenizer=None, *, style: str = "sharegpt", column: str
     if encoder is None:
         key, encoder = encoder_for(tokenizer, style, column, masking, sources)
         texts = encoder.pending_check
-        if texts is None and encoder.backend == "tiktoken":
+        if texts is None and encoder.backend in FAST_ENGINES:
             # an encoder built for an earlier call: check this dataset's own rows too
             texts = encoder.sample_texts(sample_rows(sources, 64)) or None
     else:

@@ -4,8 +4,8 @@
 
     row ──to_messages──▶ messages ──ChatTemplate──▶ ["<|im_start|>user\\n", "Hi", ..., "Yo", "<|im_end|>", "\\n"]
                                                       (text, trainable) pieces, joined = apply_chat_template text
-        ──tiktoken / tokenizers──▶ tokens  [151644, 872, 198, 13048, ..., 56, 78, 151645, 198]
-        ──byte spans──────────────▶ labels [ -100, -100, -100, -100, ..., 56, 78, 151645, -100]
+        ──fastokens (a chunk's texts at once) / tiktoken / HF tokenizers──▶ tokens [151644, 872, 198, ...]
+        ──byte spans, for the whole chunk──────────────────────────────▶ labels [ -100, -100, -100, ...]
 
 ``tokens`` equals ``AutoTokenizer.from_pretrained(dir).apply_chat_template(
 messages, tokenize=True)["input_ids"]``: the whole rendered string is
@@ -13,22 +13,23 @@ tokenized at once, so text inside a message that spells an added token
 (``"<|im_end|>"`` in a user message) becomes that token, exactly as
 transformers does it.
 
-Backends. ``"tiktoken"``: for byte-level BPE tokenizers whose merges follow
-their ranks (Qwen2/2.5/3, Llama 3, the GPT-2 family, Mistral Tekken) a
-tiktoken ``Encoding`` is built from the tokenizer's own ``tokenizer.json``
-(vocabulary through the byte-level map, pre-tokenizer regex, added tokens,
-NFC when the normalizer asks for it) and checked against HF ``tokenizers``
-on probe strings and on the dataset's own rows before it is used.
-``"tokenizers"``: anything else, or any difference in that check, runs HF
-``tokenizers`` itself; :attr:`ChatEncoder.backend_reason` says why.
+Backends (:mod:`vecpack.tokenizing.runtime`, chosen by
+:mod:`vecpack.tokenizing.backend`). ``"fastokens"``, then ``"tiktoken"``: for
+byte-level BPE tokenizers whose merges follow their ranks (Qwen2/2.5/3, Llama 3,
+the GPT-2 family, Mistral Tekken) the engine is built from the tokenizer's own
+``tokenizer.json`` (vocabulary through the byte-level map, pre-tokenizer regex,
+added tokens) and checked against HF ``tokenizers`` on probe strings and on
+the dataset's own rows before it is used; a text the engine cannot take exactly
+(not NFC for an NFC tokenizer...) is encoded by HF. ``"tokenizers"``: anything
+else, or any difference in that check, runs HF ``tokenizers`` itself;
+:attr:`ChatEncoder.backend_reason` says why.
 
 Labels. A token is trained (label = token id, else ``-100``) when at least
 one of its bytes lies in a trainable piece of the rendered text (the rule
 transformers uses for ``return_assistant_tokens_mask``). Byte positions come
 from a per-id byte-length table and a cumulative sum. So a token that
 straddles a boundary, like ``"\\n\\n"`` made of the template's ``"\\n"`` and a
-reply's leading ``"\\n"``, is trained. With NFC normalization, offsets are
-those of the normalized text.
+reply's leading ``"\\n"``, is trained (:mod:`vecpack.tokenizing.labels`).
 
 A conversation prefix that holds only template text and the system prompt
 (the same in many rows) is tokenized once per process and reused.
@@ -38,7 +39,7 @@ A conversation prefix that holds only template text and the system prompt
 >>> tokens, labels = enc.encode_row({"conversations": [
 ...     {"from": "human", "value": "Hi"}, {"from": "gpt", "value": "Hello!"}]})
 >>> enc.backend, tokens.dtype, int((labels != -100).sum())
-('tiktoken', dtype('int32'), 3)
+('fastokens', dtype('int32'), 3)
 """
 
 from __future__ import annotations
@@ -49,22 +50,23 @@ import os
 import pathlib
 import unicodedata
 import warnings
+from array import array
 
 import numpy as np
 
 from vecpack._state import memo
-from vecpack.chat.formats import to_messages
+from vecpack.chat.formats import roles_contents, to_messages
 from vecpack.chat.template import ChatTemplate
 from vecpack.errors import InputError
-from vecpack.options import check_choice, check_options
+from vecpack.options import ENGINES, check_choice, check_options
 from vecpack.tokenizing import backend as _backend
-from vecpack.tokenizing.labels import byte_spans, label_runs, layout_runs, runs_mask, span_labels, token_runs
+from vecpack.tokenizing.labels import label_runs, labels_from_parts, part_sizes
 from vecpack.tokenizing.runtime import Runtime, hf_facts, runtime
 from vecpack.tokenizing.spec import SPEC_VERSION, materialize, read_dir
 
 __all__ = ["BACKENDS", "ChatEncoder", "ChunkSink", "encoder_for"]
 
-BACKENDS = _backend.ENGINES
+BACKENDS = ENGINES
 
 _MAX_SAMPLE_ROWS = 256         # rows of the dataset the self-checks look at
 _PREFIX_MAX_CHARS = 32_768      # longer prefixes are not cached
@@ -78,8 +80,8 @@ class ChatEncoder:
     per process, so it can be shipped to every worker.
 
     Attributes:
-        backend: ``"tiktoken"`` or ``"tokenizers"``.
-        backend_reason: why the tiktoken backend is not used (``""`` if it is).
+        backend: ``"fastokens"``, ``"tiktoken"`` or ``"tokenizers"``.
+        backend_reason: why a faster engine is not used (``""`` if fastokens is).
         path: the tokenizer directory.
         style, column, masking: how rows are read and which tokens are trained.
         template: the :class:`~vecpack.chat.template.ChatTemplate` (``None`` for the
@@ -88,12 +90,12 @@ class ChatEncoder:
             ``pad_id`` falls back to ``eos_id``).
         fingerprint: a hash of everything that determines the output.
         pending_check: with ``from_tokenizer(defer_check=True)``, the sample
-            texts whose parity check has not run yet (``None`` once
-            :meth:`check` ran, or when there is nothing to check).
+            texts whose parity check has not run yet (``None`` once it
+            ran, or when there is nothing to check).
     """
 
     def __init__(self, path, *, masking: str = "assistant", style: str = "sharegpt", column: str | None = None,
-                 backend: str = "tiktoken", backend_reason: str = "", template: ChatTemplate | None = None,
+                 backend: str = "fastokens", backend_reason: str = "", template: ChatTemplate | None = None,
                  text_affixes: tuple[tuple[int, ...], tuple[int, ...]] = ((), ()),
                  ids: dict | None = None):
         check_options(masking=masking, style=style)
@@ -124,15 +126,15 @@ class ChatEncoder:
                 ``tokenizer_config.json``) or a fast transformers tokenizer.
             masking: ``"assistant"``, ``"last"`` or ``"all"``.
             style, column: see :func:`vecpack.chat.formats.to_messages`.
-            sample_rows: rows of the dataset to self-check on (the tiktoken
-                backend against HF tokenizers, the compiled template against
+            sample_rows: rows of the dataset to self-check on (the fast
+                engine against HF tokenizers, the compiled template against
                 Jinja); rows that cannot be read are ignored here.
-            backend: ``"auto"`` (tiktoken if it passes the checks),
-                ``"tiktoken"`` (error if unsupported or different) or
-                ``"tokenizers"``.
-            defer_check: leave the parity check of tiktoken against HF
-                ``tokenizers`` for later: the encoder comes back with
-                ``backend == "tiktoken"`` and ``pending_check`` set, and the
+            backend: ``"auto"`` (the fastest engine that passes the checks),
+                ``"fastokens"`` or ``"tiktoken"`` (error if unsupported or
+                different), or ``"tokenizers"``.
+            defer_check: leave the parity check of the engine against HF
+                ``tokenizers`` for later: the encoder comes back on its engine
+                with ``pending_check`` set, and the
                 caller must settle it before trusting its output
                 (:func:`vecpack.tokenizing.backend.check_now`, or
                 :class:`~vecpack.tokenizing.backend.Pending` as
@@ -199,10 +201,10 @@ class ChatEncoder:
         """This encoder on the HF ``tokenizers`` backend, because of ``reason`` (warns).
 
         Raises:
-            ValueError: the tiktoken backend was asked for explicitly.
+            ValueError: a fast engine was asked for explicitly.
         """
         if self.__dict__.get("_strict"):
-            raise ValueError(f"the tiktoken backend cannot reproduce this tokenizer: {reason}")
+            raise ValueError(f"the {self.backend} backend cannot reproduce this tokenizer: {reason}")
         warnings.warn(f"vecpack: using HF tokenizers (slower): {reason}", RuntimeWarning,
                       stacklevel=stacklevel)
         out = ChatEncoder.__new__(ChatEncoder)
@@ -227,8 +229,6 @@ class ChatEncoder:
         rt = self._rt
         if rt is None:
             rt = self._rt = runtime(self.path, self.backend)
-            if self.backend == "tokenizers":
-                rt.load_tokenizers(pathlib.Path(self.path))
         return rt
 
     @property
@@ -271,10 +271,12 @@ class ChatEncoder:
             if len(messages) != 1:
                 raise InputError("the text style takes exactly one text per row")
             return self._encode_text(messages[0]["content"])
-        parts, train, n_cache, layout = self._parts(messages)
-        if self.backend == "tiktoken":
-            return self._encode_tiktoken(parts, train, n_cache, layout)
-        return self._encode_tokenizers(parts, train)
+        if self.backend == "tokenizers":
+            return self._encode_tokenizers(*self._parts(messages)[:2])
+        sink = ChunkSink(self)
+        sink.add_parts(*self._parts(messages))
+        tokens, labels, _ = sink.finish()
+        return tokens, labels
 
     def _parts(self, messages):
         """``template.parts(messages)``, with a malformed message as an :class:`InputError`."""
@@ -284,12 +286,10 @@ class ChatEncoder:
             raise InputError(f"malformed message: {e!r}") from None
 
     def _encode_text(self, text: str):
-        rt = self.runtime
-        if self.backend == "tiktoken":
-            ids = rt.encode_tiktoken(text)
-        else:
-            ids = (self._hf_ids(text).tolist() if hasattr(rt.tk, "encode_batch_fast")
-                   else rt.tk.encode(text, add_special_tokens=False).ids)
+        try:
+            ids = self.runtime.ids(text).tolist()
+        except (UnicodeEncodeError, TypeError):
+            raise InputError("text contains a lone surrogate (invalid Unicode)") from None
         pre, post = self.text_affixes
         ids = [*pre, *ids, *post]
         if self.eos_id is not None and (not ids or ids[-1] != self.eos_id):
@@ -320,69 +320,32 @@ class ChatEncoder:
                             return rt.allowed
         return memo
 
-    def _tiktoken_ids(self, parts, n_cache, layout=None):
-        """``(head, ids, ascii_only, nfc_fix)``: the row's tokens are ``head`` (cached prefix
-        ids, or None) followed by ``ids`` (may be a read-only view of tiktoken's buffer)."""
-        rt = self.runtime
-        text = "".join(parts)
-        ascii_only = text.isascii()
-        nfc_fix = rt.nfc and not ascii_only and not unicodedata.is_normalized("NFC", text)
-        try:
-            if nfc_fix:
-                return None, np.array(rt.encode_tiktoken(text), dtype=np.int32), ascii_only, True
-            k, head = 0, None
-            if n_cache:
-                c = sum(map(len, parts[:n_cache])) if n_cache > 1 else len(parts[0])
-                if 0 < c <= _PREFIX_MAX_CHARS:
-                    key = text[:c]
-                    hit = rt.prefix_cache.get(key)
-                    if hit is None:
-                        hit = rt.prefix_cache[key] = rt.cache_prefix(key)
-                    k, head = hit
-            allowed = rt.allowed if layout is None else self._allowed(layout, parts)
-            buf = rt.core.encode_to_tiktoken_buffer(text[k:] if k else text, allowed)
-        except UnicodeEncodeError:
-            raise InputError("text contains a lone surrogate (invalid Unicode)") from None
-        return (head if k else None), np.frombuffer(buf, dtype=np.int32), ascii_only, False
-
-    def _encode_tiktoken(self, parts, train, n_cache, layout=None):
-        rt = self.runtime
-        head, ids, ascii_only, nfc_fix = self._tiktoken_ids(parts, n_cache, layout)
-        tokens = np.concatenate((head, ids)) if head is not None else ids.copy()
-        if self.masking == "all":
-            return tokens, tokens.copy()
-        spans, _ = byte_spans(parts, train, ascii_only, nfc_fix, None if layout is None else layout.nbytes,
-                               layout_runs(layout, train))
-        ends = rt.bytelen.take(tokens).cumsum() if spans and len(tokens) else None
-        return tokens, span_labels(tokens, spans, ends)
-
     def chunk_sink(self) -> "ChunkSink | None":
-        """A collector that encodes many rows and makes their labels in one vectorized pass.
+        """A collector that encodes many rows at once and labels them in one vectorized pass.
 
         ``None`` when this encoder has no such path (HF tokenizers backend, text
         style); callers then use :meth:`encode_row`. The result is identical.
         """
-        if self.backend != "tiktoken" or self.template is None:
+        if self.backend == "tokenizers" or self.template is None:
             return None
         return ChunkSink(self)
 
     def _encode_tokenizers(self, parts, train):
+        """HF tokenizers' tokens of a row; labels from byte spans, or from HF's offsets."""
         rt = self.runtime
         text = "".join(parts)
-        if rt.bytelen is not None:  # byte-level BPE: ids only, labels from byte spans
-            tokens = self._hf_ids(text)
-            if self.masking == "all":
-                return tokens, tokens.copy()
-            labels = self._byte_labels(parts, train, text, tokens)
-            if labels is not None:
-                return tokens, labels
         try:
-            enc = rt.tk.encode(text, add_special_tokens=False)
+            tokens = rt.hf_ids(text)
         except Exception as e:
             raise InputError(f"HF tokenizers cannot encode this row: {e}") from None
-        tokens = np.array(enc.ids, dtype=np.int32)
         if self.masking == "all":
             return tokens, tokens.copy()
+        if rt.bytelen is not None and not (rt.nfc and not text.isascii()
+                                           and not unicodedata.is_normalized("NFC", text)):
+            done = labels_from_parts(tokens, rt.bytelen, part_sizes(parts), train, bytelen32=rt.bytelen32)
+            if done is not None:  # byte-level BPE: the tokens spell the text
+                return tokens, done[0]
+        enc = rt.hf().encode(text, add_special_tokens=False)
         labels = np.full(len(tokens), -100, dtype=np.int32)
         spans, pos = [], 0
         for p, t in zip(parts, train):
@@ -399,29 +362,6 @@ class ChatEncoder:
                     mask = (offsets[:, 0] < b) & (offsets[:, 1] > a)
                     labels[mask] = tokens[mask]
         return tokens, labels
-
-    def _hf_ids(self, text: str) -> np.ndarray:
-        """HF tokenizers' ids of ``text`` (no offsets: ``encode_batch_fast``), int32."""
-        try:
-            enc = self.runtime.tk.encode_batch_fast([text], add_special_tokens=False)[0]
-        except Exception as e:
-            raise InputError(f"HF tokenizers cannot encode this row: {e}") from None
-        return np.array(enc.ids, dtype=np.int32)
-
-    def _byte_labels(self, parts, train, text, tokens) -> np.ndarray | None:
-        """Labels by the byte-span rule of the tiktoken path, or None when the tokens
-        do not spell the (normalized) text byte for byte: the caller then asks HF for offsets."""
-        rt = self.runtime
-        ascii_only = text.isascii()
-        nfc = rt.nfc and not ascii_only and not unicodedata.is_normalized("NFC", text)
-        spans, total = byte_spans(parts, train, ascii_only, nfc)
-        if len(tokens) and int(tokens.max()) >= len(rt.bytelen):
-            return None
-        ends = rt.bytelen.take(tokens).cumsum()
-        if (int(ends[-1]) if len(ends) else 0) != total:
-            return None
-        return span_labels(tokens, spans, ends)
-
 
 
 def _literal_specials(layout, rt: "Runtime"):
@@ -443,66 +383,124 @@ def _literal_specials(layout, rt: "Runtime"):
 
 
 class ChunkSink:
-    """The rows of one chunk, encoded: token pieces and trained byte spans.
+    """The rows of one chunk, encoded with the fast engine and labelled in one pass.
 
-    Per row, :meth:`add` only tokenizes and notes where the trained bytes
-    are; :meth:`finish` concatenates the tokens once and turns every byte span
-    into a label range with one ``cumsum`` and two ``searchsorted`` over the
-    whole chunk (the per-row rule of :meth:`ChatEncoder.encode_row`, in bulk).
+    Per row, :meth:`add` renders the conversation and notes the UTF-8 size and
+    trainability of each piece; a prefix holding only template text and the
+    system prompt (the same in many rows) is tokenized once per process. With
+    fastokens every row's text is encoded in one ``encode_batch_flat`` call at
+    :meth:`finish`; with tiktoken, row by row as it comes. :meth:`finish`
+    concatenates the tokens and labels the whole chunk with
+    :func:`~vecpack.tokenizing.labels.labels_from_parts`. A row the fast engine
+    cannot take exactly (see :meth:`~vecpack.tokenizing.runtime.Runtime.exact`)
+    is encoded by HF tokenizers on its own and slotted in at its place.
     """
 
     def __init__(self, encoder: ChatEncoder):
         self.enc = encoder
         self.rt = encoder.runtime
-        self.pieces: list[np.ndarray] = []
-        self.starts: list[int] = []      # trained byte spans, in chunk byte coordinates
-        self.stops: list[int] = []
-        self.nbytes = 0                  # bytes of the rows added so far
+        self.heads: list = []            # fast rows: cached prefix ids (or None)
+        self.texts: list[str] = []       # fast rows: the text after the prefix (batch engines)
+        self.ids: list[np.ndarray] = []  # fast rows: its ids (engines that encode text by text)
+        self.sizes = array("q")          # UTF-8 sizes of every piece of every fast row
+        self.train = array("b")          # and whether it is trained
+        self.slow: dict[int, tuple] = {}  # row index -> (tokens, labels) of a row HF encoded
+        self.rows = 0
 
-    def add(self, row) -> int:
-        """Encode one row; returns its token count. Raises :class:`InputError` (nothing kept)."""
+    def add(self, row) -> None:
+        """Take one row. Raises :class:`InputError` (nothing kept) when it is unusable."""
         enc = self.enc
-        parts, train, n_cache, layout = enc._parts(to_messages(row, enc.style, enc.column))
-        head, ids, ascii_only, nfc_fix = enc._tiktoken_ids(parts, n_cache, layout)
-        spans, total = byte_spans(parts, train, ascii_only, nfc_fix,
-                                   None if layout is None else layout.nbytes, layout_runs(layout, train))
-        if nfc_fix:  # normalizing piece by piece can differ from the whole text at a boundary
-            total = int(self.rt.bytelen.take(ids).sum())
-        base = self.nbytes
-        for a, b in spans:
-            self.starts.append(base + a)
-            self.stops.append(base + b)
-        self.nbytes = base + total
-        if head is not None:
-            self.pieces.append(head)
-            self.pieces.append(ids)
-            return len(head) + len(ids)
-        self.pieces.append(ids)
-        return len(ids)
+        roles, contents = roles_contents(row, enc.style, enc.column)
+        try:
+            rendered = enc.template.parts_of(roles, contents)
+        except (KeyError, TypeError) as e:
+            raise InputError(f"malformed message: {e!r}") from None
+        self.add_parts(*rendered)
 
-    def finish(self) -> tuple[np.ndarray, np.ndarray]:
-        """``(tokens, labels)`` of every row added, back to back (int32).
+    def add_parts(self, parts, train, n_cache, layout) -> None:
+        """Take one rendered row: ``template.parts(...)``'s output."""
+        rt = self.rt
+        try:
+            sizes = part_sizes(parts, layout)
+        except UnicodeEncodeError:
+            raise InputError("text contains a lone surrogate (invalid Unicode)") from None
+        text = rest = "".join(parts)
+        k, head, exact = 0, None, None
+        if n_cache:
+            c = sum(map(len, parts[:n_cache])) if n_cache > 1 else len(parts[0])
+            if 0 < c <= _PREFIX_MAX_CHARS:
+                key = text[:c]
+                hit = rt.prefix_cache.get(key)
+                if hit is None:
+                    k, ids = rt.cache_prefix(key)
+                    hit = rt.prefix_cache[key] = (k, ids, rt.exact(key[:k]))
+                k, head, prefix_exact = hit
+                if k:
+                    rest = text[k:]
+                    # an exact prefix and an exact rest that starts with an ASCII character make an exact
+                    # whole (nothing composes or reorders across that boundary): the prefix is not re-scanned
+                    if prefix_exact and rest[:1].isascii():
+                        exact = rt.exact(rest)
+        if not (rt.exact(text) if exact is None else exact):
+            self.slow[self.rows] = self.enc._encode_tokenizers(parts, train)
+            self.rows += 1
+            return
+        if rt.batch:
+            self.texts.append(rest)
+        else:
+            self.ids.append(rt.encode(rest, rt.allowed if layout is None else self.enc._allowed(layout, parts)))
+        self.heads.append(head if k else None)
+        self.sizes.extend(sizes)
+        self.train.extend(train)
+        self.rows += 1
+
+    def finish(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``(tokens, labels, lengths)``: every row added, back to back (int32), and each row's length.
 
         ``self.trainable`` is then the number of trained tokens.
         """
-        tokens = np.concatenate(self.pieces) if self.pieces else np.zeros(0, np.int32)
-        self.pieces = []
-        n = len(tokens)
-        if self.enc.masking == "all":
-            self.trainable = n
-            return tokens, tokens.copy()
-        self.trainable = 0
-        if not self.starts or not n:
-            return tokens, np.full(n, -100, dtype=np.int32)
-        small = self.nbytes < 2**31  # int32 byte positions: half the memory traffic
-        ends = (self.rt.bytelen32 if small else self.rt.bytelen).take(tokens)
-        np.cumsum(ends, out=ends)
-        if int(ends[-1]) != self.nbytes:  # pragma: no cover - the tokens do not spell the text
-            raise RuntimeError(f"the tokens of a chunk cover {int(ends[-1])} bytes but its text has "
-                               f"{self.nbytes}")
-        first, last = token_runs(ends, self.starts, self.stops)
-        mask, self.trainable = runs_mask(first, np.minimum(last, n), n)
-        return tokens, np.where(mask, tokens, np.int32(-100))
+        rt = self.rt
+        if rt.batch:
+            ids, offsets = rt.encode_batch(self.texts) if self.texts else (np.zeros(0, np.int32),
+                                                                           np.zeros(1, np.int64))
+            lengths = np.diff(offsets)
+            pieces = None if not any(h is not None for h in self.heads) else \
+                [ids[offsets[j]:offsets[j + 1]] for j in range(len(self.texts))]
+        else:
+            pieces = self.ids
+            lengths = np.fromiter(map(len, pieces), np.int64, len(pieces))
+        if pieces is not None:  # cached prefixes go in front of their rows
+            heads = self.heads
+            lengths = lengths + np.fromiter((0 if h is None else len(h) for h in heads), np.int64, len(heads))
+            pieces = [x for h, p in zip(heads, pieces) for x in ((h, p) if h is not None else (p,))]
+            ids = np.concatenate(pieces) if pieces else np.zeros(0, np.int32)
+        done = labels_from_parts(ids, rt.bytelen, np.frombuffer(self.sizes, np.int64),
+                                 np.frombuffer(self.train, np.int8), masking_all=self.enc.masking == "all",
+                                 bytelen32=rt.bytelen32)
+        if done is None:  # pragma: no cover - the engine's tokens do not spell the text
+            raise RuntimeError(f"the tokens of a chunk cover other bytes than its text's {sum(self.sizes)}")
+        labels, self.trainable = done
+        if not self.slow:
+            return ids, labels, lengths
+        return self._with_slow_rows(ids, labels, lengths)
+
+    def _with_slow_rows(self, ids, labels, lengths):
+        """Slot the rows HF encoded in between the fast ones, at their places."""
+        toks, labs, lens = [], [], []
+        fast_at = np.concatenate([[0], np.cumsum(lengths)])
+        j = 0
+        for i in range(self.rows):
+            if i in self.slow:
+                t, lab = self.slow[i]
+                self.trainable += int(np.count_nonzero(lab != -100))
+            else:
+                t, lab = ids[fast_at[j]:fast_at[j + 1]], labels[fast_at[j]:fast_at[j + 1]]
+                j += 1
+            toks.append(t)
+            labs.append(lab)
+            lens.append(len(t))
+        return (np.concatenate(toks).astype(np.int32, copy=False), np.concatenate(labs).astype(np.int32, copy=False),
+                np.asarray(lens, np.int64))
 
 
 # --------------------------------------------------------------------------- one encoder per process

@@ -1,21 +1,22 @@
-"""The tiktoken-vs-HF parity check: probes, HF ``tokenizers`` in a lean process, the verdict.
+"""The engine-vs-HF parity check: probes, HF ``tokenizers`` in a lean process, the verdict.
 
-Before vecpack trusts its tiktoken engine for a tokenizer, the engine must
-give the ids HF ``tokenizers`` gives on fixed probe strings, the tokenizer's
-added tokens and a sample of the dataset's own rendered rows::
+Before vecpack trusts a fast engine (fastokens or tiktoken) for a tokenizer,
+the engine must give the ids HF ``tokenizers`` gives on fixed probe strings
+(awkward Unicode, long pathological runs), the tokenizer's added tokens and a
+sample of the dataset's own rendered rows::
 
     driver                                      HF process (one per driver process)
     ------                                      -----------------------------------
     start(): probes + sample ── texts ────────► Tokenizer.from_file (once) -> ids
       │                                                        │
-      └─ tiktoken ids: a pool worker's task                    │
+      └─ engine ids: a pool worker's task                      │
          (it has the engine), or here                          │
                     │                                          │
                     └──► Check.result(): "" (same ids) ◄───────┘
                          or where they first differ
 
 The HF side runs in a process of its own that imports only the standard
-library and ``tokenizers`` (:mod:`vecpack._hf_server`). Loading the Qwen2.5
+library and ``tokenizers`` (:mod:`vecpack.tokenizing._hf_server`). Loading the Qwen2.5
 tokenizer takes about 0.4 s and 150 MB. Elsewhere it would cost more: a pool
 worker pays it, then the next call's check may land on the other worker (loky
 cannot send a task to a given worker), which pays it again; a thread in the
@@ -42,10 +43,11 @@ import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 
 from vecpack.tokenizing import _hf_server
-from vecpack.tokenizing.runtime import tiktoken_ids
+from vecpack.tokenizing.runtime import engine_ids
 from vecpack.tokenizing.spec import Unsupported, tiktoken_spec
 
-__all__ = ["PROBES", "Check", "HFProcessExited", "preload", "probes", "reason", "shutdown", "start", "verdict"]
+__all__ = ["PATHOLOGICAL", "PROBES", "Check", "HFProcessExited", "preload", "probes", "reason", "shutdown", "start",
+           "verdict"]
 
 PROBES = (
     "Hello world! It's 2024-06-01, isn't it? I'LL SEE you'RE 123456789 times.",
@@ -55,29 +57,47 @@ PROBES = (
     "def f(x):\n    return x**2  # comment\n\tindent = {'a': [1, 2]}\n",
     "1 12 123 1234 12345 3.14159 1,000,000 ½ ² ٣",
     "\u00a0nbsp\u2003em\u3000ideographic \u200b zero\u200dwidth",
+    "Cafe\u0301 re\u0301sume\u0301 \u1100\u1161\u11a8 \u0915\u094d\u0937 \ufb01 \u2460 \uff21 x\u0338",
 )
+
+
+def _pathological() -> tuple[str, ...]:
+    """Long runs that regex engines and BPE find hard, a few thousand characters each (fixed)."""
+    import random
+
+    rng = random.Random(0)
+    b64 = "".join(rng.choice("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/")
+                  for _ in range(3000))
+    runs = (" " * 3000, "".join(rng.choice(" \t\n") for _ in range(3000)), "a" * 3000, "7" * 3000, b64,
+            "".join(chr(rng.randrange(0x4E00, 0x9FA5)) for _ in range(1500)), "\U0001F600\U0001F680" * 500,
+            "\u3000" * 500, "\t" * 500 + "x")
+    return (*runs, *(f"Look: {r} ok." for r in runs))
+
+
+#: Long runs of one kind: every check compares them too.
+PATHOLOGICAL = _pathological()
 _TIMEOUT = 600.0  # seconds a check may take before it counts as failed (HF then runs)
 
 
 def probes(added, texts) -> list[str]:
-    """Every text a check compares: :data:`PROBES`, the added tokens, then ``texts``."""
+    """Every text a check compares: :data:`PROBES`, :data:`PATHOLOGICAL`, the added tokens, then ``texts``."""
     specials = " ".join(sorted(added)[:8])
-    return [*PROBES, specials, f"a{specials.replace(' ', '')}b", *texts]
+    return [*PROBES, *PATHOLOGICAL, specials, f"a{specials.replace(' ', '')}b", *texts]
 
 
-def verdict(texts, ours, theirs, where=None) -> str:
+def verdict(texts, ours, theirs, where=None, backend: str = "fastokens") -> str:
     """``""`` if ``ours[i] == theirs[i]`` for every text, else where they first differ.
 
     ``where(text, i)`` gives the character offset of token ``i`` (for the message).
 
     >>> verdict(["ab"], [[1, 2]], [[1, 3]], lambda text, i: i)
-    "tiktoken and HF tokenizers differ on a sample at token 1 (text near 'ab')"
+    "fastokens and HF tokenizers differ on a sample at token 1 (text near 'ab')"
     """
     for text, mine, hf in zip(texts, ours, theirs):
         if list(mine) != list(hf):
             i = next((k for k, (a, b) in enumerate(zip(mine, hf)) if a != b), min(len(mine), len(hf)))
             at = where(text, i) if where is not None else 0
-            return (f"tiktoken and HF tokenizers differ on a sample at token {i} "
+            return (f"{backend} and HF tokenizers differ on a sample at token {i} "
                     f"(text near {text[max(0, at - 20):][:40]!r})")
     return ""
 
@@ -87,8 +107,9 @@ class Check:
     run is a failed check (its reason says so), and HF tokenizers runs instead."""
 
     def __init__(self, path: str, texts, theirs: Future | None, ours: Future | None,
-                 failed: str = "", file: tuple = ()):
+                 failed: str = "", file: tuple = (), backend: str = "fastokens"):
         self.path, self.texts, self._file = path, texts, file  # file: (tokenizer.json, version)
+        self.backend = backend
         self._theirs, self._ours, self._failed = theirs, ours, failed
         self._reason = None
 
@@ -105,14 +126,14 @@ class Check:
 
     def _decide(self, timeout) -> str:
         try:
-            ours = (tiktoken_ids(self.path, self.texts) if self._ours is None
+            ours = (engine_ids(self.path, self.backend, self.texts) if self._ours is None
                     else self._ours.result(timeout))
             if isinstance(ours, str):  # the engine cannot be built for this tokenizer
                 return ours
             file, key = self._file
             theirs = _ask(("ids", file, key, self.texts), timeout, self._theirs)
             return verdict(self.texts, ours, theirs,
-                           lambda text, i: _ask(("where", file, key, text, i), timeout))
+                           lambda text, i: _ask(("where", file, key, text, i), timeout), self.backend)
         except Exception as e:
             return f"the parity check could not run ({type(e).__name__}: {e})"
 
@@ -135,31 +156,31 @@ def _ask(request, timeout, sent: Future | None = None):
     return value
 
 
-def start(path: str, texts, tiktoken_side=None) -> Check:
-    """Start checking the tiktoken engine of tokenizer directory ``path`` on ``texts``.
+def start(path: str, texts, backend: str = "fastokens", engine_side=None) -> Check:
+    """Start checking the ``backend`` engine of tokenizer directory ``path`` on ``texts``.
 
-    The HF side starts now, in the HF process. ``tiktoken_side(all_texts)``,
-    if given, returns a future of the tiktoken ids (a pool task); else they
+    The HF side starts now, in the HF process. ``engine_side(all_texts)``,
+    if given, returns a future of the engine's ids (a pool task); else they
     are computed here when :meth:`Check.result` is called.
     """
     try:
         added = tiktoken_spec(pathlib.Path(path))[2]
     except Unsupported as e:
-        return Check(path, (), None, None, failed=str(e))
+        return Check(path, (), None, None, failed=str(e), backend=backend)
     texts = tuple(probes(added, texts))
     try:
         file, key = _tokenizer_file(path)
         theirs = _server().call("ids", file, key, texts)
-        ours = tiktoken_side(texts) if tiktoken_side is not None else None
+        ours = engine_side(texts) if engine_side is not None else None
     except Exception as e:
-        return Check(path, texts, None, None,
+        return Check(path, texts, None, None, backend=backend,
                      failed=f"the parity check could not run ({type(e).__name__}: {e})")
-    return Check(path, texts, theirs, ours, file=(file, key))
+    return Check(path, texts, theirs, ours, file=(file, key), backend=backend)
 
 
-def reason(path: str, texts) -> str:
-    """``""`` if tiktoken reproduces HF tokenizers on the probes and ``texts``, else why not."""
-    return start(path, texts).result()
+def reason(path: str, texts, backend: str = "fastokens") -> str:
+    """``""`` if the ``backend`` engine reproduces HF tokenizers on the probes and ``texts``, else why not."""
+    return start(path, texts, backend).result()
 
 
 def preload(path: str) -> None:

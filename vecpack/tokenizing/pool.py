@@ -5,7 +5,7 @@
     driver                           loky workers (persistent, one per core)
     ------                           ---------------------------------------
     warm(): start the pool  ───────► build the tokenizer engine (_warm)
-    start_check(): first task ─────► one worker: the sample's tiktoken ids (HF's come from
+    start_check(): first task ─────► one worker: the sample's engine ids (HF's come from
                                        vecpack.tokenizing.parity's HF process; the driver compares)
     executors.execute(tasks) ──────► run_chunk(task): vecpack.tokenizing.rows.tokenize_chunk
 
@@ -32,9 +32,10 @@ import numpy as np
 
 from vecpack._state import memo
 from vecpack.errors import WorkerDiedError
+from vecpack.options import FAST_ENGINES
 from vecpack.tokenizing import parity
 from vecpack.tokenizing.rows import tokenize_chunk
-from vecpack.tokenizing.runtime import runtime, tiktoken_ids
+from vecpack.tokenizing.runtime import engine_ids, fast_engine, runtime
 from vecpack.tokenizing.tasks import ChunkMeta, ChunkTask
 
 __all__ = ["chunk_dir", "effective_n_jobs", "ready", "shutdown", "start_check", "warm"]
@@ -101,11 +102,13 @@ def run_chunk(task: ChunkTask, enc_key: str, enc_path: str, out_dir: str, on_err
 
 
 def _warm(tokenizer_path: str | None = None) -> int:
-    """Start a worker; with a tokenizer directory, also build its tiktoken engine now."""
+    """Start a worker; with a tokenizer directory, also build its fast engine now."""
     _allow_engine_memory()
     if tokenizer_path is not None:
         try:
-            runtime(tokenizer_path, "tiktoken")
+            engine, _ = fast_engine(tokenizer_path)
+            if engine != "tokenizers":
+                runtime(tokenizer_path, engine)
         except Exception:  # unsupported (or unreadable): the real task says why
             pass
     return os.getpid()
@@ -127,7 +130,7 @@ def effective_n_jobs(n_jobs: int | None) -> int:
     return max(1, int(n_jobs) if n_jobs > 0 else cores + 1 + int(n_jobs))
 
 
-_EXECUTOR_ENV = {"TOKENIZERS_PARALLELISM": "false", "RAYON_NUM_THREADS": "1"}
+_EXECUTOR_ENV = {"TOKENIZERS_PARALLELISM": "false", "RAYON_NUM_THREADS": "1", "FASTOKENS_BPE_THREADS": "1"}
 
 
 class _Lifecycle:
@@ -272,30 +275,31 @@ def _in_background(fn):
 
 
 def start_check(encoder, texts, n_jobs: int):
-    """Check ``encoder``'s tiktoken engine against HF tokenizers on ``texts``.
+    """Check ``encoder``'s fast engine (fastokens or tiktoken) against HF tokenizers on ``texts``.
 
-    Returns a :class:`vecpack.tokenizing.parity.Check` (``result()``: ``""`` for the
-    same ids, else why not), or None when there is nothing to check. The HF
+    Returns a :class:`vecpack.tokenizing.parity.Check` (``result()``: ``""`` for
+    the same ids, else why not), or None when there is nothing to check. The HF
     side runs in the HF process of :mod:`vecpack.tokenizing.parity`. With
-    ``n_jobs > 1`` the tiktoken side is the pool's next task, ahead of the
-    chunks submitted after this call (a worker has the engine); with
-    ``n_jobs == 1`` (one process, or one chunk tokenized here) it runs here
-    when the result is asked for, with this process's engine.
+    ``n_jobs > 1`` the engine side is the pool's next task, ahead of the chunks
+    submitted after this call (a worker has the engine); with ``n_jobs == 1``
+    (one process, or one chunk tokenized here) it runs here when the result is
+    asked for, with this process's engine.
     """
-    if texts is None or getattr(encoder, "backend", None) != "tiktoken":
+    backend = getattr(encoder, "backend", None)
+    if texts is None or backend not in FAST_ENGINES:
         return None
     path = str(encoder.path)
     if n_jobs <= 1:
-        return parity.start(path, texts)
+        return parity.start(path, texts, backend)
 
     def on_a_worker(all_texts):
         try:
-            return _executor(n_jobs).submit(tiktoken_ids, path, all_texts)
+            return _executor(n_jobs).submit(engine_ids, path, backend, all_texts)
         except RuntimeError:  # the pool just broke or was shut down: a fresh one
             _shutdown_existing()
-            return _executor(n_jobs).submit(tiktoken_ids, path, all_texts)
+            return _executor(n_jobs).submit(engine_ids, path, backend, all_texts)
 
-    return parity.start(path, texts, on_a_worker)
+    return parity.start(path, texts, backend, on_a_worker)
 
 
 def shutdown() -> None:

@@ -11,7 +11,8 @@ bug and the labels of a row are handled identically wherever they run::
                             │ any other exception: an encoder bug -> RowFailure(crash=True), always
 
 An encoder with ``chunk_sink()`` (:class:`~vecpack.tokenizing.encoder.ChatEncoder`)
-encodes the rows and labels them all in one vectorised pass at the end.
+takes the rows one by one, then encodes (fastokens: in one batch call) and
+labels them all in one vectorised pass at the end.
 
 >>> class Bytes:
 ...     def encode_row(self, row):
@@ -103,7 +104,8 @@ def encode_rows(encoder, payloads: Iterable[tuple[Any, Any]], *, on_error: str =
         else:
             try:
                 if add is not None:
-                    length = add(rec)
+                    add(rec)  # its length is known at sink.finish()
+                    length = -1
                 else:
                     t, lab = encode_row(rec)
                     t = np.asarray(t, dtype=np.int32)
@@ -130,8 +132,9 @@ def encode_rows(encoder, payloads: Iterable[tuple[Any, Any]], *, on_error: str =
             raise RowFailure(key, reason)
         rejected.append((key, reason))
     if sink is not None:
-        tokens, labels = sink.finish()
+        tokens, labels, sink_lengths = sink.finish()
         trainable = sink.trainable
+        lengths = sink_lengths.tolist()
     else:
         tokens = np.concatenate(toks) if toks else np.zeros(0, np.int32)
         labels = np.concatenate(labs) if labs else np.zeros(0, np.int32)

@@ -1,14 +1,30 @@
 """The tokenizer engines of one process: built once per tokenizer file, never pickled.
 
-:class:`Runtime` holds what encoding needs in a process: the tiktoken core
-built from :func:`~vecpack.tokenizing.spec.tiktoken_spec` (or HF
-``tokenizers``), the bytes per token id for labels, and a cache of tokenized
-conversation prefixes. :func:`runtime` memoises one per tokenizer file and
-backend; :func:`tiktoken_ids` is what a parity check's tiktoken side runs.
+Three engines, in order of preference, each exact against HF ``tokenizers`` on
+what it accepts:
+
+======================  =====================================================  ============================
+engine                  built from                                             encodes
+======================  =====================================================  ============================
+``"fastokens"``         the tiktoken tables of a byte-level BPE                a chunk's texts in one call
+                        (:func:`~vecpack.tokenizing.spec.tiktoken_spec`)       (``encode_batch_flat``)
+``"tiktoken"``          the same tables                                        text by text
+``"tokenizers"``        ``tokenizer.json`` (HF tokenizers itself)              text by text
+======================  =====================================================  ============================
+
+The two fast engines split text by the tokenizer's regex and recognise its
+added tokens anywhere, as HF does, but take no normalizer: a text they cannot
+take exactly goes to HF tokenizers instead (:meth:`Runtime.exact`): a non-NFC
+text for a tokenizer that normalizes to NFC (Python's and HF's NFC tables differ
+on marks added in recent Unicode versions), and, for tiktoken, a whitespace run
+long enough to overflow its regex engine's backtracking stack. Workers run the
+engines single-threaded (``FASTOKENS_BPE_THREADS=1``): the workers are the
+parallelism.
 """
 
 from __future__ import annotations
 
+import os
 import pathlib
 import pickle
 import re
@@ -18,39 +34,80 @@ import numpy as np
 
 from vecpack._state import Memo, memo
 from vecpack.options import cache_root
-from vecpack.tokenizing.spec import Unsupported, byte_lengths, hf_byte_table, stat_key, tiktoken_spec, write_memo
+from vecpack.tokenizing.spec import (
+    Unsupported,
+    byte_lengths,
+    hf_byte_table,
+    stat_key,
+    tiktoken_file,
+    tiktoken_spec,
+    write_memo,
+)
 
-__all__ = ["Runtime", "hf_facts", "runtime", "tiktoken_ids"]
+__all__ = ["Runtime", "engine_ids", "fast_engine", "hf_facts", "runtime"]
 
 _PREFIX_CACHE_MAX = 1024        # cached conversation prefixes per process
+# tiktoken's regex engine overflows its backtracking stack on a run of ~1M non-newline
+# spaces; such a text (any run this long, to be safe) goes to HF tokenizers instead
+_LONG_WS = re.compile(r"\s{100000}")
 
 
-def tiktoken_ids(path: str, texts) -> list[list[int]] | str:
-    """The tiktoken engine's ids of each of ``texts``, or why there are none."""
+def fast_engine(path) -> tuple[str, str]:
+    """``(engine, reason)``: the fastest engine that may reproduce the tokenizer at ``path`` exactly.
+
+    ``"fastokens"`` when the tokenizer is a byte-level BPE that tiktoken's tables
+    describe and fastokens is installed, else ``"tiktoken"`` (the reason says
+    why not fastokens), else ``"tokenizers"`` (the reason says why neither).
+    The parity check then confirms the choice on the dataset's own rows.
+    """
     try:
-        rt = runtime(path, "tiktoken")
+        tiktoken_spec(pathlib.Path(path))
+    except Unsupported as e:
+        return "tokenizers", str(e)
+    try:
+        import fastokens  # noqa: F401
+    except ImportError:
+        return "tiktoken", "fastokens is not installed"
+    try:
+        tiktoken_file(pathlib.Path(path))
+    except Unsupported as e:
+        return "tiktoken", str(e)
+    return "fastokens", ""
+
+
+def engine_ids(path: str, backend: str, texts) -> list[list[int]] | str:
+    """The ids ``backend``'s runtime gives each of ``texts`` (a parity check's engine side), or why none."""
+    try:
+        rt = runtime(path, backend)
+        return [rt.ids(text).tolist() for text in texts]
     except Unsupported as e:
         return str(e)
-    out = []
-    for text in texts:
-        try:
-            out.append(rt.encode_tiktoken(text))
-        except Exception as e:  # pragma: no cover - engine bug
-            return f"tiktoken failed on a sample ({type(e).__name__}: {e})"
-    return out
+    except Exception as e:  # an engine that fails on a sample is not trusted
+        return f"{backend} failed on a sample ({type(e).__name__}: {e})"
 
 
 class Runtime:
-    """Per-process state of an encoder: the engine, tables and caches (never pickled)."""
+    """Per-process state of an encoder: the engine, tables and caches (never pickled).
+
+    Attributes:
+        backend: ``"fastokens"``, ``"tiktoken"`` or ``"tokenizers"``.
+        batch: the engine encodes many texts in one call (:meth:`encode_batch`).
+        bytelen, bytelen32: bytes each token id spells (None when unknown).
+        nfc: the tokenizer normalizes to NFC.
+        added: added token text -> id.
+    """
 
     def __init__(self, path: pathlib.Path, backend: str):
+        self.path, self.backend = path, backend
         self.tk = None
         self.core = None
-        self.bytelen = None
+        self.fast = None
+        self.batch = backend == "fastokens"
+        self.bytelen = self.bytelen32 = None
         self.nfc = False
         self.prefix_cache = Memo("conversation prefixes", _PREFIX_CACHE_MAX)
-        if backend != "tiktoken":
-            tk = self.load_tokenizers(path)
+        if backend == "tokenizers":
+            tk = self.hf()
             self.added = {t.content: i for i, t in tk.get_added_tokens_decoder().items()}
             self.special_re = None
             table = hf_byte_table(path) if hasattr(tk, "encode_batch_fast") else None
@@ -62,12 +119,19 @@ class Runtime:
                            if self.added else None)
         self.bytelen = byte_lengths(ranks, self.added)
         self.bytelen32 = self.bytelen.astype(np.int32)
+        self.allowed = frozenset(self.added)
+        if backend == "fastokens":
+            os.environ.setdefault("FASTOKENS_BPE_THREADS", "1")  # read when its pool starts
+            import fastokens
+
+            self.fast = fastokens.Tokenizer.from_tiktoken(str(tiktoken_file(path)), pattern=pattern,
+                                                          special_tokens=self.added)
+            return
         import tiktoken
 
         enc = tiktoken.Encoding(f"vecpack-{path.name}", pat_str=pattern, mergeable_ranks=ranks,
                                 special_tokens=self.added)
         self.core = enc._core_bpe
-        self.allowed = frozenset(self.added)
         # a content holding none of the first two characters of any added token holds no added token
         pairs = sorted({t[:2] for t in self.added})
         self.heads = tuple((ch, tuple(p for p in pairs if p[0] == ch)) for ch in sorted({p[0] for p in pairs}))
@@ -75,12 +139,47 @@ class Runtime:
         self.partial_tails = frozenset(t[i:] for t in self.added for i in range(1, len(t)))
         self.longest_added = max(map(len, self.added), default=0)
 
-    def load_tokenizers(self, path: pathlib.Path):
+    def hf(self):
+        """HF tokenizers for this tokenizer (loaded on first use)."""
         if self.tk is None:
             from tokenizers import Tokenizer
 
-            self.tk = Tokenizer.from_file(str(path / "tokenizer.json"))
+            self.tk = Tokenizer.from_file(str(self.path / "tokenizer.json"))
         return self.tk
+
+    def exact(self, text: str) -> bool:
+        """Whether this fast engine gives ``text`` HF's ids (else HF tokenizers must encode it)."""
+        if self.nfc and not text.isascii() and not unicodedata.is_normalized("NFC", text):
+            return False
+        return self.core is None or len(text) < 100_000 or _LONG_WS.search(text) is None
+
+    def encode(self, text: str, allowed=None) -> np.ndarray:
+        """The fast engine's int32 ids of ``text`` (which :meth:`exact` accepts); added tokens anywhere.
+
+        ``allowed`` (tiktoken): the added tokens that may occur (fewer is faster).
+        """
+        if self.fast is not None:
+            return np.frombuffer(self.fast.encode_batch_flat([text])[0], dtype=np.int32)
+        return np.frombuffer(self.core.encode_to_tiktoken_buffer(text, self.allowed if allowed is None
+                                                                 else allowed), dtype=np.int32)
+
+    def encode_batch(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
+        """``(ids int32, offsets int64 [len(texts) + 1])`` of many texts in one call (fastokens)."""
+        ids, offsets = self.fast.encode_batch_flat(texts)
+        return np.frombuffer(ids, dtype=np.int32), np.frombuffer(offsets, dtype=np.int64)
+
+    def hf_ids(self, text: str) -> np.ndarray:
+        """HF tokenizers' int32 ids of ``text`` (added tokens anywhere, no special tokens added)."""
+        tk = self.hf()
+        if hasattr(tk, "encode_batch_fast"):
+            return np.array(tk.encode_batch_fast([text], add_special_tokens=False)[0].ids, dtype=np.int32)
+        return np.array(tk.encode(text, add_special_tokens=False).ids, dtype=np.int32)
+
+    def ids(self, text: str) -> np.ndarray:
+        """HF tokenizers' ids of any ``text``: the fast engine's when :meth:`exact`, else HF's own."""
+        if self.backend != "tokenizers" and self.exact(text):
+            return self.encode(text)
+        return self.hf_ids(text)
 
     def cache_prefix(self, prefix: str) -> tuple[int, np.ndarray]:
         """``(k, ids)``: ``prefix[:k]`` ends right after its last added token, ``ids`` its tokens.
@@ -92,27 +191,14 @@ class Runtime:
         k = 0
         for m in self.special_re.finditer(prefix) if self.special_re is not None else ():
             k = m.end()
-        return k, np.array(self.encode_tiktoken(prefix[:k]), dtype=np.int32)
-
-    def encode_tiktoken(self, text: str) -> list[int]:
-        """tiktoken ids of ``text`` with added tokens recognized anywhere (NFC per piece if needed)."""
-        if self.nfc and not text.isascii() and not unicodedata.is_normalized("NFC", text):
-            out, prev = [], 0
-            for m in (self.special_re.finditer(text) if self.special_re else ()):
-                if m.start() > prev:
-                    out += self.core.encode_ordinary(unicodedata.normalize("NFC", text[prev:m.start()]))
-                out.append(self.added[m.group()])
-                prev = m.end()
-            if prev < len(text):
-                out += self.core.encode_ordinary(unicodedata.normalize("NFC", text[prev:]))
-            return out
-        return self.core.encode(text, self.allowed)
+        return k, self.ids(prefix[:k]).astype(np.int32, copy=True)
 
 
 _RUNTIMES = memo("tokenizer engines", 4)
 
 
 def runtime(path: str, backend: str) -> Runtime:
+    """This process's :class:`Runtime` of ``backend`` for the tokenizer at ``path`` (built once)."""
     p = pathlib.Path(path)
     st = (p / "tokenizer.json").stat()
     key = (str(p), backend, st.st_size, st.st_mtime_ns)
@@ -120,7 +206,6 @@ def runtime(path: str, backend: str) -> Runtime:
     if rt is None:
         rt = _RUNTIMES[key] = Runtime(p, backend)
     return rt
-
 
 
 def hf_facts(path: pathlib.Path, variables: dict) -> dict:
@@ -136,24 +221,20 @@ def hf_facts(path: pathlib.Path, variables: dict) -> dict:
     """
     wanted = sorted(set(variables.values()))
     key = stat_key(path, "tokenizer.json", "tokenizer_config.json")
-    memo = cache_root() / "encoder" / f"{key}.pkl"
+    memo_file = cache_root() / "encoder" / f"{key}.pkl"
     try:
-        with open(memo, "rb") as f:
+        with open(memo_file, "rb") as f:
             facts = pickle.load(f)
         if all(t in facts["ids"] for t in wanted):
             return facts
     except (OSError, EOFError, pickle.UnpicklingError, KeyError, TypeError):
         pass
-    hf = runtime(str(path), "tokenizers").load_tokenizers(path)
+    hf = runtime(str(path), "tokenizers").hf()
     bare = hf.encode("x", add_special_tokens=False).ids
     full = hf.encode("x", add_special_tokens=True).ids
     cut = next((i for i in range(len(full) - len(bare) + 1) if full[i:i + len(bare)] == bare), None)
-    facts = {"added": added_tokens(hf), "ids": {t: hf.token_to_id(t) for t in wanted},
+    facts = {"added": [t.content for t in hf.get_added_tokens_decoder().values()],
+             "ids": {t: hf.token_to_id(t) for t in wanted},
              "affixes": ((), ()) if cut is None else (tuple(full[:cut]), tuple(full[cut + len(bare):]))}
-    write_memo(memo, facts)
+    write_memo(memo_file, facts)
     return facts
-
-
-
-def added_tokens(tk) -> list[str]:
-    return [t.content for t in tk.get_added_tokens_decoder().values()]

@@ -26,7 +26,7 @@ from vecpack.inputs.records import _orjson_loads
 from vecpack.options import cache_root
 
 __all__ = ["SPEC_VERSION", "Unsupported", "byte_lengths", "bytes_to_unicode", "hf_byte_table",
-           "default_pad_id", "materialize", "read_dir", "stat_key", "tiktoken_spec", "write_memo"]
+           "default_pad_id", "materialize", "read_dir", "stat_key", "tiktoken_file", "tiktoken_spec", "write_memo"]
 
 #: Bump when what is derived from the same files changes (on-disk memos are then ignored).
 SPEC_VERSION = "vecpack-chat-encoder-1"
@@ -267,6 +267,42 @@ def tiktoken_spec(path: pathlib.Path) -> tuple[str, dict[bytes, int], dict[str, 
     pattern, ranks, nfc = tiktoken_parts(spec)
     out = (pattern, ranks, added, nfc)
     write_memo(memo, out)
+    return out
+
+
+def tiktoken_file(path: pathlib.Path) -> pathlib.Path:
+    """The tokenizer's ranks as a ``.tiktoken`` file (base64 bytes, rank per line), memoised on disk.
+
+    What :class:`fastokens.Tokenizer.from_tiktoken` reads: about half the time
+    of building from ``tokenizer.json``.
+
+    Raises:
+        Unsupported: not a tiktoken-style tokenizer, or its ranks do not run
+            0, 1, 2... (which that format requires).
+    """
+    import base64
+
+    key = stat_key(path, "tokenizer.json")
+    out = cache_root() / "tiktoken" / f"{key}.tiktoken"
+    if out.exists():
+        return out
+    _, ranks, _, _ = tiktoken_spec(path)
+    order = sorted(ranks.items(), key=lambda kv: kv[1])
+    if [r for _, r in order] != list(range(len(order))):
+        raise Unsupported("the vocabulary's ranks are not 0, 1, 2, ... (fastokens needs them so)")
+    text = "".join(f"{base64.b64encode(b).decode()} {r}\n" for b, r in order)
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = out.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(text, encoding="ascii")
+        os.replace(tmp, out)
+    except OSError:  # a read-only cache: a private copy
+        import tempfile
+
+        fd, name = tempfile.mkstemp(suffix=".tiktoken")
+        with os.fdopen(fd, "w", encoding="ascii") as f:
+            f.write(text)
+        return pathlib.Path(name)
     return out
 
 

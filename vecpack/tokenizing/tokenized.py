@@ -34,7 +34,7 @@ class Tokenized:
         row_ids: ``int64 [D]``: the 0-based input row of each document.
         stats: ``rows``, ``documents``, ``tokens``, ``trainable_tokens``,
             ``rejected``, ``rejected_examples`` (``"file:line: reason"``
-            strings), ``backend`` (``"tiktoken"`` / ``"tokenizers"``),
+            strings), ``backend`` (``"fastokens"``, ``"tiktoken"`` or ``"tokenizers"``),
             ``seconds``, ``n_jobs``, ``chunks``.
         encoder: the encoder that produced the arrays (``None`` when the
             arrays were loaded rather than tokenized).
