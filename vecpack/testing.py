@@ -42,6 +42,9 @@ __all__ = [
     "make_llama3_tokenizer",
     "make_qwen_tokenizer",
     "make_sharegpt",
+    "make_short_chats",
+    "pathological_conversations",
+    "pathological_texts",
 ]
 
 QWEN_PATTERN = (r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"""
@@ -363,3 +366,34 @@ def make_short_chats(path: str | os.PathLike, n: int, *, seed: int = 0) -> str:
                 conv.append({"from": "gpt", "value": say(40, 360)})
             f.write(json.dumps({"conversations": conv}, ensure_ascii=False) + "\n")
     return str(path)
+
+
+def pathological_texts(scale: float = 1.0, full: tuple[str, ...] = ()) -> dict[str, str]:
+    """Texts that regex engines and BPE find hard, keyed by name: a million spaces, mixed
+    whitespace, one letter, digits, base64; 300k CJK characters; 200k emoji (fixed bytes).
+
+    ``scale`` shrinks every text not named in ``full``.
+    """
+    rng = random.Random(7)
+    b64 = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/"
+    makers = {
+        "1M spaces": (1_000_000, lambda n: " " * n),
+        "1M mixed whitespace": (1_000_000, lambda n: "".join(rng.choice(" \t\n") for _ in range(n))),
+        "1M of one letter": (1_000_000, lambda n: "a" * n),
+        "1M digits": (1_000_000, lambda n: "".join(rng.choice("0123456789") for _ in range(n))),
+        "1M base64": (1_000_000, lambda n: "".join(rng.choice(b64) for _ in range(n))),
+        "300k CJK": (300_000, lambda n: "".join(chr(rng.randrange(0x4E00, 0x9FA5)) for _ in range(n))),
+        "200k emoji": (200_000, lambda n: "".join(chr(rng.randrange(0x1F600, 0x1F64F)) for _ in range(n))),
+    }
+    return {name: make(size if name in full else int(size * scale)) for name, (size, make) in makers.items()}
+
+
+def pathological_conversations(text: str) -> dict[str, list[dict]]:
+    """``text`` alone in a user turn, and inside a normal conversation (OpenAI-style messages)."""
+    return {
+        "alone": [{"role": "user", "content": text}, {"role": "assistant", "content": "Noted."}],
+        "inside": [{"role": "system", "content": "You are a careful assistant."},
+                   {"role": "user", "content": "Please look at this: " + text + " thanks."},
+                   {"role": "assistant", "content": "It is a long text.\n\nAnything else?"},
+                   {"role": "user", "content": "No."}, {"role": "assistant", "content": "Bye!"}],
+    }
