@@ -128,3 +128,87 @@ def reference_labels(tokens, bytelen, parts, train, masking_all=False, nfc=False
         pos += n
     assert pos == at, "the tokens do not spell the parts"
     return out
+
+
+# --------------------------------------------------------------------------- mixtures
+
+_M64 = (1 << 64) - 1
+
+
+def _splitmix_next(state):
+    """One splitmix64 step: (new state, output)."""
+    state = (state + 0x9E3779B97F4A7C15) & _M64
+    z = state
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _M64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _M64
+    return state, z ^ (z >> 31)
+
+
+def shuffle(n, seed):
+    """Fisher-Yates driven by splitmix64 with rejection sampling (no modulo bias)."""
+    ranks = list(range(n))
+    state = seed
+    for i in range(n - 1, 0, -1):
+        bound = i + 1
+        limit = _M64 - ((_M64 % bound) + 1) % bound
+        while True:
+            state, r = _splitmix_next(state)
+            if r <= limit:
+                break
+        j = r % bound
+        ranks[i], ranks[j] = ranks[j], ranks[i]
+    return ranks
+
+
+def pass_seed(mix_seed, source, pass_):
+    h = 0
+    for v in (mix_seed, source, pass_):
+        h = _splitmix_next(h ^ (v & _M64))[1]
+    return h
+
+
+def mix_select(measures, weights, mix_total=None, mix_seed=0):
+    """The mixture's choice, one document at a time: returns [(source, local doc)] in mixture order.
+
+    Targets are exact fractions; a source gets whole passes over its usable
+    documents in input order, then the prefix of a seeded permutation closest
+    to the rest (ties: the shorter), in input order; sources interleave by the
+    midpoint of each document's span of its source's measure (ties: lower source).
+    """
+    from fractions import Fraction
+
+    usable = [[d for d, m in enumerate(ms) if m > 0] for ms in measures]
+    totals = [sum(ms[d] for d in u) for ms, u in zip(measures, usable)]
+    w = [Fraction(x) for x in weights]
+    if mix_total is None:
+        scale = min(Fraction(t) / x for t, x in zip(totals, w) if x > 0)
+        goals = [x * scale for x in w]
+    else:
+        goals = [x * mix_total for x in w]
+    chosen = []
+    for s, (ms, u, t, goal) in enumerate(zip(measures, usable, totals, goals)):
+        picked = []
+        if u and goal > 0:
+            full = int(goal // t)
+            rest = goal - full * t
+            for _ in range(full):
+                picked += u
+            if rest > 0:
+                perm = shuffle(len(u), pass_seed(mix_seed, s, full))
+                best_k, best_err, cum = 0, rest, 0
+                for k in range(1, len(u) + 1):
+                    cum += ms[u[perm[k - 1]]]
+                    if abs(cum - rest) < best_err:
+                        best_k, best_err = k, abs(cum - rest)
+                picked += sorted(u[perm[i]] for i in range(best_k))
+        chosen.append(picked)
+    keyed = []
+    for s, picked in enumerate(chosen):
+        total = float(sum(measures[s][d] for d in picked))
+        cum = 0.0
+        for d in picked:
+            m = float(measures[s][d])
+            cum += m
+            keyed.append(((cum - m / 2) / total, s, d))
+    keyed.sort(key=lambda x: (x[0], x[1]))
+    return [(s, d) for _, s, d in keyed]

@@ -19,6 +19,7 @@ from vecpack.errors import EncoderError as EncoderError
 from vecpack.errors import InputError as InputError
 from vecpack.errors import VecpackError as VecpackError
 from vecpack.errors import WorkerDiedError as WorkerDiedError
+from vecpack.mixing.source import Source as Source
 from vecpack.packing.packed import Packed as Packed
 from vecpack.packing.packed import pack as pack
 from vecpack.packing.plan import Plan as Plan
@@ -40,7 +41,7 @@ _LAZY = {
 }
 
 __all__ = sorted([
-    "EncoderError", "InputError", "Packed", "Plan", "VecpackError", "WorkerDiedError", "__version__",
+    "EncoderError", "InputError", "Packed", "Plan", "Source", "VecpackError", "WorkerDiedError", "__version__",
     "build", "load", "pack", "plan", "save", *_LAZY,
 ])
 

@@ -19,14 +19,16 @@ ValueError: max_len must be >= 1, got 0
 
 from __future__ import annotations
 
+import numbers
 import operator
 import os
 import pathlib
 
 __all__ = [
     "CONVERSATION_STYLES", "ENGINES", "EXECUTORS", "EXPORT_FORMATS", "FAST_ENGINES", "IGNORE_INDEX", "INT32_MAX",
-    "LONG_POLICIES", "MASKINGS", "ON_ERROR", "STRATEGIES", "STREAM_STRATEGIES", "STYLES", "cache_root",
-    "check_choice", "check_int", "check_max_len", "check_options", "check_seed",
+    "LONG_POLICIES", "MASKINGS", "MIX_BY", "ON_ERROR", "STRATEGIES", "STREAM_STRATEGIES", "STYLES", "cache_root",
+    "check_choice", "check_int", "check_max_len", "check_mix", "check_options", "check_seed", "check_weight",
+    "check_weights",
 ]
 
 #: Row formats (see :mod:`vecpack.chat.formats`).
@@ -52,6 +54,8 @@ FAST_ENGINES = ENGINES[:2]
 EXECUTORS = ("loky", "ray")
 #: ``vecpack export`` formats.
 EXPORT_FORMATS = ("parquet", "jsonl", "hf")
+#: What the weights of a mixture share out (see :mod:`vecpack.mixing`).
+MIX_BY = ("tokens", "rows")
 
 #: Label of tokens that carry no loss (PyTorch's cross-entropy default).
 IGNORE_INDEX = -100
@@ -136,3 +140,68 @@ def check_options(**options) -> dict:
 
 def _fail(kind, message: str, hint: str):
     raise kind(f"{message} ({hint})" if hint else message)
+
+
+# --------------------------------------------------------------------------- mixtures
+
+
+def check_weight(value, name: str = "weight") -> float:
+    """One source's weight: a finite number >= 0 (``name`` says whose, in messages)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"weight of {name} must be a number, got {type(value).__name__}")
+    w = float(value)
+    if w != w or w in (float("inf"), float("-inf")):
+        raise ValueError(f"weight of {name} is {w}; a weight must be a finite number >= 0")
+    if w < 0:
+        raise ValueError(f"weight of {name} is {w:g}; a weight must be >= 0")
+    return w
+
+
+def check_weights(weights, names) -> list[float]:
+    """The weights of a mixture's sources, normalised to sum to 1.
+
+    Args:
+        weights: one number per source (>= 0, finite, not all zero).
+        names: how each source is named in messages (``"source 2 ('b.jsonl')"``).
+
+    Raises:
+        ValueError: a count that does not match the sources, a negative,
+            NaN or infinite weight (naming the source), or all zero.
+        TypeError: a weight that is not a number.
+
+    >>> check_weights([3, 1], ["source 1", "source 2"])
+    [0.75, 0.25]
+    >>> check_weights([0.5, -1], ["source 1 ('a.jsonl')", "source 2 ('b.jsonl')"])
+    Traceback (most recent call last):
+    ...
+    ValueError: weight of source 2 ('b.jsonl') is -1; a weight must be >= 0
+    """
+    names = list(names)
+    if isinstance(weights, (str, bytes)) or not hasattr(weights, "__len__"):
+        raise TypeError(f"weights must be a list of numbers, one per source, got {type(weights).__name__}")
+    weights = list(weights)
+    if len(weights) != len(names):
+        raise ValueError(f"{len(weights)} weights for {len(names)} sources; give one weight per source "
+                         f"({', '.join(names)})")
+    out = [check_weight(w, name) for w, name in zip(weights, names)]
+    total = sum(out)
+    if total <= 0:
+        raise ValueError(f"every weight is zero ({', '.join(names)}); give at least one source a weight > 0")
+    return [w / total for w in out]
+
+
+def check_mix(mix_by="tokens", mix_total=None, mix_seed=0, mix_repeat=True) -> dict:
+    """Validate the mixing options of ``vecpack.build`` / streaming; returns them normalised.
+
+    ``mix_total`` is ``None`` (as large as possible without repeating a
+    document) or a number of tokens or rows (by ``mix_by``) >= 1.
+
+    >>> check_mix("rows", 1000)
+    {'mix_by': 'rows', 'mix_total': 1000, 'mix_seed': 0, 'mix_repeat': True}
+    """
+    if not isinstance(mix_repeat, bool):
+        raise TypeError(f"mix_repeat must be a bool, got {type(mix_repeat).__name__}")
+    return {"mix_by": check_choice(mix_by, "mix_by", MIX_BY),
+            "mix_total": None if mix_total is None else check_int(mix_total, "mix_total", minimum=1),
+            "mix_seed": check_int(mix_seed, "mix_seed", minimum=0, maximum=2**64 - 1),
+            "mix_repeat": mix_repeat}

@@ -16,6 +16,7 @@ then (Plan + tokens -> arrays)::
 
     fill_packs (prange over packs) / fill_pack (one pack)
         -> input_ids, labels, position_ids, document_ids  [packs, max_len] int32
+    fill_packs_part / fill_pack_part: the same over a corpus in parts (one call per part)
 
 Complexity: expand O(D); greedy O(E); ffd O(E log P); bfd O(E log max_len)
 (a counting sort by length, then a segment tree over *remaining capacity*
@@ -37,7 +38,9 @@ __all__ = [
     "check_plan",
     "expand_entries",
     "fill_pack",
+    "fill_pack_part",
     "fill_packs",
+    "fill_packs_part",
     "group_entries",
     "shuffle_ranks",
 ]
@@ -450,15 +453,24 @@ def _pad_tail(at, pad_id, ignore_index, ids, lab, pos, doc):
 
 
 @njit(cache=True)
-def _fill_row(tokens, labels, offsets, doc_index, doc_start, doc_length, e0, e1,
+def _fill_row(tokens, labels, shift, offsets, doc_index, doc_start, doc_length, e0, e1,
               pad_id, ignore_index, ids, lab, pos, doc):
-    """Write one pack (entries e0:e1) into four 1-D rows of max_len."""
+    """Write one pack (entries e0:e1) into four 1-D rows of max_len.
+
+    ``tokens``/``labels`` hold the corpus tokens ``shift:shift + len(tokens)``
+    (the whole corpus when ``shift`` is 0); entries whose tokens lie elsewhere
+    are skipped, their positions left for the call that holds them (a corpus
+    in parts: the corpora of a mixture).
+    """
     at = 0
+    hi = shift + tokens.shape[0]
     for e in range(e0, e1):
         d = doc_index[e]
         n = doc_length[e]
-        _write_entry(tokens, labels, offsets[d] + doc_start[e], n, np.int32(d), at, ignore_index,
-                     ids, lab, pos, doc)
+        src = offsets[d] + doc_start[e]
+        if shift <= src < hi:
+            _write_entry(tokens, labels, src - shift, n, np.int32(d), at, ignore_index,
+                         ids, lab, pos, doc)
         at += n
     _pad_tail(at, pad_id, ignore_index, ids, lab, pos, doc)
 
@@ -479,7 +491,7 @@ def fill_entries(tokens, labels, lengths, doc_ids, pad_id, ignore_index, ids, la
 def fill_pack(tokens, labels, offsets, doc_index, doc_start, doc_length, pack_offsets, p,
               pad_id, ignore_index, ids, lab, pos, doc):
     """Fill one pack ``p`` into four 1-D int32 arrays of max_len."""
-    _fill_row(tokens, labels, offsets, doc_index, doc_start, doc_length,
+    _fill_row(tokens, labels, 0, offsets, doc_index, doc_start, doc_length,
               pack_offsets[p], pack_offsets[p + 1], pad_id, ignore_index, ids, lab, pos, doc)
 
 
@@ -490,6 +502,28 @@ def fill_packs(tokens, labels, offsets, doc_index, doc_start, doc_length, pack_o
     n = ids.shape[0]
     for k in prange(n):
         p = start + k
-        _fill_row(tokens, labels, offsets, doc_index, doc_start, doc_length,
+        _fill_row(tokens, labels, 0, offsets, doc_index, doc_start, doc_length,
+                  pack_offsets[p], pack_offsets[p + 1], pad_id, ignore_index,
+                  ids[k], lab[k], pos[k], doc[k])
+
+
+@njit(cache=True)
+def fill_pack_part(tokens, labels, shift, offsets, doc_index, doc_start, doc_length, pack_offsets, p,
+                   pad_id, ignore_index, ids, lab, pos, doc):
+    """:func:`fill_pack` for a corpus in parts: writes the entries whose tokens lie in
+    ``tokens`` (corpus tokens ``shift:shift + len(tokens)``) and the padding; one call
+    per part fills the pack."""
+    _fill_row(tokens, labels, shift, offsets, doc_index, doc_start, doc_length,
+              pack_offsets[p], pack_offsets[p + 1], pad_id, ignore_index, ids, lab, pos, doc)
+
+
+@njit(cache=True, parallel=True)
+def fill_packs_part(tokens, labels, shift, offsets, doc_index, doc_start, doc_length, pack_offsets,
+                    start, pad_id, ignore_index, ids, lab, pos, doc):
+    """:func:`fill_packs` for one part of a corpus in parts (see :func:`fill_pack_part`)."""
+    n = ids.shape[0]
+    for k in prange(n):
+        p = start + k
+        _fill_row(tokens, labels, shift, offsets, doc_index, doc_start, doc_length,
                   pack_offsets[p], pack_offsets[p + 1], pad_id, ignore_index,
                   ids[k], lab[k], pos[k], doc[k])

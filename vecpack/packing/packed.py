@@ -37,7 +37,7 @@ __all__ = ["Packed", "pack", "warm_kernels"]
 
 _INT32 = np.iinfo(np.int32)
 _ARRAYS = ("input_ids", "labels", "position_ids", "document_ids")
-_VIEWS = ("_tokens", "_labels", "_offsets", "_doc_index", "_doc_start", "_doc_length",
+_VIEWS = ("_parts", "_tokens", "_labels", "_offsets", "_doc_index", "_doc_start", "_doc_length",
           "_pack_offsets")
 _PLAN_ERRORS = {
     1: "pack_offsets must start at 0, not decrease and end at len(doc_index) (pack {})",
@@ -83,6 +83,46 @@ def _check_offsets(offsets, num_tokens: int) -> np.ndarray:
     return a
 
 
+def _parts(tokens, labels) -> list:
+    """``[(tokens, labels)]``: one part, or the parts of a corpus given as lists of arrays."""
+    if isinstance(tokens, (list, tuple)):
+        if not tokens:
+            raise ValueError("tokens is an empty list; give at least one int32 array")
+        if labels is not None and not (isinstance(labels, (list, tuple)) and len(labels) == len(tokens)):
+            raise ValueError(f"tokens is a list of {len(tokens)} parts: labels must be None or a list "
+                             f"of as many parts")
+        labs = [None] * len(tokens) if labels is None else list(labels)
+        pairs = list(zip(tokens, labs))
+    else:
+        pairs = [(tokens, labels)]
+    out = []
+    for i, (t, lb) in enumerate(pairs):
+        suffix = f"[{i}]" if len(pairs) > 1 else ""
+        t = _check_tokens(t, "tokens" + suffix)
+        if lb is not None:
+            lb = _check_tokens(lb, "labels" + suffix)
+            if lb.shape[0] != t.shape[0]:
+                raise ValueError(f"labels{suffix} has {lb.shape[0]} entries but tokens{suffix} has "
+                                 f"{t.shape[0]}; they must be aligned")
+        out.append((t, t if lb is None else lb))
+    return out
+
+
+def _check_part_bounds(offsets: np.ndarray, parts: list) -> None:
+    """No document may cross from one part of the corpus into the next."""
+    bounds = np.cumsum([t.shape[0] for t, _ in parts])[:-1]
+    at = np.searchsorted(offsets, bounds)
+    ok = (at < offsets.shape[0]) & (offsets[np.minimum(at, offsets.shape[0] - 1)] == bounds)
+    if not ok.all():
+        i = int(np.argmin(ok))
+        raise ValueError(f"offsets must have a document boundary where tokens[{i}] ends (token "
+                         f"{int(bounds[i])}): a document cannot span two parts")
+
+
+def _joined(parts: tuple) -> np.ndarray:
+    return parts[0] if len(parts) == 1 else np.concatenate(parts)
+
+
 class Packed:
     """Packs of ``max_len`` tokens, built lazily from the corpus and a plan.
 
@@ -91,11 +131,15 @@ class Packed:
     and keep the result.
 
     Args:
-        tokens: int32 [N], all documents concatenated.
-        offsets: int64 [D+1], document ``d`` is ``tokens[offsets[d]:offsets[d+1]]``.
-        plan: a :class:`~vecpack.packing.plan.Plan` for these documents.
-        labels: int32 [N] aligned with tokens (``ignore_index`` = no loss);
-            ``None`` means the tokens themselves.
+        tokens: int32 [N], all documents concatenated; or a list of int32
+            arrays, the corpus in parts that are never copied together (the
+            corpora of a mixture), no document spanning two parts.
+        offsets: int64 [D+1], document ``d`` is ``tokens[offsets[d]:offsets[d+1]]``
+            (of the parts' concatenation).
+        plan: a :class:`~vecpack.packing.plan.Plan` for these documents (a
+            document may appear in several entries: a mixture's repeats).
+        labels: int32 [N] aligned with tokens (``ignore_index`` = no loss),
+            or a list aligned with the parts; ``None`` means the tokens themselves.
         pad_id: input_ids value of padding.
         ignore_index: labels value of padding and of every entry's first token.
         arrays: optional precomputed ``{"input_ids", "labels", "position_ids",
@@ -108,7 +152,9 @@ class Packed:
 
     Attributes:
         tokens, token_labels, offsets, plan: the inputs (``token_labels`` is
-            ``tokens`` when no labels were given).
+            ``tokens`` when no labels were given; for a corpus in parts,
+            ``tokens`` and ``token_labels`` are concatenated copies and
+            ``token_parts`` / ``label_parts`` the parts).
         pad_id, ignore_index, max_len, stats, doc_index, pack_offsets.
         input_ids, labels, position_ids, document_ids: [P, max_len] int32.
         seq_lens: int32 [E], tokens of every entry, in pack order;
@@ -117,23 +163,21 @@ class Packed:
 
     def __init__(self, tokens, offsets, plan: Plan, labels=None, pad_id: int = 0,
                  ignore_index: int = -100, *, arrays: dict | None = None, validate: bool = True):
-        tokens = _check_tokens(tokens, "tokens")
+        parts = _parts(tokens, labels)
+        num_tokens = sum(t.shape[0] for t, _ in parts)
         if validate:
-            offsets = _check_offsets(offsets, tokens.shape[0])
+            offsets = _check_offsets(offsets, num_tokens)
+            if len(parts) > 1:
+                _check_part_bounds(offsets, parts)
         elif not (isinstance(offsets, np.ndarray) and offsets.ndim == 1 and offsets.dtype == np.int64):
             raise TypeError("validate=False needs offsets as a 1-D int64 array")
-        if labels is not None:
-            labels = _check_tokens(labels, "labels")
-            if labels.shape[0] != tokens.shape[0]:
-                raise ValueError(f"labels has {labels.shape[0]} entries but tokens has "
-                                 f"{tokens.shape[0]}; they must be aligned")
         if not isinstance(plan, Plan):
             raise TypeError(f"plan must be a vecpack.Plan, got {type(plan).__name__}")
         self.pad_id = check_int(pad_id, "pad_id", minimum=_INT32.min, maximum=_INT32.max)
         self.ignore_index = check_int(ignore_index, "ignore_index", minimum=_INT32.min,
                                        maximum=_INT32.max)
-        self.tokens = tokens
-        self.token_labels = tokens if labels is None else labels
+        self.token_parts = tuple(t for t, _ in parts)
+        self.label_parts = tuple(lb for _, lb in parts)
         self.offsets = offsets
         self.plan = plan
         self._views()
@@ -152,8 +196,10 @@ class Packed:
 
     def _views(self):
         """Read-only views the kernels take (one numba specialization for every input)."""
-        self._tokens = _ro(self.tokens)
-        self._labels = _ro(self.token_labels)
+        shifts = np.concatenate([[0], np.cumsum([t.shape[0] for t in self.token_parts])])
+        self._parts = [(_ro(t), _ro(lb), int(shift))
+                       for t, lb, shift in zip(self.token_parts, self.label_parts, shifts)]
+        self._tokens, self._labels = self._parts[0][0], self._parts[0][1]
         self._offsets = _ro(self.offsets)
         self._doc_index = _ro(self.plan.doc_index)
         self._doc_start = _ro(self.plan.doc_start)
@@ -172,6 +218,17 @@ class Packed:
     def __setstate__(self, state):
         self.__dict__.update(state)
         self._views()
+
+    # -- the corpus -------------------------------------------------------
+    @property
+    def tokens(self) -> np.ndarray:
+        """int32 [N], all documents' tokens (a corpus in parts is concatenated: a copy)."""
+        return _joined(self.token_parts)
+
+    @property
+    def token_labels(self) -> np.ndarray:
+        """int32 [N], the labels aligned with :attr:`tokens` (the tokens themselves if none were given)."""
+        return _joined(self.label_parts)
 
     # -- plan views -------------------------------------------------------
     @property
@@ -222,11 +279,17 @@ class Packed:
         if self._arrays is not None:
             for name in _ARRAYS:
                 out[name][:] = self._arrays[name][i]
-        else:
+        elif len(self._parts) == 1:
             _kernels.fill_pack(self._tokens, self._labels, self._offsets, self._doc_index,
                                self._doc_start, self._doc_length, self._pack_offsets, i,
                                self.pad_id, self.ignore_index, out["input_ids"], out["labels"],
                                out["position_ids"], out["document_ids"])
+        else:
+            for tokens, labels, shift in self._parts:
+                _kernels.fill_pack_part(tokens, labels, shift, self._offsets, self._doc_index,
+                                        self._doc_start, self._doc_length, self._pack_offsets, i,
+                                        self.pad_id, self.ignore_index, out["input_ids"], out["labels"],
+                                        out["position_ids"], out["document_ids"])
         a, b = self.plan.pack_offsets[i], self.plan.pack_offsets[i + 1]
         out["seq_lens"] = self.plan.doc_length[a:b].astype(np.int32)
         return out
@@ -254,11 +317,17 @@ class Packed:
     def _fill(self, start: int, stop: int) -> dict:
         shape = (stop - start, self.max_len)
         out = {name: np.empty(shape, np.int32) for name in _ARRAYS}
-        if stop > start:
+        if stop > start and len(self._parts) == 1:
             _kernels.fill_packs(self._tokens, self._labels, self._offsets, self._doc_index,
                                 self._doc_start, self._doc_length, self._pack_offsets, start,
                                 self.pad_id, self.ignore_index, out["input_ids"], out["labels"],
                                 out["position_ids"], out["document_ids"])
+        elif stop > start:
+            for tokens, labels, shift in self._parts:
+                _kernels.fill_packs_part(tokens, labels, shift, self._offsets, self._doc_index,
+                                         self._doc_start, self._doc_length, self._pack_offsets, start,
+                                         self.pad_id, self.ignore_index, out["input_ids"], out["labels"],
+                                         out["position_ids"], out["document_ids"])
         return out
 
     def _materialize(self) -> dict:

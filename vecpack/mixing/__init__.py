@@ -1,0 +1,1 @@
+"""Mixtures: several sources by weight, chosen as whole documents, packed together."""

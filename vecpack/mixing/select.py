@@ -1,0 +1,227 @@
+"""Which documents of each source a mixture uses: whole documents, by weight, seeded.
+
+Each source comes as the *measure* of each of its documents: the tokens it
+places after the ``long`` policy (``mix_by="tokens"``) or 1 (``"rows"``);
+0 marks a document that places nothing (empty, or dropped by ``long="drop"``),
+which is never chosen. With weights ``w`` (normalised) and totals ``T``:
+
+* ``mix_total=None``: the output is as large as it can be without repeating a
+  document, ``X = min(T[s] / w[s])``; the scarcest source (relative to its
+  weight) is used once, whole, and every other source is sub-sampled to
+  ``w[s] * X``.
+* ``mix_total=N``: source ``s`` gets ``w[s] * N``: ``floor(w[s] * N / T[s])``
+  whole passes over its documents, then a partial pass. So a document appears
+  ``floor`` or ``ceil`` of that ratio times, never more.
+
+A partial pass (a sub-sample) takes a prefix of a seeded permutation of the
+source's documents, as long as it brings the source closest to its target:
+the achieved amount is within half a document of the target. The
+permutation is :func:`vecpack.packing._kernels.shuffle_ranks` (splitmix64
+Fisher-Yates: the same for any numpy version) seeded from ``(mix_seed,
+source, pass)``. Arithmetic on targets is exact (fractions).
+
+Chosen documents keep their input order within a pass, and the sources are
+then interleaved smoothly by their measure (each document sits at the
+midpoint of its share of its source's stream), so ``strategy="greedy"``
+packs mix sources too.
+
+>>> import numpy as np
+>>> a = np.array([5, 5, 5, 5])          # 20 tokens
+>>> b = np.array([1, 2, 3, 4, 0, 10])   # 20 tokens; document 4 places nothing
+>>> s = select([a, b], [0.5, 0.5])      # no repetition: both used whole
+>>> s.source.tolist(), s.local.tolist()
+([1, 1, 0, 1, 0, 1, 0, 1, 0], [0, 1, 0, 2, 1, 3, 2, 5, 3])
+>>> s = select([a, b], [0.8, 0.2])      # b is sub-sampled: 5 tokens asked, 3 is the closest prefix
+>>> [x["measure"] for x in s.per_source], [x["left_out"] for x in s.per_source]
+([20, 3], [0, 4])
+>>> s = select([a, b], [0.5, 0.5], mix_total=50)   # 25 each: a once and a quarter
+>>> s.per_source[0]["passes"], s.per_source[0]["max_copies"], s.per_source[0]["measure"]
+(1, 2, 25)
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from fractions import Fraction
+
+import numpy as np
+
+from vecpack.errors import InputError
+
+__all__ = ["Selection", "choose", "interleave", "pass_seed", "select", "targets"]
+
+_MASK = (1 << 64) - 1
+
+
+def _splitmix(x: int) -> int:
+    x = (x + 0x9E3779B97F4A7C15) & _MASK
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK
+    return x ^ (x >> 31)
+
+
+def pass_seed(mix_seed: int, source: int, pass_: int) -> int:
+    """The permutation seed of ``source``'s pass ``pass_`` (a uint64 from all three).
+
+    >>> pass_seed(0, 0, 0) != pass_seed(0, 1, 0) != pass_seed(1, 0, 0)
+    True
+    """
+    h = 0
+    for v in (mix_seed, source, pass_):
+        h = _splitmix(h ^ (int(v) & _MASK))
+    return h
+
+
+def _permutation(n: int, seed: int) -> np.ndarray:
+    from vecpack.packing import _kernels
+
+    return _kernels.shuffle_ranks(n, np.uint64(seed))
+
+
+@dataclass(frozen=True)
+class Selection:
+    """The documents a mixture uses, in mixture order.
+
+    Attributes:
+        source: int64 [M], the source of each chosen document.
+        local: int64 [M], its document index in that source.
+        per_source: one dict per source: ``documents``, ``usable`` (that
+            place tokens), ``usable_measure``, ``target``, ``passes`` (whole
+            passes), ``partial`` (documents of the partial pass), ``chosen``
+            (copies included), ``unique``, ``repeated`` (extra copies),
+            ``left_out`` (usable documents not chosen: sub-sampled away),
+            ``max_copies``, ``measure`` (achieved).
+    """
+
+    source: np.ndarray
+    local: np.ndarray
+    per_source: list
+
+
+def targets(totals, weights, mix_total: int | None) -> list[Fraction]:
+    """Each source's exact target, in the unit of its measure.
+
+    >>> targets([20, 20], [0.8, 0.2], None)
+    [Fraction(20, 1), Fraction(5, 1)]
+    """
+    w = [Fraction(x) for x in weights]
+    if mix_total is not None:
+        return [x * int(mix_total) for x in w]
+    scale = min(Fraction(int(t)) / x for t, x in zip(totals, w) if x > 0)
+    return [x * scale for x in w]
+
+
+def choose(measure: np.ndarray, target: Fraction, mix_seed: int = 0, source: int = 0) -> tuple[np.ndarray, dict]:
+    """One source's chosen documents (local indices, copies included) for ``target``.
+
+    ``floor(target / T)`` whole passes in input order, then the prefix of the
+    permutation seeded by ``pass_seed(mix_seed, source, passes)`` whose
+    measure is closest to the rest (ties: the shorter prefix), in input order.
+    """
+    measure = np.asarray(measure, np.int64)
+    usable = np.flatnonzero(measure > 0)
+    m = measure[usable]
+    total = int(m.sum())
+    n = len(usable)
+    info = {"documents": int(measure.shape[0]), "usable": n, "usable_measure": total,
+            "target": float(target), "passes": 0, "partial": 0}
+    parts = []
+    got = 0
+    if n and target > 0:
+        full = int(target // total)
+        rest = target - full * total
+        parts += [usable] * full
+        got = full * total
+        k = 0
+        if rest > 0:
+            perm = _permutation(n, pass_seed(mix_seed, source, full))
+            cum = np.cumsum(m[perm])
+            j = int(np.searchsorted(cum, float(rest)))
+            while j > 0 and cum[j - 1] >= rest:
+                j -= 1
+            while j < n and cum[j] < rest:
+                j += 1
+            # k = j leaves the prefix below rest, k = j + 1 reaches it: take the closer one
+            below = int(cum[j - 1]) if j else 0
+            k = j + 1 if j < n and (int(cum[j]) - rest) < (rest - below) else j
+            parts.append(np.sort(usable[perm[:k]]))
+            got += int(cum[k - 1]) if k else 0
+        info["passes"], info["partial"] = full, k
+    chosen = np.concatenate(parts) if parts else np.zeros(0, np.int64)
+    unique = n if info["passes"] else info["partial"]
+    info.update(chosen=int(chosen.shape[0]), unique=unique, repeated=int(chosen.shape[0]) - unique,
+                left_out=n - unique, max_copies=info["passes"] + (1 if info["partial"] else 0),
+                measure=got)
+    return chosen.astype(np.int64, copy=False), info
+
+
+def interleave(chosen: list, measures: list) -> tuple[np.ndarray, np.ndarray]:
+    """Merge the sources' chosen documents into one order, smoothly by measure.
+
+    Document ``j`` of source ``s`` sits at the midpoint of its span of the
+    source's cumulative measure, as a fraction of the source's total; ties go
+    to the lower source. Returns ``(source, local)``, int64 [M].
+
+    >>> s, d = interleave([np.array([0, 1]), np.array([0, 1, 2, 3])], [np.ones(2), np.ones(4)])
+    >>> s.tolist(), d.tolist()
+    ([1, 0, 1, 1, 0, 1], [0, 0, 1, 2, 1, 3])
+    """
+    keys, srcs = [], []
+    for s, (c, meas) in enumerate(zip(chosen, measures)):
+        if not len(c):
+            continue
+        m = np.asarray(meas, np.float64)[c]
+        cum = np.cumsum(m)
+        keys.append((cum - m / 2) / cum[-1])
+        srcs.append(np.full(len(c), s, np.int64))
+    if not keys:
+        return np.zeros(0, np.int64), np.zeros(0, np.int64)
+    key, src = np.concatenate(keys), np.concatenate(srcs)
+    order = np.lexsort((src, key))
+    return src[order], np.concatenate(chosen)[order].astype(np.int64, copy=False)
+
+
+def select(measures: list, weights: list, *, mix_total: int | None = None, mix_seed: int = 0,
+           mix_repeat: bool = True, names: list | None = None, unit: str = "tokens") -> Selection:
+    """Choose whole documents of every source by weight (see the module docs).
+
+    Args:
+        measures: per source, int64 [D_s]: each document's tokens (or 1 per
+            row); 0 = places nothing, never chosen.
+        weights: normalised weights, one per source.
+        mix_total: the output's size in the measure's unit, or None.
+        mix_seed: seeds the sub-samples.
+        mix_repeat: False refuses a ``mix_total`` that would repeat documents.
+        names: the sources' names, for messages.
+        unit: ``"tokens"`` or ``"rows"``, for messages.
+
+    Raises:
+        InputError: a source with a weight > 0 has no document that places tokens.
+        ValueError: ``mix_total`` needs more of a source than it has and
+            ``mix_repeat`` is False.
+    """
+    names = names or [f"source {i + 1}" for i in range(len(measures))]
+    measures = [np.asarray(m, np.int64) for m in measures]
+    totals = [int(m[m > 0].sum()) for m in measures]
+    for m, t, w, name in zip(measures, totals, weights, names):
+        if w > 0 and t == 0:
+            raise InputError(f"{name} has no documents to mix: its {len(m):,} documents place no tokens "
+                             f"(empty, or dropped by long='drop'); remove it or give it weight 0")
+    goal = targets(totals, weights, mix_total)
+    if not mix_repeat:
+        over = [i for i, (g, t) in enumerate(zip(goal, totals)) if g > t]
+        if over:
+            i = over[0]
+            most = min(Fraction(t) / Fraction(w) for t, w in zip(totals, weights) if w > 0)
+            raise ValueError(f"mix_total={mix_total:,} needs {math.ceil(goal[i]):,} {unit} of {names[i]}, "
+                             f"which has {totals[i]:,}: it cannot be met without repeating documents "
+                             f"(mix_repeat=False); the largest mix_total without repetition is "
+                             f"{math.floor(most):,}")
+    chosen, per_source = [], []
+    for s, (m, g) in enumerate(zip(measures, goal)):
+        c, info = choose(m, g, mix_seed, s)
+        chosen.append(c)
+        per_source.append(info)
+    src, local = interleave(chosen, measures)
+    return Selection(source=src, local=local, per_source=per_source)
