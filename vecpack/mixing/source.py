@@ -27,7 +27,7 @@ import os
 
 from vecpack.options import check_options, check_weight, check_weights
 
-__all__ = ["Source", "as_sources", "is_mixture"]
+__all__ = ["Source", "as_sources", "is_mixture", "own_options"]
 
 
 class Source:
@@ -137,3 +137,14 @@ def as_sources(data_files, weights, *, style: str = "sharegpt", column: str | No
     return [s._replace(style=s.style or style, column=s.column if s.column is not None else column,
                        masking=s.masking or masking, weight=w, name=name)
             for s, w, name in zip(sources, shares, names)]
+
+
+def own_options(data_files, what: str) -> None:
+    """Refuse sources that set their own format when ``what`` (e.g. ``encoder=``) decides it for all."""
+    items = list(data_files) if isinstance(data_files, (list, tuple)) else [data_files]
+    for i, s in enumerate(items):
+        if isinstance(s, Source):
+            given = [k for k in ("style", "column", "masking") if getattr(s, k) is not None]
+            if given:
+                raise ValueError(f"source {i + 1} ({_data_name(s.data)!r}) sets {', '.join(given)}, but {what} "
+                                 f"decides the format of every source; leave them out of Source(...)")

@@ -86,9 +86,12 @@ from typing import Iterator
 import torch
 from torch.utils.data import IterableDataset
 
+from vecpack import options
 from vecpack.inputs.readers import reader
 from vecpack.inputs.sources import Source, resolve_sources
+from vecpack.mixing.source import is_mixture
 from vecpack.options import STREAM_STRATEGIES, check_choice, check_int, check_max_len, check_options, check_seed
+from vecpack.streaming.mix import SOURCE_STATS, MixRun, mixture_stats, stream_sources
 from vecpack.streaming.readers import Layout
 from vecpack.streaming.run import STAT_KEYS, STATE_VERSION, Run, with_fill
 from vecpack.tokenizing.corpus import check_args
@@ -189,7 +192,7 @@ class StreamingPackedDataset(IterableDataset):
                  strategy: str = "bfd", long: str = "truncate", pad_id: int | None = None,
                  ignore_index: int = -100, on_error: str = "raise", n_jobs: int | None = None,
                  rank: int | None = None, world_size: int | None = None, batch_rows: int = 64,
-                 seed: int | None = 0, encoder=None):
+                 seed: int | None = 0, encoder=None, weights=None, mix_by: str = "tokens"):
         super().__init__()
         max_len = check_max_len(max_len)
         check_options(style=style, masking=masking, strategy=strategy, long=long, on_error=on_error)
@@ -200,7 +203,15 @@ class StreamingPackedDataset(IterableDataset):
         seed = check_seed(seed)
         self.data_files = data_files
         self._stream = None
-        if _is_hf_iterable(data_files):
+        self._mix = None
+        self.mix_by = options.check_mix(mix_by)["mix_by"]
+        check_args(style, masking, on_error, "loky", tokenizer, encoder)
+        if is_mixture(data_files, weights):
+            self._mix = stream_sources(data_files, weights, tokenizer, encoder, style=style, column=column,
+                                       masking=masking, seed=seed)
+            self._srcs = [src for m in self._mix for src in m.srcs]
+            encoder = self._mix[0].encoder
+        elif _is_hf_iterable(data_files):
             if seed is not None:
                 raise ValueError("a datasets.IterableDataset cannot be read in a seeded order (its rows "
                                  "have no positions to seek to): pass seed=None and shuffle it with "
@@ -214,7 +225,6 @@ class StreamingPackedDataset(IterableDataset):
             for s in self._srcs:
                 if not reader(s.kind).streams:
                     raise reader(s.kind)._no_stream(s.name)
-        check_args(style, masking, on_error, "loky", tokenizer, encoder)
         if encoder is None:
             encoder = encoder_for(tokenizer, style, column, masking, sample, defer=False)[1]
         self.encoder = encoder
@@ -233,7 +243,7 @@ class StreamingPackedDataset(IterableDataset):
         self.seed = None if seed is None else int(seed)
         # the shuffle units (JSONL: one newline scan, cached for big files), made here so that
         # DataLoader workers inherit them; remade at iter() if a file changed
-        self._layout = None if seed is None else Layout(self._srcs)
+        self._layout = None if seed is None or self._mix is not None else Layout(self._srcs)
         self.epoch = 0
         self._pending: dict | None = None   # a loaded state, for the next iter()
         self._run: Run | None = None       # the live iterator's state
@@ -261,7 +271,7 @@ class StreamingPackedDataset(IterableDataset):
         if state is not None:
             self._check_state(state, shard, nshards)
         self._pending = None
-        run = Run(self, shard, nshards, state)
+        run = self._run_class()(self, shard, nshards, state)
         self._run = run
         return run.packs()
 
@@ -277,7 +287,7 @@ class StreamingPackedDataset(IterableDataset):
         if self._run is not None:
             return self._run.state_dict()
         shard, nshards = self._shard()
-        return Run(self, shard, nshards, None).state_dict()
+        return self._run_class()(self, shard, nshards, None).state_dict()
 
     def load_state_dict(self, state: dict) -> None:
         """Make the next ``iter()`` resume from ``state`` (see :meth:`state_dict`)."""
@@ -292,7 +302,8 @@ class StreamingPackedDataset(IterableDataset):
         """Counters of the live (or last) pass in this process, with ``fill``."""
         if self._run is not None:
             return self._run.stats_dict()
-        return with_fill(dict.fromkeys(STAT_KEYS, 0), self.max_len, self.epoch)
+        shard, nshards = self._shard()
+        return self._run_class()(self, shard, nshards, None).stats_dict()
 
     @staticmethod
     def stats_from_loader_state(loader_state: dict) -> dict:
@@ -314,7 +325,13 @@ class StreamingPackedDataset(IterableDataset):
         for s in found:
             for k in STAT_KEYS:
                 total[k] += int(s["stats"][k])
-        return with_fill(total, int(found[0]["config"]["max_len"]), int(found[0]["epoch"]))
+        out = with_fill(total, int(found[0]["config"]["max_len"]), int(found[0]["epoch"]))
+        if found[0].get("mix") is not None:
+            mix = found[0]["mix"]
+            per = [{k: sum(int(s["mix"]["sources"][i][k]) for s in found) for k in SOURCE_STATS}
+                   for i in range(len(mix["sources"]))]
+            out = mixture_stats(out, mix["names"], mix["weights"], mix["mix_by"], per)
+        return out
 
     # ------------------------------------------------------------------ internals
     def _shard(self) -> tuple[int, int]:
@@ -322,6 +339,9 @@ class StreamingPackedDataset(IterableDataset):
         info = torch.utils.data.get_worker_info()
         wid, nw = (info.id, info.num_workers) if info is not None else (0, 1)
         return rank * nw + wid, world * nw
+
+    def _run_class(self):
+        return Run if self._mix is None else MixRun
 
     def _n_jobs(self) -> int:
         from vecpack.tokenizing.pool import effective_n_jobs
@@ -331,9 +351,12 @@ class StreamingPackedDataset(IterableDataset):
         return effective_n_jobs(self.n_jobs)
 
     def _config(self) -> dict:
-        return {"max_len": self.max_len, "buffer_size": self.buffer_size, "long": self.long,
-                "strategy": self.strategy, "seed": self.seed,
-                "sources": [[s.name, s.kind, int(s.size)] for s in self._srcs]}
+        config = {"max_len": self.max_len, "buffer_size": self.buffer_size, "long": self.long,
+                  "strategy": self.strategy, "seed": self.seed,
+                  "sources": [[s.name, s.kind, int(s.size)] for s in self._srcs]}
+        if self._mix is not None:
+            config["mixture"] = [[m.name, len(m.srcs), m.weight] for m in self._mix] + [self.mix_by]
+        return config
 
     def _check_config(self, state: dict) -> None:
         mine, theirs = self._config(), state.get("config", {})

@@ -23,7 +23,7 @@ from vecpack.packing.plan import _kernels
 from vecpack.streaming.encoding import Encoding, documents
 from vecpack.streaming.readers import Layout, Reader, ShuffledReader
 
-__all__ = ["STATE_VERSION", "STAT_KEYS", "Run", "with_fill"]
+__all__ = ["STATE_VERSION", "STAT_KEYS", "Run", "rows_of", "with_fill"]
 
 STATE_VERSION = 1
 # columns of the entry table kept in the state (and, per slot, in memory)
@@ -43,6 +43,14 @@ def _docs_from_state(d: dict, rows: np.ndarray) -> list:
     if (idx >= len(saved)).any() or not np.array_equal(saved[np.minimum(idx, len(saved) - 1)], rows):
         raise ValueError("state is missing the tokens of buffered documents")
     return [(tokens[off[j]:off[j + 1]], labels[off[j]:off[j + 1]]) for j in idx]
+
+
+def rows_of(enc: Encoding, reader: Reader, cursor, anchor) -> Iterator:
+    """``(batch, k, doc or None, reason)`` for every row the reader yields from ``cursor``, encoded."""
+    for batch, rows in enc.map(reader.batches(cursor, anchor)):
+        docs, errors = documents(rows, len(batch.payloads))
+        for k, doc in enumerate(docs):
+            yield batch, k, doc, errors.get(k)
 
 
 def with_fill(stats: dict, max_len: int, epoch: int) -> dict:
@@ -137,7 +145,7 @@ class Run:
     def stats_dict(self) -> dict:
         return with_fill(dict(self.stats), self.max_len, self.epoch)
 
-    def _restore(self, enc: Encoding, reader: Reader) -> None:
+    def _restore(self) -> None:
         st = self.start_state
         buf = np.asarray(st["buffer"], np.int64).reshape(-1, _NCOL)
         opn = np.asarray(st["open"], np.int64).reshape(-1, _NCOL)
@@ -150,16 +158,14 @@ class Run:
             if st.get("docs") is not None:
                 docs = _docs_from_state(st["docs"], refs[:, 3])
             else:
-                docs = []
-                for part in enc.encode(reader.read_rows(refs), refs):
-                    docs.extend(documents(part, part.records)[0])
+                docs = self._reencode(refs)
             for j, ref in enumerate(refs):
                 rows = table[inverse.reshape(-1) == j]
                 d = docs[j]
                 if d is None or d[0].shape[0] != int(rows[0, _DOCLEN]):
                     got = "cannot be encoded" if d is None else f"has {d[0].shape[0]} tokens"
                     raise InputError(f"row changed since the state was saved: it {got}, the state "
-                                     f"says {int(rows[0, _DOCLEN])} tokens", **reader.where(ref))
+                                     f"says {int(rows[0, _DOCLEN])} tokens", **self._where(ref))
             inverse = inverse.reshape(-1)
         slots = []
         for k, row in enumerate(table):
@@ -173,6 +179,39 @@ class Run:
                             int(st["next_seq"]))
         self.open = slots[nb:]
 
+    # ------------------------------------------------------------------ the input
+    def _open(self) -> None:
+        """Make the reader and the encoding of the pass (``self._reader``, ``self._encodings``)."""
+        ds = self.ds
+        if ds.seed is None:
+            reader = Reader(ds._srcs, self.shard, self.nshards, ds.batch_rows, ds._stream)
+        else:
+            if not ds._layout.fresh(ds._srcs):
+                ds._layout = Layout(ds._srcs)
+            reader = ShuffledReader(ds._srcs, ds._layout, self.shard, self.nshards, ds.batch_rows,
+                                    ds.seed, self.epoch)
+        self._reader = reader
+        self._encodings = [Encoding(ds.encoder, ds._n_jobs(), reader.where)]
+
+    def _rows(self) -> Iterator:
+        """``(ref, doc or None, reason)`` per row from the cursor on; the cursor follows."""
+        for batch, k, doc, reason in rows_of(self._encodings[0], self._reader, self.cursor, self.anchor):
+            # the cursor moves before the row is admitted: nothing reaches the caller in between
+            self.cursor = batch.cursors[k]
+            self.anchor = batch.anchor
+            yield batch.refs[k], doc, reason
+
+    def _where(self, ref) -> dict:
+        """Where a row is, as ``InputError`` keywords."""
+        return self._reader.where(ref)
+
+    def _reencode(self, refs: np.ndarray) -> list:
+        """The documents at ``refs`` read and encoded again (a restore)."""
+        docs = []
+        for part in self._encodings[0].encode(self._reader.read_rows(refs), refs):
+            docs.extend(documents(part, part.records)[0])
+        return docs
+
     # ------------------------------------------------------------------ the pass
     def packs(self) -> Iterator[dict]:
         ds = self.ds
@@ -183,17 +222,12 @@ class Run:
             raise RuntimeError("a datasets.IterableDataset input streams in the main process only "
                                "(num_workers=0): datasets would shard it per worker itself; rows are "
                                "tokenized ahead in vecpack's pool instead (n_jobs)")
-        if ds.seed is None:
-            reader = Reader(ds._srcs, self.shard, self.nshards, ds.batch_rows, ds._stream)
-        else:
-            if not ds._layout.fresh(ds._srcs):
-                ds._layout = Layout(ds._srcs)
-            reader = ShuffledReader(ds._srcs, ds._layout, self.shard, self.nshards, ds.batch_rows,
-                                    ds.seed, self.epoch)
-        enc = Encoding(ds.encoder, ds._n_jobs(), reader.where)
+        self._encodings = []
+        rows = None
         try:
+            self._open()
             if self.start_state is not None:
-                self._restore(enc, reader)
+                self._restore()
             packer = self.packer
 
             def pump():
@@ -203,32 +237,33 @@ class Run:
                     pack = packer.step()
                     if pack is not None:
                         yield self._emit(pack)
-                        enc.start()   # the first pack is out: now warm up the pool
+                        for enc in self._encodings:
+                            enc.start()   # the first pack is out: now warm up the pool
                     else:
                         self.open = packer.open_pack
 
             yield from pump()
-            for batch, rows in enc.map(reader.batches(self.cursor, self.anchor)):
-                docs, errors = documents(rows, len(batch.payloads))
-                for k, doc in enumerate(docs):
-                    if doc is None:
-                        if ds.on_error == "raise":
-                            raise InputError(errors[k], **reader.where(batch.refs[k]))
-                        self.stats["rejected"] += 1
-                        self.stats["num_rows"] += 1
-                    else:
-                        self._admit(batch.refs[k], doc, reader)
-                    self.cursor = batch.cursors[k]
-                    self.anchor = batch.anchor
-                    yield from pump()
+            rows = self._rows()
+            for ref, doc, reason in rows:
+                if doc is None:
+                    if ds.on_error == "raise":
+                        raise InputError(reason, **self._where(ref))
+                    self.stats["rejected"] += 1
+                    self.stats["num_rows"] += 1
+                else:
+                    self._admit(ref, doc)
+                yield from pump()
             for pack in packer.drain():
                 yield self._emit(pack)
             self.open = []
             self.finished = True
         finally:
-            enc.close()
+            if rows is not None:
+                rows.close()
+            for enc in self._encodings:
+                enc.close()
 
-    def _admit(self, ref, doc, reader: Reader) -> None:
+    def _admit(self, ref, doc) -> None:
         """Long policy + buffer: one row becomes 0, 1 or several entries."""
         st = self.stats
         st["num_rows"] += 1
@@ -256,10 +291,10 @@ class Run:
         else:
             raise InputError(f"document is {n} tokens, longer than max_len={M}; pass "
                              "long='truncate', 'split' or 'drop', or raise max_len",
-                             **reader.where(ref))
+                             **self._where(ref))
         if ref[3] > INT32_MAX:
             raise InputError(f"row number {int(ref[3])} does not fit int32 document_ids",
-                             **reader.where(ref))
+                             **self._where(ref))
         st["num_documents"] += 1
         for start, length in chunks:
             s = self._slot()

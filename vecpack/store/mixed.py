@@ -1,0 +1,118 @@
+"""A mixture through the cache: one corpus entry per source, one ``mix-`` entry for its plan.
+
+::
+
+    source 1 ──tokenize──► corpus-<k1>/ ─┐
+    source 2 ──tokenize──► corpus-<k2>/ ─┼──► mix-<key>/  doc_index doc_start doc_length pack_offsets .npy
+    ...                                  │    (key: the corpus keys, weights, mix_by, mix_total,
+                                         │     mix_seed, mix_repeat, max_len, strategy, long, shuffle_seed)
+                                         ▼
+                        Packed over the corpora's token arrays, in parts (nothing is copied)
+
+Each source's corpus entry is exactly the one a single-input ``vecpack.build``
+of that source makes (same key), so changing the weights or any ``mix_*``
+option only re-plans: :func:`vecpack.mixing.plan.mix_plan` over the corpora's
+lengths, in milliseconds to a second. :func:`vecpack.build` runs the steps;
+this module holds what it and :func:`vecpack.load` share.
+"""
+
+from __future__ import annotations
+
+import pathlib
+
+import numpy as np
+
+from vecpack.mixing.plan import union_offsets
+from vecpack.packing.packed import Packed
+from vecpack.packing.plan import Plan
+
+__all__ = ["MIX_FORMAT", "merged_tokenize_stats", "mix_key_inputs", "packed_from_mixture", "save_plan",
+           "source_infos"]
+
+#: Bump when mixed plans change for the same corpora and options.
+MIX_FORMAT = 1
+
+_PLAN_ARRAYS = ("doc_index", "doc_start", "doc_length", "pack_offsets")
+
+
+def mix_key_inputs(corpus_keys: list, weights: list, *, max_len: int, strategy: str, long: str,
+                   shuffle_seed: int | None, mix: dict) -> dict:
+    """What a mixed plan depends on (the key of its ``mix-`` entry): no paths, no names."""
+    return {"format": MIX_FORMAT, "corpora": list(corpus_keys), "weights": [float(w) for w in weights],
+            "max_len": int(max_len), "strategy": strategy, "long": long,
+            "shuffle_seed": None if shuffle_seed is None else int(shuffle_seed),
+            **{k: mix[k] for k in ("mix_by", "mix_total", "mix_seed", "mix_repeat")}}
+
+
+def save_plan(tmp: pathlib.Path, p: Plan) -> None:
+    """Write a plan's four arrays as ``.npy`` files into a cache entry being built."""
+    for n in _PLAN_ARRAYS:
+        np.save(tmp / f"{n}.npy", np.ascontiguousarray(getattr(p, n), dtype=np.int64))
+
+
+def with_names(stats: dict, names: list) -> dict:
+    """``stats`` with the mixture's sources named as this call names them (the key has no paths)."""
+    stats = dict(stats)
+    mixture = dict(stats.get("mixture") or {})
+    if mixture.get("sources") and len(mixture["sources"]) == len(names):
+        mixture["sources"] = [{**s, "name": n} for s, n in zip(mixture["sources"], names)]
+        stats["mixture"] = mixture
+    return stats
+
+
+def packed_from_mixture(corpora: list, arrays: dict, max_len: int, stats: dict, *, pad_id=None,
+                        ignore_index: int = -100) -> Packed:
+    """A :class:`~vecpack.Packed` over several corpus entries (parts) and a mixed plan's arrays.
+
+    Args:
+        corpora: the sources' corpus entries, in source order.
+        arrays: ``doc_index`` (union ids), ``doc_start``, ``doc_length``, ``pack_offsets``.
+        max_len: tokens per pack.
+        stats: the plan's stats.
+        pad_id: default: the first corpus's recorded pad id, else 0.
+        ignore_index: label of padding and of every entry's first token.
+    """
+    p = Plan(doc_index=arrays["doc_index"], doc_start=arrays["doc_start"], doc_length=arrays["doc_length"],
+             pack_offsets=arrays["pack_offsets"], max_len=int(max_len), stats=dict(stats))
+    if pad_id is None:
+        pad_id = int(corpora[0].meta.get("pad_id", 0) or 0)
+    offsets = union_offsets([c.arrays["offsets"] for c in corpora])
+    # entries were checked on open and the plan against these corpora when it was built
+    return Packed([c.arrays["tokens"] for c in corpora], offsets, p,
+                  labels=[c.arrays["labels"] for c in corpora], pad_id=pad_id, ignore_index=ignore_index,
+                  validate=False)
+
+
+def merged_tokenize_stats(stats: list, names: list) -> dict:
+    """The sources' ``Tokenized.stats`` summed into one (``rejected_examples`` name their source)."""
+    out = {"rows": 0, "documents": 0, "tokens": 0, "trainable_tokens": 0, "rejected": 0,
+           "rejected_examples": [], "seconds": 0.0}
+    backends = []
+    for s, name in zip(stats, names):
+        for k in ("rows", "documents", "tokens", "trainable_tokens", "rejected"):
+            out[k] += int(s.get(k) or 0)
+        out["seconds"] += float(s.get("seconds") or 0.0)
+        out["rejected_examples"] += [f"{name}: {e}" for e in s.get("rejected_examples") or []]
+        if s.get("backend") and s["backend"] not in backends:
+            backends.append(s["backend"])
+    out["backend"] = ", ".join(backends)
+    for k in ("n_jobs", "executor"):
+        out[k] = next((s.get(k) for s in stats if s.get(k) is not None), None)
+    out["sources"] = [dict(s, name=name) for s, name in zip(stats, names)]
+    return out
+
+
+def source_infos(sources: list, corpora: list) -> tuple:
+    """Per source, where its corpus came from (``build_info.sources``)."""
+    return tuple({"name": s.name, "style": s.style, "column": s.column, "masking": s.masking,
+                  "weight": s.weight, "corpus_key": c.key, "corpus_path": c.path, "corpus_hit": not c.built,
+                  "tokenize_stats": dict(c.meta.get("stats") or {})}
+                 for s, c in zip(sources, corpora))
+
+
+def row_ids(corpora: list) -> np.ndarray | None:
+    """The input row of every union document (each source's rows counted from 0)."""
+    parts = [c.arrays.get("row_ids") for c in corpora]
+    if any(p is None for p in parts):
+        return None
+    return np.concatenate([np.asarray(p, np.int64) for p in parts])

@@ -1,0 +1,238 @@
+"""A streamed mixture: several sources interleaved by weight, packed together, resumable exactly.
+
+Each source has its own reader (its files, its shard of their rows, its
+seeded order: ``seed + source``) and its own encoder (its style, column,
+masking). A :class:`Schedule` decides where the next row comes from: the
+source furthest behind its weight, measured in the tokens its rows place
+after the ``long`` policy (``mix_by="tokens"``) or in documents (``"rows"``);
+ties go to the lower source. The schedule is deterministic, so the stream is
+the same for any ``n_jobs`` and timing, and shares stay within a document of
+their targets at every point of the stream. The pass ends when the source
+the schedule asks for is used up: the scarcest source relative to its weight
+is read once, whole, no row is read twice, and the other sources are read in
+part (another epoch reads another part: each epoch has its own order).
+
+The state adds to :class:`~vecpack.streaming.run.Run`'s: every source's read
+cursor and the schedule's counters. A buffered document's ``ref`` holds a
+file index over all sources' files (source 1's files first), so a restore
+re-reads and re-encodes it through its own source.
+
+>>> s = Schedule([0.75, 0.25])
+>>> picks = []
+>>> for _ in range(8):
+...     i = s.pick()
+...     picks.append(i)
+...     s.add(i, 10)
+>>> picks
+[0, 1, 0, 0, 0, 1, 0, 0]
+"""
+
+from __future__ import annotations
+
+from typing import Iterator
+
+import numpy as np
+
+from vecpack.streaming.encoding import Encoding, documents
+from vecpack.streaming.readers import F, Layout, Reader, ShuffledReader
+from vecpack.streaming.run import _F, _LEN, Run, rows_of, with_fill
+
+__all__ = ["MixRun", "SOURCE_STATS", "Schedule", "StreamSource", "mixture_stats"]
+
+
+class Schedule:
+    """The weighted interleave: the next row comes from the source furthest behind its weight.
+
+    Args:
+        weights: normalised weights (a source of weight 0 is never picked).
+        consumed: what each source has given so far (tokens or rows).
+    """
+
+    def __init__(self, weights, consumed=None):
+        self.weights = [float(w) for w in weights]
+        self.consumed = [int(c) for c in consumed] if consumed is not None else [0] * len(self.weights)
+
+    def pick(self) -> int:
+        best, level = -1, 0.0
+        for s, w in enumerate(self.weights):
+            if w > 0 and (best < 0 or self.consumed[s] / w < level):
+                best, level = s, self.consumed[s] / w
+        return best
+
+    def add(self, source: int, amount: int) -> None:
+        self.consumed[source] += int(amount)
+
+
+class StreamSource:
+    """One source of a streamed mixture: its inputs, encoder, weight, seed and shuffle layout."""
+
+    def __init__(self, name: str, srcs: list, encoder, weight: float, seed: int | None, file_base: int):
+        self.name, self.srcs, self.encoder, self.weight = name, srcs, encoder, weight
+        self.seed = seed
+        self.file_base = file_base
+        self.layout = None if seed is None else Layout(srcs)
+
+    def reader(self, shard: int, nshards: int, batch_rows: int, epoch: int) -> Reader:
+        if self.seed is None:
+            return Reader(self.srcs, shard, nshards, batch_rows)
+        if not self.layout.fresh(self.srcs):
+            self.layout = Layout(self.srcs)
+        return ShuffledReader(self.srcs, self.layout, shard, nshards, batch_rows, self.seed, epoch)
+
+
+def _placed(n: int, max_len: int, long: str) -> int:
+    """Tokens a document of ``n`` tokens places under the ``long`` policy."""
+    if n <= max_len:
+        return n
+    return {"truncate": max_len, "drop": 0}.get(long, n)
+
+
+SOURCE_STATS = ("rows", "documents", "tokens", "packed_tokens", "packed_documents")
+
+
+class MixRun(Run):
+    """One pass of a streamed mixture over a shard (see the module docs)."""
+
+    def __init__(self, ds, shard: int, nshards: int, state: dict | None):
+        super().__init__(ds, shard, nshards, state)
+        n = len(ds._mix)
+        width = 4 if ds.seed is None else 2
+        self.file_source = np.concatenate([np.full(len(m.srcs), s, np.int64) for s, m in enumerate(ds._mix)])
+        if state is None:
+            self.cursors = [np.zeros(width, np.int64) for _ in range(n)]
+            self.schedule = Schedule([m.weight for m in ds._mix])
+            self.per_source = [dict.fromkeys(SOURCE_STATS, 0) for _ in range(n)]
+        else:
+            mix = state["mix"]
+            self.cursors = [np.asarray(c, np.int64).copy() for c in mix["cursors"]]
+            self.schedule = Schedule([m.weight for m in ds._mix], mix["consumed"])
+            self.per_source = [{k: int(d[k]) for k in SOURCE_STATS} for d in mix["sources"]]
+
+    # ------------------------------------------------------------------ state
+    def state_dict(self) -> dict:
+        state = super().state_dict()
+        if not self.started and self.start_state is not None:
+            return state
+        ds = self.ds
+        state["mix"] = {"cursors": [[int(c) for c in cur] for cur in self.cursors],
+                        "consumed": list(self.schedule.consumed),
+                        "sources": [dict(d) for d in self.per_source],
+                        "names": [m.name for m in ds._mix], "weights": [m.weight for m in ds._mix],
+                        "mix_by": ds.mix_by}
+        return state
+
+    def stats_dict(self) -> dict:
+        ds = self.ds
+        return mixture_stats(with_fill(dict(self.stats), self.max_len, self.epoch), [m.name for m in ds._mix],
+                             [m.weight for m in ds._mix], ds.mix_by, self.per_source)
+
+    # ------------------------------------------------------------------ the input
+    def _open(self) -> None:
+        ds = self.ds
+        n_jobs = ds._n_jobs()
+        self._readers = [m.reader(self.shard, self.nshards, ds.batch_rows, self.epoch) for m in ds._mix]
+        self._encodings = [Encoding(m.encoder, n_jobs, r.where) for m, r in zip(ds._mix, self._readers)]
+
+    def _rows(self) -> Iterator:
+        ds = self.ds
+        feeds: list = [None] * len(ds._mix)
+        try:
+            while True:
+                s = self.schedule.pick()
+                if feeds[s] is None:
+                    feeds[s] = rows_of(self._encodings[s], self._readers[s], self.cursors[s], None)
+                item = next(feeds[s], None)
+                if item is None:  # the source furthest behind is used up: the pass ends here
+                    return
+                batch, k, doc, reason = item
+                self.cursors[s] = batch.cursors[k]
+                ref = batch.refs[k].copy()
+                ref[F] += ds._mix[s].file_base
+                st = self.per_source[s]
+                st["rows"] += 1
+                placed = 0 if doc is None else _placed(doc[0].shape[0], self.max_len, ds.long)
+                if placed:
+                    st["documents"] += 1
+                    st["tokens"] += placed
+                self.schedule.add(s, placed if ds.mix_by == "tokens" else int(placed > 0))
+                yield ref, doc, reason
+        finally:
+            for f in feeds:
+                if f is not None:
+                    f.close()
+
+    def _local(self, ref) -> tuple[int, np.ndarray]:
+        s = int(self.file_source[int(ref[F])])
+        local = np.array(ref, np.int64).copy()
+        local[F] -= self.ds._mix[s].file_base
+        return s, local
+
+    def _where(self, ref) -> dict:
+        s, local = self._local(ref)
+        return self._readers[s].where(local)
+
+    def _reencode(self, refs: np.ndarray) -> list:
+        docs: list = [None] * len(refs)
+        src = self.file_source[refs[:, F]]
+        for s in np.unique(src):
+            idx = np.flatnonzero(src == s)
+            local = refs[idx].copy()
+            local[:, F] -= self.ds._mix[int(s)].file_base
+            got = []
+            for part in self._encodings[int(s)].encode(self._readers[int(s)].read_rows(local), local):
+                got.extend(documents(part, part.records)[0])
+            for i, d in zip(idx, got):
+                docs[i] = d
+        return docs
+
+    # ------------------------------------------------------------------ packs
+    def _emit(self, slots: list) -> dict:
+        for slot in slots:
+            st = self.per_source[int(self.file_source[int(self.meta[slot, _F])])]
+            st["packed_tokens"] += int(self.meta[slot, _LEN])
+            st["packed_documents"] += 1
+        return super()._emit(slots)
+
+
+def mixture_stats(stats: dict, names: list, weights: list, mix_by: str, per_source: list) -> dict:
+    """``stats`` with ``stats["mixture"]``: per source the rows read, documents and tokens admitted,
+    tokens and entries packed, and the shares asked and achieved (by ``mix_by``, and by packed tokens)."""
+    by = [d["tokens"] if mix_by == "tokens" else d["documents"] for d in per_source]
+    packed = [d["packed_tokens"] for d in per_source]
+    sources = []
+    for name, w, d, b, p in zip(names, weights, per_source, by, packed):
+        sources.append({"name": name, **{k: int(d[k]) for k in SOURCE_STATS}, "share_asked": float(w),
+                        "share": b / sum(by) if sum(by) else 0.0,
+                        "share_packed": p / sum(packed) if sum(packed) else 0.0})
+    stats["mixture"] = {"mix_by": mix_by, "sources": sources}
+    return stats
+
+
+def stream_sources(data_files, weights, tokenizer, encoder, *, style: str, column, masking: str,
+                   seed: int | None) -> list:
+    """The :class:`StreamSource` of each source of a mixture (inputs resolved, encoders built)."""
+    from vecpack.inputs.readers import reader
+    from vecpack.inputs.sources import resolve_sources
+    from vecpack.mixing.source import as_sources, own_options
+    from vecpack.tokenizing.encoder import encoder_for
+
+    out, base = [], 0
+    sources = as_sources(data_files, weights, style=style, column=column, masking=masking)
+    if encoder is not None:
+        own_options(data_files, "encoder=")
+    for i, src in enumerate(sources):
+        if type(src.data).__name__ == "IterableDataset":
+            raise TypeError(f"{src.name} is a datasets.IterableDataset, which cannot be mixed (its rows "
+                            f"cannot be re-read for a resume); pass its files or a datasets.Dataset")
+        srcs = resolve_sources(src.data)
+        for s in srcs:
+            if not reader(s.kind).streams:
+                raise reader(s.kind)._no_stream(s.name)
+        if encoder is not None:
+            enc = encoder
+        else:
+            enc = encoder_for(tokenizer, src.style, src.column, src.masking, srcs, defer=False)[1]
+        out.append(StreamSource(src.name, srcs, enc, src.weight,
+                                None if seed is None else (int(seed) + i) % 2**64, base))
+        base += len(srcs)
+    return out
