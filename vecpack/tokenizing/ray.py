@@ -24,6 +24,7 @@ as it is.
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import uuid
@@ -44,7 +45,8 @@ def init(address: str | None = None, *, num_cpus: int | None = None):
     except ModuleNotFoundError as e:  # pragma: no cover - depends on the environment
         raise ModuleNotFoundError("backend='ray' needs Ray: pip install 'vecpack[ray]'") from e
     if not ray.is_initialized():
-        kwargs = {"ignore_reinit_error": True, "include_dashboard": False, "log_to_driver": False}
+        kwargs = {"ignore_reinit_error": True, "include_dashboard": False, "log_to_driver": False,
+                  "logging_level": logging.WARNING}   # not "Started a local Ray instance" on stderr
         if address is None:
             address = os.environ.get("RAY_ADDRESS") or None
         if address is not None:
