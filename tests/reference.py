@@ -102,3 +102,12 @@ def pack_rows(tokens, labels, offsets, packs, max_len, pad_id=0, ignore_index=-1
                          position_ids=pos + list(range(pad)), document_ids=doc + [-1] * pad,
                          seq_lens=seq))
     return rows
+
+
+def trained_tokens(labels, offsets, doc_index, doc_start, doc_length, ignore_index=-100):
+    """Labels that carry a loss in the packs: every entry's, its first token excepted."""
+    total = 0
+    for d, s, n in zip(doc_index, doc_start, doc_length):
+        a = int(offsets[d]) + int(s)
+        total += sum(1 for x in labels[a + 1:a + int(n)] if x != ignore_index)
+    return total

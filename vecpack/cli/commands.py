@@ -157,7 +157,8 @@ def cmd_pack(args) -> int:
         args.inputs, str(tokenizer), args.max_len, style=args.style, column=args.column,
         masking=args.masking, strategy=args.strategy, long=args.long, shuffle_seed=args.seed,
         n_jobs=args.jobs, on_error=args.on_error, progress=_progress(args),
-        cache=not args.no_cache, cache_dir=args.cache_dir, backend=args.backend)
+        cache=not args.no_cache, cache_dir=args.cache_dir, backend=args.backend,
+        allow_useless=args.allow_useless)
     if out is not None:
         vecpack.save(packed, out)
     elapsed = time.perf_counter() - t0
