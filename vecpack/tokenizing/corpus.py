@@ -26,6 +26,7 @@ import sys
 import time
 
 from vecpack.errors import InputError
+from vecpack.inputs.compressed import prepare
 from vecpack.inputs.readers import reader, sample_rows
 from vecpack.inputs.sources import resolve_sources
 from vecpack.options import check_options
@@ -101,12 +102,32 @@ def tokenize(data_files, tokenizer=None, *, style: str = "sharegpt", column: str
     n_jobs = _pool.effective_n_jobs(n_jobs)
     t0 = time.perf_counter()
     sources = resolve_sources(data_files)
-    estimate = _estimate_output_bytes(sources)
     if chunk_bytes is None:
-        text_bytes = sum(s.size for s in sources if reader(s.kind).text)
-        chunk_bytes = default_chunk_bytes(text_bytes or estimate // 3, n_jobs)
+        text_bytes = sum(reader(s.kind).output_estimate(s) for s in sources if reader(s.kind).text)
+        chunk_bytes = default_chunk_bytes(text_bytes or _estimate_output_bytes(sources) // 3, n_jobs)
+    pool = backend == "loky" and n_jobs > 1
+    scratch = None
+    if any(s.kind == "compressed" for s in sources):
+        if pool and _estimate_output_bytes(sources) > 2.5 * chunk_bytes:  # more than one task, likely
+            _pool.warm(n_jobs, tokenizer)   # the workers start while the inputs decompress
+        # decompressed once, several files at once, into plain files that the workers range-read
+        scratch = _pool.chunk_dir(_estimate_output_bytes(sources) // 2, out_dir,
+                                  shared=backend == "ray" and out_dir is not None)
+    try:
+        return _tokenize(sources, scratch, tokenizer, encoder, style, column, masking, n_jobs, on_error,
+                         progress, out_dir, backend, chunk_bytes, pool, t0)
+    finally:
+        if scratch is not None:
+            shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _tokenize(sources, scratch, tokenizer, encoder, style, column, masking, n_jobs, on_error, progress,
+              out_dir, backend, chunk_bytes, pool, t0) -> Tokenized:
+    if scratch is not None:
+        sources = prepare(sources, scratch, n_jobs)
+    estimate = _estimate_output_bytes(sources)
     tasks = plan_chunks(sources, chunk_bytes=chunk_bytes)
-    if backend == "loky" and n_jobs > 1 and len(tasks) > 1:
+    if pool and len(tasks) > 1:
         # one task runs here: starting workers would only take CPU from it
         _pool.warm(n_jobs, tokenizer)
     key, texts = None, None

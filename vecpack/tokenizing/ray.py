@@ -125,7 +125,7 @@ def execute(tasks, encoder, out_dir: str, *, on_error: str, done, address: str |
             except (WorkerCrashedError, NodeDiedError) as e:
                 error = _first(error, ((len(tasks), 0), WorkerDiedError(
                     f"a Ray worker died on every one of {max_retries + 1} attempts at "
-                    f"chunk {i} of {tasks[i].source} (likely out of memory on its node): {e}")))
+                    f"chunk {i} of {tasks[i].shown} (likely out of memory on its node): {e}")))
                 continue
             if error is None:
                 done(tasks[i], meta)
