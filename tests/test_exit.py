@@ -152,11 +152,14 @@ def _interrupt_mid_run(tmp_path, backend: str) -> None:
                    "--backend", backend, "--no-cache", "--progress"], tag)
     deadline = time.monotonic() + 90
 
-    def tokenizing() -> bool:   # chunk files (or Ray's attempt directories) are being written
+    def tokenizing() -> bool:   # the tasks are submitted (the pool's encoder file, Ray's attempt directories)
         for name in _shm(proc.pid):
-            if name.startswith("vecpack-chunks") and any(
-                    n.startswith(("chunk-", "attempt-")) for n in os.listdir(f"/dev/shm/{name}")):
-                return True
+            try:
+                if name.startswith("vecpack-chunks") and any(
+                        n.startswith(("encoder.pkl", "chunk-", "attempt-")) for n in os.listdir(f"/dev/shm/{name}")):
+                    return True
+            except OSError:
+                pass
         return False
 
     while not tokenizing():

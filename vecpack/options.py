@@ -22,11 +22,12 @@ from __future__ import annotations
 import operator
 import os
 import pathlib
+import re
 
 __all__ = [
     "CONVERSATION_STYLES", "EXECUTORS", "EXPORT_FORMATS", "IGNORE_INDEX", "INT32_MAX", "LONG_POLICIES", "MASKINGS",
     "MAX_CUT_FRACTION", "ON_ERROR", "STRATEGIES", "STREAM_STRATEGIES", "STYLES", "cache_root", "check_choice",
-    "check_int", "check_max_len", "check_options", "check_seed", "useless_reason",
+    "check_int", "check_max_len", "check_options", "check_seed", "check_tokenizer_dir", "useless_reason",
 ]
 
 #: Row formats (see :mod:`vecpack.chat.formats`).
@@ -177,3 +178,34 @@ def useless_reason(stats: dict, *, rows: int | None = None, rejected: int = 0, m
                 f"{stats.get('num_documents', 0):,} documents are longer than max_len={max_len} "
                 f"(long={long!r}); {longer}")
     return ""
+
+
+_HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
+
+
+def check_tokenizer_dir(value, name: str = "tokenizer"):
+    """``value`` unless it is a path that does not exist: then a ``FileNotFoundError`` saying what to do.
+
+    A Hugging Face Hub model name (``Qwen/Qwen2.5-7B-Instruct``) gets the
+    commands that fetch its tokenizer files: vecpack never downloads.
+
+    >>> check_tokenizer_dir("Qwen/Qwen2.5-7B-Instruct")
+    Traceback (most recent call last):
+    ...
+    FileNotFoundError: tokenizer 'Qwen/Qwen2.5-7B-Instruct': no such directory. It looks like a Hugging Face \
+Hub model name, and vecpack never downloads: fetch the tokenizer files first, e.g. `huggingface-cli download \
+Qwen/Qwen2.5-7B-Instruct tokenizer.json tokenizer_config.json --local-dir Qwen2.5-7B-Instruct` (or \
+AutoTokenizer.from_pretrained('Qwen/Qwen2.5-7B-Instruct').save_pretrained('Qwen2.5-7B-Instruct')), then pass \
+that directory
+    """
+    if not isinstance(value, (str, os.PathLike)) or os.path.exists(value):
+        return value
+    text = os.fspath(value)
+    message = f"{name} {text!r}: no such directory"
+    if _HUB_ID.fullmatch(text) and not text.startswith((".", "~")):
+        local = text.rsplit("/", 1)[1]
+        message += (f". It looks like a Hugging Face Hub model name, and vecpack never downloads: fetch the "
+                    f"tokenizer files first, e.g. `huggingface-cli download {text} tokenizer.json "
+                    f"tokenizer_config.json --local-dir {local}` (or AutoTokenizer.from_pretrained({text!r})"
+                    f".save_pretrained({local!r})), then pass that directory")
+    raise FileNotFoundError(message)

@@ -14,6 +14,7 @@ import sys
 import time
 
 from vecpack.cli.parser import PROG, UsageError
+from vecpack.options import check_tokenizer_dir
 
 __all__ = ["cmd_cache", "cmd_export", "cmd_inspect", "cmd_pack", "cmd_stats"]
 
@@ -144,7 +145,7 @@ def cmd_pack(args) -> int:
             raise FileNotFoundError(f"input {f}: no such file")
         if p.is_dir():
             raise IsADirectoryError(f"input {f}: is a directory, expected a JSONL, JSON or Parquet file")
-    tokenizer = _existing_dir(args.tokenizer, "--tokenizer").resolve()  # recorded for `vecpack inspect`
+    tokenizer = _existing_dir(check_tokenizer_dir(args.tokenizer, "--tokenizer"), "--tokenizer").resolve()
     if args.address:
         if args.backend != "ray":
             raise ValueError("--address needs --backend ray")
@@ -235,6 +236,8 @@ def cmd_export(args) -> int:
     else:
         name = src.resolve().name
         dest = src.resolve().parent / (f"{name}-hf" if args.format == "hf" else f"{name}.{args.format}")
+    if dest.exists() and not args.force:
+        raise FileExistsError(f"-o {dest} already exists; pass --force to replace it")
     t0 = time.perf_counter()
     export(packed, dest, args.format, overwrite=args.force)
     size = sum(p.stat().st_size for p in dest.rglob("*") if p.is_file()) if dest.is_dir() else dest.stat().st_size

@@ -29,7 +29,7 @@ from vecpack.errors import InputError
 from vecpack.inputs.compressed import prepare
 from vecpack.inputs.readers import reader, sample_rows
 from vecpack.inputs.sources import resolve_sources
-from vecpack.options import check_options
+from vecpack.options import check_options, check_tokenizer_dir
 from vecpack.tokenizing import executors
 from vecpack.tokenizing import pool as _pool
 from vecpack.tokenizing.backend import Pending, fall_back
@@ -44,6 +44,8 @@ __all__ = ["Tokenized", "check_args", "tokenize"]
 def check_args(style, masking, on_error, backend, tokenizer, encoder) -> None:
     """Validate ``tokenize``'s options (also what ``build`` and streaming pass on)."""
     check_options(style=style, masking=masking, on_error=on_error, executor=backend)
+    if encoder is None:
+        check_tokenizer_dir(tokenizer)
     if encoder is None and tokenizer is None:
         raise TypeError("tokenizer is required (a local Hugging Face tokenizer directory or a "
                         "transformers tokenizer)")
