@@ -57,13 +57,8 @@ def _use_color(choice: str, stream) -> bool:
 # --------------------------------------------------------------------------- pack
 
 
-def _n(count: int, one: str, many: str | None = None) -> str:
-    """``_n(1, "pack")`` -> ``'1 pack'``, ``_n(2000, "pack")`` -> ``'2,000 packs'``."""
-    return f"{count:,} {one if count == 1 else (many or one + 's')}"
-
-
 def _pack_report(packed, *, elapsed: float, out: pathlib.Path | None, args) -> str:
-    from vecpack.cli.report import format_bytes, format_duration, pack_stats
+    from vecpack.cli.report import format_bytes, format_duration, pack_stats, plural
 
     s = pack_stats(packed)
     info = getattr(packed, "build_info", None)
@@ -77,15 +72,16 @@ def _pack_report(packed, *, elapsed: float, out: pathlib.Path | None, args) -> s
         return f"  {name:<13} {text}"
 
     lines = [
-        f"{_n(read, 'row')} → {_n(s['num_packs'], 'pack')} of {s['max_len']:,} tokens "
-        f"in {format_duration(elapsed)} ({rate:,.0f} rows/s{', from the cache' if hit else ''})",
+        f"{plural(read, 'row')} → {plural(s['num_packs'], 'pack')} of {plural(s['max_len'], 'token')} "
+        f"in {format_duration(elapsed)} ({plural(rate, 'row/s', 'rows/s', rate=True)}"
+        f"{', from the cache' if hit else ''})",
         line("rows", f"{read:,} read · {s['num_documents']:,} tokenized · {rejected:,} rejected"
                      + (" (--on-error skip)" if rejected else "")),
     ]
     for example in list(tstats.get("rejected_examples") or [])[:3]:
         lines.append(line("", f"rejected: {' '.join(str(example).split())}"))
     lines += [
-        line("documents", f"{_n(s['num_entries'], 'entry', 'entries')} · {s['truncated']:,} truncated · "
+        line("documents", f"{plural(s['num_entries'], 'entry', 'entries')} · {s['truncated']:,} truncated · "
                           f"{s['dropped']:,} dropped · {s['split']:,} split · "
                           f"{int(packed.stats.get('empty', 0)):,} empty (--long {args.long})"),
         line("tokens", f"{s['source_tokens']:,} tokenized · {s['num_tokens']:,} packed · {s['trained_tokens']:,} "
@@ -95,7 +91,7 @@ def _pack_report(packed, *, elapsed: float, out: pathlib.Path | None, args) -> s
     ]
     backend = f"{args.backend}"
     if tstats.get("n_jobs"):
-        backend += f" × {_n(int(tstats['n_jobs']), 'worker')}"
+        backend += f" × {plural(int(tstats['n_jobs']), 'worker')}"
     if tstats.get("backend"):
         backend += f" · {tstats['backend']} encoder"
     lines.append(line("backend", backend))
@@ -108,7 +104,7 @@ def _pack_report(packed, *, elapsed: float, out: pathlib.Path | None, args) -> s
     if out is not None:
         size = sum(p.stat().st_size for p in out.rglob("*") if p.is_file())
         lines.append(line("output", f"{out} ({format_bytes(size)})"))
-        lines.append(f"next: vecpack inspect {out}  ·  vecpack stats {out} --plot stats.png")
+        lines.append(f"next: vecpack inspect {out}  ·  vecpack stats {out} --plot {out}-stats.png")
     return "\n".join(lines)
 
 
@@ -193,11 +189,13 @@ def _tokenizer_dir(args, out: pathlib.Path) -> pathlib.Path:
 
 
 def cmd_inspect(args) -> int:
-    from vecpack.cli.report import TokenDecoder, render_pack
+    from vecpack.cli.report import TokenDecoder, plural, render_pack
 
     packed = _load(args.packed)
+    if not len(packed):
+        raise IndexError(f"{args.packed} has no packs")
     if not -len(packed) <= args.pack < len(packed):
-        raise IndexError(f"--pack {args.pack} is out of range: {args.packed} has {len(packed):,} packs "
+        raise IndexError(f"--pack {args.pack} is out of range: {args.packed} has {plural(len(packed), 'pack')} "
                          f"(0 to {len(packed) - 1:,}, or negative from the end)")
     decoder = TokenDecoder(_tokenizer_dir(args, pathlib.Path(args.packed)))
     info = getattr(packed, "build_info", None)
@@ -210,16 +208,17 @@ def cmd_inspect(args) -> int:
 def cmd_stats(args) -> int:
     from vecpack.cli.report import plot_stats, stats_text
 
-    packed = _load(args.packed)
-    st = packed.stats
-    title = f"{args.packed} · strategy {st.get('strategy', '?')} · long {st.get('long', '?')}"
-    print(stats_text(packed, title=title))
-    if args.plot:
-        plot = pathlib.Path(args.plot)
+    plot = pathlib.Path(args.plot) if args.plot else None
+    if plot is not None:  # checked before anything is printed
         if plot.suffix.lower() != ".png":
             raise UsageError(f"{PROG} stats: --plot {plot}: expected a .png file name")
         if not plot.parent.is_dir():
             raise FileNotFoundError(f"--plot {plot}: directory {plot.parent} does not exist")
+    packed = _load(args.packed)
+    st = packed.stats
+    title = f"{args.packed} · strategy {st.get('strategy', '?')} · long {st.get('long', '?')}"
+    print(stats_text(packed, title=title))
+    if plot is not None:
         plot_stats(packed, plot, title=title)
         print(f"wrote {plot}")
     return 0

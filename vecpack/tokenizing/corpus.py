@@ -213,10 +213,13 @@ class _RetryWithFallback(Exception):
 
 
 def _summary(s: dict) -> None:
+    from vecpack.cli.report import plural  # every printed count, one plural rule
+
     rate = s["rows"] / s["seconds"] if s["seconds"] > 0 else 0.0
-    line = (f"vecpack.tokenize: {s['rows']:,} rows -> {s['documents']:,} documents, "
-            f"{s['tokens']:,} tokens, {s['rejected']:,} rejected, backend {s['backend']}, "
-            f"{s['seconds']:.1f} s ({rate:,.0f} rows/s, {s['n_jobs'] or s['executor']} workers)")
+    workers = plural(s["n_jobs"], "worker") if s["n_jobs"] else f"{s['executor']} workers"
+    line = (f"vecpack.tokenize: {plural(s['rows'], 'row')} -> {plural(s['documents'], 'document')}, "
+            f"{plural(s['tokens'], 'token')}, {s['rejected']:,} rejected, backend {s['backend']}, "
+            f"{s['seconds']:.1f} s ({plural(rate, 'row/s', 'rows/s', rate=True)}, {workers})")
     print(line, file=sys.stderr)
     for ex in s["rejected_examples"]:
         print(f"  rejected: {ex}", file=sys.stderr)
