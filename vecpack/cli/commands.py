@@ -139,8 +139,6 @@ def cmd_pack(args) -> int:
             continue
         if not p.exists():
             raise FileNotFoundError(f"input {f}: no such file")
-        if p.is_dir():
-            raise IsADirectoryError(f"input {f}: is a directory, expected a JSONL, JSON or Parquet file")
     tokenizer = _existing_dir(check_tokenizer_dir(args.tokenizer, "--tokenizer"), "--tokenizer").resolve()
     if args.address:
         if args.backend != "ray":

@@ -118,7 +118,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--style openai --strategy ffd --long split --jobs 8 -o packed-8k",
     ])
     p.add_argument("inputs", nargs="+", metavar="INPUT",
-                   help="JSONL, JSON or Parquet files or quoted globs (read in this order)")
+                   help="JSONL, JSON, Parquet or Arrow files, datasets.save_to_disk directories, plain or "
+                        "compressed (gzip, bzip2, xz, zstd), or quoted globs (read in this order)")
     p.add_argument("--tokenizer", required=True, metavar="DIR",
                    help="a Hugging Face tokenizer directory (tokenizer.json + tokenizer_config.json "
                         "with a chat_template)")
