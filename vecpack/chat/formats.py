@@ -112,7 +112,7 @@ def _style_of(row: dict) -> tuple[str, str] | None:
     if isinstance(row.get("instruction"), str) and "output" in row:
         return "alpaca", "instruction"
     if isinstance(row.get("text"), str):
-        return "text", "text"
+        return "text", DEFAULT_COLUMNS["text"]
     return None
 
 

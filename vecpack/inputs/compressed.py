@@ -41,6 +41,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 
 from vecpack.errors import InputError
+from vecpack.inputs import arrow, json_array, jsonl, parquet
 from vecpack.inputs.base import Reader
 from vecpack.inputs.sources import _file_source
 
@@ -203,10 +204,8 @@ class _CompressedReader(Reader):
 
     # streaming reads the kept plain copy, with the inner format's reader
     def _inner(self, src):
-        from vecpack.inputs.readers import reader
-
         plain = _kept_copy(src)
-        return reader(plain.kind), plain
+        return _INNER[plain.kind], plain
 
     def scan(self, src, cursor, row, shard=0, nshards=1):
         r, plain = self._inner(src)
@@ -229,3 +228,6 @@ class _CompressedReader(Reader):
 
 
 READER = _CompressedReader()
+
+#: what a compressed file may hold, by kind
+_INNER = {r.kind: r for r in (jsonl.READER, json_array.READER, parquet.READER, arrow.READER)}
