@@ -270,12 +270,13 @@ def _before_thread_join() -> None:
 
 
 def _shutdown_existing() -> None:
+    # loky not imported (or its import still under way in the starter thread): there is no pool
     reusable_executor = sys.modules.get("joblib.externals.loky.reusable_executor")
-    if reusable_executor is None:  # loky was never imported: there is no pool
+    if reusable_executor is None:
         return
     held = _POOL.lock.acquire(timeout=10)  # let a pool that warm() is starting finish starting
     try:
-        ex = reusable_executor._executor
+        ex = getattr(reusable_executor, "_executor", None)
         if ex is not None:
             ex.shutdown(wait=True, kill_workers=True)
     finally:
