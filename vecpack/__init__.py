@@ -17,6 +17,7 @@ imported on first use, so ``import vecpack`` stays light.
 from vecpack._version import __version__ as __version__
 from vecpack.errors import EncoderError as EncoderError
 from vecpack.errors import InputError as InputError
+from vecpack.errors import UselessOutputError as UselessOutputError
 from vecpack.errors import VecpackError as VecpackError
 from vecpack.errors import WorkerDiedError as WorkerDiedError
 from vecpack.packing.packed import Packed as Packed
@@ -40,7 +41,8 @@ _LAZY = {
 }
 
 __all__ = sorted([
-    "EncoderError", "InputError", "Packed", "Plan", "VecpackError", "WorkerDiedError", "__version__",
+    "EncoderError", "InputError", "Packed", "Plan", "UselessOutputError", "VecpackError", "WorkerDiedError",
+    "__version__",
     "build", "load", "pack", "plan", "save", *_LAZY,
 ])
 

@@ -154,7 +154,7 @@ def export(packed, dest: str | os.PathLike, format: str = "parquet", *, overwrit
     check_choice(format, "format", FORMATS)
     dest = pathlib.Path(dest)
     if dest.exists() and not overwrite:
-        raise FileExistsError(f"{dest} already exists (pass overwrite=True / --force to replace it)")
+        raise FileExistsError(f"{dest} already exists; pass overwrite=True to replace it")
     if not dest.parent.is_dir():
         raise FileNotFoundError(f"{dest.parent}: no such directory")
     tmp = dest.parent / f".{dest.name}.{os.getpid()}.partial"

@@ -173,7 +173,16 @@ def earlier(exc: BaseException, current: BaseException) -> bool:
 
 
 class _Bar:
-    """One tqdm bar over all workers, fed from the shared progress slots."""
+    """One tqdm bar over all workers, fed from the shared progress slots.
+
+    Its total never moves: each task weighs its rows as guessed at the start
+    (exact for tables; bytes times a sampled rows-per-byte for text), a
+    running task counts its rows done up to that weight, a finished one its
+    whole weight. The bar shows the percentage and the exact rows done (not
+    a guessed total that would jump, 2166 -> 2009 -> 2000, as chunks end).
+    """
+
+    _FORMAT = "{desc}: {percentage:3.0f}%|{bar}| ROWS [{elapsed}<{remaining}]"   # ROWS: rows done, rows/s
 
     def __init__(self, tasks: list[ChunkTask], enabled: bool, desc: str):
         self.enabled = enabled
@@ -183,39 +192,43 @@ class _Bar:
         from tqdm.auto import tqdm
 
         text = [t for t in tasks if reader(t.kind).text]
-        self.known = sum(reader(t.kind).known_rows(t.source, t.start, t.stop)
-                         for t in tasks if not reader(t.kind).text)
-        self.text_bytes = sum(t.stop - t.start for t in text)
-        self.rate = next((r for r in (reader(k).rows_per_byte([t for t in text if t.kind == k])
-                                      for k in dict.fromkeys(t.kind for t in text)) if r), 1 / 2000)
-        self.done_rows = 0
-        self.done_bytes = 0
-        self.bar = tqdm(total=self._total(), unit=" rows", desc=desc, dynamic_ncols=True,
-                        smoothing=0.1, file=sys.stderr)
-
-    def _total(self) -> int:
-        return int(self.known + self.text_bytes * self.rate)
+        rate = next((r for r in (reader(k).rows_per_byte([t for t in text if t.kind == k])
+                                 for k in dict.fromkeys(t.kind for t in text)) if r), 1 / 2000)
+        self.weights = np.array([max(1.0, (t.stop - t.start) * rate) if reader(t.kind).text
+                                 else max(1, reader(t.kind).known_rows(t.source, t.start, t.stop))
+                                 for t in tasks], np.float64)
+        self.finished_tasks = np.zeros(len(tasks), bool)
+        self.t0 = time.monotonic()
+        self.bar = tqdm(total=int(round(self.weights.sum())), desc=desc, dynamic_ncols=True,
+                        bar_format=self._FORMAT.replace("ROWS", "0 rows"), file=sys.stderr)
 
     def finished(self, task: ChunkTask, meta: ChunkMeta) -> None:
-        if self.bar is not None and reader(task.kind).text and task.stop > task.start:
-            self.done_rows += meta.records
-            self.done_bytes += task.stop - task.start
-            self.rate = self.done_rows / self.done_bytes
+        if self.bar is not None:
+            self.finished_tasks[task.index] = True
+
+    def _show(self, rows: int) -> None:
+        from vecpack.cli.report import plural
+
+        rate = rows / max(time.monotonic() - self.t0, 1e-9)
+        text = f"{plural(rows, 'row')}, {plural(rate, 'row/s', 'rows/s', rate=True)}"
+        self.bar.bar_format = self._FORMAT.replace("ROWS", text)
 
     def update(self, slots: np.ndarray) -> None:
         if self.bar is None:
             return
-        n = int(slots[1:].sum())
-        total = max(self._total(), n)
-        if abs(total - (self.bar.total or 0)) > 0.002 * total:
-            self.bar.total = total
+        done = np.asarray(slots[1:], np.float64)
+        work = np.where(self.finished_tasks, self.weights, np.minimum(done, self.weights))
+        n = min(int(work.sum()), self.bar.total)
+        self._show(int(done.sum()))
         if n > self.bar.n:
             self.bar.update(n - self.bar.n)
+        else:
+            self.bar.refresh()
 
     def close(self, final: int | None = None) -> None:
         if self.bar is not None:
             if final is not None:
-                self.bar.total = final
-                self.bar.n = final
+                self.bar.n = self.bar.total
+                self._show(final)
                 self.bar.refresh()
             self.bar.close()
