@@ -69,7 +69,11 @@ def _array(pack: Mapping[str, Any], key: str, i: int) -> np.ndarray:
     try:
         value = pack[key]
     except KeyError:
-        raise ValueError(f"packs[{i}] has no {key!r} (got keys {sorted(pack)})") from None
+        hint = ""
+        if key in ("seq_lens", "document_ids") and "input_ids" in pack:
+            hint = ("; transformers' Trainer drops the keys its model's forward does not name: "
+                    "pass TrainingArguments(remove_unused_columns=False)")
+        raise ValueError(f"packs[{i}] has no {key!r} (got keys {sorted(pack)}){hint}") from None
     except TypeError:
         raise TypeError(f"packs[{i}] must be a packed[i] dict, got {type(pack).__name__}") from None
     if isinstance(value, torch.Tensor):
