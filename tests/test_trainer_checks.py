@@ -318,3 +318,17 @@ def test_streaming_batches_are_exact(data):
                     solo = model(input_ids=batch["input_ids"][:, a:a + n]).logits[0]
                     assert (logits[a:a + n] - solo).abs().max().item() <= ATOL
                     a += n
+
+
+def test_streaming_with_the_trainer(data, tmp_path):
+    """transformers.Trainer on a StreamingPackedDataset: every batch checked as it is made, losses finite."""
+    stream = vecpack.StreamingPackedDataset(str(data["root"] / "chat.jsonl"), str(TOK_DIR), max_len=MAX_LEN,
+                                            buffer_size=8, n_jobs=1, seed=0)
+    trainer = transformers.Trainer(model=_model("llama", "sdpa", len(data["tok"])),
+                                   args=_args(tmp_path, False, max_steps=2, remove_unused_columns=False),
+                                   train_dataset=stream, data_collator=vecpack.collate_flash)
+    assert vecpack.check_trainer(trainer) is None  # a stream is not read ahead
+    trainer.train()
+    losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
+    assert len(losses) == 2 and all(np.isfinite(losses))
+    assert trainer.data_collator.last["documents"] >= 2 and trainer.data_collator.last["layout"] == "flat"

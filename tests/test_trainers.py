@@ -408,3 +408,19 @@ def test_document_mean_loss_in_a_plain_loop(data):
         total += loss.item()
     update = -torch.cat([p.grad.reshape(-1) for p in model.parameters()])
     assert _same(update, ref_update) and abs(total - ref_loss) <= 1e-5 * ref_loss
+
+
+def test_plain_loop_gradient_accumulation(data):
+    """model(**micro_batch, num_items_in_batch=<targets of the step>) accumulates to the one-batch gradient."""
+    packed = data["packed"]
+    model = _model("qwen2", "sdpa", len(data["tok"])).train()
+    full = vecpack.collate_flash([packed[i] for i in range(4)])
+    model(**full).loss.backward()
+    want = torch.cat([p.grad.reshape(-1) for p in model.parameters()])
+    model.zero_grad()
+    micro = [vecpack.collate_flash([packed[i] for i in b]) for b in ([0, 1], [2, 3])]
+    n = sum(int((b["labels"][:, 1:] != -100).sum()) for b in micro)
+    for b in micro:
+        model(**b, num_items_in_batch=n).loss.backward()
+    got = torch.cat([p.grad.reshape(-1) for p in model.parameters()])
+    assert _same(got, want)
