@@ -8,7 +8,7 @@ vocabulary, fp32) and the same ``SFTTrainer`` step on both sides; every run in a
 fresh process, one after the other::
 
     python asv_bench/compare_trl.py                  # 20k and 200k rows (TRL's 200k run is long)
-    python asv_bench/compare_trl.py --quick          # smoke test of the script (~1-2 min)
+    python asv_bench/compare_trl.py --quick          # smoke test: 100 / 300 rows, max_len 1024 (a few min)
     python asv_bench/compare_trl.py --only trl_small,vecpack_small,vecpack_large,vecpack_warm
 
 Runs (``--only`` takes a comma-separated list):
@@ -250,7 +250,7 @@ def main(argv=None):
     ap.add_argument("--max-len", type=int, default=4096)
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--only", default=",".join(RUNS), help="comma-separated runs: " + ", ".join(RUNS))
-    ap.add_argument("--quick", action="store_true", help="tiny sizes: a smoke test of the script")
+    ap.add_argument("--quick", action="store_true", help="tiny sizes (max_len <= 1024): a smoke test")
     ap.add_argument("--workdir", default=None, help="data and scratch (default ~/.cache/vecpack-bench)")
     ap.add_argument("--json", default=None, help="also write the results to this file")
     # child-only options (compare.run_child passes the first ones)
@@ -267,7 +267,7 @@ def main(argv=None):
         return 0
 
     if a.quick:
-        a.rows_small, a.rows_large = 100, 300
+        a.rows_small, a.rows_large, a.max_len = 100, 300, min(a.max_len, 1024)
     a.workdir = os.path.abspath(a.workdir or os.path.join(os.path.expanduser("~"), ".cache", "vecpack-bench"))
     os.makedirs(a.workdir, exist_ok=True)
     runs = [r.strip() for r in a.only.split(",") if r.strip()]

@@ -332,3 +332,24 @@ def test_streaming_with_the_trainer(data, tmp_path):
     losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
     assert len(losses) == 2 and all(np.isfinite(losses))
     assert trainer.data_collator.last["documents"] >= 2 and trainer.data_collator.last["layout"] == "flat"
+
+
+def test_collate_flash_takes_the_exported_rows(data, tmp_path):
+    """Rows of hf_dataset / load_from_disk(export) collate as the packs do; a plain Trainer trains them."""
+    packed = data["packed"]
+    want = vecpack.collate_flash([packed[i] for i in range(3)])
+    exported = datasets.load_from_disk(str(data["hf_dir"]))
+    for rows in ([exported[i] for i in range(3)], [vecpack.hf_dataset(packed)[i] for i in range(3)]):
+        got = vecpack.collate_flash(rows)
+        assert set(got) == set(want)
+        for key, value in want.items():
+            assert torch.equal(got[key], value) if torch.is_tensor(value) else got[key] == value, key
+    bad = dict(exported[0], seq_lengths=exported[0]["seq_lengths"][:-1])
+    with pytest.raises(ValueError, match=r"packs\[0\]\['seq_lengths'\] sums to \d+ != the row's \d+ tokens"):
+        vecpack.collate_flash([bad])
+    trainer = transformers.Trainer(model=_model("qwen2", "eager", len(data["tok"])),
+                                   args=_args(tmp_path, False, max_steps=1, remove_unused_columns=False),
+                                   train_dataset=exported, data_collator=vecpack.collate_flash)
+    assert vecpack.check_trainer(trainer)["documents"] == len(_segments(packed, [0, 1]))
+    trainer.train()
+    assert np.isfinite(trainer.state.log_history[0]["loss"])

@@ -84,8 +84,14 @@ def _array(pack: Mapping[str, Any], key: str, i: int) -> np.ndarray:
     return arr
 
 
-def _read(packs: Sequence[Mapping[str, Any]], keys: Sequence[str]) -> tuple[dict[str, list], list, int]:
-    """Validate packs; return per-key row lists, per-row seq_lens, and the common row length."""
+def _read(packs: Sequence[Mapping[str, Any]], keys: Sequence[str], *,
+          unpadded: bool = False) -> tuple[dict[str, list], list, int]:
+    """Validate packs; return per-key row lists, per-row seq_lens, and the (longest) row length.
+
+    With ``unpadded``, rows in the export's form (``seq_lengths``, no padding,
+    as ``vecpack.hf_dataset`` or ``datasets.load_from_disk`` of ``vecpack export
+    --format hf`` give them) are accepted too, each of its own length.
+    """
     if isinstance(packs, Mapping) or not isinstance(packs, Sequence):
         raise TypeError(f"packs must be a list of packed[i] dicts, got {type(packs).__name__}")
     if not packs:
@@ -94,18 +100,26 @@ def _read(packs: Sequence[Mapping[str, Any]], keys: Sequence[str]) -> tuple[dict
     seq_lens = []
     length = None
     for i, pack in enumerate(packs):
-        lens = _array(pack, "seq_lens", i)
+        exact = unpadded and isinstance(pack, Mapping) and "seq_lens" not in pack and "seq_lengths" in pack
+        seq_key = "seq_lengths" if exact else "seq_lens"
+        lens = _array(pack, seq_key, i)
+        row_length = None
         for k in keys:
             arr = _array(pack, k, i)
             if length is None:
                 length = arr.size
-            if arr.size != length:
-                raise ValueError(f"packs[{i}][{k!r}] has length {arr.size}, expected {length} (max_len)")
+            if row_length is None:
+                row_length = arr.size if exact else length
+            if arr.size != row_length:
+                raise ValueError(f"packs[{i}][{k!r}] has length {arr.size}, expected {row_length}"
+                                 + ("" if exact else " (max_len)"))
             rows[k].append(arr)
         if lens.size and int(lens.min()) < 1:
-            raise ValueError(f"packs[{i}]['seq_lens'] has a segment of length {int(lens.min())}")
-        if int(lens.sum()) > length:
-            raise ValueError(f"packs[{i}]['seq_lens'] sums to {int(lens.sum())} > max_len {length}")
+            raise ValueError(f"packs[{i}][{seq_key!r}] has a segment of length {int(lens.min())}")
+        if int(lens.sum()) > row_length or (exact and int(lens.sum()) != row_length):
+            raise ValueError(f"packs[{i}][{seq_key!r}] sums to {int(lens.sum())} "
+                             + (f"!= the row's {row_length} tokens" if exact else f"> max_len {row_length}"))
+        length = max(length, row_length)
         seq_lens.append(lens.astype(np.int64, copy=False))
     return rows, seq_lens, length
 
@@ -159,7 +173,10 @@ def collate_flash(packs: Sequence[Mapping[str, Any]], *, ignore_index: int = -10
     ``position_ids`` restart per segment for the rotary embedding.
 
     Args:
-        packs: ``packed[i]`` dicts.
+        packs: ``packed[i]`` dicts, or rows of the export's form (``input_ids``,
+            ``labels``, ``position_ids`` without padding and ``seq_lengths``:
+            ``vecpack.hf_dataset``, ``datasets.load_from_disk`` of ``vecpack export
+            --format hf``).
         ignore_index: label value that carries no loss.
 
     Returns:
@@ -180,7 +197,7 @@ def collate_flash(packs: Sequence[Mapping[str, Any]], *, ignore_index: int = -10
     >>> b["seq_idx"].tolist()
     [[0, 0, 1, 2, 2, 3]]
     """
-    rows, seq_lens, _ = _read(packs, ("input_ids", "labels", "position_ids"))
+    rows, seq_lens, _ = _read(packs, ("input_ids", "labels", "position_ids"), unpadded=True)
     used = [int(lens.sum()) for lens in seq_lens]
     for i, lens in enumerate(seq_lens):
         _check_positions(rows["position_ids"][i], lens, i)
