@@ -30,13 +30,16 @@ from vecpack.store.saved import save as save
 
 # name -> the module that defines it, imported on first use
 _LAZY = {
+    "DocumentMeanLoss": "vecpack.integrations.loss",
     "FlexBatch": "vecpack.integrations.collate",
     "PackedChatDataset": "vecpack.torchtune.chat",
     "StreamingPackedDataset": "vecpack.streaming.dataset",
     "Tokenized": "vecpack.tokenizing.tokenized",
+    "check_trainer": "vecpack.integrations.hf",
     "collate_flash": "vecpack.integrations.collate",
     "collate_flex": "vecpack.integrations.collate",
     "collate_torchtune": "vecpack.integrations.collate",
+    "hf_dataset": "vecpack.integrations.hf",
     "tokenize": "vecpack.tokenizing.corpus",
 }
 
