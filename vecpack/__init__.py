@@ -31,6 +31,7 @@ from vecpack.store.saved import save as save
 _LAZY = {
     "FlexBatch": "vecpack.integrations.collate",
     "PackedChatDataset": "vecpack.torchtune.chat",
+    "PackedDataset": "vecpack.torchtune.packed",
     "StreamingPackedDataset": "vecpack.streaming.dataset",
     "Tokenized": "vecpack.tokenizing.tokenized",
     "collate_flash": "vecpack.integrations.collate",

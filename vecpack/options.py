@@ -25,7 +25,7 @@ import pathlib
 
 __all__ = [
     "CONVERSATION_STYLES", "EXECUTORS", "EXPORT_FORMATS", "IGNORE_INDEX", "INT32_MAX", "LONG_POLICIES", "MASKINGS",
-    "ON_ERROR", "STRATEGIES", "STREAM_STRATEGIES", "STYLES", "cache_root", "check_choice",
+    "ON_ERROR", "STRATEGIES", "STREAM_STRATEGIES", "STYLES", "TORCHTUNE_STYLES", "cache_root", "check_choice",
     "check_int", "check_max_len", "check_options", "check_seed",
 ]
 
@@ -33,6 +33,10 @@ __all__ = [
 STYLES = ("sharegpt", "openai", "alpaca", "text")
 #: Styles of a list of turns (torchtune's ``conversation_style``).
 CONVERSATION_STYLES = ("sharegpt", "openai")
+#: Rows as torchtune's message transforms and ``TextCompletionDataset`` read them:
+#: ``ShareGPTToMessages``, ``OpenAIToMessages``, ``AlpacaToMessages``,
+#: ``InputOutputToMessages`` and raw text (see :mod:`vecpack.torchtune.messages`).
+TORCHTUNE_STYLES = (*CONVERSATION_STYLES, "alpaca", "input_output", "text")
 #: Which tokens carry the loss (see :mod:`vecpack.chat.template`).
 MASKINGS = ("assistant", "last", "all")
 #: Packing strategies (see :func:`vecpack.plan`).

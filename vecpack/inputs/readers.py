@@ -7,6 +7,7 @@ JSONL (``jsonl``)     newline-aligned byte range ``[start, stop)``   file and 1-
 JSON array (``json``) byte range covering whole elements          file and 1-based line
 Parquet               a run of whole row groups                   file and 0-based row
 ``datasets.Dataset``  row range ``[start, stop)`` (Arrow IPC)     ``<Dataset>`` and row
+items (``Items``)     index range ``[start, stop)`` (``ds[i]``)   ``<TypeName>`` and index
 ====================  ==========================================  ======================
 
 >>> import tempfile, os
@@ -25,7 +26,7 @@ from __future__ import annotations
 
 from typing import Any, Iterator
 
-from vecpack.inputs import json_array, jsonl, parquet, table
+from vecpack.inputs import items, json_array, jsonl, parquet, table
 from vecpack.inputs.base import Reader
 from vecpack.inputs.records import to_record
 from vecpack.inputs.sources import Source
@@ -34,7 +35,7 @@ __all__ = ["READERS", "locate", "read_records", "reader", "sample_rows", "split_
 
 #: ``Source.kind`` -> its reader.
 READERS: dict[str, Reader] = {r.kind: r for r in (jsonl.READER, json_array.READER, parquet.READER,
-                                                  table.READER)}
+                                                  table.READER, items.READER)}
 
 
 def reader(kind: str) -> Reader:

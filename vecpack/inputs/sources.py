@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from vecpack.errors import InputError
+from vecpack.inputs.items import Items
 from vecpack.inputs.records import BOM
 
 __all__ = ["Source", "resolve_sources"]
@@ -32,9 +33,10 @@ class Source:
 
     Attributes:
         name: the path (or ``"<Dataset>"``), as error messages print it.
-        kind: ``"jsonl"``, ``"json"``, ``"parquet"`` or ``"dataset"``.
-        size: bytes for files, rows for datasets.
-        table: for ``"dataset"``: the ``pyarrow.Table`` (driver side only).
+        kind: ``"jsonl"``, ``"json"``, ``"parquet"``, ``"dataset"`` or ``"items"``.
+        size: bytes for files, rows for datasets and items.
+        table: for ``"dataset"``: the ``pyarrow.Table``; for ``"items"``: the
+            :class:`~vecpack.inputs.items.Items` (driver side only).
     """
 
     name: str
@@ -102,8 +104,8 @@ def resolve_sources(data_files) -> list[Source]:
     """Turn ``data_files`` into a list of :class:`Source`, in input order.
 
     Args:
-        data_files: a path, a glob pattern, a list of them, or a
-            ``datasets.Dataset``.
+        data_files: a path, a glob pattern, a list of them, a
+            ``datasets.Dataset``, or :class:`~vecpack.inputs.items.Items`.
 
     Raises:
         FileNotFoundError: a path (or a pattern) matches nothing.
@@ -111,6 +113,8 @@ def resolve_sources(data_files) -> list[Source]:
     """
     if _is_hf_dataset(data_files):
         return [_dataset_source(data_files)]
+    if isinstance(data_files, Items):  # a map-style dataset's items, read by their encoder
+        return [Source(data_files.name, "items", len(data_files), data_files)]
     if isinstance(data_files, (str, os.PathLike)):
         items = [data_files]
     elif isinstance(data_files, (list, tuple)):
