@@ -25,6 +25,7 @@ dataset is sent), so workers load it quickly.
 
 from __future__ import annotations
 
+import array
 import functools
 import io
 import pickle
@@ -40,6 +41,7 @@ __all__ = ["BYTES_PER_ITEM", "READER", "DatasetNotShippable", "ItemEncoder", "It
            "item_arrays"]
 
 _I32 = np.iinfo(np.int32)
+_C_INT32 = array.array("i").itemsize == 4
 
 #: What one item is assumed to weigh when tasks are sized (the tokens and labels of ~500 tokens).
 BYTES_PER_ITEM = 4096
@@ -140,6 +142,11 @@ def dumps_dataset(ds) -> bytes:
 
 
 def _ints(value, what: str) -> np.ndarray:
+    if type(value) is list and _C_INT32:  # the usual item: a list of ints; array checks the range in C
+        try:
+            return np.frombuffer(array.array("i", value), np.int32)
+        except (OverflowError, TypeError):
+            pass  # out of range, or not integers: the numpy path says which
     arr = np.asarray(value)
     if arr.ndim != 1:
         raise InputError(f"{what!r} must be a flat sequence of token ids, got shape {arr.shape}")
@@ -189,6 +196,7 @@ class ItemEncoder:
     """
 
     backend = "items"
+    slow_to_load = True  # a worker imports the dataset's classes (torch, torchtune...): this process works too
 
     def __init__(self, ds, fingerprint: str | None = None):
         self.ds = ds

@@ -108,7 +108,7 @@ def tokenize(data_files, tokenizer=None, *, style: str = "sharegpt", column: str
     tasks = plan_chunks(sources, chunk_bytes=chunk_bytes)
     if backend == "loky" and n_jobs > 1 and len(tasks) > 1:
         # one task runs here: starting workers would only take CPU from it
-        _pool.warm(n_jobs, tokenizer)
+        _pool.warm(n_jobs - 1 if getattr(encoder, "slow_to_load", False) else n_jobs, tokenizer)
     key, texts = None, None
     if encoder is None:
         key, encoder = encoder_for(tokenizer, style, column, masking, sources)

@@ -19,6 +19,7 @@ breaks the pool: the next call starts a fresh one.
 from __future__ import annotations
 
 import hashlib
+import importlib
 import os
 import pickle
 import re
@@ -100,9 +101,14 @@ def run_chunk(task: ChunkTask, enc_key: str, enc_path: str, out_dir: str, on_err
         del slots, progress  # unmap the progress file now, not at the next collection
 
 
-def _warm(tokenizer_path: str | None = None) -> int:
-    """Start a worker; with a tokenizer directory, also build its tiktoken engine now."""
+def _warm(tokenizer_path: str | None = None, modules: tuple = ()) -> int:
+    """Start a worker; with a tokenizer directory, also build its tiktoken engine now; import ``modules``."""
     _allow_engine_memory()
+    for name in modules:  # what the encoder will need (a dataset's classes import torch...)
+        try:
+            importlib.import_module(name)
+        except Exception:  # the real task says why
+            pass
     if tokenizer_path is not None:
         try:
             runtime(tokenizer_path, "tiktoken")
@@ -225,16 +231,16 @@ def tokenizer_dir(tokenizer) -> str | None:
     return path if os.path.isfile(os.path.join(path, "tokenizer.json")) else None
 
 
-def warm(n_jobs: int, tokenizer=None):
-    """Start the worker processes now (returns at once; they start in the background).
+def warm(n_jobs: int, tokenizer=None, modules: tuple = ()):
+    """Start ``n_jobs`` worker processes now (returns at once; they start in the background).
 
     With a tokenizer directory, each worker also builds its tokenizer engine
-    while the driver is busy elsewhere (reading the template). Importing
-    loky and launching the processes blocks for about 0.2 s, so the one
-    background starter thread does it. Returns its future (None for
-    ``n_jobs <= 1``).
+    while the driver is busy elsewhere (reading the template); each imports
+    ``modules`` (names) too. Importing loky and launching the processes
+    blocks for about 0.2 s, so the one background starter thread does it.
+    Returns its future (None for ``n_jobs < 1``).
     """
-    if n_jobs <= 1:
+    if n_jobs < 1:
         return None
     path = tokenizer_dir(tokenizer)
 
@@ -242,7 +248,7 @@ def warm(n_jobs: int, tokenizer=None):
         ex = _executor(n_jobs)
         with _POOL.lock:
             if not _POOL.warming:  # else already warming
-                _POOL.warming = [ex.submit(_warm, path) for _ in range(n_jobs)]
+                _POOL.warming = [ex.submit(_warm, path, tuple(modules)) for _ in range(n_jobs)]
 
     fut = _in_background(start)
     _POOL.starting = fut

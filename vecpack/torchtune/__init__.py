@@ -11,24 +11,32 @@
   ``chat_dataset(packed=True)``, tokenized on every core, packed and cached.
 * :class:`ChatDataset`: the same rows unpacked (``packed=False``).
 
-This package imports torch and torchtune.
+These names import torch and torchtune on first use; the encoder modules
+(what worker processes load) need neither.
 """
 
-from vecpack.torchtune.builders import alpaca_cleaned_dataset as alpaca_cleaned_dataset
-from vecpack.torchtune.builders import alpaca_dataset as alpaca_dataset
-from vecpack.torchtune.builders import cnn_dailymail_articles_dataset as cnn_dailymail_articles_dataset
-from vecpack.torchtune.builders import grammar_dataset as grammar_dataset
-from vecpack.torchtune.builders import instruct_dataset as instruct_dataset
-from vecpack.torchtune.builders import samsum_dataset as samsum_dataset
-from vecpack.torchtune.builders import slimorca_dataset as slimorca_dataset
-from vecpack.torchtune.builders import text_completion_dataset as text_completion_dataset
-from vecpack.torchtune.builders import wikitext_dataset as wikitext_dataset
-from vecpack.torchtune.chat import ChatDataset as ChatDataset
-from vecpack.torchtune.chat import PackedChatDataset as PackedChatDataset
-from vecpack.torchtune.packed import PackedDataset as PackedDataset
+# name -> the module that defines it, imported on first use
+_LAZY = {
+    "ChatDataset": "vecpack.torchtune.chat",
+    "PackedChatDataset": "vecpack.torchtune.chat",
+    "PackedDataset": "vecpack.torchtune.packed",
+    **{name: "vecpack.torchtune.builders" for name in (
+        "alpaca_cleaned_dataset", "alpaca_dataset", "cnn_dailymail_articles_dataset", "grammar_dataset",
+        "instruct_dataset", "samsum_dataset", "slimorca_dataset", "text_completion_dataset", "wikitext_dataset")},
+}
 
-__all__ = [
-    "ChatDataset", "PackedChatDataset", "PackedDataset", "alpaca_cleaned_dataset", "alpaca_dataset",
-    "cnn_dailymail_articles_dataset", "grammar_dataset", "instruct_dataset", "samsum_dataset",
-    "slimorca_dataset", "text_completion_dataset", "wikitext_dataset",
-]
+__all__ = sorted(_LAZY)
+
+
+def __getattr__(name):
+    if name in _LAZY:
+        import importlib
+
+        value = getattr(importlib.import_module(_LAZY[name]), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'vecpack.torchtune' has no attribute {name!r}")
+
+
+def __dir__():
+    return __all__

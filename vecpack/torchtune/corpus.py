@@ -17,6 +17,7 @@ a few of them) or when the dataset cannot be sent to worker processes.
 from __future__ import annotations
 
 import logging
+import os
 import time
 import warnings
 from dataclasses import dataclass, field
@@ -25,7 +26,7 @@ import numpy as np
 
 from vecpack._state import memo
 from vecpack.inputs.items import DatasetNotShippable, ItemEncoder, Items
-from vecpack.tokenizing.pool import effective_n_jobs
+from vecpack.tokenizing.pool import effective_n_jobs, warm
 
 __all__ = ["Corpus", "items_corpus", "rows_corpus"]
 
@@ -84,7 +85,7 @@ def _from_entry(entry) -> Corpus:
                   cached=not entry.built, key=entry.key)
 
 
-def _keyed(data_for_key, encoder, data, *, cache_dir, run: dict, tokenize=None) -> Corpus:
+def _keyed(data_for_key, encoder, data, *, cache_dir, run: dict, tokenize=None, before=None) -> Corpus:
     """The corpus through the cache: keyed by ``data_for_key``'s content and ``encoder.fingerprint``."""
     from vecpack.store.build import corpus_entry
     from vecpack.store.cache import Cache
@@ -94,21 +95,24 @@ def _keyed(data_for_key, encoder, data, *, cache_dir, run: dict, tokenize=None) 
     inputs, described = corpus_key_inputs(data_for_key, None, on_error=run["on_error"], encoder=encoder,
                                           root=store.root)
     return _from_entry(corpus_entry(store, data, None, inputs=inputs, described=described, encoder=encoder,
-                                    tokenize=tokenize, **run))
+                                    tokenize=tokenize, before=before, **run))
 
 
 def rows_corpus(data, encoder, *, cache: bool = True, cache_dir=None, n_jobs: int = -1,
-                on_error: str = "raise", progress: bool = True) -> Corpus:
+                on_error: str = "raise", progress: bool = True, before=None) -> Corpus:
     """Rows (local JSON / Parquet files, or a ``datasets.Dataset``) through a ``TorchtuneEncoder``.
 
     The cache key is the one :func:`vecpack.build` gives the same data and
     encoder, so ``PackedChatDataset`` and these datasets share entries.
+    ``before()`` runs when rows are about to be tokenized (not on a cache hit).
     """
     from vecpack.tokenizing.corpus import tokenize
 
     run = dict(n_jobs=n_jobs, on_error=on_error, progress=progress)
     if cache:
-        return _keyed(data, encoder, data, cache_dir=cache_dir, run=run)
+        return _keyed(data, encoder, data, cache_dir=cache_dir, run=run, before=before)
+    if before is not None:
+        before()
     return Corpus.of(tokenize(data, encoder=encoder, **run))
 
 
@@ -118,9 +122,30 @@ def _say_once(key: str, message: str, *args) -> None:
         log.warning(message, *args)
 
 
-def _workers(items: Items, encoder: ItemEncoder, n_jobs: int) -> int:
-    """1 when reading the items here is cheaper than starting workers, or when they cannot be sent."""
+def _local_ranks() -> int:
+    """Processes of this job on this machine (torchrun's ``LOCAL_WORLD_SIZE``), 1 outside a launcher."""
+    try:
+        return max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+    except ValueError:
+        return 1
+
+
+def _modules_of(ds) -> tuple:
+    """The modules of ``ds``'s class and of its attributes' classes (what unpickling it imports first)."""
+    objs = [ds, *getattr(ds, "__dict__", {}).values()]
+    names = {type(o).__module__ for o in objs}
+    return tuple(sorted(n for n in names if n and n not in ("__main__", "builtins")))
+
+
+def _workers(items: Items, encoder: ItemEncoder, n_jobs: int, shared: bool = False) -> int:
+    """1 when reading the items here is cheaper than starting workers, or when they cannot be sent.
+
+    ``shared``: every rank of the machine builds the same packs at once (no
+    cache to wait on), so each takes its share of the cores.
+    """
     n = effective_n_jobs(n_jobs)
+    if shared and isinstance(n_jobs, int) and n_jobs < 0:
+        n = max(1, n // _local_ranks())
     if n <= 1 or len(items) < 2:
         return 1
     t0 = time.perf_counter()
@@ -132,6 +157,8 @@ def _workers(items: Items, encoder: ItemEncoder, n_jobs: int) -> int:
         return 1
     if (time.perf_counter() - t0) / k * len(items) < POOL_WORTH_SECONDS:
         return 1
+    # the workers start (and import what the dataset's classes need) while the dataset is pickled
+    warm(n - 1 if encoder.slow_to_load else n, modules=_modules_of(items.ds))
     try:
         encoder.ship()
     except Exception as e:
@@ -143,7 +170,7 @@ def _workers(items: Items, encoder: ItemEncoder, n_jobs: int) -> int:
 
 def items_corpus(ds, *, start: int = 0, stop: int | None = None, fingerprint: str | None = None,
                  key_data=None, cache: bool = True, cache_dir=None, n_jobs: int = -1,
-                 on_error: str = "raise", progress: bool = True) -> Corpus:
+                 on_error: str = "raise", progress: bool = True, before=None) -> Corpus:
     """``ds[i]`` for ``i`` in ``start:stop``, on every core (or here, see :func:`_workers`).
 
     Cached when ``fingerprint`` (see :func:`~vecpack.torchtune.recognise.items_fingerprint`)
@@ -157,7 +184,7 @@ def items_corpus(ds, *, start: int = 0, stop: int | None = None, fingerprint: st
     keyed = cache and fingerprint is not None and key_data is not None
 
     def read(data, _tokenizer=None, *, encoder, n_jobs, **run):
-        jobs = _workers(data, encoder, n_jobs)
+        jobs = _workers(data, encoder, n_jobs, shared=not keyed)
         try:
             return tokenize(data, encoder=encoder, n_jobs=jobs, **run)
         except DatasetNotShippable as e:
@@ -167,10 +194,12 @@ def items_corpus(ds, *, start: int = 0, stop: int | None = None, fingerprint: st
 
     run = dict(n_jobs=n_jobs, on_error=on_error, progress=progress)
     if keyed:
-        return _keyed(key_data, encoder, items, cache_dir=cache_dir, run=run, tokenize=read)
+        return _keyed(key_data, encoder, items, cache_dir=cache_dir, run=run, tokenize=read, before=before)
     if cache:
         _say_once(f"nocache:{type(ds).__qualname__}",
                   "vecpack: %s has no content fingerprint (vecpack keys only torchtune's own datasets, "
                   "transforms and tokenizers over a datasets.Dataset), so its packs are built without "
                   "the cache, every time", items.name)
+    if before is not None:
+        before()
     return Corpus.of(read(items, encoder=encoder, **run))

@@ -38,16 +38,36 @@ from vecpack.options import IGNORE_INDEX, check_int, check_max_len, check_option
 from vecpack.packing.plan import Plan, _ro
 from vecpack.torchtune.corpus import Corpus, items_corpus, rows_corpus
 
-__all__ = ["PackedDataset", "layout"]
+__all__ = ["PackedDataset", "layout", "warm_layout"]
 
 log = logging.getLogger("vecpack")
 _INT64 = np.iinfo(np.int64)
+_PLAN_ARRAYS = ("doc_index", "doc_start", "doc_length", "pack_offsets")
+#: Bump when the packs laid out for the same lengths and options change (cached layouts are then rebuilt).
+LAYOUT_FORMAT = 1
 
 
 def _kernels():
     from vecpack.torchtune import _kernels as k
 
     return k
+
+
+def warm_layout():
+    """Load (or compile) the layout kernels in a daemon thread, while the items are being made."""
+    import threading
+
+    def run():
+        for split in (False, True):
+            plan, _ = layout(np.array([2, 3], np.int64), 4, split=split)
+        out = [np.empty(4, np.int64) for _ in range(3)] + [np.empty(3, np.int64)]
+        one = np.ones(5, np.int32)
+        _kernels().fill_pack(_ro(one), _ro(one), _ro(np.array([0, 2, 5], np.int64)), _ro(plan.doc_index),
+                             _ro(plan.doc_start), _ro(plan.doc_length), 0, 2, 4, 0, IGNORE_INDEX, False, *out)
+
+    t = threading.Thread(target=run, name="vecpack-warm-layout", daemon=True)
+    t.start()
+    return t
 
 
 def _rank() -> int:
@@ -206,7 +226,8 @@ class PackedDataset(_TorchtunePackedDataset):
         t0 = time.perf_counter()
         self._settings(ds, max_seq_len, padding_idx, max_packs, split_across_pack, mask_first_label)
         check_options(on_error=on_error)
-        run = dict(n_jobs=n_jobs, on_error=on_error, progress=bool(progress) and _rank() == 0)
+        self._cache_dir = cache_dir
+        run = dict(n_jobs=n_jobs, on_error=on_error, progress=bool(progress) and _rank() == 0, before=warm_layout)
         corpus, name = self._read(ds, cache=cache, cache_dir=cache_dir, **run)
         self._finish(corpus, name, t0)
 
@@ -222,8 +243,9 @@ class PackedDataset(_TorchtunePackedDataset):
         self = cls.__new__(cls)
         self._settings(None, max_seq_len, 0, None, split_across_pack, mask_first_label)
         check_options(on_error=on_error)
+        self._cache_dir = cache_dir
         corpus = rows_corpus(data, encoder, cache=cache, cache_dir=cache_dir, n_jobs=n_jobs,
-                             on_error=on_error, progress=bool(progress) and _rank() == 0)
+                             on_error=on_error, progress=bool(progress) and _rank() == 0, before=warm_layout)
         self._finish(corpus, str(data) if isinstance(data, (str, os.PathLike)) else "<rows>", t0)
         return self
 
@@ -273,12 +295,41 @@ class PackedDataset(_TorchtunePackedDataset):
                 return Corpus.concat(parts)
             start, stop = stop, min(n, 2 * stop)
 
+    def _layout(self, corpus: Corpus, name: str) -> Plan:
+        """torchtune's packs of the corpus; stored next to a cached corpus (a hit loads no kernel)."""
+        def make() -> Plan:
+            lengths = np.diff(np.asarray(corpus.offsets))
+            plan, too_long = layout(lengths, self.max_seq_len, split=self.split_across_pack,
+                                    max_packs=self.max_packs)
+            if too_long is not None:
+                raise InputError(_too_long_message(int(lengths[too_long]), self.max_seq_len), file=name,
+                                 row=int(corpus.row_ids[too_long]))
+            return plan
+
+        if corpus.key is None:
+            return make()
+        from vecpack.store.build import jsonable
+        from vecpack.store.cache import Cache
+        from vecpack.store.hashing import make_key
+
+        inputs = {"format": LAYOUT_FORMAT, "corpus": corpus.key, "max_len": self.max_seq_len,
+                  "split_across_pack": self.split_across_pack, "max_packs": self.max_packs}
+
+        def build(tmp) -> dict:
+            plan = make()
+            for n in _PLAN_ARRAYS:
+                np.save(tmp / f"{n}.npy", np.ascontiguousarray(getattr(plan, n), dtype=np.int64))
+            return {"stats": jsonable(plan.stats)}
+
+        entry = Cache(self._cache_dir).get_or_build(make_key("torchtune_plan", inputs), build, kind="torchtune_plan",
+                                                    keep=(corpus.key,), meta={"inputs": inputs, "corpus": corpus.key})
+        a = entry.arrays
+        return Plan(doc_index=a["doc_index"], doc_start=a["doc_start"], doc_length=a["doc_length"],
+                    pack_offsets=a["pack_offsets"], max_len=self.max_seq_len, stats=dict(entry.meta["stats"]))
+
     def _finish(self, corpus: Corpus, name: str, t0: float) -> None:
-        lengths = np.diff(np.asarray(corpus.offsets))
-        plan, too_long = layout(lengths, self.max_seq_len, split=self.split_across_pack, max_packs=self.max_packs)
-        if too_long is not None:
-            raise InputError(_too_long_message(int(lengths[too_long]), self.max_seq_len), file=name,
-                             row=int(corpus.row_ids[too_long]))
+        plan = self._layout(corpus, name)
+        lengths_count = int(np.asarray(corpus.offsets).shape[0]) - 1
         self.corpus = corpus
         self.plan = plan
         self._tokens, self._labels, self._offsets = (_ro(np.asarray(a)) for a in
@@ -289,7 +340,7 @@ class PackedDataset(_TorchtunePackedDataset):
         self.previous_sample_boundary = (  # torchtune's loop state at the end: the last pack's tokens
             int(self._doc_length[self._cuts[last]:self._cuts[last + 1]].sum()) if last >= 0 else 0)
         cs = corpus.stats
-        self.stats = {**plan.stats, "rows": cs.get("rows", len(lengths)), "rejected": cs.get("rejected", 0),
+        self.stats = {**plan.stats, "rows": cs.get("rows", lengths_count), "rejected": cs.get("rejected", 0),
                       "rejected_examples": list(cs.get("rejected_examples", [])),
                       "backend": cs.get("backend"), "cache": {None: "off", True: "hit", False: "built"}[corpus.cached],
                       "seconds": time.perf_counter() - t0}
