@@ -294,3 +294,12 @@ def test_max_packs_reads_only_what_torchtune_reads(tmp_path):
     assert len(p) == 3 and p[2]["tokens"].tolist() == [8] * 4 + [9] * 4 + [10] * 4 + [11] * 4
     reads = [int(x) for x in log.read_text().split()]
     assert max(reads) < 1000  # a first round, not the dataset (nor its bad item at 50,000)
+    # 32 samples a pack: the first round (256 samples) makes 8 packs, so a second round reads
+    # sample 300, too long, before pack 10 is full: torchtune raises there too
+    lengths = [2] * 2000
+    lengths[300] = 100
+    with pytest.raises(InputError, match=r"^<Samples> row 300: Dataset sample is too long \(100 > 64\)"):
+        packed(Samples(lengths), max_seq_len=64, max_packs=10)
+    lengths[300] = 2
+    assert rows(packed(Samples(lengths), max_seq_len=64, max_packs=10)) == \
+        rows(packed(Samples(lengths[:400]), max_seq_len=64))[:10]

@@ -34,7 +34,7 @@ log = logging.getLogger("vecpack")
 
 #: Below this much estimated work (seconds of ``ds[i]``), items are read in this process:
 #: starting the workers and sending them the dataset would cost more.
-POOL_WORTH_SECONDS = 1.0
+POOL_WORTH_SECONDS = 3.0
 _PROBE_ITEMS = 8
 _SAID = memo("torchtune corpus notices", 64)
 
@@ -66,7 +66,7 @@ class Corpus:
 
     @classmethod
     def concat(cls, parts: list["Corpus"]) -> "Corpus":
-        """Parts read one after the other (``row_ids`` of each are already absolute)."""
+        """Parts read one after the other (the ``row_ids`` of each already count from the first part)."""
         if len(parts) == 1:
             return parts[0]
         starts = np.cumsum([0] + [int(p.offsets[-1]) for p in parts[:-1]])
@@ -202,4 +202,6 @@ def items_corpus(ds, *, start: int = 0, stop: int | None = None, fingerprint: st
                   "the cache, every time", items.name)
     if before is not None:
         before()
-    return Corpus.of(read(items, encoder=encoder, **run))
+    corpus = Corpus.of(read(items, encoder=encoder, **run))
+    corpus.row_ids = corpus.row_ids + items.start  # tokenize numbers the rows of its input from 0
+    return corpus

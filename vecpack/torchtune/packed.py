@@ -290,6 +290,7 @@ class PackedDataset(_TorchtunePackedDataset):
         stop = min(n, max(256, 8 * self.max_packs))
         while True:
             parts.append(items_corpus(ds, start=start, stop=stop, cache=False, **run))
+            run["before"] = None  # the kernels are warming already
             lengths = np.concatenate([np.diff(p.offsets) for p in parts])
             if stop == n or stops_within(lengths, self.max_seq_len, self.split_across_pack, self.max_packs):
                 return Corpus.concat(parts)
