@@ -16,7 +16,7 @@ pytestmark = pytest.mark.torchtune
 import torch  # noqa: E402
 from torchtune.datasets import ConcatDataset  # noqa: E402
 from torchtune.datasets import PackedDataset as TorchtunePacked  # noqa: E402
-from torchtune_helpers import Counting, Mixed, OnlyHere, Repeated, Samples, WordTokenizer  # noqa: E402
+from torchtune_helpers import Counting, Mixed, OnlyHere, Repeated, Samples, Slow, WordTokenizer  # noqa: E402
 
 from vecpack import PackedDataset  # noqa: E402
 from vecpack.errors import InputError  # noqa: E402
@@ -241,8 +241,21 @@ def test_fill_kernel_matches_reference():
 
 @pytest.fixture
 def pool_always(monkeypatch):
-    """Send items to the worker pool however quick they are."""
+    """Send items to the worker pool however quick they are, and only there (this process idle)."""
+    from vecpack.inputs.items import ItemEncoder
+
     monkeypatch.setattr(tt_corpus, "POOL_WORTH_SECONDS", 0.0)
+    monkeypatch.setattr(ItemEncoder, "slow_to_load", False)
+
+
+def test_this_process_works_beside_the_workers(tmp_path, monkeypatch):
+    """Loading a torchtune dataset takes a worker seconds: this process starts on the items at once."""
+    monkeypatch.setattr(tt_corpus, "POOL_WORTH_SECONDS", 0.0)
+    log = tmp_path / "pids.log"
+    p = packed(Slow(800, str(log)), max_seq_len=64, n_jobs=2)
+    pids = {int(line.split()[1]) for line in log.read_text().splitlines()}
+    assert len(pids) == 2 and len(log.read_text().splitlines()) == 800 + 9  # + the probe's items
+    assert rows(p) == rows(packed(Repeated(3, 800), max_seq_len=64, n_jobs=1))
 
 
 def test_workers_give_the_same_packs(pool_always):

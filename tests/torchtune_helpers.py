@@ -98,6 +98,22 @@ class Counting(Repeated):
         return super().__getitem__(i)
 
 
+class Slow(Repeated):
+    """Items of 3 tokens that take 4 ms each, logging ``index pid`` to a file."""
+
+    def __init__(self, n: int, log: str):
+        super().__init__(3, n)
+        self.log = log
+
+    def __getitem__(self, i):
+        import time
+
+        time.sleep(0.004)
+        with open(self.log, "a") as f:
+            f.write(f"{i} {os.getpid()}\n")
+        return super().__getitem__(i)
+
+
 class Mixed:
     """Random-length numpy items, with a bad one at ``bad`` (labels one short) if given."""
 

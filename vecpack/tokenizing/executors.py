@@ -146,8 +146,8 @@ def _execute_pool(run: _Execution, encoder, on_error: str, n_jobs: int, driver: 
         pending: set = set()
         error: BaseException | None = None
         while queue or pending:
-            # keep each worker one task ahead; with driver, the rest are this process's
-            while queue and (not driver or len(pending) < 2 * workers) and error is None:
+            # every task to the workers; with driver, one each once they are up, the rest here
+            while queue and error is None and (not driver or (len(pending) < workers and _pool.warmed())):
                 task = queue.pop()
                 fut = ex.submit(_pool.run_chunk, task, key, enc_path, run.out_dir, on_error,
                                 run.progress_path, len(slots), run.direct)

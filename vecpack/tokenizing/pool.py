@@ -38,7 +38,7 @@ from vecpack.tokenizing.rows import tokenize_chunk
 from vecpack.tokenizing.runtime import runtime, tiktoken_ids
 from vecpack.tokenizing.tasks import ChunkMeta, ChunkTask
 
-__all__ = ["chunk_dir", "effective_n_jobs", "ready", "shutdown", "start_check", "warm"]
+__all__ = ["chunk_dir", "effective_n_jobs", "ready", "shutdown", "start_check", "warm", "warmed"]
 
 
 class Aborted(Exception):
@@ -253,6 +253,12 @@ def warm(n_jobs: int, tokenizer=None, modules: tuple = ()):
     fut = _in_background(start)
     _POOL.starting = fut
     return fut
+
+
+def warmed() -> bool:
+    """Whether the workers that :func:`warm` started are up (True when none are starting)."""
+    starting = _POOL.starting
+    return (starting is None or starting.done()) and all(f.done() for f in _POOL.warming)
 
 
 def ready(timeout: float | None = None) -> list[int]:

@@ -227,7 +227,7 @@ class PackedDataset(_TorchtunePackedDataset):
         self._settings(ds, max_seq_len, padding_idx, max_packs, split_across_pack, mask_first_label)
         check_options(on_error=on_error)
         self._cache_dir = cache_dir
-        run = dict(n_jobs=n_jobs, on_error=on_error, progress=bool(progress) and _rank() == 0, before=warm_layout)
+        run = dict(n_jobs=n_jobs, on_error=on_error, progress=bool(progress) and _rank() == 0)
         corpus, name = self._read(ds, cache=cache, cache_dir=cache_dir, **run)
         self._finish(corpus, name, t0)
 
@@ -276,7 +276,8 @@ class PackedDataset(_TorchtunePackedDataset):
             tok, options, data = known
             encoder = TorchtuneEncoder(tok, **options,
                                        check_rows=lambda: sample_rows(resolve_sources(data), 64))
-            return rows_corpus(data, encoder, cache=cache, cache_dir=cache_dir, **run), name
+            # the workers tokenize while this process waits: the kernels load meanwhile
+            return rows_corpus(data, encoder, cache=cache, cache_dir=cache_dir, before=warm_layout, **run), name
         if self.max_packs is not None:
             return self._read_rounds(ds, **run), name
         fp = items_fingerprint(ds) if cache else None
@@ -290,7 +291,6 @@ class PackedDataset(_TorchtunePackedDataset):
         stop = min(n, max(256, 8 * self.max_packs))
         while True:
             parts.append(items_corpus(ds, start=start, stop=stop, cache=False, **run))
-            run["before"] = None  # the kernels are warming already
             lengths = np.concatenate([np.diff(p.offsets) for p in parts])
             if stop == n or stops_within(lengths, self.max_seq_len, self.split_across_pack, self.max_packs):
                 return Corpus.concat(parts)
