@@ -33,6 +33,7 @@ _LAZY = {
     "DocumentMeanLoss": "vecpack.integrations.loss",
     "FlexBatch": "vecpack.integrations.collate",
     "PackedChatDataset": "vecpack.torchtune.chat",
+    "PackedDataset": "vecpack.torchtune.packed",
     "StreamingPackedDataset": "vecpack.streaming.dataset",
     "Tokenized": "vecpack.tokenizing.tokenized",
     "check_trainer": "vecpack.integrations.hf",

@@ -27,14 +27,18 @@ import re
 __all__ = [
     "CONVERSATION_STYLES", "ENGINES", "EXECUTORS", "EXPORT_FORMATS", "FAST_ENGINES", "IGNORE_INDEX", "INT32_MAX",
     "LONG_POLICIES", "MASKINGS", "MAX_CUT_FRACTION", "ON_ERROR", "STRATEGIES", "STREAM_STRATEGIES", "STYLES",
-    "cache_root", "check_choice", "check_int", "check_max_len", "check_options", "check_seed", "check_tokenizer_dir",
-    "useless_reason",
+    "TORCHTUNE_STYLES", "cache_root", "check_choice", "check_int", "check_max_len", "check_options", "check_seed",
+    "check_tokenizer_dir", "useless_reason",
 ]
 
 #: Row formats (see :mod:`vecpack.chat.formats`).
 STYLES = ("sharegpt", "openai", "alpaca", "text")
 #: Styles of a list of turns (torchtune's ``conversation_style``).
 CONVERSATION_STYLES = ("sharegpt", "openai")
+#: Rows as torchtune's message transforms and ``TextCompletionDataset`` read them:
+#: ``ShareGPTToMessages``, ``OpenAIToMessages``, ``AlpacaToMessages``,
+#: ``InputOutputToMessages`` and raw text (see :mod:`vecpack.torchtune.messages`).
+TORCHTUNE_STYLES = (*CONVERSATION_STYLES, "alpaca", "input_output", "text")
 #: Which tokens carry the loss (see :mod:`vecpack.chat.template`).
 MASKINGS = ("assistant", "last", "all")
 #: Packing strategies (see :func:`vecpack.plan`).

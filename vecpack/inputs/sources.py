@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from vecpack.errors import InputError
+from vecpack.inputs.items import Items
 from vecpack.inputs.records import BOM
 
 __all__ = ["CODECS", "Source", "resolve_sources", "sniff_codec"]
@@ -40,11 +41,12 @@ class Source:
     """One input: a file, or an in-memory ``datasets.Dataset``.
 
     Attributes:
-        name: the path that is read (or ``"<Dataset>"``).
+        name: the path that is read (or ``"<Dataset>"``), as error messages print it.
         kind: ``"jsonl"``, ``"json"``, ``"parquet"``, ``"arrow"``,
-            ``"compressed"`` or ``"dataset"``.
-        size: bytes for files, rows for datasets.
-        table: for ``"dataset"``: the ``pyarrow.Table`` (driver side only).
+            ``"compressed"``, ``"dataset"`` or ``"items"``.
+        size: bytes for files, rows for datasets and items.
+        table: for ``"dataset"``: the ``pyarrow.Table``; for ``"items"``: the
+            :class:`~vecpack.inputs.items.Items` (driver side only).
         label: how error messages name the input when it is not ``name``
             (the compressed file a plain copy was made from).
         codec: for ``"compressed"``: ``"gzip"``, ``"bz2"``, ``"xz"`` or ``"zstd"``.
@@ -154,8 +156,8 @@ def resolve_sources(data_files) -> list[Source]:
     """Turn ``data_files`` into a list of :class:`Source`, in input order.
 
     Args:
-        data_files: a path, a glob pattern, a list of them, or a
-            ``datasets.Dataset``.
+        data_files: a path, a glob pattern, a list of them, a
+            ``datasets.Dataset``, or :class:`~vecpack.inputs.items.Items`.
 
     Raises:
         FileNotFoundError: a path (or a pattern) matches nothing.
@@ -163,6 +165,8 @@ def resolve_sources(data_files) -> list[Source]:
     """
     if _is_hf_dataset(data_files):
         return [_dataset_source(data_files)]
+    if isinstance(data_files, Items):  # a map-style dataset's items, read by their encoder
+        return [Source(data_files.name, "items", len(data_files), data_files)]
     if isinstance(data_files, (str, os.PathLike)):
         items = [data_files]
     elif isinstance(data_files, (list, tuple)):

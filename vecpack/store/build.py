@@ -51,7 +51,7 @@ from vecpack.store import cache as _cache
 from vecpack.store.fingerprint import corpus_key_inputs, describe
 from vecpack.tokenizing.spec import default_pad_id
 
-__all__ = ["BuildInfo", "PLAN_FORMAT", "build", "jsonable", "packed_from_entries"]
+__all__ = ["BuildInfo", "PLAN_FORMAT", "build", "corpus_entry", "jsonable", "packed_from_entries"]
 
 logger = logging.getLogger("vecpack")
 
@@ -179,18 +179,9 @@ def build(data_files, tokenizer=None, max_len: int | None = None, *, style: str 
     inputs, described = corpus_key_inputs(data_files, tokenizer, style=style, column=column,
                                           masking=masking, on_error=on_error, encoder=encoder,
                                           root=store.root, verify=verify)
-    ckey = _cache.make_key("corpus", inputs)
-
-    def build_corpus(tmp: pathlib.Path) -> dict:
-        warm_kernels(strategy, long)  # loads while the tokenizer loads
-        t = _tokenize(data_files, tokenizer, out_dir=tmp, **tok_kwargs)
-        missing = [n for n in _CORPUS_ARRAYS if not (tmp / f"{n}.npy").exists()]
-        if missing:
-            raise RuntimeError(f"vecpack.tokenize(out_dir=...) did not write {missing}")
-        return {"stats": jsonable(dict(t.stats)), "pad_id": default_pad_id(tokenizer, t.encoder or encoder)}
-
-    corpus = store.get_or_build(ckey, build_corpus, kind="corpus", verify=verify,
-                                meta={"inputs": inputs, "described": described})
+    corpus = corpus_entry(store, data_files, tokenizer, inputs=inputs, described=described, verify=verify,
+                          before=lambda: warm_kernels(strategy, long), **tok_kwargs)
+    ckey = corpus.key
     offsets = corpus.arrays["offsets"]
 
     pinputs = {"format": PLAN_FORMAT, "corpus": ckey, "max_len": max_len, "strategy": strategy,
@@ -225,6 +216,28 @@ def _check_useful(stats: dict, tstats: dict, masking: str, allow_useless: bool) 
                             masking=masking)
     if reason:
         raise UselessOutputError(f"{reason}. allow_useless=True (--allow-useless) keeps such a result")
+
+
+def corpus_entry(store: _cache.Cache, data_files, tokenizer, *, inputs: dict, described: dict,
+                 verify: bool = False, before=None, tokenize=None, **tok_kwargs):
+    """The tokenized corpus (``tokens``, ``labels``, ``offsets``, ``row_ids``) as a cache entry.
+
+    Keyed by ``inputs`` (see :func:`~vecpack.store.fingerprint.corpus_key_inputs`);
+    on a miss ``tokenize`` (default :func:`vecpack.tokenize`) writes it under
+    the cache lock (``before()`` runs first). ``tok_kwargs`` go to ``tokenize``.
+    """
+    def build_corpus(tmp: pathlib.Path) -> dict:
+        if before is not None:
+            before()
+        t = (tokenize or _tokenize)(data_files, tokenizer, out_dir=tmp, **tok_kwargs)
+        missing = [n for n in _CORPUS_ARRAYS if not (tmp / f"{n}.npy").exists()]
+        if missing:
+            raise RuntimeError(f"vecpack.tokenize(out_dir=...) did not write {missing}")
+        return {"stats": jsonable(dict(t.stats)),
+                "pad_id": default_pad_id(tokenizer, t.encoder or tok_kwargs.get("encoder"))}
+
+    return store.get_or_build(_cache.make_key("corpus", inputs), build_corpus, kind="corpus", verify=verify,
+                              meta={"inputs": inputs, "described": described})
 
 
 def _tokenize(*args, **kwargs):

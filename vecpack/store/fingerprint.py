@@ -63,6 +63,9 @@ def _hash_arrow_table(table) -> str:
 def _data_fingerprint(data_files, root: pathlib.Path, verify: bool) -> tuple[list, list[str]]:
     """(key part, readable names) for the inputs: content hashes, in order."""
     sources = resolve_sources(data_files)
+    if any(s.kind == "items" for s in sources):
+        raise TypeError("the items of an in-memory dataset have no content fingerprint; build them "
+                        "with cache=False")
     files = [s.name for s in sources if s.kind != "dataset"]
     digests = iter(hashing.file_digests(files, verify=verify, root=root))
     parts, names = [], []

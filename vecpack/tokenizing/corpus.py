@@ -131,7 +131,7 @@ def _tokenize(sources, scratch, tokenizer, encoder, style, column, masking, n_jo
     tasks = plan_chunks(sources, chunk_bytes=chunk_bytes)
     if pool and len(tasks) > 1:
         # one task runs here: starting workers would only take CPU from it
-        _pool.warm(n_jobs, tokenizer)
+        _pool.warm(n_jobs - 1 if getattr(encoder, "slow_to_load", False) else n_jobs, tokenizer)
     key, texts = None, None
     if encoder is None:
         key, encoder = encoder_for(tokenizer, style, column, masking, sources)

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import importlib
 import os
 import pickle
 import re
@@ -41,7 +42,7 @@ from vecpack.tokenizing.rows import tokenize_chunk
 from vecpack.tokenizing.runtime import engine_ids, fast_engine, runtime
 from vecpack.tokenizing.tasks import ChunkMeta, ChunkTask
 
-__all__ = ["chunk_dir", "effective_n_jobs", "ready", "shutdown", "start_check", "warm"]
+__all__ = ["chunk_dir", "effective_n_jobs", "ready", "shutdown", "start_check", "warm", "warmed"]
 
 
 class Aborted(Exception):
@@ -104,9 +105,14 @@ def run_chunk(task: ChunkTask, enc_key: str, enc_path: str, out_dir: str, on_err
         del slots, progress  # unmap the progress file now, not at the next collection
 
 
-def _warm(tokenizer_path: str | None = None) -> int:
-    """Start a worker; with a tokenizer directory, also build its fast engine now."""
+def _warm(tokenizer_path: str | None = None, modules: tuple = ()) -> int:
+    """Start a worker; with a tokenizer directory, also build its fast engine now; import ``modules``."""
     _allow_engine_memory()
+    for name in modules:  # what the encoder will need (a dataset's classes import torch...)
+        try:
+            importlib.import_module(name)
+        except Exception:  # the real task says why
+            pass
     if tokenizer_path is not None:
         try:
             engine, _ = fast_engine(tokenizer_path)
@@ -295,16 +301,16 @@ def tokenizer_dir(tokenizer) -> str | None:
     return path if os.path.isfile(os.path.join(path, "tokenizer.json")) else None
 
 
-def warm(n_jobs: int, tokenizer=None):
-    """Start the worker processes now (returns at once; they start in the background).
+def warm(n_jobs: int, tokenizer=None, modules: tuple = ()):
+    """Start ``n_jobs`` worker processes now (returns at once; they start in the background).
 
     With a tokenizer directory, each worker also builds its tokenizer engine
-    while the driver is busy elsewhere (reading the template). Importing
-    loky and launching the processes blocks for about 0.2 s, so the one
-    background starter thread does it. Returns its future (None for
-    ``n_jobs <= 1``).
+    while the driver is busy elsewhere (reading the template); each imports
+    ``modules`` (names) too. Importing loky and launching the processes
+    blocks for about 0.2 s, so the one background starter thread does it.
+    Returns its future (None for ``n_jobs < 1``).
     """
-    if n_jobs <= 1:
+    if n_jobs < 1:
         return None
     path = tokenizer_dir(tokenizer)
 
@@ -314,12 +320,18 @@ def warm(n_jobs: int, tokenizer=None):
         with _POOL.lock:  # the exit hook waits for this (or this sees `closing` and stops)
             ex = _executor(n_jobs)
             if not _POOL.warming:  # else already warming
-                _POOL.warming = [ex.submit(_warm, path) for _ in range(n_jobs)]
+                _POOL.warming = [ex.submit(_warm, path, tuple(modules)) for _ in range(n_jobs)]
 
     _stop_at_exit()  # before the start: the exit hook must exist before a pool can
     fut = _in_background(start)
     _POOL.starting = fut
     return fut
+
+
+def warmed() -> bool:
+    """Whether the workers that :func:`warm` started are up (True when none are starting)."""
+    starting = _POOL.starting
+    return (starting is None or starting.done()) and all(f.done() for f in _POOL.warming)
 
 
 def ready(timeout: float | None = None) -> list[int]:

@@ -36,9 +36,9 @@ class ChunkTask:
 
     Attributes:
         source: the input's path (or ``"<Dataset>"``).
-        kind: ``"jsonl"``, ``"json"``, ``"parquet"`` or ``"dataset"``.
+        kind: ``"jsonl"``, ``"json"``, ``"parquet"``, ``"dataset"`` or ``"items"``.
         start, stop: byte offsets (JSONL, JSON), row-group indices (Parquet)
-            or row indices (dataset) of the range.
+            or row indices (dataset, items) of the range.
         first_line: 1-based line of the range's first byte when known (the
             first range of a file), else ``None``; the driver counts lines
             only when it has to print a location.
