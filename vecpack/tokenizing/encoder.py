@@ -160,8 +160,9 @@ class ChatEncoder:
         if style != "text":
             if not source:
                 raise ValueError(f"tokenizer {str(path)!r} has no chat_template; use style='text' or add one")
-            template = ChatTemplate(source, variables=variables, added_tokens=facts["added"],
-                                    masking=masking)
+            template = ChatTemplate(source, variables=variables, added_tokens=facts["added"], masking=masking,
+                                    origin=str(path / ("chat_template.jinja" if (path / "chat_template.jinja")
+                                                       .exists() else "tokenizer_config.json")))
         ids = {k: (facts["ids"].get(variables[f"{k}_token"]) if variables.get(f"{k}_token") else None)
                for k in ("bos", "eos", "pad")}
         if ids["pad"] is None:
