@@ -44,10 +44,13 @@ import time
 import numpy as np
 
 from vecpack.errors import UselessOutputError
-from vecpack.options import IGNORE_INDEX, check_max_len, check_options, useless_reason
+from vecpack.mixing.plan import mix_plan, union_offsets
+from vecpack.mixing.source import as_sources, is_mixture, own_options
+from vecpack.options import IGNORE_INDEX, check_max_len, check_mix, check_options, useless_reason
 from vecpack.packing.packed import Packed, pack, warm_kernels
 from vecpack.packing.plan import Plan, plan, trained_tokens
 from vecpack.store import cache as _cache
+from vecpack.store import mixed as _mixed
 from vecpack.store.fingerprint import corpus_key_inputs, describe
 from vecpack.tokenizing.spec import default_pad_id
 
@@ -75,6 +78,12 @@ class BuildInfo:
         seconds: wall time of this call.
         described: readable inputs: ``data_files`` (paths as given) and
             ``tokenizer`` (its path, or its type name).
+        sources: a mixture's sources, one dict each: ``name``, ``style``,
+            ``column``, ``masking``, ``weight``, ``corpus_key``,
+            ``corpus_path``, ``corpus_hit``, ``tokenize_stats`` (empty for a
+            single input). For a mixture ``corpus_key`` is None, ``corpus_hit``
+            says whether every source's corpus was a hit, and ``plan_key`` /
+            ``plan_path`` are the ``mix-`` entry's.
     """
 
     cache_dir: pathlib.Path | None
@@ -88,6 +97,7 @@ class BuildInfo:
     row_ids: np.ndarray | None = dataclasses.field(default=None, repr=False)
     seconds: float = 0.0
     described: dict = dataclasses.field(default_factory=dict)
+    sources: tuple = ()
 
 
 def jsonable(obj):
@@ -110,12 +120,17 @@ def build(data_files, tokenizer=None, max_len: int | None = None, *, style: str 
           long: str = "truncate", shuffle_seed: int | None = 0, pad_id: int | None = None,
           ignore_index: int = -100, n_jobs: int = -1, on_error: str = "raise", progress: bool = True,
           cache: bool = True, cache_dir: str | os.PathLike | None = None, backend: str = "loky",
-          encoder=None, verify: bool = False, allow_useless: bool = False) -> Packed:
+          encoder=None, verify: bool = False, allow_useless: bool = False, weights=None,
+          mix_by: str = "tokens", mix_total: int | None = None, mix_seed: int = 0,
+          mix_repeat: bool = True) -> Packed:
     """Tokenize chat data and pack it, through the cache.
 
     Args:
         data_files: JSONL/JSON/Parquet path(s) or glob(s), or a
-            ``datasets.Dataset`` (see :func:`vecpack.tokenize`).
+            ``datasets.Dataset`` (see :func:`vecpack.tokenize`); or a
+            mixture: a list of :class:`vecpack.Source` (each with its own
+            style, column, masking and weight), or a list of inputs with
+            ``weights`` (each entry one source). See ``docs/mixtures.md``.
         tokenizer: a local Hugging Face tokenizer directory or a
             ``transformers`` tokenizer (may be None when ``encoder`` is given).
         max_len: tokens per pack.
@@ -140,6 +155,22 @@ def build(data_files, tokenizer=None, max_len: int | None = None, *, style: str 
             (:data:`vecpack.options.MAX_CUT_FRACTION`). By default that is
             a :class:`~vecpack.errors.UselessOutputError` saying why and
             what to change.
+        weights: a mixture's weights, one per source (normalised; default
+            each ``Source.weight``): each source's target share of the
+            output, by ``mix_by``.
+        mix_by: ``"tokens"`` (the tokens the chosen documents place after the
+            ``long`` policy) or ``"rows"`` (documents).
+        mix_total: None: the output is as large as it can be without
+            repeating a document (the scarcest source, relative to its
+            weight, is used once, whole; the others are sub-sampled). N: the
+            output holds N tokens (or rows); a source may be repeated (whole
+            passes, then a seeded partial one) or sub-sampled.
+        mix_seed: seeds the sub-samples and partial passes.
+        mix_repeat: False refuses a ``mix_total`` that would repeat documents.
+
+    Each source of a mixture is one corpus entry in the cache (the same one a
+    build of that source alone makes), so changing the weights or a ``mix_*``
+    option re-plans without tokenizing.
 
     Returns:
         A :class:`~vecpack.Packed` over memory-mapped arrays, with
@@ -161,6 +192,12 @@ def build(data_files, tokenizer=None, max_len: int | None = None, *, style: str 
                       progress=progress, backend=backend)
     if encoder is not None:
         tok_kwargs["encoder"] = encoder
+    if is_mixture(data_files, weights):
+        mix = check_mix(mix_by, mix_total, mix_seed, mix_repeat)
+        return _build_mixture(data_files, tokenizer, max_len, weights=weights, mix=mix, strategy=strategy,
+                              long=long, shuffle_seed=shuffle_seed, pad_id=pad_id, ignore_index=ignore_index,
+                              cache=cache, cache_dir=cache_dir, verify=verify, allow_useless=allow_useless,
+                              t0=t0, **tok_kwargs)
 
     if not cache:
         warm_kernels(strategy, long)  # loads while the tokenizer loads
@@ -219,12 +256,13 @@ def _check_useful(stats: dict, tstats: dict, masking: str, allow_useless: bool) 
 
 
 def corpus_entry(store: _cache.Cache, data_files, tokenizer, *, inputs: dict, described: dict,
-                 verify: bool = False, before=None, tokenize=None, **tok_kwargs):
+                 verify: bool = False, before=None, tokenize=None, keep=(), **tok_kwargs):
     """The tokenized corpus (``tokens``, ``labels``, ``offsets``, ``row_ids``) as a cache entry.
 
     Keyed by ``inputs`` (see :func:`~vecpack.store.fingerprint.corpus_key_inputs`);
     on a miss ``tokenize`` (default :func:`vecpack.tokenize`) writes it under
-    the cache lock (``before()`` runs first). ``tok_kwargs`` go to ``tokenize``.
+    the cache lock (``before()`` runs first). ``tok_kwargs`` go to ``tokenize``;
+    ``keep``: entries the size cap must not evict now (a mixture's other corpora).
     """
     def build_corpus(tmp: pathlib.Path) -> dict:
         if before is not None:
@@ -237,7 +275,88 @@ def corpus_entry(store: _cache.Cache, data_files, tokenizer, *, inputs: dict, de
                 "pad_id": default_pad_id(tokenizer, t.encoder or tok_kwargs.get("encoder"))}
 
     return store.get_or_build(_cache.make_key("corpus", inputs), build_corpus, kind="corpus", verify=verify,
-                              meta={"inputs": inputs, "described": described})
+                              meta={"inputs": inputs, "described": described}, keep=keep)
+
+
+def _build_mixture(data_files, tokenizer, max_len, *, weights, mix, strategy, long, shuffle_seed, pad_id,
+                   ignore_index, cache, cache_dir, verify, allow_useless, t0, style, column, masking,
+                   **run) -> Packed:
+    """:func:`build` of a mixture: one corpus per source (cached as a single build's), one mixed plan."""
+    sources = as_sources(data_files, weights, style=style, column=column, masking=masking)
+    if run.get("encoder") is not None:
+        own_options(data_files, "encoder=")
+    names = [s.name for s in sources]
+    shares = [s.weight for s in sources]
+    plan_kw = dict(strategy=strategy, long=long, shuffle_seed=shuffle_seed, names=names, **mix)
+    maskings = sorted({s.masking for s in sources})
+    described = {"data_files": [n for s in sources for n in describe(s.data, tokenizer, None)["data_files"]],
+                 "tokenizer": describe([], tokenizer, run.get("encoder"))["tokenizer"]}
+
+    def source_kw(s):
+        return dict(style=s.style, column=s.column, masking=s.masking, **run)
+
+    if not cache:
+        warm_kernels(strategy, long)  # loads while the tokenizer loads
+        ts = [_tokenize(s.data, tokenizer, **source_kw(s)) for s in sources]
+        p = mix_plan([np.diff(t.offsets) for t in ts], shares, max_len, row_ids=[t.row_ids for t in ts], **plan_kw)
+        _mixed.add_trained_tokens(p, [t.labels for t in ts], [t.offsets for t in ts])
+        tstats = _mixed.merged_tokenize_stats([t.stats for t in ts], names)
+        _check_useful(p.stats, tstats, "/".join(maskings), allow_useless)
+        enc = ts[0].encoder or run.get("encoder")
+        packed = Packed([t.tokens for t in ts], union_offsets([t.offsets for t in ts]), p,
+                        labels=[t.labels for t in ts], ignore_index=ignore_index,
+                        pad_id=default_pad_id(tokenizer, enc) if pad_id is None else pad_id)
+        infos = tuple({"name": s.name, "style": s.style, "column": s.column, "masking": s.masking,
+                       "weight": s.weight, "corpus_key": None, "corpus_path": None, "corpus_hit": False,
+                       "tokenize_stats": dict(t.stats)} for s, t in zip(sources, ts))
+        packed.build_info = BuildInfo(None, None, None, None, None, False, False, tstats,
+                                      np.concatenate([np.asarray(t.row_ids, np.int64) for t in ts]),
+                                      time.perf_counter() - t0, described, infos)
+        return packed
+
+    store = _cache.Cache(cache_dir)
+    corpora = []
+    for s in sources:
+        inputs, desc = corpus_key_inputs(s.data, tokenizer, style=s.style, column=s.column, masking=s.masking,
+                                         on_error=run["on_error"], encoder=run.get("encoder"), root=store.root,
+                                         verify=verify)
+        corpora.append(corpus_entry(store, s.data, tokenizer, inputs=inputs, described=desc, verify=verify,
+                                    before=lambda: warm_kernels(strategy, long),
+                                    keep=[c.key for c in corpora], **source_kw(s)))
+    keys = [c.key for c in corpora]
+    minputs = _mixed.mix_key_inputs(keys, shares, max_len=max_len, strategy=strategy, long=long,
+                                    shuffle_seed=shuffle_seed, mix=mix)
+
+    def build_mix(tmp: pathlib.Path) -> dict:
+        p = mix_plan([np.diff(c.arrays["offsets"]) for c in corpora], shares, max_len,
+                     row_ids=[c.arrays.get("row_ids") for c in corpora], **plan_kw)
+        _mixed.add_trained_tokens(p, [c.arrays["labels"] for c in corpora], [c.arrays["offsets"] for c in corpora])
+        _mixed.save_plan(tmp, p)
+        return {"stats": jsonable(dict(p.stats))}
+
+    mentry = store.get_or_build(_cache.make_key("mix", minputs), build_mix, kind="mix", verify=verify,
+                                keep=keys, meta={"inputs": minputs, "corpora": keys, "described": described})
+    stats = _mixed.with_names(mentry.meta.get("stats", {}), names)
+    packed = _mixed.packed_from_mixture(corpora, mentry.arrays, max_len, stats, pad_id=pad_id,
+                                        ignore_index=ignore_index)
+    tstats = _mixed.merged_tokenize_stats([dict(c.meta.get("stats") or {}) for c in corpora], names)
+    _check_useful(packed.stats, tstats, "/".join(maskings), allow_useless)
+    seconds = time.perf_counter() - t0
+    hit = not any(c.built for c in corpora)
+    packed.build_info = BuildInfo(store.root, None, mentry.key, None, mentry.path, hit, not mentry.built, tstats,
+                                  _mixed.row_ids(corpora), seconds, described, _mixed.source_infos(sources, corpora))
+    _log_mixture(packed, corpora, mentry, seconds)
+    return packed
+
+
+def _log_mixture(packed, corpora, mentry, seconds):
+    stats = packed.stats
+    shares = ", ".join(f"{100 * s['share']:.1f}%" for s in stats["mixture"]["sources"])
+    built = sum(c.built for c in corpora)
+    logger.info("vecpack: mixture of %d sources (%s by %s) in %s packs of %d (fill %.3f): %s tokenized now, "
+                "%s from the cache; plan %s, in %.2f s", len(corpora), shares, stats["mixture"]["mix_by"],
+                f"{len(packed):,}", packed.max_len, stats.get("fill", float("nan")), built, len(corpora) - built,
+                "from the cache" if not mentry.built else f"made now ({mentry.key})", seconds)
 
 
 def _tokenize(*args, **kwargs):

@@ -23,11 +23,12 @@ import pathlib
 import numpy as np
 
 from vecpack.mixing.plan import union_offsets
+from vecpack.options import IGNORE_INDEX
 from vecpack.packing.packed import Packed
-from vecpack.packing.plan import Plan
+from vecpack.packing.plan import Plan, trained_tokens
 
-__all__ = ["MIX_FORMAT", "merged_tokenize_stats", "mix_key_inputs", "packed_from_mixture", "save_plan",
-           "source_infos"]
+__all__ = ["MIX_FORMAT", "add_trained_tokens", "merged_tokenize_stats", "mix_key_inputs", "packed_from_mixture",
+           "row_ids", "save_plan", "source_infos", "with_names"]
 
 #: Bump when mixed plans change for the same corpora and options.
 MIX_FORMAT = 1
@@ -48,6 +49,26 @@ def save_plan(tmp: pathlib.Path, p: Plan) -> None:
     """Write a plan's four arrays as ``.npy`` files into a cache entry being built."""
     for n in _PLAN_ARRAYS:
         np.save(tmp / f"{n}.npy", np.ascontiguousarray(getattr(p, n), dtype=np.int64))
+
+
+def add_trained_tokens(p: Plan, labels: list, offsets: list) -> None:
+    """Count the tokens of ``p``'s packs that carry a loss, per source and in all, into ``p.stats``.
+
+    Args:
+        p: a mixed plan (union document ids; ``stats["mixture"]["doc_offsets"]``).
+        labels, offsets: each source's corpus arrays.
+    """
+    doc_offsets = np.asarray(p.stats["mixture"]["doc_offsets"], np.int64)
+    src = np.searchsorted(doc_offsets, p.doc_index, side="right") - 1
+    total = 0
+    for s, (lab, off, info) in enumerate(zip(labels, offsets, p.stats["mixture"]["sources"])):
+        idx = np.flatnonzero(src == s)
+        sub = Plan(doc_index=p.doc_index[idx] - doc_offsets[s], doc_start=p.doc_start[idx],
+                   doc_length=p.doc_length[idx], pack_offsets=np.array([0, idx.shape[0]], np.int64),
+                   max_len=p.max_len, stats={})
+        info["trained_tokens"] = trained_tokens(sub, lab, off, IGNORE_INDEX)
+        total += info["trained_tokens"]
+    p.stats["trained_tokens"] = total
 
 
 def with_names(stats: dict, names: list) -> dict:

@@ -27,6 +27,7 @@ from vecpack.store import entries as _entries
 from vecpack.store._fs import fsync_path, iso
 from vecpack.store.build import BuildInfo, jsonable, packed_from_entries
 from vecpack.store.hashing import checksum_algorithm
+from vecpack.store.mixed import merged_tokenize_stats, packed_from_mixture, row_ids
 
 __all__ = ["SAVED_FORMAT", "load", "save"]
 
@@ -78,7 +79,8 @@ def save(packed: Packed, out_dir: str | os.PathLike, *, overwrite: bool = True) 
     tmp = out.with_name(f".{out.name}.incomplete-{os.getpid()}-{uuid.uuid4().hex[:8]}")
     tmp.mkdir()
     try:
-        arrays = {"tokens": packed.tokens, "labels": packed.token_labels, "offsets": packed.offsets,
+        # a corpus in parts (a mixture's corpora) is written part after part, never joined in memory
+        arrays = {"tokens": packed.token_parts, "labels": packed.label_parts, "offsets": packed.offsets,
                   "doc_index": packed.plan.doc_index, "doc_start": packed.plan.doc_start,
                   "doc_length": packed.plan.doc_length, "pack_offsets": packed.plan.pack_offsets}
         info = getattr(packed, "build_info", None)
@@ -86,7 +88,7 @@ def save(packed: Packed, out_dir: str | os.PathLike, *, overwrite: bool = True) 
             arrays["row_ids"] = info.row_ids
         for name, a in arrays.items():
             with open(tmp / f"{name}.npy", "wb") as f:
-                np.lib.format.write_array(f, np.asarray(a), allow_pickle=False)
+                _write_npy(f, a if isinstance(a, tuple) else (a,))
                 f.flush()
                 os.fsync(f.fileno())
         now = time.time()
@@ -120,13 +122,27 @@ def save(packed: Packed, out_dir: str | os.PathLike, *, overwrite: bool = True) 
     return out
 
 
+def _write_npy(f, parts: tuple) -> None:
+    """One ``.npy`` file holding the 1-D ``parts`` back to back."""
+    if len(parts) == 1:
+        np.lib.format.write_array(f, np.asarray(parts[0]), allow_pickle=False)
+        return
+    dtype = np.asarray(parts[0]).dtype
+    n = sum(int(p.shape[0]) for p in parts)
+    np.lib.format.write_array_header_1_0(f, {"descr": np.lib.format.dtype_to_descr(dtype), "fortran_order": False,
+                                             "shape": (n,)})
+    for p in parts:
+        f.write(np.ascontiguousarray(p, dtype=dtype).data)
+
+
 def load(path: str | os.PathLike, *, verify: bool = False, pad_id: int | None = None,
          ignore_index: int | None = None) -> Packed:
     """Open a packed dataset memory-mapped.
 
     Args:
         path: a directory written by :func:`save` (or ``vecpack pack -o``),
-            or a ``plan-...`` cache entry (its corpus entry is found next to it).
+            or a ``plan-...`` cache entry (its corpus entry is found next to it),
+            or a mixture's ``mix-...`` entry (its sources' corpus entries too).
         verify: compare checksums (file sizes and ``.npy`` headers are always
             checked).
         pad_id, ignore_index: override the stored values.
@@ -176,6 +192,23 @@ def load(path: str | os.PathLike, *, verify: bool = False, pad_id: int | None = 
                                       True, True, dict(corpus.meta.get("stats", {})),
                                       corpus.arrays.get("row_ids"), 0.0,
                                       dict(corpus.meta.get("described") or {}))
+        return packed
+    if kind == "mix":
+        store = _cache.Cache(path.parent)
+        mentry = store.open(path.name, verify=verify)
+        keys = manifest.get("meta", {}).get("corpora") or []
+        corpora = [store.open(k, verify=verify) for k in keys] if mentry is not None else []
+        if mentry is None or not keys or any(c is None for c in corpora):
+            raise ValueError(f"load: cache entry {str(path)!r} is damaged or one of its corpus entries "
+                             f"{keys} is gone; run vecpack.build again")
+        meta = mentry.meta
+        packed = packed_from_mixture(corpora, mentry.arrays, int(meta["inputs"]["max_len"]),
+                                     dict(meta.get("stats", {})), pad_id=pad_id,
+                                     ignore_index=-100 if ignore_index is None else ignore_index)
+        packed.build_info = BuildInfo(store.root, None, mentry.key, None, mentry.path, True, True,
+                                      merged_tokenize_stats([dict(c.meta.get("stats") or {}) for c in corpora],
+                                                            [s["name"] for s in meta["stats"]["mixture"]["sources"]]),
+                                      row_ids(corpora), 0.0, dict(meta.get("described") or {}))
         return packed
     if kind == "corpus":
         raise ValueError(f"load: {str(path)!r} is a tokenized corpus without a packing; open a "
