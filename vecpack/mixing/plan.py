@@ -68,9 +68,9 @@ def _check_long(lengths, max_len, names, row_ids) -> None:
         if too_long.size:
             d = int(too_long[0])
             row = int(row_ids[s][d]) if row_ids is not None and row_ids[s] is not None else d
-            raise InputError(f"{name}: the document of row {row + 1:,} is {int(lens[d]):,} tokens, longer than "
-                             f"max_len={max_len} ({too_long.size:,} such documents in this source); pass "
-                             f"long='truncate', 'split' or 'drop', or raise max_len")
+            raise InputError(f"document is {int(lens[d]):,} tokens, longer than max_len={max_len} "
+                             f"({too_long.size:,} such documents in this source); pass long='truncate', "
+                             f"'split' or 'drop', or raise max_len", file=name, row=row)
 
 
 def mix_plan(lengths: list, weights: list, max_len: int, *, strategy: str = "bfd", long: str = "truncate",

@@ -206,8 +206,9 @@ def select(measures: list, weights: list, *, mix_total: int | None = None, mix_s
     totals = [int(m[m > 0].sum()) for m in measures]
     for m, t, w, name in zip(measures, totals, weights, names):
         if w > 0 and t == 0:
-            raise InputError(f"{name} has no documents to mix: its {len(m):,} documents place no tokens "
-                             f"(empty, or dropped by long='drop'); remove it or give it weight 0")
+            why = (f"its {len(m):,} documents place no tokens (empty, or dropped by long='drop')" if len(m)
+                   else "it has no rows, or every row was rejected (on_error='skip')")
+            raise InputError(f"no documents to mix: {why}; remove this source or give it weight 0", file=name)
     goal = targets(totals, weights, mix_total)
     if not mix_repeat:
         over = [i for i, (g, t) in enumerate(zip(goal, totals)) if g > t]
