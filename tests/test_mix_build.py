@@ -190,3 +190,16 @@ def test_sources_options_with_an_encoder_are_refused(three, qwen_dir, cache):
 
     with pytest.raises(ValueError, match=r"^source 2 \('.*oa.jsonl'\) sets style, but encoder= decides"):
         vecpack.build(three, None, 1024, encoder=Enc(), cache_dir=cache, progress=False)
+
+
+def test_tokenize_takes_sources_each_with_its_own_style(three, qwen_dir, tmp_path):
+    t = vecpack.tokenize(three, qwen_dir, n_jobs=1, progress=False, out_dir=tmp_path / "t")
+    alone = [vecpack.tokenize(s.data, qwen_dir, style=s.style or "sharegpt", n_jobs=1, progress=False)
+             for s in three]
+    assert np.array_equal(t.tokens, np.concatenate([a.tokens for a in alone]))
+    assert np.array_equal(t.labels, np.concatenate([a.labels for a in alone]))
+    assert np.array_equal(np.diff(t.offsets), np.concatenate([np.diff(a.offsets) for a in alone]))
+    assert isinstance(t.tokens, np.memmap) and t.stats["rows"] == sum(a.stats["rows"] for a in alone)
+    assert [s["first_document"] for s in t.stats["sources"]] == [0, len(alone[0]), len(alone[0]) + len(alone[1])]
+    assert [s["style"] for s in t.stats["sources"]] == ["sharegpt", "openai", "text"]
+    assert t.row_ids[len(alone[0])] == alone[0].stats["rows"]      # rows counted over all sources

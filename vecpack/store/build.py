@@ -53,6 +53,7 @@ from vecpack.store import cache as _cache
 from vecpack.store import mixed as _mixed
 from vecpack.store.fingerprint import corpus_key_inputs, describe
 from vecpack.tokenizing.spec import default_pad_id
+from vecpack.tokenizing.tokenized import merge_stats
 
 __all__ = ["BuildInfo", "PLAN_FORMAT", "build", "corpus_entry", "jsonable", "packed_from_entries"]
 
@@ -300,7 +301,7 @@ def _build_mixture(data_files, tokenizer, max_len, *, weights, mix, strategy, lo
         ts = [_tokenize(s.data, tokenizer, **source_kw(s)) for s in sources]
         p = mix_plan([np.diff(t.offsets) for t in ts], shares, max_len, row_ids=[t.row_ids for t in ts], **plan_kw)
         _mixed.add_trained_tokens(p, [t.labels for t in ts], [t.offsets for t in ts])
-        tstats = _mixed.merged_tokenize_stats([t.stats for t in ts], names)
+        tstats = merge_stats([t.stats for t in ts], names)
         _check_useful(p.stats, tstats, "/".join(maskings), allow_useless)
         enc = ts[0].encoder or run.get("encoder")
         packed = Packed([t.tokens for t in ts], union_offsets([t.offsets for t in ts]), p,
@@ -339,7 +340,7 @@ def _build_mixture(data_files, tokenizer, max_len, *, weights, mix, strategy, lo
     stats = _mixed.with_names(mentry.meta.get("stats", {}), names)
     packed = _mixed.packed_from_mixture(corpora, mentry.arrays, max_len, stats, pad_id=pad_id,
                                         ignore_index=ignore_index)
-    tstats = _mixed.merged_tokenize_stats([dict(c.meta.get("stats") or {}) for c in corpora], names)
+    tstats = merge_stats([dict(c.meta.get("stats") or {}) for c in corpora], names)
     _check_useful(packed.stats, tstats, "/".join(maskings), allow_useless)
     seconds = time.perf_counter() - t0
     hit = not any(c.built for c in corpora)

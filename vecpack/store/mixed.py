@@ -27,7 +27,7 @@ from vecpack.options import IGNORE_INDEX
 from vecpack.packing.packed import Packed
 from vecpack.packing.plan import Plan, trained_tokens
 
-__all__ = ["MIX_FORMAT", "add_trained_tokens", "merged_tokenize_stats", "mix_key_inputs", "packed_from_mixture",
+__all__ = ["MIX_FORMAT", "add_trained_tokens", "mix_key_inputs", "packed_from_mixture",
            "row_ids", "save_plan", "source_infos", "with_names"]
 
 #: Bump when mixed plans change for the same corpora and options.
@@ -102,25 +102,6 @@ def packed_from_mixture(corpora: list, arrays: dict, max_len: int, stats: dict, 
     return Packed([c.arrays["tokens"] for c in corpora], offsets, p,
                   labels=[c.arrays["labels"] for c in corpora], pad_id=pad_id, ignore_index=ignore_index,
                   validate=False)
-
-
-def merged_tokenize_stats(stats: list, names: list) -> dict:
-    """The sources' ``Tokenized.stats`` summed into one (``rejected_examples`` name their source)."""
-    out = {"rows": 0, "documents": 0, "tokens": 0, "trainable_tokens": 0, "rejected": 0,
-           "rejected_examples": [], "seconds": 0.0}
-    backends = []
-    for s, name in zip(stats, names):
-        for k in ("rows", "documents", "tokens", "trainable_tokens", "rejected"):
-            out[k] += int(s.get(k) or 0)
-        out["seconds"] += float(s.get("seconds") or 0.0)
-        out["rejected_examples"] += [f"{name}: {e}" for e in s.get("rejected_examples") or []]
-        if s.get("backend") and s["backend"] not in backends:
-            backends.append(s["backend"])
-    out["backend"] = ", ".join(backends)
-    for k in ("n_jobs", "executor"):
-        out[k] = next((s.get(k) for s in stats if s.get(k) is not None), None)
-    out["sources"] = [dict(s, name=name) for s, name in zip(stats, names)]
-    return out
 
 
 def source_infos(sources: list, corpora: list) -> tuple:

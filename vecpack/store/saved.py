@@ -27,7 +27,8 @@ from vecpack.store import entries as _entries
 from vecpack.store._fs import fsync_path, iso
 from vecpack.store.build import BuildInfo, jsonable, packed_from_entries
 from vecpack.store.hashing import checksum_algorithm
-from vecpack.store.mixed import merged_tokenize_stats, packed_from_mixture, row_ids
+from vecpack.store.mixed import packed_from_mixture, row_ids
+from vecpack.tokenizing.tokenized import merge_stats
 
 __all__ = ["SAVED_FORMAT", "load", "save"]
 
@@ -206,7 +207,7 @@ def load(path: str | os.PathLike, *, verify: bool = False, pad_id: int | None = 
                                      dict(meta.get("stats", {})), pad_id=pad_id,
                                      ignore_index=-100 if ignore_index is None else ignore_index)
         packed.build_info = BuildInfo(store.root, None, mentry.key, None, mentry.path, True, True,
-                                      merged_tokenize_stats([dict(c.meta.get("stats") or {}) for c in corpora],
+                                      merge_stats([dict(c.meta.get("stats") or {}) for c in corpora],
                                                             [s["name"] for s in meta["stats"]["mixture"]["sources"]]),
                                       row_ids(corpora), 0.0, dict(meta.get("described") or {}))
         return packed

@@ -29,6 +29,7 @@ from vecpack.errors import InputError
 from vecpack.inputs.compressed import prepare
 from vecpack.inputs.readers import reader, sample_rows
 from vecpack.inputs.sources import resolve_sources
+from vecpack.mixing.source import is_mixture
 from vecpack.options import FAST_ENGINES, check_options, check_tokenizer_dir
 from vecpack.tokenizing import executors
 from vecpack.tokenizing import pool as _pool
@@ -36,7 +37,7 @@ from vecpack.tokenizing.backend import Pending, fall_back
 from vecpack.tokenizing.encoder import encoder_for, remember
 from vecpack.tokenizing.merge import ChunkMerger
 from vecpack.tokenizing.tasks import default_chunk_bytes, plan_chunks, rejected_examples
-from vecpack.tokenizing.tokenized import Tokenized
+from vecpack.tokenizing.tokenized import Tokenized, merge_stats
 
 __all__ = ["Tokenized", "check_args", "tokenize"]
 
@@ -75,7 +76,11 @@ def tokenize(data_files, tokenizer=None, *, style: str = "sharegpt", column: str
 
     Args:
         data_files: a JSONL / JSON-array / Parquet path, a glob, a list of
-            them, or an in-memory ``datasets.Dataset``.
+            them, or an in-memory ``datasets.Dataset``; or a list of
+            :class:`vecpack.Source` (each tokenized with its own style,
+            column and masking, the documents of source 1 first;
+            ``stats["sources"]`` has each source's stats and where its
+            documents start; weights are applied by ``vecpack.build``, not here).
         tokenizer: a local Hugging Face tokenizer directory or a
             transformers tokenizer (its chat template is used).
         style: ``"sharegpt"``, ``"openai"``, ``"alpaca"`` or ``"text"``.
@@ -101,6 +106,10 @@ def tokenize(data_files, tokenizer=None, *, style: str = "sharegpt", column: str
         WorkerDiedError: a worker process died (usually out of memory).
     """
     check_args(style, masking, on_error, backend, tokenizer, encoder)
+    if is_mixture(data_files, None):
+        return _tokenize_sources(data_files, tokenizer, style=style, column=column, masking=masking,
+                                 out_dir=out_dir, n_jobs=n_jobs, on_error=on_error, progress=progress,
+                                 backend=backend, encoder=encoder, chunk_bytes=chunk_bytes)
     n_jobs = _pool.effective_n_jobs(n_jobs)
     t0 = time.perf_counter()
     sources = resolve_sources(data_files)
@@ -206,6 +215,38 @@ def _run(tasks, encoder, out_dir, estimate, chunk_bytes, check: Pending, run: di
             raise
     finally:
         shutil.rmtree(work, ignore_errors=True)
+
+
+def _tokenize_sources(data_files, tokenizer, *, style, column, masking, out_dir, **kw) -> Tokenized:
+    """:func:`tokenize` of a list of :class:`vecpack.Source`: each with its own options, then concatenated."""
+    import numpy as np
+
+    from vecpack.mixing.plan import union_offsets
+    from vecpack.mixing.source import as_sources, own_options
+
+    if kw.get("encoder") is not None:
+        own_options(data_files, "encoder=")
+    sources = as_sources(data_files, None, style=style, column=column, masking=masking)
+    parts = [tokenize(s.data, tokenizer, style=s.style, column=s.column, masking=s.masking, **kw) for s in sources]
+    rows = np.cumsum([0] + [int(t.stats["rows"]) for t in parts])
+    arrays = {"tokens": np.concatenate([t.tokens for t in parts]),
+              "labels": np.concatenate([t.labels for t in parts]),
+              "offsets": union_offsets([t.offsets for t in parts]),
+              "row_ids": np.concatenate([np.asarray(t.row_ids, np.int64) + r for t, r in zip(parts, rows)])}
+    if out_dir is not None:
+        os.makedirs(out_dir, exist_ok=True)
+        for name, a in arrays.items():
+            np.save(os.path.join(out_dir, f"{name}.npy"), a)
+        arrays = {name: np.load(os.path.join(out_dir, f"{name}.npy"), mmap_mode="r") for name in arrays}
+    stats = merge_stats([t.stats for t in parts], [s.name for s in sources])
+    starts = np.cumsum([0] + [len(t) for t in parts])
+    for info, s, start in zip(stats["sources"], sources, starts):
+        info.update(weight=s.weight, style=s.style, column=s.column, masking=s.masking,
+                    first_document=int(start))
+    stats["chunks"] = sum(int(t.stats.get("chunks") or 0) for t in parts)
+    out = Tokenized(arrays["tokens"], arrays["labels"], arrays["offsets"], arrays["row_ids"], stats)
+    out.encoder = parts[0].encoder
+    return out
 
 
 class _RetryWithFallback(Exception):

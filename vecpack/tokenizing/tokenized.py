@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-__all__ = ["Tokenized"]
+__all__ = ["Tokenized", "merge_stats"]
 
 
 @dataclass
@@ -64,3 +64,29 @@ class Tokenized:
         s = self.stats
         return (f"Tokenized({len(self):,} documents, {len(self.tokens):,} tokens, "
                 f"rejected={s.get('rejected', 0)}, backend={s.get('backend')!r})")
+
+
+def merge_stats(stats: list, names: list) -> dict:
+    """Several sources' :attr:`Tokenized.stats` summed into one.
+
+    ``rejected_examples`` name their source; ``stats["sources"]`` keeps each
+    source's own stats, with its ``name``.
+
+    >>> merge_stats([{"rows": 2, "backend": "fastokens"}, {"rows": 3, "rejected": 1}], ["a", "b"])["rows"]
+    5
+    """
+    out = {"rows": 0, "documents": 0, "tokens": 0, "trainable_tokens": 0, "rejected": 0,
+           "rejected_examples": [], "seconds": 0.0}
+    backends = []
+    for s, name in zip(stats, names):
+        for k in ("rows", "documents", "tokens", "trainable_tokens", "rejected"):
+            out[k] += int(s.get(k) or 0)
+        out["seconds"] += float(s.get("seconds") or 0.0)
+        out["rejected_examples"] += [f"{name}: {e}" for e in s.get("rejected_examples") or []]
+        if s.get("backend") and s["backend"] not in backends:
+            backends.append(s["backend"])
+    out["backend"] = ", ".join(backends)
+    for k in ("n_jobs", "executor"):
+        out[k] = next((s.get(k) for s in stats if s.get(k) is not None), None)
+    out["sources"] = [dict(s, name=name) for s, name in zip(stats, names)]
+    return out
