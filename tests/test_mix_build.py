@@ -203,3 +203,26 @@ def test_tokenize_takes_sources_each_with_its_own_style(three, qwen_dir, tmp_pat
     assert [s["first_document"] for s in t.stats["sources"]] == [0, len(alone[0]), len(alone[0]) + len(alone[1])]
     assert [s["style"] for s in t.stats["sources"]] == ["sharegpt", "openai", "text"]
     assert t.row_ids[len(alone[0])] == alone[0].stats["rows"]      # rows counted over all sources
+
+
+def test_torchtune_packed_chat_dataset_mixes_its_data_files(three, qwen_dir, cache, tmp_path):
+    pytest.importorskip("torchtune")
+    from torchtune.models.qwen2_5 import qwen2_5_tokenizer
+
+    tok = qwen2_5_tokenizer(str(qwen_dir / "vocab.json"), str(qwen_dir / "merges.txt"), max_seq_len=1024)
+    other = make_sharegpt(tmp_path / "more.jsonl", 150, seed=7, median_user=40, median_assistant=150)
+    files = [str(three[0].data), other]
+    kw = dict(data_files=files, weights=[0.7, 0.3], conversation_style="sharegpt", cache_dir=cache, progress=False)
+    ds = vecpack.PackedChatDataset(tok, **kw)
+    per = ds.stats["mixture"]["sources"]
+    assert abs(per[0]["share"] - 0.7) < 0.005 and sum(s["sub_sampled"] for s in per) > 0
+    item = ds[0]
+    assert item["tokens"].shape == (1024,) and int(item["seq_lens"].sum()) == 1024
+    again = vecpack.PackedChatDataset(tok, **{**kw, "weights": [0.5, 0.5]})
+    assert again.packed.build_info.corpus_hit and not again.packed.build_info.plan_hit
+    rows = vecpack.PackedChatDataset(tok, packed=False, **kw)
+    assert len(rows) == sum(s["chosen"] for s in per)
+    first = ds.packed.plan.doc_index[0]
+    assert len(rows[list(ds.packed.plan.doc_index).index(first)]["tokens"]) == int(np.diff(ds.packed.offsets)[first])
+    with pytest.raises(ValueError, match="weights= mixes a list of local data_files"):
+        vecpack.PackedChatDataset(tok, **{**kw, "split": "train[:10]"})

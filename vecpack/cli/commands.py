@@ -58,6 +58,7 @@ def _use_color(choice: str, stream) -> bool:
 
 
 def _pack_report(packed, *, elapsed: float, out: pathlib.Path | None, args) -> str:
+    from vecpack.cli.mixture import mixture_lines
     from vecpack.cli.report import format_bytes, format_duration, pack_stats, plural
 
     s = pack_stats(packed)
@@ -66,7 +67,7 @@ def _pack_report(packed, *, elapsed: float, out: pathlib.Path | None, args) -> s
     read = int(tstats.get("rows", s["num_documents"]))
     rejected = int(tstats.get("rejected", 0))
     rate = read / elapsed if elapsed > 0 else float("inf")
-    hit = info is not None and info.corpus_key is not None and info.corpus_hit and info.plan_hit
+    hit = info is not None and info.plan_key is not None and info.corpus_hit and info.plan_hit
 
     def line(name, text):
         return f"  {name:<13} {text}"
@@ -75,8 +76,9 @@ def _pack_report(packed, *, elapsed: float, out: pathlib.Path | None, args) -> s
         f"{plural(read, 'row')} → {plural(s['num_packs'], 'pack')} of {plural(s['max_len'], 'token')} "
         f"in {format_duration(elapsed)} ({plural(rate, 'row/s', 'rows/s', rate=True)}"
         f"{', from the cache' if hit else ''})",
-        line("rows", f"{read:,} read · {s['num_documents']:,} tokenized · {rejected:,} rejected"
-                     + (" (--on-error skip)" if rejected else "")),
+        line("rows", f"{read:,} read · {int(tstats.get('documents', s['num_documents'])):,} tokenized · "
+                     f"{rejected:,} rejected" + (" (--on-error skip)" if rejected else "")
+                     + (f" · {s['num_documents']:,} documents in the mixture" if packed.stats.get("mixture") else "")),
     ]
     for example in list(tstats.get("rejected_examples") or [])[:3]:
         lines.append(line("", f"rejected: {' '.join(str(example).split())}"))
@@ -95,12 +97,19 @@ def _pack_report(packed, *, elapsed: float, out: pathlib.Path | None, args) -> s
     if tstats.get("backend"):
         backend += f" · {tstats['backend']} encoder"
     lines.append(line("backend", backend))
-    if info is not None and info.corpus_key is not None:
+    if info is not None and info.sources and info.plan_key is not None:
+        for i, src in enumerate(info.sources):
+            lines.append(line(f"cache src {i + 1}", f"{'hit' if src['corpus_hit'] else 'built'} · "
+                                                    f"{src['corpus_key']} · {src['corpus_path']}"))
+        lines.append(line("cache mix", f"{'hit' if info.plan_hit else 'built'} · {info.plan_key} · "
+                                       f"{info.plan_path}"))
+    elif info is not None and info.corpus_key is not None:
         for kind, key, path, was_hit in (("corpus", info.corpus_key, info.corpus_path, info.corpus_hit),
                                          ("plan", info.plan_key, info.plan_path, info.plan_hit)):
             lines.append(line(f"cache {kind}", f"{'hit' if was_hit else 'built'} · {key} · {path}"))
     else:
         lines.append(line("cache", "off (--no-cache)"))
+    lines += mixture_lines(packed.stats)
     if out is not None:
         size = sum(p.stat().st_size for p in out.rglob("*") if p.is_file())
         lines.append(line("output", f"{out} ({format_bytes(size)})"))
@@ -128,6 +137,35 @@ def _check_output(out: pathlib.Path) -> None:
                               f"refusing to replace it")
 
 
+def _mixture_args(args):
+    """``(inputs, style, column, masking, mixing keywords)`` for ``vecpack.build``: with ``--weights``,
+    one ``vecpack.Source`` per INPUT, with its own ``--style`` / ``--column`` / ``--masking`` value."""
+    import vecpack
+
+    given = {"--style": args.style, "--column": args.column, "--masking": args.masking}
+    values = {k: v if isinstance(v, list) else [v] for k, v in given.items()}
+    if args.weights is None:
+        several = [k for k, v in values.items() if len(v) > 1]
+        if several:
+            raise UsageError(f"{PROG} pack: {several[0]} has {len(values[several[0]])} values: one per INPUT "
+                             f"makes a mixture, which needs --weights")
+        mixing = [k for k, on in (("--mix-total", args.mix_total is not None), ("--mix-by", args.mix_by != "tokens"),
+                                  ("--mix-seed", args.mix_seed != 0), ("--no-mix-repeat", args.no_mix_repeat)) if on]
+        if mixing:
+            raise UsageError(f"{PROG} pack: {mixing[0]} needs --weights (one per INPUT)")
+        return args.inputs, values["--style"][0], values["--column"][0], values["--masking"][0], {}
+    n = len(args.inputs)
+    for k, v in values.items():
+        if len(v) not in (1, n):
+            raise UsageError(f"{PROG} pack: {k} has {len(v)} values for {n} INPUTs; give one, or one per INPUT")
+        values[k] = v * n if len(v) == 1 else v
+    sources = [vecpack.Source(path, style=st, column=None if col in (None, "-") else col, masking=mk)
+               for path, st, col, mk in zip(args.inputs, values["--style"], values["--column"], values["--masking"])]
+    mix = dict(weights=args.weights, mix_by=args.mix_by, mix_total=args.mix_total, mix_seed=args.mix_seed,
+               mix_repeat=not args.no_mix_repeat)
+    return sources, "sharegpt", None, "assistant", mix
+
+
 def cmd_pack(args) -> int:
     import vecpack
 
@@ -148,12 +186,13 @@ def cmd_pack(args) -> int:
     if out is not None:
         _check_output(out)
     t0 = time.perf_counter()
+    inputs, style, column, masking, mix = _mixture_args(args)
     packed = vecpack.build(
-        args.inputs, str(tokenizer), args.max_len, style=args.style, column=args.column,
-        masking=args.masking, strategy=args.strategy, long=args.long, shuffle_seed=args.seed,
+        inputs, str(tokenizer), args.max_len, style=style, column=column,
+        masking=masking, strategy=args.strategy, long=args.long, shuffle_seed=args.seed,
         n_jobs=args.jobs, on_error=args.on_error, progress=_progress(args),
         cache=not args.no_cache, cache_dir=args.cache_dir, backend=args.backend,
-        allow_useless=args.allow_useless)
+        allow_useless=args.allow_useless, **mix)
     if out is not None:
         vecpack.save(packed, out)
     elapsed = time.perf_counter() - t0

@@ -62,6 +62,16 @@ def _integer(name: str):
     return parse
 
 
+def _number(name: str):
+    def parse(text: str) -> float:
+        try:
+            return float(text)
+        except ValueError:
+            raise TypeError(f"{name} must be a number, got {text!r}") from None
+
+    return parse
+
+
 def _choice(name: str, choices):
     return _checked(str, lambda v: options.check_choice(v, name, choices))
 
@@ -116,6 +126,8 @@ def build_parser() -> argparse.ArgumentParser:
         "vecpack pack examples/sharegpt_sample.jsonl --tokenizer examples/tokenizer --max-len 2048 -o packed",
         "vecpack pack train-*.jsonl --tokenizer ~/models/Qwen2.5-7B-Instruct --max-len 8192 "
         "--style openai --strategy ffd --long split --jobs 8 -o packed-8k",
+        "vecpack pack chats.jsonl code.parquet web.jsonl --weights 0.6 0.3 0.1 --style sharegpt openai text "
+        "--tokenizer tok --max-len 4096 -o mixed",
     ])
     p.add_argument("inputs", nargs="+", metavar="INPUT",
                    help="JSONL, JSON, Parquet or Arrow files, datasets.save_to_disk directories, plain or "
@@ -125,18 +137,21 @@ def build_parser() -> argparse.ArgumentParser:
                         "with a chat_template)")
     p.add_argument("--max-len", required=True, metavar="N", help="tokens per pack",
                    type=_checked(_integer("max_len"), options.check_max_len))
-    p.add_argument("--style", default="sharegpt", type=_choice("style", options.STYLES),
+    p.add_argument("--style", default="sharegpt", type=_choice("style", options.STYLES), nargs="+",
                    metavar=_metavar(options.STYLES),
                    help="row format: sharegpt (conversations of from/value), openai (messages of "
-                        "role/content), alpaca (instruction/input/output), text (default: sharegpt)")
-    p.add_argument("--column", default=None, help="the column holding the conversation (default: by --style)")
+                        "role/content), alpaca (instruction/input/output), text (default: sharegpt); "
+                        "with --weights, one per INPUT")
+    p.add_argument("--column", default=None, nargs="+",
+                   help="the column holding the conversation (default: by --style); with --weights, one "
+                        "per INPUT ('-': the style's default)")
     p.add_argument("--strategy", default="bfd", type=_choice("strategy", options.STRATEGIES),
                    metavar=_metavar(options.STRATEGIES),
                    help="bfd/ffd: best/first-fit decreasing; greedy: input order, like torchtune (default: bfd)")
-    p.add_argument("--masking", default="assistant", type=_choice("masking", options.MASKINGS),
+    p.add_argument("--masking", default="assistant", type=_choice("masking", options.MASKINGS), nargs="+",
                    metavar=_metavar(options.MASKINGS),
                    help="which tokens get a loss: assistant (every assistant turn), last (the last "
-                        "assistant turn), all (every token) (default: assistant)")
+                        "assistant turn), all (every token) (default: assistant); with --weights, one per INPUT")
     p.add_argument("--long", default="truncate", type=_choice("long policy", options.LONG_POLICIES),
                    metavar=_metavar(options.LONG_POLICIES),
                    help="documents longer than --max-len (default: truncate)")
@@ -152,6 +167,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--on-error", default="raise", type=_choice("on_error", options.ON_ERROR),
                    metavar=_metavar(options.ON_ERROR),
                    help="a malformed row: stop with its file:line (raise), or skip and count it (default: raise)")
+    m = p.add_argument_group("mixtures (docs/mixtures.md)")
+    m.add_argument("--weights", nargs="+", metavar="W", type=_checked(_number("weight"), lambda w: w),
+                   help="mix the INPUTs by weight, one per INPUT (each INPUT, a glob too, is one source); "
+                        "shares of the output, normalised")
+    m.add_argument("--mix-by", default="tokens", type=_choice("mix_by", options.MIX_BY),
+                   metavar=_metavar(options.MIX_BY), help="what the weights share out (default: tokens)")
+    m.add_argument("--mix-total", metavar="N", type=_checked(_integer("mix_total"),
+                                                              lambda v: options.check_mix(mix_total=v)["mix_total"]),
+                   help="tokens (or rows) of the output; sources are repeated or sub-sampled to reach it "
+                        "(default: as large as possible without repeating a document)")
+    m.add_argument("--mix-seed", default=0, metavar="S",
+                   type=_checked(_integer("mix_seed"), lambda v: options.check_mix(mix_seed=v)["mix_seed"]),
+                   help="seed of the sub-samples and repeats (default: 0)")
+    m.add_argument("--no-mix-repeat", action="store_true",
+                   help="refuse a --mix-total that would repeat documents")
     p.add_argument("--allow-useless", action="store_true",
                    help="exit 0 even when the packs would train on nothing or on little of the input "
                         "(0 packs, 0 trained tokens, most tokens cut by truncation); default: an error")

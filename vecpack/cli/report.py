@@ -39,6 +39,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from vecpack.cli.mixture import mixture_lines, plot_mixture, short_name, source_of
+
 __all__ = [
     "TokenDecoder",
     "format_bytes",
@@ -142,10 +144,14 @@ def pack_stats(packed, *, trained: bool = True) -> dict:
         A dict with ``num_documents``, ``num_entries``, ``num_packs``,
         ``max_len``, ``num_tokens`` (placed), ``source_tokens`` (before
         truncation), ``fill`` (mean), ``fill_min``, ``doc_lengths``
-        (int64 [D]), ``pack_fill`` (float64 [P]), ``truncated``,
-        ``dropped``, ``split`` and, if asked, ``trained_tokens``.
+        (int64 [D]; a mixture's: the documents it uses, a copy per
+        repeat), ``pack_fill`` (float64 [P]), ``truncated``, ``dropped``,
+        ``split`` and, if asked, ``trained_tokens``.
     """
     doc_lengths = np.diff(np.asarray(packed.offsets, dtype=np.int64))
+    if (packed.stats or {}).get("mixture"):  # the documents the mixture uses, a copy per repeat
+        first = np.asarray(packed.plan.doc_start) == 0
+        doc_lengths = doc_lengths[np.asarray(packed.plan.doc_index)[first]]
     pack_tokens = _pack_tokens(packed)
     num_packs = len(pack_tokens)
     pack_fill = pack_tokens / float(packed.max_len) if num_packs else np.zeros(0)
@@ -248,11 +254,14 @@ def stats_text(packed, *, title: str | None = None, width: int = 40) -> str:
                      f"min {_pct(s['fill_min'])} · mean {_pct(s['fill'])} · "
                      f"full packs {int((s['pack_fill'] >= 1.0).sum()):,}")
         lines.append(histogram(s["pack_fill"], _FILL_EDGES, width=width, labels=_FILL_LABELS))
+    mix = mixture_lines(packed.stats)
+    if mix:
+        lines += [""] + mix
     return "\n".join(lines)
 
 
 def plot_stats(packed, path: str | os.PathLike, *, title: str | None = None, dpi: int = 120) -> pathlib.Path:
-    """Write a PNG: document lengths, pack fill, and the tokens each pack wastes on padding.
+    """Write a PNG: document lengths, pack fill, the tokens each pack wastes on padding (and a mixture).
 
     The fill panel is a histogram over a fixed 0-100% axis with the
     emptiest pack marked, and the waste panel counts each pack's padding in
@@ -272,7 +281,11 @@ def plot_stats(packed, path: str | os.PathLike, *, title: str | None = None, dpi
 
     s = pack_stats(packed, trained=False)
     max_len = s["max_len"]
-    fig, (ax1, ax2, ax3) = plt.subplots(1, 3, figsize=(15, 4.4), dpi=dpi)
+    mixed = bool((packed.stats or {}).get("mixture"))
+    fig, axes = plt.subplots(1, 4 if mixed else 3, figsize=(20 if mixed else 15, 4.4), dpi=dpi)
+    ax1, ax2, ax3 = axes[:3]
+    if mixed:
+        plot_mixture(axes[3], packed.stats)
     grid = dict(color="#dddddd", linewidth=0.6)
     mark = dict(color="#C44E52", linestyle="--", linewidth=1.2)
 
@@ -318,7 +331,7 @@ def plot_stats(packed, path: str | os.PathLike, *, title: str | None = None, dpi
     ax3.set_ylabel("packs (log)")
     ax3.set_title(f"waste: {mean_waste:,.1f} tokens per pack · {plural(int(waste.sum()), 'token')} in all",
                   fontsize=10)
-    for ax in (ax1, ax2, ax3):
+    for ax in axes:
         ax.grid(True, which="major", **grid)
         ax.set_axisbelow(True)
     if title:
@@ -438,7 +451,8 @@ def render_pack(packed, index: int, decoder: TokenDecoder, *, color: bool = Fals
         color: ANSI colors (a terminal) instead of ``⟦doc N⟧`` / ``«…»`` markers.
         row_ids: optional int64 [D], the input row of each document, shown
             next to the document number where they differ (rows were
-            rejected before it).
+            rejected before it; in a mixture, the row in its source, which
+            is named too).
     """
     num_packs = len(packed)
     if not num_packs:
@@ -469,6 +483,9 @@ def render_pack(packed, index: int, decoder: TokenDecoder, *, color: bool = Fals
         length = int(length)
         doc = int(doc_index[k])
         header = [f"doc {doc:,}"]
+        src = source_of(packed.stats, doc)
+        if src is not None:
+            header.append(f"source {src + 1} ({short_name(packed.stats['mixture']['sources'][src]['name'])})")
         if row_ids is not None and int(row_ids[doc]) != doc:  # rows were rejected before it
             header.append(f"row {int(row_ids[doc]):,}")
         header.append(f"{length:,} tokens")

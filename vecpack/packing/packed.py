@@ -230,6 +230,14 @@ class Packed:
         """int32 [N], the labels aligned with :attr:`tokens` (the tokens themselves if none were given)."""
         return _joined(self.label_parts)
 
+    def document(self, d: int) -> tuple[np.ndarray, np.ndarray]:
+        """Document ``d``'s ``(tokens, labels)``, as views (a corpus in parts too)."""
+        a, b = int(self.offsets[d]), int(self.offsets[d + 1])
+        for tokens, labels, shift in self._parts:
+            if shift <= a and b <= shift + tokens.shape[0]:
+                return tokens[a - shift:b - shift], labels[a - shift:b - shift]
+        raise IndexError(f"document {d} is not in the corpus")  # pragma: no cover - offsets were checked
+
     # -- plan views -------------------------------------------------------
     @property
     def max_len(self) -> int:

@@ -301,6 +301,8 @@ def _build_mixture(data_files, tokenizer, max_len, *, weights, mix, strategy, lo
         ts = [_tokenize(s.data, tokenizer, **source_kw(s)) for s in sources]
         p = mix_plan([np.diff(t.offsets) for t in ts], shares, max_len, row_ids=[t.row_ids for t in ts], **plan_kw)
         _mixed.add_trained_tokens(p, [t.labels for t in ts], [t.offsets for t in ts])
+        p = Plan(p.doc_index, p.doc_start, p.doc_length, p.pack_offsets, p.max_len,
+                 _mixed.with_sources(p.stats, sources))
         tstats = merge_stats([t.stats for t in ts], names)
         _check_useful(p.stats, tstats, "/".join(maskings), allow_useless)
         enc = ts[0].encoder or run.get("encoder")
@@ -337,7 +339,7 @@ def _build_mixture(data_files, tokenizer, max_len, *, weights, mix, strategy, lo
 
     mentry = store.get_or_build(_cache.make_key("mix", minputs), build_mix, kind="mix", verify=verify,
                                 keep=keys, meta={"inputs": minputs, "corpora": keys, "described": described})
-    stats = _mixed.with_names(mentry.meta.get("stats", {}), names)
+    stats = _mixed.with_sources(mentry.meta.get("stats", {}), sources)
     packed = _mixed.packed_from_mixture(corpora, mentry.arrays, max_len, stats, pad_id=pad_id,
                                         ignore_index=ignore_index)
     tstats = merge_stats([dict(c.meta.get("stats") or {}) for c in corpora], names)

@@ -28,7 +28,7 @@ from vecpack.packing.packed import Packed
 from vecpack.packing.plan import Plan, trained_tokens
 
 __all__ = ["MIX_FORMAT", "add_trained_tokens", "mix_key_inputs", "packed_from_mixture",
-           "row_ids", "save_plan", "source_infos", "with_names"]
+           "row_ids", "save_plan", "source_infos", "with_sources"]
 
 #: Bump when mixed plans change for the same corpora and options.
 MIX_FORMAT = 1
@@ -71,12 +71,14 @@ def add_trained_tokens(p: Plan, labels: list, offsets: list) -> None:
     p.stats["trained_tokens"] = total
 
 
-def with_names(stats: dict, names: list) -> dict:
-    """``stats`` with the mixture's sources named as this call names them (the key has no paths)."""
+def with_sources(stats: dict, sources: list) -> dict:
+    """``stats`` with the mixture's sources named as this call names them (the key has no paths),
+    with their style, column and masking."""
     stats = dict(stats)
     mixture = dict(stats.get("mixture") or {})
-    if mixture.get("sources") and len(mixture["sources"]) == len(names):
-        mixture["sources"] = [{**s, "name": n} for s, n in zip(mixture["sources"], names)]
+    if mixture.get("sources") and len(mixture["sources"]) == len(sources):
+        mixture["sources"] = [{**s, "name": src.name, "style": src.style, "column": src.column,
+                               "masking": src.masking} for s, src in zip(mixture["sources"], sources)]
         stats["mixture"] = mixture
     return stats
 

@@ -98,14 +98,21 @@ def _max_len(tokenizer, max_seq_len: int | None) -> tuple[int | None, int | None
 
 def _build(tokenizer, *, source, data_files, conversation_column, conversation_style, split,
            train_on_input, new_system_prompt, max_seq_len, pack_len, strategy, n_jobs, cache_dir,
-           filter_fn, on_error, progress, load_dataset_kwargs):
-    """(encoder, Packed): rows truncated at ``max_seq_len``, packed into ``pack_len`` tokens."""
+           filter_fn, on_error, progress, load_dataset_kwargs, weights=None, mix=None):
+    """(encoder, Packed): rows truncated at ``max_seq_len``, packed into ``pack_len`` tokens.
+
+    With ``weights``, every entry of ``data_files`` is one source of a mixture (see
+    :func:`vecpack.build`; ``mix`` holds its ``mix_*`` keywords).
+    """
     from vecpack.inputs.readers import sample_rows
     from vecpack.inputs.sources import resolve_sources
     from vecpack.store.build import build
 
     check_choice(conversation_style, "conversation_style", CONVERSATION_STYLES)
     data = _resolve_data(source, data_files, split, filter_fn, load_dataset_kwargs)
+    if weights is not None and not (isinstance(data, (list, tuple)) and data is data_files):
+        raise ValueError("weights= mixes a list of local data_files read by vecpack (source 'json' or "
+                         "'parquet', split 'train', no filter_fn or load_dataset keywords), one weight each")
     encoder = TorchtuneEncoder(
         tokenizer, style=conversation_style, column=conversation_column, train_on_input=train_on_input,
         new_system_prompt=new_system_prompt, max_seq_len=max_seq_len,
@@ -113,7 +120,7 @@ def _build(tokenizer, *, source, data_files, conversation_column, conversation_s
     packed = build(
         data, None, pack_len, encoder=encoder, strategy=strategy, long="error", shuffle_seed=None,
         pad_id=TORCHTUNE_PAD_ID, ignore_index=IGNORE_INDEX, n_jobs=n_jobs, on_error=on_error,
-        progress=progress and _rank() == 0, cache_dir=cache_dir)
+        progress=progress and _rank() == 0, cache_dir=cache_dir, weights=weights, **(mix or {}))
     return encoder, packed
 
 
@@ -157,6 +164,11 @@ class PackedChatDataset(PackedDataset):
         on_error: ``"raise"`` (default, as torchtune) or ``"skip"`` bad rows
             (counted in :attr:`stats`).
         progress: show a progress bar on rank 0.
+        weights: mix the ``data_files`` (a list of local files or globs, each
+            one source) by weight, one per entry: each source's share of the
+            packs, by tokens (see ``docs/mixtures.md``). Each file is cached as
+            its own corpus, so new weights only re-plan.
+        mix_by, mix_total, mix_seed, mix_repeat: as :func:`vecpack.build`.
         **load_dataset_kwargs: passed to ``datasets.load_dataset`` when that
             path is taken (see ``source``).
 
@@ -176,7 +188,9 @@ class PackedChatDataset(PackedDataset):
                  new_system_prompt: str | None = None, packed: bool = True,
                  max_seq_len: int | None = None, strategy: str = "greedy", n_jobs: int = -1,
                  cache_dir: str | os.PathLike | None = None, filter_fn: Callable | None = None,
-                 on_error: str = "raise", progress: bool = True, **load_dataset_kwargs: Any):
+                 on_error: str = "raise", progress: bool = True, weights=None, mix_by: str = "tokens",
+                 mix_total: int | None = None, mix_seed: int = 0, mix_repeat: bool = True,
+                 **load_dataset_kwargs: Any):
         # PackedDataset.__init__ is deliberately not called: it packs in Python.
         pack_len, trunc = _max_len(tokenizer, max_seq_len)
         check_max_len(pack_len, "max_seq_len", hint="set tokenizer.max_seq_len or pass max_seq_len=")
@@ -186,7 +200,8 @@ class PackedChatDataset(PackedDataset):
             conversation_style=conversation_style, split=split, train_on_input=train_on_input,
             new_system_prompt=new_system_prompt, max_seq_len=trunc, pack_len=pack_len, strategy=strategy,
             n_jobs=n_jobs, cache_dir=cache_dir, filter_fn=filter_fn, on_error=on_error, progress=progress,
-            load_dataset_kwargs=load_dataset_kwargs)
+            load_dataset_kwargs=load_dataset_kwargs, weights=weights,
+            mix=dict(mix_by=mix_by, mix_total=mix_total, mix_seed=mix_seed, mix_repeat=mix_repeat))
         if self.packed.max_len != pack_len:  # pragma: no cover - guards the build contract
             raise RuntimeError(f"built packs of {self.packed.max_len} tokens, expected {pack_len}")
         # PackedDataset's public attributes
@@ -244,7 +259,8 @@ class ChatDataset(Dataset):
     Items are ``{"tokens": list[int], "mask": list[bool], "labels": list[int]}``
     (the recipe then uses ``padded_collate_sft``). Built through the same
     parallel tokenizer and cache as :class:`PackedChatDataset`; no packing.
-    Takes the same arguments (``strategy`` is ignored).
+    Takes the same arguments (``strategy`` is ignored). With ``weights``
+    the rows are a mixture's documents, in its order (repeats included).
     """
 
     def __init__(self, tokenizer, *, source: str = "json", data_files=None,
@@ -253,7 +269,9 @@ class ChatDataset(Dataset):
                  new_system_prompt: str | None = None, max_seq_len: int | None = None,
                  strategy: str = "greedy", n_jobs: int = -1,
                  cache_dir: str | os.PathLike | None = None, filter_fn: Callable | None = None,
-                 on_error: str = "raise", progress: bool = True, **load_dataset_kwargs: Any):
+                 on_error: str = "raise", progress: bool = True, weights=None, mix_by: str = "tokens",
+                 mix_total: int | None = None, mix_seed: int = 0, mix_repeat: bool = True,
+                 **load_dataset_kwargs: Any):
         _, trunc = _max_len(tokenizer, max_seq_len)
         self.encoder, built = _build(
             tokenizer, source=source, data_files=data_files, conversation_column=conversation_column,
@@ -262,15 +280,16 @@ class ChatDataset(Dataset):
             # no packing wanted: one greedy plan over whole documents (cheap, never read)
             pack_len=trunc if trunc is not None else INT32_MAX, strategy="greedy", n_jobs=n_jobs,
             cache_dir=cache_dir, filter_fn=filter_fn, on_error=on_error, progress=progress,
-            load_dataset_kwargs=load_dataset_kwargs)
+            load_dataset_kwargs=load_dataset_kwargs, weights=weights,
+            mix=dict(mix_by=mix_by, mix_total=mix_total, mix_seed=mix_seed, mix_repeat=mix_repeat))
         self.stats = built.stats
-        self._tokens = built.tokens
-        self._labels = built.token_labels
-        self._offsets = built.offsets
+        self._built = built
+        # a mixture's rows are the documents it chose, in its order; else every document
+        self._docs = np.asarray(built.plan.doc_index) if built.stats.get("mixture") else None
         self.max_seq_len = trunc
 
     def __len__(self) -> int:
-        return self._offsets.shape[0] - 1
+        return len(self._docs) if self._docs is not None else self._built.offsets.shape[0] - 1
 
     def __getitem__(self, idx: int) -> dict[str, list]:
         n = len(self)
@@ -278,8 +297,8 @@ class ChatDataset(Dataset):
             idx += n
         if not 0 <= idx < n:
             raise IndexError(f"row index out of range: {idx} (len {n})")
-        a, b = int(self._offsets[idx]), int(self._offsets[idx + 1])
-        labels = np.asarray(self._labels[a:b])
-        return {"tokens": np.asarray(self._tokens[a:b]).tolist(),
+        tokens, labels = self._built.document(int(self._docs[idx]) if self._docs is not None else idx)
+        labels = np.asarray(labels)
+        return {"tokens": np.asarray(tokens).tolist(),
                 "mask": (labels == IGNORE_INDEX).tolist(),
                 "labels": labels.tolist()}
