@@ -12,6 +12,8 @@ import pytest
 torch = pytest.importorskip("torch")
 stateful = pytest.importorskip("torchdata.stateful_dataloader")
 
+from resume_harness import checkpointed, loader_packs, same  # noqa: E402
+
 import vecpack  # noqa: E402
 from vecpack.errors import InputError  # noqa: E402
 from vecpack.packing.online import BufferPacker  # noqa: E402
@@ -20,7 +22,6 @@ from vecpack.testing import make_sharegpt  # noqa: E402
 
 StatefulDataLoader = stateful.StatefulDataLoader
 pytestmark = pytest.mark.filterwarnings("ignore:'set_vital' is deprecated:UserWarning")
-KEYS = ("input_ids", "labels", "position_ids", "document_ids", "seq_lens")
 
 
 class ByteEncoder:
@@ -63,25 +64,6 @@ def encoded_rows(path):
     enc = ByteEncoder()
     with open(path, "rb") as f:
         return [enc.encode_row(json.loads(line)) for line in f if line.strip()]
-
-
-def same(a: list, b: list) -> bool:
-    if len(a) != len(b):
-        return False
-    return all(np.array_equal(np.asarray(x[k]), np.asarray(y[k])) for x, y in zip(a, b) for k in KEYS)
-
-
-def loader_packs(ds, num_workers, *, state=None, stop=None):
-    """Run a StatefulDataLoader; return (packs, loader state when stopped or at the end)."""
-    loader = StatefulDataLoader(ds, batch_size=None, num_workers=num_workers)
-    if state is not None:
-        loader.load_state_dict(state)
-    out = []
-    for item in loader:
-        out.append({k: v.numpy() for k, v in item.items()})
-        if stop is not None and len(out) == stop:
-            break
-    return out, loader.state_dict()
 
 
 # --------------------------------------------------------------------------- the packer
@@ -244,10 +226,7 @@ def test_resume_equals_uninterrupted(small_file, num_workers, world_size):
         assert not same(full, loader_packs(make_ds(small_file, seed=0, **kw), num_workers)[0])
         for stop in sorted(rng.sample(range(1, len(full)), 3)) + [len(full)]:
             head, state = loader_packs(epoch1(**kw), num_workers, stop=stop)
-            buf = io.BytesIO()
-            torch.save(state, buf)                     # checkpoints carry the state
-            buf.seek(0)
-            state = torch.load(buf, weights_only=True)
+            state = checkpointed(state)                # checkpoints carry the state
             tail, _ = loader_packs(make_ds(small_file, seed=0, **kw), num_workers, state=state)
             assert same(head + tail, full), (rank, stop)
 
