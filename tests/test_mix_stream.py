@@ -15,6 +15,7 @@ from resume_harness import check_resume, loader_packs, same  # noqa: E402
 from test_streaming import ByteEncoder  # noqa: E402
 
 import vecpack  # noqa: E402
+from vecpack.errors import InputError  # noqa: E402
 from vecpack.streaming.dataset import StreamingPackedDataset  # noqa: E402
 from vecpack.testing import make_sharegpt  # noqa: E402
 
@@ -144,3 +145,21 @@ def test_each_source_streams_through_its_own_style_and_masking(tmp_path, qwen_di
                 found += 1
             at += n
     assert found == sum(s["documents"] for s in per)
+
+
+@pytest.mark.parametrize("weights,error,message", [
+    ([1, -1, 1], ValueError, r"^weight of source 2 \('.*s1.jsonl'\) is -1; a weight must be >= 0$"),
+    ([1, float("nan"), 1], ValueError, r"^weight of source 2 \('.*s1.jsonl'\) is nan"),
+    ([0, 0, 0], ValueError, r"^every weight is zero \(source 1 \('.*s0.jsonl'\)"),
+    ([1, 1], ValueError, r"^2 weights for 3 sources; .*source 3 \('.*s2.jsonl'\)"),
+    ([1, 1, 1, 1], InputError, r"^source 4 \('.*empty.jsonl'\): no documents to mix: it has no rows"),
+])
+@pytest.mark.parametrize("seed", [0, None])
+def test_bad_mixtures_are_refused_before_streaming_naming_the_source(three, tmp_path, weights, error, message,
+                                                                    seed):
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("")
+    files = three + [str(empty)] if len(weights) == 4 else three
+    with pytest.raises(error, match=message) as e:
+        StreamingPackedDataset(files, max_len=64, encoder=TextBytes(), n_jobs=1, weights=weights, seed=seed)
+    assert "\n" not in str(e.value)

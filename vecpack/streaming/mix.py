@@ -234,5 +234,19 @@ def stream_sources(data_files, weights, tokenizer, encoder, *, style: str, colum
             enc = encoder_for(tokenizer, src.style, src.column, src.masking, srcs, defer=False)[1]
         out.append(StreamSource(src.name, srcs, enc, src.weight,
                                 None if seed is None else (int(seed) + i) % 2**64, base))
+        _check_not_empty(out[-1])
         base += len(srcs)
     return out
+
+
+def _check_not_empty(source: StreamSource) -> None:
+    """A source of weight > 0 with no rows would end every pass at once: say so, naming it."""
+    if source.weight <= 0:
+        return
+    empty = source.layout.num_rows == 0 if source.layout is not None else all(
+        s.size == 0 for s in source.srcs)
+    if empty:
+        from vecpack.errors import InputError
+
+        raise InputError("no documents to mix: it has no rows; remove this source or give it weight 0",
+                         file=source.name)

@@ -138,7 +138,7 @@ class Layout:
         for i, src in enumerate(srcs):
             self.unit0.append(sum(len(u) for u in units))
             sizes, self.index[i] = reader(src.kind).units(src)
-            first = row + np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
+            first = row + np.concatenate([[0], np.cumsum(sizes)])[:-1].astype(np.int64)  # [] for no units
             k = np.arange(len(sizes), dtype=np.int64)
             units.append(np.stack([np.full_like(k, i), k, first, sizes], axis=1))
             row += int(sizes.sum())
