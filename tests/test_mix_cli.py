@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import re
 
+import numpy as np
 import pytest
 from test_cli import EXAMPLE_TOKENIZER, one_line_error, run
 
@@ -46,8 +47,16 @@ def test_pack_a_mixture_reports_it_and_stats_and_inspect_show_it(inputs):
     assert len(re.findall(r"cache src \d +hit · corpus-", again)) == 3          # nothing tokenized
     assert re.search(r"cache mix +built · mix-", again)
     assert "mixture by rows" in again
-    stats = run("stats", out).stdout
+    png = d / "mix.png"
+    stats = run("stats", out, "--plot", png).stdout
     assert "mixture by tokens" in stats and "tx.jsonl" in stats
+    from PIL import Image
+
+    with Image.open(png) as im:
+        rgb = np.asarray(im.convert("RGB")).astype(int)
+    assert rgb.shape[1] > 4 * rgb.shape[0]                          # a fourth panel: the mixture
+    achieved = (abs(rgb - [0xDD, 0x84, 0x52]).sum(axis=2) < 30)      # its "achieved" bars, right of the others
+    assert achieved[:, 3 * rgb.shape[1] // 4:].sum() > 100
     shown = run("inspect", out, "--pack", 0, "--color", "never").stdout
     assert "· source " in shown
 
