@@ -97,6 +97,8 @@ def _pack_report(packed, *, elapsed: float, out: pathlib.Path | None, args) -> s
     if tstats.get("backend"):
         backend += f" · {tstats['backend']} encoder"
     lines.append(line("backend", backend))
+    if tstats.get("backend_reason"):
+        lines.append(line("engine", f"not a faster one: {tstats['backend_reason']}"))
     if info is not None and info.sources and info.plan_key is not None:
         for i, src in enumerate(info.sources):
             lines.append(line(f"cache src {i + 1}", f"{'hit' if src['corpus_hit'] else 'built'} · "

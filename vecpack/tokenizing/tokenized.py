@@ -35,6 +35,7 @@ class Tokenized:
         stats: ``rows``, ``documents``, ``tokens``, ``trainable_tokens``,
             ``rejected``, ``rejected_examples`` (``"file:line: reason"``
             strings), ``backend`` (``"fastokens"``, ``"tiktoken"`` or ``"tokenizers"``),
+            ``backend_reason`` (why not a faster engine; ``""`` when fastokens ran),
             ``seconds``, ``n_jobs``, ``chunks``.
         encoder: the encoder that produced the arrays (``None`` when the
             arrays were loaded rather than tokenized).
@@ -74,6 +75,8 @@ def merge_stats(stats: list, names: list) -> dict:
 
     >>> merge_stats([{"rows": 2, "backend": "fastokens"}, {"rows": 3, "rejected": 1}], ["a", "b"])["rows"]
     5
+    >>> merge_stats([{"backend_reason": ""}, {"backend_reason": "not NFC"}], ["a", "b"])["backend_reason"]
+    'b: not NFC'
     """
     out = {"rows": 0, "documents": 0, "tokens": 0, "trainable_tokens": 0, "rejected": 0,
            "rejected_examples": [], "seconds": 0.0}
@@ -86,6 +89,9 @@ def merge_stats(stats: list, names: list) -> dict:
         if s.get("backend") and s["backend"] not in backends:
             backends.append(s["backend"])
     out["backend"] = ", ".join(backends)
+    # why a source did not run a faster engine, naming it ("" when every source ran the fastest)
+    out["backend_reason"] = "; ".join(f"{name}: {s['backend_reason']}" for s, name in zip(stats, names)
+                                      if s.get("backend_reason"))
     for k in ("n_jobs", "executor"):
         out[k] = next((s.get(k) for s in stats if s.get(k) is not None), None)
     out["sources"] = [dict(s, name=name) for s, name in zip(stats, names)]
