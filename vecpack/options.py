@@ -24,13 +24,15 @@ import os
 import pathlib
 
 __all__ = [
-    "CONVERSATION_STYLES", "ENGINES", "EXECUTORS", "EXPORT_FORMATS", "FAST_ENGINES", "IGNORE_INDEX", "INT32_MAX",
+    "CHAT_STYLES", "CONVERSATION_STYLES", "ENGINES", "EXECUTORS", "EXPORT_FORMATS", "FAST_ENGINES", "IGNORE_INDEX", "INT32_MAX",
     "LONG_POLICIES", "MASKINGS", "ON_ERROR", "STRATEGIES", "STREAM_STRATEGIES", "STYLES", "cache_root",
     "check_choice", "check_int", "check_max_len", "check_options", "check_seed",
 ]
 
-#: Row formats (see :mod:`vecpack.chat.formats`).
-STYLES = ("sharegpt", "openai", "alpaca", "text")
+#: Row formats of chat data (see :mod:`vecpack.chat.formats`).
+CHAT_STYLES = ("sharegpt", "openai", "alpaca", "text")
+#: Every ``style=`` a front door takes: the chat formats, and preference pairs (:mod:`vecpack.preference`).
+STYLES = (*CHAT_STYLES, "preference")
 #: Styles of a list of turns (torchtune's ``conversation_style``).
 CONVERSATION_STYLES = ("sharegpt", "openai")
 #: Which tokens carry the loss (see :mod:`vecpack.chat.template`).

@@ -158,10 +158,11 @@ class ChatEncoder:
         facts = hf_facts(path, variables)
         template = None
         if style != "text":
-            if not source:
+            if not source and cls.needs_template:
                 raise ValueError(f"tokenizer {str(path)!r} has no chat_template; use style='text' or add one")
-            template = ChatTemplate(source, variables=variables, added_tokens=facts["added"],
-                                    masking=masking)
+            if source:
+                template = ChatTemplate(source, variables=variables, added_tokens=facts["added"],
+                                        masking=masking)
         ids = {k: (facts["ids"].get(variables[f"{k}_token"]) if variables.get(f"{k}_token") else None)
                for k in ("bos", "eos", "pad")}
         if ids["pad"] is None:
@@ -171,9 +172,16 @@ class ChatEncoder:
                   template=template, text_affixes=affixes, ids=ids)
 
         conversations = enc._conversations(sample_rows)
-        if template is not None and conversations:
-            template.verify(conversations)
+        enc._verify(conversations)
         return _backend.decide(enc, enc._texts(conversations), requested=backend, defer=defer_check)
+
+    #: whether this encoder cannot work without a chat template (a subclass for plain texts may)
+    needs_template = True
+
+    def _verify(self, conversations) -> None:
+        """Check the compiled template against Jinja on sample conversations (see ``ChatTemplate.verify``)."""
+        if self.template is not None and conversations:
+            self.template.verify(conversations)
 
     def _conversations(self, rows) -> list[list[dict]]:
         out = []
@@ -207,7 +215,7 @@ class ChatEncoder:
             raise ValueError(f"the {self.backend} backend cannot reproduce this tokenizer: {reason}")
         warnings.warn(f"vecpack: using HF tokenizers (slower): {reason}", RuntimeWarning,
                       stacklevel=stacklevel)
-        out = ChatEncoder.__new__(ChatEncoder)
+        out = type(self).__new__(type(self))
         out.__dict__.update(self.__dict__)
         out.backend, out.backend_reason, out.pending_check, out._rt = "tokenizers", reason, None, None
         out.__dict__.pop("_fingerprint", None)
