@@ -241,16 +241,17 @@ CHILDREN = {"torchtune": child_torchtune, "hf_trl": child_hf_trl, "vecpack": chi
 # --------------------------------------------------------------------------- driver
 
 
-def run_child(name, a, data, rows, *, extra=(), label=None, watch_rss=True):
+def run_child(name, a, data, rows, *, extra=(), label=None, watch_rss=True, script=None):
     """Run one contender in a fresh process; return its result with peak RSS (bytes).
 
     Peak RSS is the sum over the process and its children, sampled every 50 ms
     (the list of children every 0.5 s: scanning /proc for them costs more).
     ``watch_rss=False`` skips the sampling, for timings that report no RSS.
+    ``script``: the benchmark whose ``--child`` runs (default: this one).
     """
     import psutil
 
-    cmd = [sys.executable, os.path.abspath(__file__), "--child", name, "--data", data,
+    cmd = [sys.executable, os.path.abspath(script or __file__), "--child", name, "--data", data,
            "--rows", str(rows), "--tokenizer", a.tokenizer, "--max-len", str(a.max_len),
            "--jobs", str(a.jobs), "--workdir", a.workdir, *extra]
     env = dict(os.environ, TOKENIZERS_PARALLELISM="false",

@@ -128,3 +128,12 @@ def reference_labels(tokens, bytelen, parts, train, masking_all=False, nfc=False
         pos += n
     assert pos == at, "the tokens do not spell the parts"
     return out
+
+
+def trained_tokens(labels, offsets, doc_index, doc_start, doc_length, ignore_index=-100):
+    """Labels that carry a loss in the packs: every entry's, its first token excepted."""
+    total = 0
+    for d, s, n in zip(doc_index, doc_start, doc_length):
+        a = int(offsets[d]) + int(s)
+        total += sum(1 for x in labels[a + 1:a + int(n)] if x != ignore_index)
+    return total

@@ -71,7 +71,8 @@ def _digest(packed) -> str:
 def rows500(tmp_path):
     from vecpack.testing import make_sharegpt
 
-    return pathlib.Path(make_sharegpt(tmp_path / "chat.jsonl", 500, seed=3))
+    # short enough for max_len 1024 (most rows cut by truncation would make a useless build, an error)
+    return pathlib.Path(make_sharegpt(tmp_path / "chat.jsonl", 500, seed=3, median_user=15, median_assistant=50))
 
 
 # --------------------------------------------------------------------------- hits and misses
@@ -258,7 +259,7 @@ def test_warm_reopen_in_a_fresh_process_is_fast_and_lean(tmp_path):
 
     data = make_sharegpt(tmp_path / "big.jsonl", 6000, seed=5, median_assistant=4000)
     root = tmp_path / "c"
-    cold = vecpack.build(data, None, 8192, encoder=CountingEncoder(), cache_dir=root, n_jobs=1,
+    cold = vecpack.build(data, None, 8192, encoder=CountingEncoder(), cache_dir=root, n_jobs=1, long="split",
                          progress=False)
     corpus_mb = sum(p.stat().st_size for p in cold.build_info.corpus_path.iterdir()) / 1e6
     assert corpus_mb > 100          # big enough that reading it would show in RSS
@@ -266,11 +267,11 @@ def test_warm_reopen_in_a_fresh_process_is_fast_and_lean(tmp_path):
         import os, time, psutil, vecpack
         from test_build import CountingEncoder
         vecpack.build({str(data)!r}, None, 8192, encoder=CountingEncoder(), cache_dir={str(root)!r},
-                      progress=False)                       # warm the import paths and numba
+                      progress=False, long="split")         # warm the import paths and numba
         rss0 = psutil.Process().memory_info().rss
         t = time.perf_counter()
         p = vecpack.build({str(data)!r}, None, 8192, encoder=CountingEncoder(), cache_dir={str(root)!r},
-                          progress=False)
+                          progress=False, long="split")
         dt = time.perf_counter() - t
         rss1 = psutil.Process().memory_info().rss
         assert p.build_info.corpus_hit and p.build_info.plan_hit

@@ -54,8 +54,10 @@ def _hand_pack(segments, max_len, pad_id=0, doc_ids=None):
 def test_flash_drops_padding_and_marks_segments():
     packs = [_hand_pack([[1, 2, 3], [4, 5]], 8), _hand_pack([[6], [7, 8, 9, 10]], 8)]
     b = collate_flash(packs)
-    assert set(b) == {"input_ids", "labels", "position_ids", "cu_seq_lens_q", "cu_seq_lens_k",
-                      "max_length_q", "max_length_k"}
+    assert set(b) == {"input_ids", "labels", "position_ids", "seq_idx", "cu_seq_lens_q", "cu_seq_lens_k",
+                      "max_length_q", "max_length_k", "use_cache"}
+    assert b["use_cache"] is False
+    assert b["seq_idx"].dtype == torch.int32 and b["seq_idx"].tolist() == [[0, 0, 0, 1, 1, 2, 3, 3, 3, 3]]
     assert b["input_ids"].tolist() == [[1, 2, 3, 4, 5, 6, 7, 8, 9, 10]]
     assert b["position_ids"].tolist() == [[0, 1, 2, 0, 1, 0, 0, 1, 2, 3]]
     assert b["labels"].tolist() == [[-100, 2, 3, -100, 5, -100, -100, 8, 9, 10]]
@@ -196,7 +198,7 @@ def test_flex_batch_mask_is_lazy_cached_and_follows_moves():
     assert isinstance(moved, FlexBatch) and moved.block_size == 8 and moved._mask_cache is None
     # DataLoader(pin_memory=True) copies the mapping and swaps in new tensors: the mask is rebuilt
     clone = copy.copy(b)
-    clone.update({k: v.clone() for k, v in b.items()})
+    clone.update({k: v.clone() if torch.is_tensor(v) else v for k, v in b.items()})
     assert clone.block_mask is not m
     assert torch.equal(clone.block_mask.kv_indices, m.kv_indices)
     restored = pickle.loads(pickle.dumps(b))

@@ -130,3 +130,22 @@ def _run(jit: bool) -> dict:
 
 def test_kernels_without_jit_equal_compiled():
     assert _run(jit=False) == _run(jit=True)
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.lists(st.integers(0, 12), min_size=1, max_size=30), st.integers(1, 16),
+       st.sampled_from(["truncate", "split", "drop"]), st.sampled_from(["greedy", "bfd"]), st.integers(0, 2**31))
+def test_trained_tokens_equals_reference_and_the_filled_packs(lengths, max_len, long, strategy, seed):
+    from vecpack.cli.report import _trained_tokens
+    from vecpack.packing.packed import pack
+    from vecpack.packing.plan import plan, trained_tokens
+
+    rng = np.random.default_rng(seed)
+    lengths = np.asarray(lengths, np.int64)
+    offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+    labels = np.where(rng.random(int(offsets[-1])) < 0.5, -100, 7).astype(np.int32)
+    p = plan(lengths, max_len, long=long, strategy=strategy)
+    want = ref.trained_tokens(labels, offsets, p.doc_index, p.doc_start, p.doc_length)
+    assert trained_tokens(p, labels, offsets) == want
+    tokens = np.arange(1, int(offsets[-1]) + 1, dtype=np.int32)
+    assert _trained_tokens(pack(tokens, offsets, max_len, labels=labels, long=long, strategy=strategy)) == want

@@ -133,8 +133,8 @@ def test_import_vecpack_stays_light():
 
 
 _LISTS = {name: set(getattr(options, name)) for name in
-          ("STYLES", "CONVERSATION_STYLES", "MASKINGS", "STRATEGIES", "LONG_POLICIES", "ON_ERROR", "EXECUTORS",
-           "EXPORT_FORMATS")}
+          ("STYLES", "CONVERSATION_STYLES", "TORCHTUNE_STYLES", "MASKINGS", "STRATEGIES", "LONG_POLICIES",
+           "ON_ERROR", "EXECUTORS", "EXPORT_FORMATS")}
 
 
 def test_each_option_list_is_written_once():

@@ -12,9 +12,9 @@ head, or one chunk of a split document) alone:
   model, as ``flash_attn_varlen_func`` would: proves the model routes them
   and that they alone keep documents apart;
 * ``flat-sdpa``  -- ``collate_flash`` given to a stock ``sdpa`` model, which
-  infers the segments from the restarting ``position_ids`` (only with
-  ``use_cache=False``: with a KV cache transformers skips that detection and
-  leaks, which the test also pins down).
+  infers the segments from the restarting ``position_ids`` (because the batch
+  carries ``use_cache=False``: with a KV cache transformers skips that
+  detection and leaks, which the test also pins down).
 
 Per entry, logits inside the pack equal the solo logits (atol 1e-5), and the
 packed loss equals the token-weighted mean of the solo losses; one training
@@ -196,26 +196,29 @@ def test_packed_equals_solo(model, corpus, strategy, long):
     _check("varlen", [out.logits[0, a:b] for a, b in zip(cu, cu[1:])], out.loss, entries, model, corpus)
 
 
-@pytest.mark.parametrize("use_cache", [False, True])
+@pytest.mark.parametrize("use_cache", [None, True])
 def test_flat_batch_on_stock_sdpa(model, corpus, use_cache):
-    """collate_flash's batch on an sdpa model: transformers infers segments from position_ids,
-    but only without a KV cache -- with one it silently attends across documents (so train with
-    use_cache=False, or use flash_attention_2, whose cu_seq_lens path does not depend on it)."""
+    """collate_flash's batch as is on a stock sdpa model (None): transformers infers the segments
+    from position_ids because the batch carries use_cache=False. Forcing a KV cache (True) makes it
+    skip that detection and attend across documents: the reason the key is in the batch."""
     tokens, offsets, labels = corpus
     packed = vecpack.pack(tokens, offsets, MAX_LEN, labels=labels, strategy="bfd", long="split")
     plan = packed.plan
     entries = list(zip(plan.doc_index.tolist(), plan.doc_start.tolist(), plan.doc_length.tolist()))
     flat = collate_flash([packed[i] for i in range(len(packed))])
+    assert flat["use_cache"] is False
+    if use_cache is not None:
+        flat["use_cache"] = use_cache
     cu = flat["cu_seq_lens_q"].tolist()
-    out = _run(model, "sdpa", use_cache=use_cache, **flat)
+    out = _run(model, "sdpa", **flat)
     rows = [out.logits[0, a:b] for a, b in zip(cu, cu[1:])]
-    if use_cache:  # pins the gotcha documented in docs/attention.md
+    if use_cache:
         try:
             _check("flat-sdpa+cache", rows, out.loss, entries, model, corpus)
         except AssertionError as e:
             assert "leaks" in str(e)
         else:
-            pytest.skip("this transformers detects packing with a KV cache too: drop the docs/attention.md gotcha")
+            pytest.skip("this transformers detects packing with a KV cache too")
     else:
         _check("flat-sdpa", rows, out.loss, entries, model, corpus)
 
@@ -271,7 +274,7 @@ def test_packed_gradients_equal_solo_gradients(corpus, path):
     n_total = int((torch.nn.functional.pad(batch["labels"], (0, 1), value=-100)[:, 1:] != -100).sum())
     model.config._attn_implementation = impl
     try:
-        (model(use_cache=False, **inputs).loss * n_total).backward()
+        (model(**{"use_cache": False, **inputs}).loss * n_total).backward()
     except NotImplementedError as e:  # torch 2.13: "FlexAttention does not support backward on CPU"
         pytest.skip(f"flex_attention backward unavailable here ({e}); forward parity is tested above")
     finally:

@@ -288,7 +288,12 @@ def test_progress_bar_and_summary(data, capfd):
     path, _ = data
     vecpack.tokenize(path, encoder=ByteEncoder(), n_jobs=2, chunk_bytes=3000, progress=True)
     err = capfd.readouterr().err
-    assert "tokenize" in err and "600/600" in err
+    assert "tokenize" in err and "100%|" in err and "| 600 rows, " in err
+    # the bar's total never moves: its percentage only grows (issue 19: 2166 -> 2009 -> 2000)
+    import re
+
+    shown = [int(p) for p in re.findall(r"tokenize:\s+(\d+)%", err)]
+    assert shown == sorted(shown) and shown[-1] == 100
     assert "vecpack.tokenize: 600 rows -> 600 documents" in err and "backend bytes" in err
     vecpack.tokenize(path, encoder=ByteEncoder(), n_jobs=2, progress=False)
     assert capfd.readouterr().err == ""

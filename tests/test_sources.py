@@ -56,8 +56,11 @@ def test_resolve_errors(tmp_path):
         resolve_sources(str(tmp_path))
     gz = tmp_path / "a.jsonl.gz"
     gz.write_bytes(b"\x1f\x8b")
-    with pytest.raises(InputError, match="decompress first"):
-        resolve_sources(str(gz))
+    assert [(s.kind, s.codec) for s in resolve_sources(str(gz))] == [("compressed", "gzip")]   # read by content
+    lz4 = tmp_path / "a.jsonl"
+    lz4.write_bytes(b"\x04\x22\x4d\x18" + b"\0" * 8)
+    with pytest.raises(InputError, match="lz4 files cannot be read; decompress it first"):
+        resolve_sources(str(lz4))
     with pytest.raises(TypeError, match="data_files"):
         resolve_sources(42)
     with pytest.raises(ValueError, match="empty"):

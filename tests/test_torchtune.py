@@ -398,8 +398,11 @@ def test_needs_max_seq_len(qwen_tok, sharegpt_file):
                           conversation_style="sharegpt")
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        with pytest.raises(ValueError, match="conversation_style"):
-            TorchtuneEncoder.from_tokenizer(qwen_tok, style="alpaca")
+        with pytest.raises(ValueError, match="unknown style 'chatml'"):
+            TorchtuneEncoder.from_tokenizer(qwen_tok, style="chatml")
+        with pytest.raises(ValueError, match="conversation_style"):  # chat_dataset's two styles only
+            PackedChatDataset(qwen_tok, data_files=str(sharegpt_file), conversation_style="alpaca",
+                              max_seq_len=64)
 
 
 def _rank_main(rank, world, init_file, tok_path, data, cache, out):

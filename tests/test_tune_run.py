@@ -1,6 +1,7 @@
 """The real client: torchtune's own ``tune run full_finetune_single_device`` with
-``dataset._component_: vecpack.PackedChatDataset``, on CPU in fp32, for a few steps
-of a tiny randomly initialised Qwen2-architecture model saved in HF format."""
+``dataset._component_: vecpack.PackedChatDataset`` (and with
+``vecpack.torchtune.alpaca_dataset``), on CPU in fp32, for a few steps of a tiny
+randomly initialised Qwen2-architecture model saved in HF format."""
 
 from __future__ import annotations
 
@@ -36,7 +37,28 @@ def _save_tiny_qwen2(out: pathlib.Path) -> dict:
     return dims
 
 
-def _config(tmp: pathlib.Path, ckpt: pathlib.Path, tok_dir: pathlib.Path, data: pathlib.Path, d: dict) -> str:
+@pytest.fixture(scope="module")
+def tiny_qwen2(tmp_path_factory) -> tuple[pathlib.Path, dict]:
+    ckpt = tmp_path_factory.mktemp("tiny-qwen2")
+    return ckpt, _save_tiny_qwen2(ckpt)
+
+
+def _chat_dataset(tmp: pathlib.Path, data: pathlib.Path) -> str:
+    return f"""\
+          _component_: vecpack.PackedChatDataset
+          source: json
+          data_files: {data}
+          conversation_column: conversations
+          conversation_style: sharegpt
+          train_on_input: False
+          packed: True
+          split: train
+          n_jobs: 2
+          cache_dir: {tmp / "vecpack-cache"}"""
+
+
+def _config(tmp: pathlib.Path, ckpt: pathlib.Path, tok_dir: pathlib.Path, dataset: str, d: dict,
+            steps: int = 3, max_seq_len: int = MAX_SEQ_LEN) -> str:
     return textwrap.dedent(f"""\
         output_dir: {tmp / "out"}
         model:
@@ -55,7 +77,7 @@ def _config(tmp: pathlib.Path, ckpt: pathlib.Path, tok_dir: pathlib.Path, data: 
           _component_: torchtune.models.qwen2_5.qwen2_5_tokenizer
           path: {tok_dir / "vocab.json"}
           merges_file: {tok_dir / "merges.txt"}
-          max_seq_len: {MAX_SEQ_LEN}
+          max_seq_len: {max_seq_len}
         checkpointer:
           _component_: torchtune.training.FullModelHFCheckpointer
           checkpoint_dir: {ckpt}
@@ -65,20 +87,11 @@ def _config(tmp: pathlib.Path, ckpt: pathlib.Path, tok_dir: pathlib.Path, data: 
           model_type: QWEN2
         resume_from_checkpoint: False
         dataset:
-          _component_: vecpack.PackedChatDataset
-          source: json
-          data_files: {data}
-          conversation_column: conversations
-          conversation_style: sharegpt
-          train_on_input: False
-          packed: True
-          split: train
-          n_jobs: 2
-          cache_dir: {tmp / "vecpack-cache"}
+{dataset}
         seed: 0
         shuffle: True
         epochs: 1
-        max_steps_per_epoch: 3
+        max_steps_per_epoch: {steps}
         batch_size: 2
         gradient_accumulation_steps: 1
         optimizer:
@@ -105,32 +118,53 @@ def _config(tmp: pathlib.Path, ckpt: pathlib.Path, tok_dir: pathlib.Path, data: 
         """)
 
 
-def test_tune_run_full_finetune_single_device(tmp_path, qwen_dir):
-    from vecpack.testing import make_sharegpt
-
-    ckpt = tmp_path / "tiny-qwen2"
-    dims = _save_tiny_qwen2(ckpt)
-    data = pathlib.Path(make_sharegpt(tmp_path / "train.jsonl", 200, seed=7, median_assistant=150))
-    cfg = tmp_path / "config.yaml"
-    cfg.write_text(_config(tmp_path, ckpt, qwen_dir, data, dims))
-
+def _tune_run(tmp: pathlib.Path, config: str) -> tuple[list[float], str]:
+    """``tune run full_finetune_single_device --config config``: the losses it logged, and its output."""
+    cfg = tmp / "config.yaml"
+    cfg.write_text(config)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
                CUDA_VISIBLE_DEVICES="", TOKENIZERS_PARALLELISM="false")
     # `python -m torchtune._cli.tune` is torchtune's `tune` entry point; called this way because
     # Ray installs a console script of the same name that can shadow it on PATH.
     proc = subprocess.run([sys.executable, "-m", "torchtune._cli.tune", "run", "full_finetune_single_device",
                            "--config", str(cfg)],
-                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+                          cwd=tmp, env=env, capture_output=True, text=True, timeout=300)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-6000:]
-
-    logs = list((tmp_path / "out" / "logs").glob("*.txt"))
+    logs = list((tmp / "out" / "logs").glob("*.txt"))
     assert logs, f"no DiskLogger output\n{out[-3000:]}"
     text = "".join(p.read_text() for p in logs)
     losses = [float(x) for x in re.findall(r"\bloss:\s*([-+0-9.eEnaif]+)", text)]
-    assert len(losses) == 3, text
     assert all(math.isfinite(x) and x > 0 for x in losses), losses
     # the recipe used vecpack's packs (and their collator) rather than building its own dataset
     assert "vecpack" in out and "Packing dataset" not in out, out[-3000:]
+    return losses, out
+
+
+def test_tune_run_full_finetune_single_device(tmp_path, qwen_dir, tiny_qwen2):
+    from vecpack.testing import make_sharegpt
+
+    ckpt, dims = tiny_qwen2
+    data = pathlib.Path(make_sharegpt(tmp_path / "train.jsonl", 200, seed=7, median_assistant=150))
+    losses, _ = _tune_run(tmp_path, _config(tmp_path, ckpt, qwen_dir, _chat_dataset(tmp_path, data), dims))
+    assert len(losses) == 3, losses
     # a random model over a 151,936-token vocabulary starts near ln(V)
+    assert abs(losses[0] - math.log(dims["vocab_size"])) < 2.0, losses
+
+
+def test_tune_run_with_alpaca_dataset(tmp_path, qwen_dir, tiny_qwen2):
+    """``_component_: vecpack.torchtune.alpaca_dataset`` in place of torchtune's, same keys."""
+    from vecpack.testing import make_rows
+
+    ckpt, dims = tiny_qwen2
+    data = make_rows(tmp_path / "alpaca.jsonl", 120, style="alpaca", seed=3, median=200)
+    dataset = f"""\
+          _component_: vecpack.torchtune.alpaca_dataset
+          source: json
+          data_files: {data}
+          packed: True
+          split: train
+          cache_dir: {tmp_path / "vecpack-cache"}"""
+    losses, _ = _tune_run(tmp_path, _config(tmp_path, ckpt, qwen_dir, dataset, dims, steps=2, max_seq_len=128))
+    assert len(losses) == 2, losses
     assert abs(losses[0] - math.log(dims["vocab_size"])) < 2.0, losses

@@ -17,6 +17,7 @@ imported on first use, so ``import vecpack`` stays light.
 from vecpack._version import __version__ as __version__
 from vecpack.errors import EncoderError as EncoderError
 from vecpack.errors import InputError as InputError
+from vecpack.errors import UselessOutputError as UselessOutputError
 from vecpack.errors import VecpackError as VecpackError
 from vecpack.errors import WorkerDiedError as WorkerDiedError
 from vecpack.packing.packed import Packed as Packed
@@ -29,18 +30,23 @@ from vecpack.store.saved import save as save
 
 # name -> the module that defines it, imported on first use
 _LAZY = {
+    "DocumentMeanLoss": "vecpack.integrations.loss",
     "FlexBatch": "vecpack.integrations.collate",
     "PackedChatDataset": "vecpack.torchtune.chat",
+    "PackedDataset": "vecpack.torchtune.packed",
     "StreamingPackedDataset": "vecpack.streaming.dataset",
     "Tokenized": "vecpack.tokenizing.tokenized",
+    "check_trainer": "vecpack.integrations.hf",
     "collate_flash": "vecpack.integrations.collate",
     "collate_flex": "vecpack.integrations.collate",
     "collate_torchtune": "vecpack.integrations.collate",
+    "hf_dataset": "vecpack.integrations.hf",
     "tokenize": "vecpack.tokenizing.corpus",
 }
 
 __all__ = sorted([
-    "EncoderError", "InputError", "Packed", "Plan", "VecpackError", "WorkerDiedError", "__version__",
+    "EncoderError", "InputError", "Packed", "Plan", "UselessOutputError", "VecpackError", "WorkerDiedError",
+    "__version__",
     "build", "load", "pack", "plan", "save", *_LAZY,
 ])
 

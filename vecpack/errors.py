@@ -10,7 +10,7 @@ file can be found with ``sed -n LINEp``.
 
 from __future__ import annotations
 
-__all__ = ["EncoderError", "InputError", "VecpackError", "WorkerDiedError"]
+__all__ = ["EncoderError", "InputError", "UselessOutputError", "VecpackError", "WorkerDiedError"]
 
 
 class VecpackError(Exception):
@@ -80,3 +80,13 @@ def _rebuild(cls, reason, file, line, row):
 
 class WorkerDiedError(VecpackError, RuntimeError):
     """A worker process died (killed by the OS, usually out of memory)."""
+
+
+class UselessOutputError(VecpackError, ValueError):
+    """A build whose packs would train on nothing, or on little of the input.
+
+    0 packs, 0 tokens that carry a loss, or most tokens cut by truncation:
+    :func:`vecpack.build` raises this (the CLI exits with status 1) unless
+    ``allow_useless=True`` (``--allow-useless``). The message says why and
+    what to change.
+    """

@@ -22,11 +22,13 @@ from __future__ import annotations
 import operator
 import os
 import pathlib
+import re
 
 __all__ = [
-    "CHAT_STYLES", "CONVERSATION_STYLES", "ENGINES", "EXECUTORS", "EXPORT_FORMATS", "FAST_ENGINES", "IGNORE_INDEX", "INT32_MAX",
-    "LONG_POLICIES", "MASKINGS", "ON_ERROR", "STRATEGIES", "STREAM_STRATEGIES", "STYLES", "cache_root",
-    "check_choice", "check_int", "check_max_len", "check_options", "check_seed",
+    "CHAT_STYLES", "CONVERSATION_STYLES", "ENGINES", "EXECUTORS", "EXPORT_FORMATS", "FAST_ENGINES", "IGNORE_INDEX",
+    "INT32_MAX", "LONG_POLICIES", "MASKINGS", "MAX_CUT_FRACTION", "ON_ERROR", "STRATEGIES", "STREAM_STRATEGIES",
+    "STYLES", "TORCHTUNE_STYLES", "cache_root", "check_choice", "check_int", "check_max_len", "check_options",
+    "check_seed", "check_tokenizer_dir", "useless_reason",
 ]
 
 #: Row formats of chat data (see :mod:`vecpack.chat.formats`).
@@ -35,6 +37,10 @@ CHAT_STYLES = ("sharegpt", "openai", "alpaca", "text")
 STYLES = (*CHAT_STYLES, "preference")
 #: Styles of a list of turns (torchtune's ``conversation_style``).
 CONVERSATION_STYLES = ("sharegpt", "openai")
+#: Rows as torchtune's message transforms and ``TextCompletionDataset`` read them:
+#: ``ShareGPTToMessages``, ``OpenAIToMessages``, ``AlpacaToMessages``,
+#: ``InputOutputToMessages`` and raw text (see :mod:`vecpack.torchtune.messages`).
+TORCHTUNE_STYLES = (*CONVERSATION_STYLES, "alpaca", "input_output", "text")
 #: Which tokens carry the loss (see :mod:`vecpack.chat.template`).
 MASKINGS = ("assistant", "last", "all")
 #: Packing strategies (see :func:`vecpack.plan`).
@@ -54,6 +60,10 @@ FAST_ENGINES = ENGINES[:2]
 EXECUTORS = ("loky", "ray")
 #: ``vecpack export`` formats.
 EXPORT_FORMATS = ("parquet", "jsonl", "hf")
+
+#: The share of the tokenized tokens that truncation (or ``long="drop"``) may cut before
+#: :func:`vecpack.build` calls its output useless (see :func:`useless_reason`).
+MAX_CUT_FRACTION = 0.5
 
 #: Label of tokens that carry no loss (PyTorch's cross-entropy default).
 IGNORE_INDEX = -100
@@ -138,3 +148,76 @@ def check_options(**options) -> dict:
 
 def _fail(kind, message: str, hint: str):
     raise kind(f"{message} ({hint})" if hint else message)
+
+
+def useless_reason(stats: dict, *, rows: int | None = None, rejected: int = 0, masking: str | None = None) -> str:
+    """Why a build's packs would train on nothing or on little of the input; ``""`` if they would not.
+
+    ``stats`` is a plan's (``num_packs``, ``num_documents``, ``input_tokens``,
+    ``truncated`` / ``truncated_tokens``, ``dropped`` / ``dropped_tokens``,
+    ``max_len``, ``long``, and ``trained_tokens`` when known); ``rows`` and
+    ``rejected`` are the tokenizer's counts. The reason names what to change.
+
+    >>> useless_reason({"num_packs": 0, "num_documents": 0}, rows=0)
+    '0 packs: the input has no rows'
+    >>> useless_reason({"num_packs": 3, "num_documents": 9, "input_tokens": 900, "truncated": 8,
+    ...                 "truncated_tokens": 600, "max_len": 32, "long": "truncate"})[:60]
+    '67% of the 900 tokenized tokens were cut: 8 of 9 documents a'
+    """
+    max_len, long = stats.get("max_len"), stats.get("long", "truncate")
+    longer = "raise max_len or use long='split' (--max-len, --long split)"
+    if not stats.get("num_packs"):
+        if rows == 0:
+            return "0 packs: the input has no rows"
+        if rows and rejected >= rows:
+            return f"0 packs: every one of the {rows:,} rows was rejected (on_error='skip'; see the examples)"
+        if stats.get("dropped") and stats.get("dropped") == stats.get("num_documents"):
+            return (f"0 packs: every document is longer than max_len={max_len} and long='drop' dropped "
+                    f"them all; {longer}")
+        return "0 packs: every document has 0 tokens"
+    trained = stats.get("trained_tokens")
+    if trained == 0:
+        if stats.get("truncated"):
+            return (f"0 trained tokens: truncation at max_len={max_len} cut every token that carries a loss "
+                    f"({stats['truncated']:,} of {stats.get('num_documents', 0):,} documents truncated); {longer}")
+        return (f"0 trained tokens: no token carries a loss with masking={masking!r} (no assistant turn to "
+                "train on?); use masking='all' (--masking all) to train on every token")
+    cut = stats.get("truncated_tokens", 0) + stats.get("dropped_tokens", 0)
+    total = stats.get("input_tokens") or 0
+    if total and cut > MAX_CUT_FRACTION * total:
+        n = stats.get("truncated") or stats.get("dropped") or 0
+        return (f"{100 * cut / total:.0f}% of the {total:,} tokenized tokens were cut: {n:,} of "
+                f"{stats.get('num_documents', 0):,} documents are longer than max_len={max_len} "
+                f"(long={long!r}); {longer}")
+    return ""
+
+
+_HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
+
+
+def check_tokenizer_dir(value, name: str = "tokenizer"):
+    """``value`` unless it is a path that does not exist: then a ``FileNotFoundError`` saying what to do.
+
+    A Hugging Face Hub model name (``Qwen/Qwen2.5-7B-Instruct``) gets the
+    commands that fetch its tokenizer files: vecpack never downloads.
+
+    >>> check_tokenizer_dir("Qwen/Qwen2.5-7B-Instruct")
+    Traceback (most recent call last):
+    ...
+    FileNotFoundError: tokenizer 'Qwen/Qwen2.5-7B-Instruct': no such directory. It looks like a Hugging Face \
+Hub model name, and vecpack never downloads: fetch the tokenizer files first, e.g. `huggingface-cli download \
+Qwen/Qwen2.5-7B-Instruct tokenizer.json tokenizer_config.json --local-dir Qwen2.5-7B-Instruct` (or \
+AutoTokenizer.from_pretrained('Qwen/Qwen2.5-7B-Instruct').save_pretrained('Qwen2.5-7B-Instruct')), then pass \
+that directory
+    """
+    if not isinstance(value, (str, os.PathLike)) or os.path.exists(value):
+        return value
+    text = os.fspath(value)
+    message = f"{name} {text!r}: no such directory"
+    if _HUB_ID.fullmatch(text) and not text.startswith((".", "~")):
+        local = text.rsplit("/", 1)[1]
+        message += (f". It looks like a Hugging Face Hub model name, and vecpack never downloads: fetch the "
+                    f"tokenizer files first, e.g. `huggingface-cli download {text} tokenizer.json "
+                    f"tokenizer_config.json --local-dir {local}` (or AutoTokenizer.from_pretrained({text!r})"
+                    f".save_pretrained({local!r})), then pass that directory")
+    raise FileNotFoundError(message)

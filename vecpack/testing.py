@@ -14,6 +14,8 @@ that PyPI packages ship:
   Llama 3's special tokens.
 * :func:`make_sharegpt` writes chat JSONL with log-normal message lengths,
   Portuguese chat text and English prose/code cut from the standard library.
+* :func:`make_rows` writes the same kind of text as the rows of torchtune's
+  other builders: alpaca, input/output pairs, or plain text.
 
 >>> import tempfile, json
 >>> d = tempfile.mkdtemp()
@@ -32,7 +34,7 @@ import pathlib
 import random
 import sysconfig
 
-from vecpack.options import CONVERSATION_STYLES, check_choice
+from vecpack.options import CONVERSATION_STYLES, TORCHTUNE_STYLES, check_choice
 
 __all__ = [
     "QWEN_PATTERN",
@@ -41,6 +43,7 @@ __all__ = [
     "cached_tokenizer_dir",
     "make_llama3_tokenizer",
     "make_qwen_tokenizer",
+    "make_rows",
     "make_sharegpt",
     "make_short_chats",
     "pathological_conversations",
@@ -291,6 +294,61 @@ def _english_corpus() -> str:
     return "\n".join(p.read_text(encoding="utf-8", errors="replace") for p in files)
 
 
+def _texts(rng: random.Random):
+    """``message(median)``: a text of log-normal length, Portuguese chat or English prose/code."""
+    text = _english_corpus()
+
+    def message(median: int) -> str:
+        size = max(2, min(60_000, int(rng.lognormvariate(0.0, 1.1) * median)))
+        if rng.random() < 0.4:
+            out, total = [], 0
+            while total < size:
+                s = rng.choice(_PT)
+                out.append(s)
+                total += len(s) + 1
+            return " ".join(out)[:size]
+        start = rng.randrange(0, len(text) - size - 1)
+        return text[start:start + size]
+
+    return message
+
+
+def make_rows(path: str | os.PathLike, n: int, *, style: str = "alpaca", seed: int = 0,
+              median: int = 300, columns: dict | None = None) -> str:
+    """Write ``n`` synthetic rows for torchtune's other builders as JSONL; return the path.
+
+    Args:
+        style: ``"alpaca"`` (``instruction``, ``input`` (empty in 60% of the
+            rows), ``output``), ``"input_output"`` (``input``, ``output``) or
+            ``"text"`` (``text``).
+        median: median length of the answer (or text) in characters; the
+            prompts are about a third of it.
+        columns: rename columns, e.g. ``{"input": "dialogue"}``.
+
+    >>> import tempfile, json
+    >>> p = make_rows(tempfile.mkdtemp() + "/a.jsonl", 2, style="input_output", columns={"input": "q"})
+    >>> sorted(json.loads(open(p).readline()))
+    ['output', 'q']
+    """
+    check_choice(style, "style", TORCHTUNE_STYLES)
+    rng = random.Random(seed)
+    message = _texts(rng)
+    names = columns or {}
+    with open(path, "w", encoding="utf-8") as f:
+        for _ in range(n):
+            if style == "alpaca":
+                row = {"instruction": message(median // 3),
+                       "input": message(median // 3) if rng.random() < 0.4 else "", "output": message(median)}
+            elif style == "input_output":
+                row = {"input": message(median // 3), "output": message(median)}
+            elif style == "text":
+                row = {"text": message(median)}
+            else:
+                raise ValueError(f"make_rows writes alpaca, input_output or text rows, not {style!r}")
+            f.write(json.dumps({names.get(k, k): v for k, v in row.items()}, ensure_ascii=False) + "\n")
+    return str(path)
+
+
 def make_sharegpt(path: str | os.PathLike, n: int, *, seed: int = 0, style: str = "sharegpt",
                   median_user: int = 120, median_assistant: int = 400) -> str:
     """Write ``n`` synthetic conversations as JSONL and return the path.
@@ -307,24 +365,12 @@ def make_sharegpt(path: str | os.PathLike, n: int, *, seed: int = 0, style: str 
     """
     check_choice(style, "style", CONVERSATION_STYLES)
     rng = random.Random(seed)
-    text = _english_corpus()
+    message = _texts(rng)
     k_role, k_text, r_sys, r_user, r_bot = {
         "sharegpt": ("from", "value", "system", "human", "gpt"),
         "openai": ("role", "content", "system", "user", "assistant"),
     }[style]
     key = "conversations" if style == "sharegpt" else "messages"
-
-    def message(median: int) -> str:
-        size = max(2, min(60_000, int(rng.lognormvariate(0.0, 1.1) * median)))
-        if rng.random() < 0.4:
-            out, total = [], 0
-            while total < size:
-                s = rng.choice(_PT)
-                out.append(s)
-                total += len(s) + 1
-            return " ".join(out)[:size]
-        start = rng.randrange(0, len(text) - size - 1)
-        return text[start:start + size]
 
     with open(path, "w", encoding="utf-8") as f:
         for _ in range(n):

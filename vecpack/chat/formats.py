@@ -85,6 +85,11 @@ def to_messages(row: dict, style: str, column: str | None = None) -> list[dict]:
     >>> to_messages({"messages": [{"role": "user", "content": [{"type": "text", "text": "a"},
     ...     {"type": "text", "text": "b"}]}]}, "openai", None)
     [{'role': 'user', 'content': 'ab'}]
+    >>> to_messages({"conversations": [{"from": "human", "value": "Hi"}]}, "openai", None)
+    Traceback (most recent call last):
+    ...
+    vecpack.errors.InputError: <input>: missing column 'messages' (row has 'conversations'); it looks like \
+sharegpt data: use style='sharegpt' (--style sharegpt)
     >>> to_messages({"dialog": []}, "sharegpt", "dialog")
     Traceback (most recent call last):
     ...
@@ -123,12 +128,36 @@ def roles_contents(row, style: str, column: str | None = None) -> tuple[tuple[st
     return tuple(m["role"] for m in messages), [m["content"] for m in messages]
 
 
+def _style_of(row: dict) -> tuple[str, str] | None:
+    """``(style, column)`` that would read ``row``, judged by its columns and first message."""
+    for column, value in row.items():
+        if isinstance(value, list) and value and isinstance(value[0], dict):
+            if "from" in value[0] and "value" in value[0]:
+                return "sharegpt", column
+            if "role" in value[0] and "content" in value[0]:
+                return "openai", column
+    if isinstance(row.get("instruction"), str) and "output" in row:
+        return "alpaca", "instruction"
+    if isinstance(row.get("text"), str):
+        return "text", DEFAULT_COLUMNS["text"]
+    return None
+
+
+def _use(style: str, column: str) -> str:
+    """How to pass a style (and a column that is not its default), in the API and on the command line."""
+    if column == DEFAULT_COLUMNS[style]:
+        return f"style={style!r} (--style {style})"
+    return f"style={style!r}, column={column!r} (--style {style} --column {column})"
+
+
 def _conversation(row: dict, column: str) -> list:
     try:
         conv = row[column]
     except KeyError:
         keys = ", ".join(map(repr, list(row)[:8]))
-        raise InputError(f"missing column {column!r} (row has {keys or 'no columns'})") from None
+        found = _style_of(row)
+        hint = f"; it looks like {found[0]} data: use {_use(*found)}" if found else ""
+        raise InputError(f"missing column {column!r} (row has {keys or 'no columns'}){hint}") from None
     if not isinstance(conv, list):
         raise InputError(f"column {column!r} is a {_kind(conv)}, expected a list of messages")
     if not conv:
@@ -145,7 +174,10 @@ def _sharegpt(row: dict, column: str) -> list[dict]:
         try:
             who, value = msg["from"], msg["value"]
         except KeyError as e:
-            raise InputError(f"message {i} has no {e.args[0]!r} key") from None
+            hint = ""
+            if "role" in msg and "content" in msg:
+                hint = f" (it has 'role' and 'content': OpenAI-style messages; use {_use('openai', column)})"
+            raise InputError(f"message {i} has no {e.args[0]!r} key{hint}") from None
         role = roles.get(who) if isinstance(who, str) else None
         if role is None:
             raise InputError(f"message {i} has unknown role {who!r} (expected one of {sorted(roles)})")
@@ -184,7 +216,10 @@ def _openai(row: dict, column: str) -> list[dict]:
         try:
             who, content = msg["role"], msg["content"]
         except KeyError as e:
-            raise InputError(f"message {i} has no {e.args[0]!r} key") from None
+            hint = ""
+            if "from" in msg and "value" in msg:
+                hint = f" (it has 'from' and 'value': ShareGPT-style messages; use {_use('sharegpt', column)})"
+            raise InputError(f"message {i} has no {e.args[0]!r} key{hint}") from None
         role = roles.get(who) if isinstance(who, str) else None
         if role is None:
             raise InputError(f"message {i} has unknown role {who!r} (expected one of {sorted(roles)})")

@@ -230,6 +230,7 @@ class ChatTemplate:
 
     Attributes:
         mode: ``"compiled"`` (per-role-sequence layouts) or ``"jinja"``.
+        origin: the file the template was read from, named in a syntax error.
 
     >>> t = ChatTemplate("{% for m in messages %}{{ m.role }}: {{ m.content }}\\n{% endfor %}")
     >>> t.render([{"role": "user", "content": "Hi"}])
@@ -237,7 +238,7 @@ class ChatTemplate:
     """
 
     def __init__(self, source: str, *, variables: dict | None = None, added_tokens=(),
-                 masking: str = "assistant", mode: str = "compiled"):
+                 masking: str = "assistant", mode: str = "compiled", origin: str | None = None):
         if not isinstance(source, str) or not source:
             raise ValueError("the tokenizer has no chat template (tokenizer_config.json 'chat_template')")
         check_choice(masking, "masking", MASKINGS)
@@ -248,7 +249,16 @@ class ChatTemplate:
         self.added_tokens = tuple(added_tokens)
         self.masking = masking
         self.mode = mode
-        self._setup()
+        try:
+            self._setup()
+        except Exception as e:
+            import jinja2
+
+            if not isinstance(e, jinja2.exceptions.TemplateSyntaxError):
+                raise
+            where = f"the chat_template in {origin}" if origin else "the chat template"
+            raise ValueError(f"{where} has a Jinja syntax error at line {e.lineno}: {e.message}; fix the "
+                             "template there (transformers' apply_chat_template cannot render it either)") from e
 
     def _setup(self):
         self._jinja = compile_jinja(self.source)

@@ -14,6 +14,7 @@ import sys
 import time
 
 from vecpack.cli.parser import PROG, UsageError
+from vecpack.options import check_tokenizer_dir
 
 __all__ = ["cmd_cache", "cmd_export", "cmd_inspect", "cmd_pack", "cmd_stats"]
 
@@ -56,13 +57,8 @@ def _use_color(choice: str, stream) -> bool:
 # --------------------------------------------------------------------------- pack
 
 
-def _n(count: int, one: str, many: str | None = None) -> str:
-    """``_n(1, "pack")`` -> ``'1 pack'``, ``_n(2000, "pack")`` -> ``'2,000 packs'``."""
-    return f"{count:,} {one if count == 1 else (many or one + 's')}"
-
-
 def _pack_report(packed, *, elapsed: float, out: pathlib.Path | None, args) -> str:
-    from vecpack.cli.report import format_bytes, format_duration, pack_stats
+    from vecpack.cli.report import format_bytes, format_duration, pack_stats, plural
 
     s = pack_stats(packed)
     info = getattr(packed, "build_info", None)
@@ -76,15 +72,16 @@ def _pack_report(packed, *, elapsed: float, out: pathlib.Path | None, args) -> s
         return f"  {name:<13} {text}"
 
     lines = [
-        f"{_n(read, 'row')} → {_n(s['num_packs'], 'pack')} of {s['max_len']:,} tokens "
-        f"in {format_duration(elapsed)} ({rate:,.0f} rows/s{', from the cache' if hit else ''})",
+        f"{plural(read, 'row')} → {plural(s['num_packs'], 'pack')} of {plural(s['max_len'], 'token')} "
+        f"in {format_duration(elapsed)} ({plural(rate, 'row/s', 'rows/s', rate=True)}"
+        f"{', from the cache' if hit else ''})",
         line("rows", f"{read:,} read · {s['num_documents']:,} tokenized · {rejected:,} rejected"
                      + (" (--on-error skip)" if rejected else "")),
     ]
     for example in list(tstats.get("rejected_examples") or [])[:3]:
         lines.append(line("", f"rejected: {' '.join(str(example).split())}"))
     lines += [
-        line("documents", f"{_n(s['num_entries'], 'entry', 'entries')} · {s['truncated']:,} truncated · "
+        line("documents", f"{plural(s['num_entries'], 'entry', 'entries')} · {s['truncated']:,} truncated · "
                           f"{s['dropped']:,} dropped · {s['split']:,} split · "
                           f"{int(packed.stats.get('empty', 0)):,} empty (--long {args.long})"),
         line("tokens", f"{s['source_tokens']:,} tokenized · {s['num_tokens']:,} packed · {s['trained_tokens']:,} "
@@ -94,7 +91,7 @@ def _pack_report(packed, *, elapsed: float, out: pathlib.Path | None, args) -> s
     ]
     backend = f"{args.backend}"
     if tstats.get("n_jobs"):
-        backend += f" × {_n(int(tstats['n_jobs']), 'worker')}"
+        backend += f" × {plural(int(tstats['n_jobs']), 'worker')}"
     if tstats.get("backend"):
         backend += f" · {tstats['backend']} encoder"
     lines.append(line("backend", backend))
@@ -107,7 +104,7 @@ def _pack_report(packed, *, elapsed: float, out: pathlib.Path | None, args) -> s
     if out is not None:
         size = sum(p.stat().st_size for p in out.rglob("*") if p.is_file())
         lines.append(line("output", f"{out} ({format_bytes(size)})"))
-        lines.append(f"next: vecpack inspect {out}  ·  vecpack stats {out} --plot stats.png")
+        lines.append(f"next: vecpack inspect {out}  ·  vecpack stats {out} --plot {out}-stats.png")
     return "\n".join(lines)
 
 
@@ -142,9 +139,7 @@ def cmd_pack(args) -> int:
             continue
         if not p.exists():
             raise FileNotFoundError(f"input {f}: no such file")
-        if p.is_dir():
-            raise IsADirectoryError(f"input {f}: is a directory, expected a JSONL, JSON or Parquet file")
-    tokenizer = _existing_dir(args.tokenizer, "--tokenizer").resolve()  # recorded for `vecpack inspect`
+    tokenizer = _existing_dir(check_tokenizer_dir(args.tokenizer, "--tokenizer"), "--tokenizer").resolve()
     if args.address:
         if args.backend != "ray":
             raise ValueError("--address needs --backend ray")
@@ -157,7 +152,8 @@ def cmd_pack(args) -> int:
         args.inputs, str(tokenizer), args.max_len, style=args.style, column=args.column,
         masking=args.masking, strategy=args.strategy, long=args.long, shuffle_seed=args.seed,
         n_jobs=args.jobs, on_error=args.on_error, progress=_progress(args),
-        cache=not args.no_cache, cache_dir=args.cache_dir, backend=args.backend)
+        cache=not args.no_cache, cache_dir=args.cache_dir, backend=args.backend,
+        allow_useless=args.allow_useless)
     if out is not None:
         vecpack.save(packed, out)
     elapsed = time.perf_counter() - t0
@@ -191,11 +187,13 @@ def _tokenizer_dir(args, out: pathlib.Path) -> pathlib.Path:
 
 
 def cmd_inspect(args) -> int:
-    from vecpack.cli.report import TokenDecoder, render_pack
+    from vecpack.cli.report import TokenDecoder, plural, render_pack
 
     packed = _load(args.packed)
+    if not len(packed):
+        raise IndexError(f"{args.packed} has no packs")
     if not -len(packed) <= args.pack < len(packed):
-        raise IndexError(f"--pack {args.pack} is out of range: {args.packed} has {len(packed):,} packs "
+        raise IndexError(f"--pack {args.pack} is out of range: {args.packed} has {plural(len(packed), 'pack')} "
                          f"(0 to {len(packed) - 1:,}, or negative from the end)")
     decoder = TokenDecoder(_tokenizer_dir(args, pathlib.Path(args.packed)))
     info = getattr(packed, "build_info", None)
@@ -208,16 +206,17 @@ def cmd_inspect(args) -> int:
 def cmd_stats(args) -> int:
     from vecpack.cli.report import plot_stats, stats_text
 
-    packed = _load(args.packed)
-    st = packed.stats
-    title = f"{args.packed} · strategy {st.get('strategy', '?')} · long {st.get('long', '?')}"
-    print(stats_text(packed, title=title))
-    if args.plot:
-        plot = pathlib.Path(args.plot)
+    plot = pathlib.Path(args.plot) if args.plot else None
+    if plot is not None:  # checked before anything is printed
         if plot.suffix.lower() != ".png":
             raise UsageError(f"{PROG} stats: --plot {plot}: expected a .png file name")
         if not plot.parent.is_dir():
             raise FileNotFoundError(f"--plot {plot}: directory {plot.parent} does not exist")
+    packed = _load(args.packed)
+    st = packed.stats
+    title = f"{args.packed} · strategy {st.get('strategy', '?')} · long {st.get('long', '?')}"
+    print(stats_text(packed, title=title))
+    if plot is not None:
         plot_stats(packed, plot, title=title)
         print(f"wrote {plot}")
     return 0
@@ -234,6 +233,8 @@ def cmd_export(args) -> int:
     else:
         name = src.resolve().name
         dest = src.resolve().parent / (f"{name}-hf" if args.format == "hf" else f"{name}.{args.format}")
+    if dest.exists() and not args.force:
+        raise FileExistsError(f"-o {dest} already exists; pass --force to replace it")
     t0 = time.perf_counter()
     export(packed, dest, args.format, overwrite=args.force)
     size = sum(p.stat().st_size for p in dest.rglob("*") if p.is_file()) if dest.is_dir() else dest.stat().st_size

@@ -118,7 +118,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--style openai --strategy ffd --long split --jobs 8 -o packed-8k",
     ])
     p.add_argument("inputs", nargs="+", metavar="INPUT",
-                   help="JSONL, JSON or Parquet files or quoted globs (read in this order)")
+                   help="JSONL, JSON, Parquet or Arrow files, datasets.save_to_disk directories, plain or "
+                        "compressed (gzip, bzip2, xz, zstd), or quoted globs (read in this order)")
     p.add_argument("--tokenizer", required=True, metavar="DIR",
                    help="a Hugging Face tokenizer directory (tokenizer.json + tokenizer_config.json "
                         "with a chat_template)")
@@ -151,6 +152,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--on-error", default="raise", type=_choice("on_error", options.ON_ERROR),
                    metavar=_metavar(options.ON_ERROR),
                    help="a malformed row: stop with its file:line (raise), or skip and count it (default: raise)")
+    p.add_argument("--allow-useless", action="store_true",
+                   help="exit 0 even when the packs would train on nothing or on little of the input "
+                        "(0 packs, 0 trained tokens, most tokens cut by truncation); default: an error")
     p.add_argument("--no-cache", action="store_true", help="do not read or write the cache")
     p.add_argument("--cache-dir", metavar="DIR", help="cache directory (default: $VECPACK_CACHE or ~/.cache/vecpack)")
     p.add_argument("-o", "--output", metavar="OUT",

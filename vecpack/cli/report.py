@@ -46,6 +46,7 @@ __all__ = [
     "histogram",
     "pack_stats",
     "plot_stats",
+    "plural",
     "render_pack",
     "stats_text",
 ]
@@ -90,6 +91,20 @@ def format_duration(seconds: float) -> str:
         return f"{seconds:.2f} s"
     minutes, sec = divmod(round(seconds), 60)
     return f"{minutes} min {sec} s"
+
+
+def plural(count: float, one: str, many: str | None = None, *, rate: bool = False) -> str:
+    """``count`` with its noun, singular for exactly one: every count vecpack prints goes through this.
+
+    ``rate=True`` formats a rate (no decimals).
+
+    >>> plural(1, "pack"), plural(2000, "pack"), plural(1, "entry", "entries")
+    ('1 pack', '2,000 packs', '1 entry')
+    >>> plural(0.6, "row/s", "rows/s", rate=True)
+    '1 row/s'
+    """
+    text = f"{count:,.0f}" if rate else f"{count:,}"
+    return f"{text} {one if text == '1' else (many or one + 's')}"
 
 
 def _pct(x: float) -> str:
@@ -213,8 +228,8 @@ def stats_text(packed, *, title: str | None = None, width: int = 40) -> str:
     if title:
         lines.append(title)
     lines.append(
-        f"{s['num_documents']:,} documents · {s['source_tokens']:,} tokens → {s['num_packs']:,} packs of "
-        f"{s['max_len']:,} · fill {_pct(s['fill'])} (min {_pct(s['fill_min'])})")
+        f"{plural(s['num_documents'], 'document')} · {plural(s['source_tokens'], 'token')} → "
+        f"{plural(s['num_packs'], 'pack')} of {s['max_len']:,} · fill {_pct(s['fill'])} (min {_pct(s['fill_min'])})")
     lines.append(f"truncated {s['truncated']:,} · dropped {s['dropped']:,} · split {s['split']:,} · "
                  f"trained tokens {s['trained_tokens']:,} ({_pct(s['trained_tokens'] / max(s['num_tokens'], 1))}"
                  " of placed)")
@@ -237,9 +252,15 @@ def stats_text(packed, *, title: str | None = None, width: int = 40) -> str:
 
 
 def plot_stats(packed, path: str | os.PathLike, *, title: str | None = None, dpi: int = 120) -> pathlib.Path:
-    """Write a PNG: the document-length histogram and the fill of every pack.
+    """Write a PNG: document lengths, pack fill, and the tokens each pack wastes on padding.
 
-    Needs matplotlib (``pip install "vecpack[plot]"``).
+    The fill panel is a histogram over a fixed 0-100% axis with the
+    emptiest pack marked, and the waste panel counts each pack's padding in
+    tokens on a fixed 0..max_len (symmetric log) axis, so both show
+    something at any fill (a 99.8% dataset is one tall bar of fill, and a
+    spread of 0-40 wasted tokens). Counts are on log axes; labels sit beside
+    the lines they name, never over the bars. Needs matplotlib
+    (``pip install "vecpack[plot]"``).
     """
     try:
         import matplotlib
@@ -250,33 +271,58 @@ def plot_stats(packed, path: str | os.PathLike, *, title: str | None = None, dpi
     import matplotlib.ticker
 
     s = pack_stats(packed, trained=False)
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.2), dpi=dpi)
+    max_len = s["max_len"]
+    fig, (ax1, ax2, ax3) = plt.subplots(1, 3, figsize=(15, 4.4), dpi=dpi)
+    grid = dict(color="#dddddd", linewidth=0.6)
+    mark = dict(color="#C44E52", linestyle="--", linewidth=1.2)
+
     lengths = s["doc_lengths"]
-    if len(lengths):
-        edges = np.unique(np.geomspace(max(lengths.min(), 1), max(lengths.max(), s["max_len"]) + 1, 60).astype(int))
-        ax1.hist(np.maximum(lengths, 1), bins=edges, color="#4C72B0")
-        ax1.set_xscale("log")
-        ax1.xaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:,.0f}"))
-    ax1.axvline(s["max_len"], color="#C44E52", linestyle="--", label=f"max_len = {s['max_len']:,}")
+    hi = max(int(lengths.max()) if len(lengths) else 1, max_len) * 1.05
+    edges = np.unique(np.geomspace(1, hi + 1, 60).astype(int))
+    ax1.hist(np.maximum(lengths, 1), bins=edges, color="#4C72B0")
+    ax1.set_xscale("log")
+    ax1.set_xlim(1, hi)
+    ax1.xaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:,.0f}"))
+    ax1.axvline(max_len, **mark)
+    ax1.text(max_len, 0.98, f"max_len {max_len:,} ", transform=ax1.get_xaxis_transform(), color=mark["color"],
+             ha="right", va="top", fontsize=8, rotation=90)
     ax1.set_xlabel("document length (tokens)")
     ax1.set_ylabel("documents")
-    ax1.set_title(f"{s['num_documents']:,} documents · {s['source_tokens']:,} tokens")
-    ax1.legend(loc="upper right")
-    fill = np.sort(100 * s["pack_fill"])[::-1]
-    low = float(fill.min()) if len(fill) else 0.0
-    bottom = 0.0 if low < 50 else 5 * math.floor(low / 5) - 5  # zoom in when every pack is well filled
-    x = np.arange(1, len(fill) + 1)
-    ax2.fill_between(x, bottom, fill, step="mid", color="#55A868", alpha=0.85, linewidth=0, label="fill")
-    ax2.axhline(100 * s["fill"], color="#333333", linestyle="--", linewidth=1,
-                label=f"mean {100 * s['fill']:.1f}%")
-    ax2.set_xlim(0.5, max(len(fill), 1) + 0.5)
-    ax2.set_ylim(bottom, 100.5)
-    ax2.set_xlabel("packs, fullest first")
-    ax2.set_ylabel("fill (% of max_len)")
-    ax2.set_title(f"{s['num_packs']:,} packs · fill {100 * s['fill']:.1f}% · min {100 * s['fill_min']:.1f}%")
-    ax2.legend(loc="lower left")
+    ax1.set_title(f"{plural(s['num_documents'], 'document')} · {plural(s['source_tokens'], 'token')}", fontsize=10)
+
+    fill = 100 * s["pack_fill"]
+    ax2.hist(fill, bins=np.linspace(0, 100, 101), color="#55A868")
+    ax2.set_xlim(0, 100)
+    ax2.set_yscale("log")
+    ax2.set_ylim(0.8, max(len(fill), 1) * 2)
+    if len(fill):
+        low = float(fill.min())
+        ax2.axvline(low, **mark)
+        ax2.text(low, 0.98, f"min {low:.1f}% ", transform=ax2.get_xaxis_transform(), color=mark["color"],
+                 ha="right", va="top", fontsize=8)
+    ax2.set_xlabel("pack fill (% of max_len, 1% bins)")
+    ax2.set_ylabel("packs (log)")
+    ax2.set_title(f"{plural(s['num_packs'], 'pack')} · fill {_pct(s['fill'])} · min {_pct(s['fill_min'])}",
+                  fontsize=10)
+
+    waste = max_len - np.rint(s["pack_fill"] * max_len).astype(np.int64)
+    wedges = np.unique(np.concatenate([[0, 1], np.geomspace(1, max_len + 1, 40).astype(int)]))
+    ax3.hist(waste, bins=wedges, color="#8172B2")
+    ax3.set_xscale("symlog", linthresh=1)
+    ax3.set_xlim(0, max_len + 1)
+    ax3.xaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:,.0f}"))
+    ax3.set_yscale("log")
+    ax3.set_ylim(0.8, max(len(waste), 1) * 2)
+    mean_waste = float(waste.mean()) if len(waste) else 0.0
+    ax3.set_xlabel("padding per pack (tokens, log)")
+    ax3.set_ylabel("packs (log)")
+    ax3.set_title(f"waste: {mean_waste:,.1f} tokens per pack · {plural(int(waste.sum()), 'token')} in all",
+                  fontsize=10)
+    for ax in (ax1, ax2, ax3):
+        ax.grid(True, which="major", **grid)
+        ax.set_axisbelow(True)
     if title:
-        fig.suptitle(title)
+        fig.suptitle(title, fontsize=11)
     fig.tight_layout()
     path = pathlib.Path(path)
     fig.savefig(path, format="png")
@@ -395,8 +441,10 @@ def render_pack(packed, index: int, decoder: TokenDecoder, *, color: bool = Fals
             rejected before it).
     """
     num_packs = len(packed)
+    if not num_packs:
+        raise IndexError("the dataset has no packs")
     if not -num_packs <= index < num_packs:
-        raise IndexError(f"--pack {index} is out of range: the dataset has {num_packs:,} packs "
+        raise IndexError(f"--pack {index} is out of range: the dataset has {plural(num_packs, 'pack')} "
                          f"(0 to {num_packs - 1:,})")
     index %= num_packs
     item = packed[index]
@@ -414,7 +462,7 @@ def render_pack(packed, index: int, decoder: TokenDecoder, *, color: bool = Fals
     def style(text: str, code: str) -> str:
         return f"{code}{text}{_RESET}" if color else text
 
-    out = [f"pack {index:,} of {num_packs:,} · {len(seq_lens):,} documents · "
+    out = [f"pack {index:,} of {num_packs:,} · {plural(len(seq_lens), 'document')} · "
            f"{used:,}/{packed.max_len:,} tokens ({_pct(used / packed.max_len)}) · {trained:,} trained"]
     pos = 0
     for k, length in enumerate(seq_lens):

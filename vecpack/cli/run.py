@@ -25,13 +25,44 @@ def main(argv: list[str] | None = None) -> int:
     Exit status: 0 ok, 1 an error about the data, a file or the environment,
     2 a bad command line, 130 interrupted.
     """
+    console = argv is None  # the process is ours to end (not a caller's, e.g. a test)
     argv = sys.argv[1:] if argv is None else list(argv)
     debug = "--debug" in argv
-    parser = build_parser()
-    with warnings.catch_warnings():
-        if not debug:
-            warnings.showwarning = _show_warning
-        return _run(parser, argv, debug)
+    try:
+        parser = build_parser()
+        with warnings.catch_warnings():
+            if not debug:
+                warnings.showwarning = _show_warning
+            status = _run(parser, argv, debug)
+    except KeyboardInterrupt:  # while building the parser or between _run's steps
+        if debug:
+            raise
+        _err("interrupted")
+        status = 130
+    if status == 130 and console:
+        _quiet_exit()
+    return status
+
+
+def _quiet_exit() -> None:
+    """After Ctrl-C: the rest of the exit (stopping workers, Ray) stays silent.
+
+    The worker pool and Ray are stopped by their exit hooks in a moment; a
+    second Ctrl-C meanwhile ends the process at once (status 130, no
+    traceback), and a background thread that the first one interrupted (an
+    import cut half-way) prints nothing.
+    """
+    import signal
+    import threading
+
+    def now(signum, frame):
+        os._exit(130)
+
+    try:
+        signal.signal(signal.SIGINT, now)
+    except ValueError:  # not the main thread
+        pass
+    threading.excepthook = lambda args: None
 
 
 def _show_warning(message, category, filename, lineno, file=None, line=None):

@@ -6,7 +6,10 @@ input (``kind``)      a range is                                  errors are loc
 JSONL (``jsonl``)     newline-aligned byte range ``[start, stop)``   file and 1-based line
 JSON array (``json``) byte range covering whole elements          file and 1-based line
 Parquet               a run of whole row groups                   file and 0-based row
+Arrow IPC (``arrow``) a run of whole record batches               file and 0-based row
+compressed            (decompressed first: then as its content)   the compressed file and line
 ``datasets.Dataset``  row range ``[start, stop)`` (Arrow IPC)     ``<Dataset>`` and row
+items (``Items``)     index range ``[start, stop)`` (``ds[i]``)   ``<TypeName>`` and index
 ====================  ==========================================  ======================
 
 >>> import tempfile, os
@@ -25,7 +28,7 @@ from __future__ import annotations
 
 from typing import Any, Iterator
 
-from vecpack.inputs import json_array, jsonl, parquet, table
+from vecpack.inputs import arrow, compressed, items, json_array, jsonl, parquet, table
 from vecpack.inputs.base import Reader
 from vecpack.inputs.records import to_record
 from vecpack.inputs.sources import Source
@@ -34,7 +37,8 @@ __all__ = ["READERS", "locate", "read_records", "reader", "sample_rows", "split_
 
 #: ``Source.kind`` -> its reader.
 READERS: dict[str, Reader] = {r.kind: r for r in (jsonl.READER, json_array.READER, parquet.READER,
-                                                  table.READER)}
+                                                  arrow.READER, table.READER, compressed.READER,
+                                                  items.READER)}
 
 
 def reader(kind: str) -> Reader:

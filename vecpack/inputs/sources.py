@@ -1,4 +1,11 @@
-"""Which inputs a call names: files (by content, whatever their suffix), globs, in-memory datasets.
+"""Which inputs a call names: files (by content, whatever their suffix), globs, directories, datasets.
+
+A file's kind is found by its first bytes: Parquet (``PAR1``), Arrow IPC
+(``ARROW1``, or the stream format's ``0xFFFFFFFF``), a compressed stream
+(gzip, bzip2, xz, zstd: kind ``"compressed"``, see
+:mod:`vecpack.inputs.compressed`), a JSON array (``[``) or JSON Lines. A
+directory written by ``datasets.save_to_disk`` becomes its Arrow shards, in
+order.
 
 :func:`resolve_sources` turns ``data_files`` into :class:`Source` records,
 in input order; :mod:`vecpack.inputs.readers` then reads each one with the
@@ -20,10 +27,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from vecpack.errors import InputError
+from vecpack.inputs.items import Items
 from vecpack.inputs.records import BOM
 
-__all__ = ["Source", "resolve_sources"]
-_COMPRESSED = (".gz", ".bz2", ".xz", ".zst", ".zstd", ".lz4", ".zip")
+__all__ = ["CODECS", "Source", "resolve_sources", "sniff_codec"]
+#: magic bytes -> codec of the compressed inputs (read by :mod:`vecpack.inputs.compressed`)
+CODECS = {b"\x1f\x8b": "gzip", b"BZh": "bz2", b"\xfd7zXZ\x00": "xz", b"\x28\xb5\x2f\xfd": "zstd"}
+_UNSUPPORTED = {b"\x04\x22\x4d\x18": "lz4", b"PK\x03\x04": "zip"}
 
 
 @dataclass(frozen=True)
@@ -31,16 +41,28 @@ class Source:
     """One input: a file, or an in-memory ``datasets.Dataset``.
 
     Attributes:
-        name: the path (or ``"<Dataset>"``), as error messages print it.
-        kind: ``"jsonl"``, ``"json"``, ``"parquet"`` or ``"dataset"``.
-        size: bytes for files, rows for datasets.
-        table: for ``"dataset"``: the ``pyarrow.Table`` (driver side only).
+        name: the path that is read (or ``"<Dataset>"``), as error messages print it.
+        kind: ``"jsonl"``, ``"json"``, ``"parquet"``, ``"arrow"``,
+            ``"compressed"``, ``"dataset"`` or ``"items"``.
+        size: bytes for files, rows for datasets and items.
+        table: for ``"dataset"``: the ``pyarrow.Table``; for ``"items"``: the
+            :class:`~vecpack.inputs.items.Items` (driver side only).
+        label: how error messages name the input when it is not ``name``
+            (the compressed file a plain copy was made from).
+        codec: for ``"compressed"``: ``"gzip"``, ``"bz2"``, ``"xz"`` or ``"zstd"``.
     """
 
     name: str
     kind: str
     size: int
     table: Any = field(default=None, repr=False, compare=False)
+    label: str | None = None
+    codec: str | None = None
+
+    @property
+    def shown(self) -> str:
+        """The name error messages print."""
+        return self.label or self.name
 
 
 # --------------------------------------------------------------------------- resolving
@@ -66,14 +88,22 @@ def _dataset_source(ds) -> Source:
     return Source("<Dataset>", "dataset", table.num_rows, table)
 
 
-def _sniff(path: str) -> str:
-    with open(path, "rb") as f:
-        head = f.read(4096)
+def sniff_codec(head: bytes) -> str | None:
+    """The codec whose magic bytes ``head`` starts with, else None.
+
+    >>> sniff_codec(b"\\x1f\\x8b\\x08"), sniff_codec(b'{"a": 1}')
+    ('gzip', None)
+    """
+    return next((codec for magic, codec in CODECS.items() if head.startswith(magic)), None)
+
+
+def _sniff(head: bytes) -> str:
     if head[:4] == b"PAR1":
         return "parquet"
+    if head[:6] == b"ARROW1" or head[:4] == b"\xff\xff\xff\xff":
+        return "arrow"
     body = head[3:] if head.startswith(BOM) else head
-    stripped = body.lstrip()
-    if stripped.startswith(b"["):
+    if body.lstrip().startswith(b"["):
         return "json"
     return "jsonl"
 
@@ -82,28 +112,52 @@ def _file_source(path: str) -> Source:
     if not os.path.exists(path):
         raise FileNotFoundError(f"data_files: no such file: {path!r}")
     if os.path.isdir(path):
-        raise IsADirectoryError(f"data_files: {path!r} is a directory; pass its files (a glob "
-                                f"such as '{os.path.join(path, '*.jsonl')}' works)")
-    low = path.lower()
-    if low.endswith(_COMPRESSED):
-        raise InputError("compressed inputs cannot be split into byte ranges; decompress first",
-                         file=path)
+        raise IsADirectoryError(f"data_files: {path!r} is a directory but not one that datasets.save_to_disk "
+                                f"wrote; pass its files (a glob such as '{os.path.join(path, '*.jsonl')}' "
+                                f"works)")
     size = os.path.getsize(path)
-    if low.endswith((".parquet", ".pq")):
-        kind = "parquet"
-    elif low.endswith((".jsonl", ".ndjson")):
-        kind = "jsonl"
-    else:  # .json (either a JSON array or JSON Lines) and unknown suffixes
-        kind = _sniff(path) if size else "jsonl"
-    return Source(path, kind, size)
+    with open(path, "rb") as f:
+        head = f.read(4096)
+    codec = sniff_codec(head)
+    if codec is not None:
+        return Source(path, "compressed", size, codec=codec)
+    for magic, name in _UNSUPPORTED.items():
+        if head.startswith(magic):
+            raise InputError(f"{name} files cannot be read; decompress it first (gzip, bzip2, xz and zstd "
+                             f"files are read as they are)", file=path)
+    return Source(path, _sniff(head) if size else "jsonl", size)
+
+
+def _saved_dataset(path: str) -> list[Source] | None:
+    """The Arrow shards of a ``datasets.save_to_disk`` directory, in order (None if it is not one)."""
+    import json
+
+    if os.path.isfile(os.path.join(path, "dataset_dict.json")):
+        splits = sorted(n for n in os.listdir(path) if os.path.isdir(os.path.join(path, n)))
+        raise IsADirectoryError(f"data_files: {path!r} holds a DatasetDict with splits {splits}; pass one "
+                                f"split's directory, e.g. {os.path.join(path, splits[0] if splits else 'train')!r}")
+    state = os.path.join(path, "state.json")
+    if not os.path.isfile(state):
+        return None
+    with open(state, encoding="utf-8") as f:
+        files = [d["filename"] for d in json.load(f).get("_data_files", [])]
+    return [_file_source(os.path.join(path, name)) for name in files]
+
+
+def _path_sources(path: str) -> list[Source]:
+    if os.path.isdir(path):
+        saved = _saved_dataset(path)
+        if saved is not None:
+            return saved
+    return [_file_source(path)]
 
 
 def resolve_sources(data_files) -> list[Source]:
     """Turn ``data_files`` into a list of :class:`Source`, in input order.
 
     Args:
-        data_files: a path, a glob pattern, a list of them, or a
-            ``datasets.Dataset``.
+        data_files: a path, a glob pattern, a list of them, a
+            ``datasets.Dataset``, or :class:`~vecpack.inputs.items.Items`.
 
     Raises:
         FileNotFoundError: a path (or a pattern) matches nothing.
@@ -111,6 +165,8 @@ def resolve_sources(data_files) -> list[Source]:
     """
     if _is_hf_dataset(data_files):
         return [_dataset_source(data_files)]
+    if isinstance(data_files, Items):  # a map-style dataset's items, read by their encoder
+        return [Source(data_files.name, "items", len(data_files), data_files)]
     if isinstance(data_files, (str, os.PathLike)):
         items = [data_files]
     elif isinstance(data_files, (list, tuple)):
@@ -132,7 +188,8 @@ def resolve_sources(data_files) -> list[Source]:
             matches = sorted(glob.glob(path))
             if not matches:
                 raise FileNotFoundError(f"data_files: pattern {path!r} matches no file")
-            out.extend(_file_source(m) for m in matches)
+            for m in matches:
+                out.extend(_path_sources(m))
         else:
-            out.append(_file_source(path))
+            out.extend(_path_sources(path))
     return out

@@ -1,1 +1,1 @@
-"""Training frameworks: collators for each attention path, masks, export for TRL and datasets."""
+"""Training frameworks: collators for each attention path, masks, export, Trainer / SFTTrainer helpers."""

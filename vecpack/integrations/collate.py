@@ -15,10 +15,20 @@ share a document id but never see each other)::
     seq_idx       0 0 0 0 | 1 1 1 | 2 2 | -1 -1 -1
 
 * :func:`collate_flash` -- padding-free ``[1, T]`` batch plus ``cu_seq_lens_q/k``
-  and ``max_length_q/k``: the kwargs of transformers' flash-attention path and
-  of ``flash_attn_varlen_func``.
+  and ``max_length_q/k`` (the kwargs of transformers' flash-attention path and
+  of ``flash_attn_varlen_func``) and ``seq_idx`` (the segment of every token, for
+  state-space and linear-attention layers).
 * :func:`collate_flex` -- ``[B, max_len]`` tensors plus a document-causal
   ``BlockMask``, built lazily on the tensors' device (:class:`FlexBatch`).
+
+Both carry ``use_cache=False``, so a plain ``model(**batch)`` is document-exact
+on every transformers attention implementation (``sdpa``, ``eager``,
+``flex_attention``, ``flash_attention_2/3``): without a KV cache transformers
+reads the segments from the restarting ``position_ids`` (sdpa, eager, flex),
+and the flash kernels get ``cu_seq_lens_*``. With the cache it creates by
+default (``use_cache`` is on even in training) it would ignore the restarts and
+attend across documents. Call ``model(**batch)``, not
+``model(**batch, use_cache=...)`` (a duplicate keyword).
 * :func:`collate_torchtune` -- what torchtune's ``padded_collate_packed``
   returns (``tokens``, ``labels``, ``input_pos``, ``mask``), equal tensor for tensor.
 
@@ -36,6 +46,8 @@ is never trained to predict the first token of the next one.
 >>> batch = collate_flash([pack])
 >>> batch["input_ids"].tolist(), batch["cu_seq_lens_q"].tolist(), batch["max_length_q"]
 ([[5, 6, 7, 8]], [0, 2, 4], 2)
+>>> batch["seq_idx"].tolist(), batch["use_cache"]
+([[0, 0, 1, 1]], False)
 """
 
 from __future__ import annotations
@@ -57,7 +69,11 @@ def _array(pack: Mapping[str, Any], key: str, i: int) -> np.ndarray:
     try:
         value = pack[key]
     except KeyError:
-        raise ValueError(f"packs[{i}] has no {key!r} (got keys {sorted(pack)})") from None
+        hint = ""
+        if key in ("seq_lens", "document_ids") and "input_ids" in pack:
+            hint = ("; transformers' Trainer drops the keys its model's forward does not name: "
+                    "pass TrainingArguments(remove_unused_columns=False)")
+        raise ValueError(f"packs[{i}] has no {key!r} (got keys {sorted(pack)}){hint}") from None
     except TypeError:
         raise TypeError(f"packs[{i}] must be a packed[i] dict, got {type(pack).__name__}") from None
     if isinstance(value, torch.Tensor):
@@ -68,8 +84,14 @@ def _array(pack: Mapping[str, Any], key: str, i: int) -> np.ndarray:
     return arr
 
 
-def _read(packs: Sequence[Mapping[str, Any]], keys: Sequence[str]) -> tuple[dict[str, list], list, int]:
-    """Validate packs; return per-key row lists, per-row seq_lens, and the common row length."""
+def _read(packs: Sequence[Mapping[str, Any]], keys: Sequence[str], *,
+          unpadded: bool = False) -> tuple[dict[str, list], list, int]:
+    """Validate packs; return per-key row lists, per-row seq_lens, and the (longest) row length.
+
+    With ``unpadded``, rows in the export's form (``seq_lengths``, no padding,
+    as ``vecpack.hf_dataset`` or ``datasets.load_from_disk`` of ``vecpack export
+    --format hf`` give them) are accepted too, each of its own length.
+    """
     if isinstance(packs, Mapping) or not isinstance(packs, Sequence):
         raise TypeError(f"packs must be a list of packed[i] dicts, got {type(packs).__name__}")
     if not packs:
@@ -78,18 +100,26 @@ def _read(packs: Sequence[Mapping[str, Any]], keys: Sequence[str]) -> tuple[dict
     seq_lens = []
     length = None
     for i, pack in enumerate(packs):
-        lens = _array(pack, "seq_lens", i)
+        exact = unpadded and isinstance(pack, Mapping) and "seq_lens" not in pack and "seq_lengths" in pack
+        seq_key = "seq_lengths" if exact else "seq_lens"
+        lens = _array(pack, seq_key, i)
+        row_length = None
         for k in keys:
             arr = _array(pack, k, i)
             if length is None:
                 length = arr.size
-            if arr.size != length:
-                raise ValueError(f"packs[{i}][{k!r}] has length {arr.size}, expected {length} (max_len)")
+            if row_length is None:
+                row_length = arr.size if exact else length
+            if arr.size != row_length:
+                raise ValueError(f"packs[{i}][{k!r}] has length {arr.size}, expected {row_length}"
+                                 + ("" if exact else " (max_len)"))
             rows[k].append(arr)
         if lens.size and int(lens.min()) < 1:
-            raise ValueError(f"packs[{i}]['seq_lens'] has a segment of length {int(lens.min())}")
-        if int(lens.sum()) > length:
-            raise ValueError(f"packs[{i}]['seq_lens'] sums to {int(lens.sum())} > max_len {length}")
+            raise ValueError(f"packs[{i}][{seq_key!r}] has a segment of length {int(lens.min())}")
+        if int(lens.sum()) > row_length or (exact and int(lens.sum()) != row_length):
+            raise ValueError(f"packs[{i}][{seq_key!r}] sums to {int(lens.sum())} "
+                             + (f"!= the row's {row_length} tokens" if exact else f"> max_len {row_length}"))
+        length = max(length, row_length)
         seq_lens.append(lens.astype(np.int64, copy=False))
     return rows, seq_lens, length
 
@@ -110,26 +140,52 @@ def _check_positions(pos: np.ndarray, lens: np.ndarray, i: int) -> None:
         )
 
 
+def _flash_kwargs(lens: np.ndarray) -> dict[str, Any]:
+    """``cu_seq_lens_q/k`` (int32 ``[S + 1]``) and ``max_length_q/k`` for segments of ``lens`` laid end to end."""
+    cu = np.zeros(lens.size + 1, dtype=np.int64)
+    np.cumsum(lens, out=cu[1:])
+    cu_t = torch.from_numpy(cu.astype(np.int32))
+    max_length = int(lens.max())
+    return {"cu_seq_lens_q": cu_t, "cu_seq_lens_k": cu_t.clone(), "max_length_q": max_length,
+            "max_length_k": max_length}
+
+
 def collate_flash(packs: Sequence[Mapping[str, Any]], *, ignore_index: int = -100) -> dict[str, Any]:
-    """Padding-free batch for flash-attention varlen (``flash_attn_varlen_func``).
+    """Padding-free ``[1, T]`` batch: exact on every attention implementation, SSM layers too.
 
     All segments of all packs are concatenated into one row, padding dropped.
-    A transformers model loaded with ``attn_implementation="flash_attention_2"``
-    (or ``"flash_attention_3"``) takes it as ``model(**batch)``: the ``cu_seq_lens_*``
-    / ``max_length_*`` kwargs reach ``_flash_attention_forward``, which calls
-    ``flash_attn_varlen_func`` with them, so attention stays inside segments;
+    ``model(**batch)`` keeps every segment to itself whatever the model's
+    ``attn_implementation``:
+
+    * ``flash_attention_2`` / ``3``: the ``cu_seq_lens_*`` / ``max_length_*``
+      kwargs reach ``_flash_attention_forward``, which calls
+      ``flash_attn_varlen_func`` with them;
+    * ``sdpa``, ``eager``, ``flex_attention``: ``use_cache=False`` lets
+      transformers find the segments from the restarting ``position_ids`` and
+      build the block-diagonal mask (with a KV cache, which ``use_cache``
+      creates by default even in training, it would not);
+    * state-space and linear-attention layers (Mamba2 mixers of Bamba, Falcon-H1,
+      NemotronH, Zamba2; the short convolutions and gated delta nets of
+      Qwen3-Next, LFM2...) read ``seq_idx`` and ``cu_seq_lens_q``, as in the
+      batches of transformers' ``DataCollatorWithFlattening`` and TRL's
+      padding-free collator.
+
     ``position_ids`` restart per segment for the rotary embedding.
 
     Args:
-        packs: ``packed[i]`` dicts.
+        packs: ``packed[i]`` dicts, or rows of the export's form (``input_ids``,
+            ``labels``, ``position_ids`` without padding and ``seq_lengths``:
+            ``vecpack.hf_dataset``, ``datasets.load_from_disk`` of ``vecpack export
+            --format hf``).
         ignore_index: label value that carries no loss.
 
     Returns:
         ``input_ids``, ``labels``, ``position_ids``: ``torch.long [1, T]``;
+        ``seq_idx``: ``torch.int32 [1, T]`` (segment ``0 .. S-1`` of every token);
         ``cu_seq_lens_q`` = ``cu_seq_lens_k``: ``torch.int32 [S + 1]`` (segment
         boundaries, ``0 .. T``); ``max_length_q`` = ``max_length_k``: ``int``
-        (the longest segment). ``T`` is the number of real tokens, ``S`` the
-        number of segments in the batch.
+        (the longest segment); ``use_cache``: ``False``. ``T`` is the number of
+        real tokens, ``S`` the number of segments in the batch.
 
     >>> import numpy as np
     >>> p = {"input_ids": np.array([1, 2, 3, 0]), "labels": np.array([-100, 2, -100, -100]),
@@ -138,8 +194,10 @@ def collate_flash(packs: Sequence[Mapping[str, Any]], *, ignore_index: int = -10
     >>> b = collate_flash([p, p])
     >>> b["position_ids"].tolist(), b["cu_seq_lens_k"].tolist(), b["max_length_k"]
     ([[0, 1, 0, 0, 1, 0]], [0, 2, 3, 5, 6], 2)
+    >>> b["seq_idx"].tolist()
+    [[0, 0, 1, 2, 2, 3]]
     """
-    rows, seq_lens, _ = _read(packs, ("input_ids", "labels", "position_ids"))
+    rows, seq_lens, _ = _read(packs, ("input_ids", "labels", "position_ids"), unpadded=True)
     used = [int(lens.sum()) for lens in seq_lens]
     for i, lens in enumerate(seq_lens):
         _check_positions(rows["position_ids"][i], lens, i)
@@ -151,28 +209,30 @@ def collate_flash(packs: Sequence[Mapping[str, Any]], *, ignore_index: int = -10
         return np.concatenate([r[:n] for r, n in zip(rows[key], used)]).astype(np.int64)
 
     labels = flat("labels")
-    cu = np.zeros(all_lens.size + 1, dtype=np.int64)
-    np.cumsum(all_lens, out=cu[1:])
-    labels[cu[:-1]] = ignore_index  # no prediction across a segment boundary
-    cu_t = torch.from_numpy(cu.astype(np.int32))
-    max_length = int(all_lens.max())
+    labels[_starts(all_lens)] = ignore_index  # no prediction across a segment boundary
+    seq_idx = np.repeat(np.arange(all_lens.size, dtype=np.int32), all_lens)
     return {
         "input_ids": torch.from_numpy(flat("input_ids"))[None],
         "labels": torch.from_numpy(labels)[None],
         "position_ids": torch.from_numpy(flat("position_ids"))[None],
-        "cu_seq_lens_q": cu_t,
-        "cu_seq_lens_k": cu_t.clone(),
-        "max_length_q": max_length,
-        "max_length_k": max_length,
+        "seq_idx": torch.from_numpy(seq_idx)[None],
+        **_flash_kwargs(all_lens),
+        "use_cache": False,
     }
 
 
 class FlexBatch(dict):
-    """A ``[B, max_len]`` batch (a plain ``dict`` of tensors) plus its ``BlockMask``.
+    """A ``[B, max_len]`` batch (a plain ``dict``) plus its ``BlockMask``.
 
     Keys: ``input_ids``, ``labels``, ``position_ids`` (``torch.long``),
     ``document_ids`` and ``seq_idx`` (``torch.int32``; ``seq_idx`` numbers the
-    segments of each row, ``-1`` on padding).
+    segments of each row, ``-1`` on padding); ``cu_seq_lens_q/k`` and
+    ``max_length_q/k`` over the ``B * max_len`` tokens read row after row (each
+    row's padding is one more segment), and ``use_cache=False``. So
+    ``model(**batch)`` without the mask is still document-exact: ``sdpa``,
+    ``eager`` and ``flex_attention`` find each row's segments from the
+    restarting ``position_ids`` (the padding tail counts 0, 1, 2... as a
+    segment of its own), flash attention runs varlen on the flattened rows.
 
     :attr:`block_mask` is built on first access, on the device ``seq_idx`` is
     on, and rebuilt if ``seq_idx`` is replaced (e.g. after :meth:`to`, or the
@@ -180,7 +240,7 @@ class FlexBatch(dict):
     yourself, build it with ``vecpack.integrations.masks.flex_block_mask(batch["seq_idx"])``.
     """
 
-    def __init__(self, tensors: Mapping[str, torch.Tensor], *, block_size: int = 128):
+    def __init__(self, tensors: Mapping[str, Any], *, block_size: int = 128):
         super().__init__(tensors)
         self.block_size = block_size
         self._mask_cache: tuple[torch.Tensor, Any] | None = None
@@ -196,7 +256,8 @@ class FlexBatch(dict):
 
     def to(self, device, *, non_blocking: bool = False) -> FlexBatch:
         """A copy with every tensor on ``device`` (the mask follows lazily)."""
-        moved = {k: v.to(device, non_blocking=non_blocking) for k, v in self.items()}
+        moved = {k: v.to(device, non_blocking=non_blocking) if isinstance(v, torch.Tensor) else v
+                 for k, v in self.items()}
         return FlexBatch(moved, block_size=self.block_size)
 
     def __reduce__(self):
@@ -224,7 +285,8 @@ def collate_flex(
     Returns:
         A :class:`FlexBatch`. With transformers (``attn_implementation="flex_attention"``):
         ``model(input_ids=b["input_ids"], position_ids=b["position_ids"],
-        labels=b["labels"], attention_mask=b.block_mask)``.
+        labels=b["labels"], attention_mask=b.block_mask, use_cache=False)``; a plain
+        ``model(**b)`` is exact too (see :class:`FlexBatch`), on any implementation.
 
     >>> import numpy as np
     >>> p = {"input_ids": np.array([1, 2, 3, 0]), "labels": np.array([-100, 2, -100, -100]),
@@ -242,12 +304,17 @@ def collate_flex(
     for r, lens in enumerate(seq_lens):
         labels[r, _starts(lens)] = ignore_index
     labels[seq_idx < 0] = ignore_index
+    # flash kwargs over the rows read one after another, each padding tail one more segment
+    flat_lens = np.concatenate([np.append(lens, length - lens.sum()) if lens.sum() < length else lens
+                                for lens in seq_lens])
     tensors = {
         "input_ids": torch.from_numpy(np.stack(rows["input_ids"]).astype(np.int64)),
         "labels": torch.from_numpy(labels),
         "position_ids": torch.from_numpy(np.stack(rows["position_ids"]).astype(np.int64)),
         "document_ids": torch.from_numpy(np.stack(rows["document_ids"]).astype(np.int32)),
         "seq_idx": torch.from_numpy(seq_idx),
+        **_flash_kwargs(flat_lens),
+        "use_cache": False,
     }
     return FlexBatch(tensors, block_size=block_size)
 

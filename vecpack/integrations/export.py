@@ -12,7 +12,11 @@ from ``seq_lengths``)::
     seq_lengths   list<int32>  the length of each document in the pack
 
 Formats: ``parquet`` (one file, a row group per block of packs), ``jsonl``
-(one JSON object per line) and ``hf`` (``datasets.Dataset.save_to_disk``).
+(one JSON object per line) and ``hf`` (``datasets.Dataset.save_to_disk``;
+``datasets.load_from_disk`` memory-maps it). TRL's ``SFTTrainer`` trains the
+``hf`` output as it is with ``SFTConfig(padding_free=True, max_length=None,
+dataset_kwargs={"skip_prepare_dataset": True})`` (docs/trainers.md);
+:func:`vecpack.hf_dataset` gives the same rows without writing them.
 
 >>> import numpy as np, tempfile, json, vecpack
 >>> from vecpack.integrations.export import export
@@ -154,7 +158,7 @@ def export(packed, dest: str | os.PathLike, format: str = "parquet", *, overwrit
     check_choice(format, "format", FORMATS)
     dest = pathlib.Path(dest)
     if dest.exists() and not overwrite:
-        raise FileExistsError(f"{dest} already exists (pass overwrite=True / --force to replace it)")
+        raise FileExistsError(f"{dest} already exists; pass overwrite=True to replace it")
     if not dest.parent.is_dir():
         raise FileNotFoundError(f"{dest.parent}: no such directory")
     tmp = dest.parent / f".{dest.name}.{os.getpid()}.partial"

@@ -493,3 +493,18 @@ def fill_packs(tokens, labels, offsets, doc_index, doc_start, doc_length, pack_o
         _fill_row(tokens, labels, offsets, doc_index, doc_start, doc_length,
                   pack_offsets[p], pack_offsets[p + 1], pad_id, ignore_index,
                   ids[k], lab[k], pos[k], doc[k])
+
+
+@njit(cache=True, parallel=True)
+def trained_tokens(labels, offsets, doc_index, doc_start, doc_length, ignore_index):
+    """Tokens of the packs that carry a loss: each entry's labels other than ``ignore_index``,
+    its first one excepted (a pack sets it to ``ignore_index``)."""
+    total = 0
+    for e in prange(doc_index.shape[0]):
+        a = offsets[doc_index[e]] + doc_start[e]
+        c = 0
+        for j in range(a + 1, a + doc_length[e]):
+            if labels[j] != ignore_index:
+                c += 1
+        total += c
+    return total

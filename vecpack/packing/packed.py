@@ -370,6 +370,12 @@ def warm_kernels(strategy: str = "bfd", long: str = "truncate", *, background: b
         return None
     import threading
 
-    thread = threading.Thread(target=run, name="vecpack-warm-kernels", daemon=True)
+    def quietly():
+        try:
+            run()
+        except BaseException:  # noqa: BLE001 - only a warm-up: the real pack() reports any error
+            pass               # (e.g. an import the main thread's Ctrl-C left half done)
+
+    thread = threading.Thread(target=quietly, name="vecpack-warm-kernels", daemon=True)
     thread.start()
     return thread

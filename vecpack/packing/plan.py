@@ -25,7 +25,7 @@ import numpy as np
 from vecpack.errors import InputError
 from vecpack.options import LONG_POLICIES, check_max_len, check_options
 
-__all__ = ["LONG_CODES", "Plan", "plan"]
+__all__ = ["LONG_CODES", "Plan", "plan", "trained_tokens"]
 
 #: The numba kernels' code of each ``long`` policy (``_kernels.LONG_*``; a test checks they agree).
 LONG_CODES = {name: code for code, name in enumerate(LONG_POLICIES)}
@@ -223,3 +223,17 @@ def plan(lengths, max_len: int, *, strategy: str = "bfd", long: str = "truncate"
         a.flags.writeable = False
     return Plan(doc_index=doc_index, doc_start=doc_start, doc_length=doc_length,
                 pack_offsets=pack_offsets, max_len=max_len, stats=stats)
+
+
+def trained_tokens(p: Plan, labels, offsets, ignore_index: int = -100) -> int:
+    """Tokens of ``p``'s packs that carry a loss (label not ``ignore_index``), without filling a pack.
+
+    Each entry's first label is left out: a pack sets it to ``ignore_index``.
+
+    >>> import numpy as np
+    >>> labels = np.array([-100, 5, 6, -100, 7], np.int32)
+    >>> trained_tokens(plan(np.array([3, 2]), 4), labels, np.array([0, 3, 5]))
+    3
+    """
+    return int(_kernels.trained_tokens(_ro(np.asarray(labels)), _ro(np.asarray(offsets, np.int64)),
+                                       p.doc_index, p.doc_start, p.doc_length, ignore_index))

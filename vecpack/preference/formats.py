@@ -345,10 +345,11 @@ def read_pair(row) -> Pair:
         InputError: the row is not a usable pair; the reason says why (the
             caller adds file and line).
 
-    >>> read_pair({"prompt": "Q", "chosen": "A"})
-    Traceback (most recent call last):
-    ...
-    vecpack.errors.InputError: <input>: missing 'rejected': a preference pair needs 'chosen' and 'rejected' (row has 'prompt', 'chosen')
+    >>> try:
+    ...     read_pair({"prompt": "Q", "chosen": "A"})
+    ... except InputError as e:
+    ...     print(e.reason)
+    missing 'rejected': a preference pair needs 'chosen' and 'rejected' (row has 'prompt', 'chosen')
     """
     if not isinstance(row, dict):
         raise InputError(f"row is a JSON {_kind(row)}, expected an object")

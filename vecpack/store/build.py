@@ -43,14 +43,15 @@ import time
 
 import numpy as np
 
-from vecpack.options import check_max_len, check_options
+from vecpack.errors import UselessOutputError
+from vecpack.options import IGNORE_INDEX, check_max_len, check_options, useless_reason
 from vecpack.packing.packed import Packed, pack, warm_kernels
-from vecpack.packing.plan import Plan, plan
+from vecpack.packing.plan import Plan, plan, trained_tokens
 from vecpack.store import cache as _cache
 from vecpack.store.fingerprint import corpus_key_inputs, describe
 from vecpack.tokenizing.spec import default_pad_id
 
-__all__ = ["BuildInfo", "PLAN_FORMAT", "build", "jsonable", "packed_from_entries"]
+__all__ = ["BuildInfo", "PLAN_FORMAT", "build", "corpus_entry", "jsonable", "packed_from_entries"]
 
 logger = logging.getLogger("vecpack")
 
@@ -109,7 +110,7 @@ def build(data_files, tokenizer=None, max_len: int | None = None, *, style: str 
           long: str = "truncate", shuffle_seed: int | None = 0, pad_id: int | None = None,
           ignore_index: int = -100, n_jobs: int = -1, on_error: str = "raise", progress: bool = True,
           cache: bool = True, cache_dir: str | os.PathLike | None = None, backend: str = "loky",
-          encoder=None, verify: bool = False) -> Packed:
+          encoder=None, verify: bool = False, allow_useless: bool = False) -> Packed:
     """Tokenize chat data and pack it, through the cache.
 
     Args:
@@ -133,6 +134,12 @@ def build(data_files, tokenizer=None, max_len: int | None = None, *, style: str 
             ``tokenizer``, and its fingerprint keys the cache.
         verify: re-hash the inputs ignoring the stat memo, and compare the
             cached arrays' checksums before trusting them.
+        allow_useless: return the result even when it would train on
+            nothing or on little of the input: 0 packs, 0 tokens that carry
+            a loss, or more than half of the tokens cut by truncation
+            (:data:`vecpack.options.MAX_CUT_FRACTION`). By default that is
+            a :class:`~vecpack.errors.UselessOutputError` saying why and
+            what to change.
 
     Returns:
         A :class:`~vecpack.Packed` over memory-mapped arrays, with
@@ -140,6 +147,9 @@ def build(data_files, tokenizer=None, max_len: int | None = None, *, style: str 
 
     A cache hit logs one INFO line on the ``"vecpack"`` logger saying where
     the data came from.
+
+    Raises:
+        UselessOutputError: the packs would be useless (see ``allow_useless``).
     """
     t0 = time.perf_counter()
     max_len = check_max_len(max_len)
@@ -158,6 +168,8 @@ def build(data_files, tokenizer=None, max_len: int | None = None, *, style: str 
         packed = pack(t.tokens, t.offsets, max_len, labels=t.labels, strategy=strategy,
                       pad_id=default_pad_id(tokenizer, t.encoder or encoder) if pad_id is None else pad_id,
                       ignore_index=ignore_index, long=long, shuffle_seed=shuffle_seed)
+        packed.stats["trained_tokens"] = trained_tokens(packed.plan, t.labels, t.offsets, IGNORE_INDEX)
+        _check_useful(packed.stats, t.stats, masking, allow_useless)
         packed.build_info = BuildInfo(None, None, None, None, None, False, False, dict(t.stats),
                                       np.asarray(t.row_ids), time.perf_counter() - t0,
                                       describe(data_files, tokenizer, encoder))
@@ -167,18 +179,9 @@ def build(data_files, tokenizer=None, max_len: int | None = None, *, style: str 
     inputs, described = corpus_key_inputs(data_files, tokenizer, style=style, column=column,
                                           masking=masking, on_error=on_error, encoder=encoder,
                                           root=store.root, verify=verify)
-    ckey = _cache.make_key("corpus", inputs)
-
-    def build_corpus(tmp: pathlib.Path) -> dict:
-        warm_kernels(strategy, long)  # loads while the tokenizer loads
-        t = _tokenize(data_files, tokenizer, out_dir=tmp, **tok_kwargs)
-        missing = [n for n in _CORPUS_ARRAYS if not (tmp / f"{n}.npy").exists()]
-        if missing:
-            raise RuntimeError(f"vecpack.tokenize(out_dir=...) did not write {missing}")
-        return {"stats": jsonable(dict(t.stats)), "pad_id": default_pad_id(tokenizer, t.encoder or encoder)}
-
-    corpus = store.get_or_build(ckey, build_corpus, kind="corpus", verify=verify,
-                                meta={"inputs": inputs, "described": described})
+    corpus = corpus_entry(store, data_files, tokenizer, inputs=inputs, described=described, verify=verify,
+                          before=lambda: warm_kernels(strategy, long), **tok_kwargs)
+    ckey = corpus.key
     offsets = corpus.arrays["offsets"]
 
     pinputs = {"format": PLAN_FORMAT, "corpus": ckey, "max_len": max_len, "strategy": strategy,
@@ -187,6 +190,7 @@ def build(data_files, tokenizer=None, max_len: int | None = None, *, style: str 
 
     def build_plan(tmp: pathlib.Path) -> dict:
         p = plan(np.diff(offsets), max_len, strategy=strategy, long=long, shuffle_seed=shuffle_seed)
+        p.stats["trained_tokens"] = trained_tokens(p, corpus.arrays["labels"], offsets, IGNORE_INDEX)
         for n in _PLAN_ARRAYS:
             np.save(tmp / f"{n}.npy", np.ascontiguousarray(getattr(p, n), dtype=np.int64))
         return {"stats": jsonable(dict(p.stats))}
@@ -194,6 +198,7 @@ def build(data_files, tokenizer=None, max_len: int | None = None, *, style: str 
     pentry = store.get_or_build(pkey, build_plan, kind="plan", verify=verify, keep=(ckey,),
                                 meta={"inputs": pinputs, "corpus": ckey})
     packed = packed_from_entries(corpus, pentry, pad_id=pad_id, ignore_index=ignore_index)
+    _check_useful(packed.stats, corpus.meta.get("stats") or {}, masking, allow_useless)
     seconds = time.perf_counter() - t0
     packed.build_info = BuildInfo(store.root, ckey, pkey, corpus.path, pentry.path, not corpus.built,
                                   not pentry.built, dict(corpus.meta.get("stats", {})),
@@ -201,6 +206,38 @@ def build(data_files, tokenizer=None, max_len: int | None = None, *, style: str 
                                   described)
     _log_build(packed, corpus, pentry, store, seconds)
     return packed
+
+
+def _check_useful(stats: dict, tstats: dict, masking: str, allow_useless: bool) -> None:
+    """Raise :class:`UselessOutputError` when the packs would train on nothing or on little of the input."""
+    if allow_useless:
+        return
+    reason = useless_reason(stats, rows=tstats.get("rows"), rejected=int(tstats.get("rejected") or 0),
+                            masking=masking)
+    if reason:
+        raise UselessOutputError(f"{reason}. allow_useless=True (--allow-useless) keeps such a result")
+
+
+def corpus_entry(store: _cache.Cache, data_files, tokenizer, *, inputs: dict, described: dict,
+                 verify: bool = False, before=None, tokenize=None, **tok_kwargs):
+    """The tokenized corpus (``tokens``, ``labels``, ``offsets``, ``row_ids``) as a cache entry.
+
+    Keyed by ``inputs`` (see :func:`~vecpack.store.fingerprint.corpus_key_inputs`);
+    on a miss ``tokenize`` (default :func:`vecpack.tokenize`) writes it under
+    the cache lock (``before()`` runs first). ``tok_kwargs`` go to ``tokenize``.
+    """
+    def build_corpus(tmp: pathlib.Path) -> dict:
+        if before is not None:
+            before()
+        t = (tokenize or _tokenize)(data_files, tokenizer, out_dir=tmp, **tok_kwargs)
+        missing = [n for n in _CORPUS_ARRAYS if not (tmp / f"{n}.npy").exists()]
+        if missing:
+            raise RuntimeError(f"vecpack.tokenize(out_dir=...) did not write {missing}")
+        return {"stats": jsonable(dict(t.stats)),
+                "pad_id": default_pad_id(tokenizer, t.encoder or tok_kwargs.get("encoder"))}
+
+    return store.get_or_build(_cache.make_key("corpus", inputs), build_corpus, kind="corpus", verify=verify,
+                              meta={"inputs": inputs, "described": described})
 
 
 def _tokenize(*args, **kwargs):

@@ -17,6 +17,7 @@ import os
 import pathlib
 
 from vecpack.inputs.sources import resolve_sources
+from vecpack.options import check_tokenizer_dir
 from vecpack.store import hashing
 
 __all__ = ["CORPUS_FORMAT", "corpus_key_inputs", "describe", "tokenizer_fingerprint"]
@@ -62,6 +63,9 @@ def _hash_arrow_table(table) -> str:
 def _data_fingerprint(data_files, root: pathlib.Path, verify: bool) -> tuple[list, list[str]]:
     """(key part, readable names) for the inputs: content hashes, in order."""
     sources = resolve_sources(data_files)
+    if any(s.kind == "items" for s in sources):
+        raise TypeError("the items of an in-memory dataset have no content fingerprint; build them "
+                        "with cache=False")
     files = [s.name for s in sources if s.kind != "dataset"]
     digests = iter(hashing.file_digests(files, verify=verify, root=root))
     parts, names = [], []
@@ -101,7 +105,8 @@ def tokenizer_fingerprint(tokenizer, *, root: str | os.PathLike | None = None,
         if d.is_file():  # e.g. a tokenizer.json or tiktoken file on its own
             return "file:" + hashing.hash_files(d, names=True, verify=verify, root=root)
         if not d.is_dir():
-            raise FileNotFoundError(f"tokenizer: no such directory: {str(tokenizer)!r}")
+            check_tokenizer_dir(tokenizer)
+            raise NotADirectoryError(f"tokenizer {str(tokenizer)!r}: not a directory")
         files = sorted(str(p.relative_to(d)).replace(os.sep, "/")
                        for p in d.rglob("*") if p.is_file())
         files = [f for f in files if _is_tokenizer_file(f)]

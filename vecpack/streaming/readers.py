@@ -121,7 +121,7 @@ class Reader:
     def where(self, ref) -> dict:
         """Where a row is, as ``InputError`` keywords."""
         src = self.srcs[int(ref[F])]
-        return reader(src.kind).where(src.name, int(ref[POS]), int(ref[LINE]))
+        return reader(src.kind).where(src.shown, int(ref[POS]), int(ref[LINE]))
 
 
 class Layout:

@@ -26,9 +26,10 @@ import sys
 import time
 
 from vecpack.errors import InputError
+from vecpack.inputs.compressed import prepare
 from vecpack.inputs.readers import reader, sample_rows
 from vecpack.inputs.sources import resolve_sources
-from vecpack.options import FAST_ENGINES, check_options
+from vecpack.options import FAST_ENGINES, check_options, check_tokenizer_dir
 from vecpack.tokenizing import executors
 from vecpack.tokenizing import pool as _pool
 from vecpack.tokenizing.backend import Pending, fall_back
@@ -43,6 +44,8 @@ __all__ = ["Tokenized", "check_args", "tokenize"]
 def check_args(style, masking, on_error, backend, tokenizer, encoder) -> None:
     """Validate ``tokenize``'s options (also what ``build`` and streaming pass on)."""
     check_options(style=style, masking=masking, on_error=on_error, executor=backend)
+    if encoder is None:
+        check_tokenizer_dir(tokenizer)
     if encoder is None and tokenizer is None:
         raise TypeError("tokenizer is required (a local Hugging Face tokenizer directory or a "
                         "transformers tokenizer)")
@@ -101,14 +104,34 @@ def tokenize(data_files, tokenizer=None, *, style: str = "sharegpt", column: str
     n_jobs = _pool.effective_n_jobs(n_jobs)
     t0 = time.perf_counter()
     sources = resolve_sources(data_files)
-    estimate = _estimate_output_bytes(sources)
     if chunk_bytes is None:
-        text_bytes = sum(s.size for s in sources if reader(s.kind).text)
-        chunk_bytes = default_chunk_bytes(text_bytes or estimate // 3, n_jobs)
+        text_bytes = sum(reader(s.kind).output_estimate(s) for s in sources if reader(s.kind).text)
+        chunk_bytes = default_chunk_bytes(text_bytes or _estimate_output_bytes(sources) // 3, n_jobs)
+    pool = backend == "loky" and n_jobs > 1
+    scratch = None
+    if any(s.kind == "compressed" for s in sources):
+        if pool and _estimate_output_bytes(sources) > 2.5 * chunk_bytes:  # more than one task, likely
+            _pool.warm(n_jobs, tokenizer)   # the workers start while the inputs decompress
+        # decompressed once, several files at once, into plain files that the workers range-read
+        scratch = _pool.chunk_dir(_estimate_output_bytes(sources) // 2, out_dir,
+                                  shared=backend == "ray" and out_dir is not None)
+    try:
+        return _tokenize(sources, scratch, tokenizer, encoder, style, column, masking, n_jobs, on_error,
+                         progress, out_dir, backend, chunk_bytes, pool, t0)
+    finally:
+        if scratch is not None:
+            shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _tokenize(sources, scratch, tokenizer, encoder, style, column, masking, n_jobs, on_error, progress,
+              out_dir, backend, chunk_bytes, pool, t0) -> Tokenized:
+    if scratch is not None:
+        sources = prepare(sources, scratch, n_jobs)
+    estimate = _estimate_output_bytes(sources)
     tasks = plan_chunks(sources, chunk_bytes=chunk_bytes)
-    if backend == "loky" and n_jobs > 1 and len(tasks) > 1:
+    if pool and len(tasks) > 1:
         # one task runs here: starting workers would only take CPU from it
-        _pool.warm(n_jobs, tokenizer)
+        _pool.warm(n_jobs - 1 if getattr(encoder, "slow_to_load", False) else n_jobs, tokenizer)
     key, texts = None, None
     if encoder is None:
         key, encoder = encoder_for(tokenizer, style, column, masking, sources)
@@ -190,10 +213,13 @@ class _RetryWithFallback(Exception):
 
 
 def _summary(s: dict) -> None:
+    from vecpack.cli.report import plural  # every printed count, one plural rule
+
     rate = s["rows"] / s["seconds"] if s["seconds"] > 0 else 0.0
-    line = (f"vecpack.tokenize: {s['rows']:,} rows -> {s['documents']:,} documents, "
-            f"{s['tokens']:,} tokens, {s['rejected']:,} rejected, backend {s['backend']}, "
-            f"{s['seconds']:.1f} s ({rate:,.0f} rows/s, {s['n_jobs'] or s['executor']} workers)")
+    workers = plural(s["n_jobs"], "worker") if s["n_jobs"] else f"{s['executor']} workers"
+    line = (f"vecpack.tokenize: {plural(s['rows'], 'row')} -> {plural(s['documents'], 'document')}, "
+            f"{plural(s['tokens'], 'token')}, {s['rejected']:,} rejected, backend {s['backend']}, "
+            f"{s['seconds']:.1f} s ({plural(rate, 'row/s', 'rows/s', rate=True)}, {workers})")
     print(line, file=sys.stderr)
     for ex in s["rejected_examples"]:
         print(f"  rejected: {ex}", file=sys.stderr)

@@ -161,8 +161,9 @@ class ChatEncoder:
             if not source and cls.needs_template:
                 raise ValueError(f"tokenizer {str(path)!r} has no chat_template; use style='text' or add one")
             if source:
-                template = ChatTemplate(source, variables=variables, added_tokens=facts["added"],
-                                        masking=masking)
+                template = ChatTemplate(source, variables=variables, added_tokens=facts["added"], masking=masking,
+                                        origin=str(path / ("chat_template.jinja" if (path / "chat_template.jinja")
+                                                           .exists() else "tokenizer_config.json")))
         ids = {k: (facts["ids"].get(variables[f"{k}_token"]) if variables.get(f"{k}_token") else None)
                for k in ("bos", "eos", "pad")}
         if ids["pad"] is None:

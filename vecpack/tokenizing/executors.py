@@ -43,7 +43,9 @@ def execute(tasks: list[ChunkTask], encoder, out_dir: str, *, executor: str = "l
     ``executor="loky"`` runs them in this process (``n_jobs <= 1`` or a single
     task) or on the persistent worker pool; ``"ray"`` on a Ray cluster. With a
     ``merger``, every finished chunk is handed to it at once (so the copy into
-    the final arrays overlaps the tokenizing).
+    the final arrays overlaps the tokenizing). An encoder that is
+    ``slow_to_load`` in a new process (it carries a dataset whose classes
+    import torch) gets ``n_jobs - 1`` workers, and this process runs tasks too.
 
     Every executor reports failures the same way. On a bad record
     (``on_error="raise"``), an encoder bug, a dead worker or Ctrl-C, the
@@ -62,7 +64,8 @@ def execute(tasks: list[ChunkTask], encoder, out_dir: str, *, executor: str = "l
         elif n_jobs <= 1 or len(tasks) <= 1:
             _execute_inline(run, encoder, on_error)
         else:
-            _execute_pool(run, encoder, on_error, min(n_jobs, len(tasks)))
+            _execute_pool(run, encoder, on_error, min(n_jobs, len(tasks)),
+                          driver=bool(getattr(encoder, "slow_to_load", False)))
         run.bar.close(final=sum(m.records for m in run.metas))
         return run.metas  # type: ignore[return-value]
     except ChunkError as e:
@@ -103,37 +106,65 @@ class _Execution:
         del self.slots
 
 
+def _run_here(run: _Execution, task: ChunkTask, encoder, on_error: str, last: list) -> None:
+    """One task in this process, its progress in the shared slots (and the bar, every 0.1 s)."""
+    slots = run.slots
+
+    def progress(done, _slot=1 + task.index):
+        slots[_slot] = done
+        now = time.monotonic()
+        if now - last[0] > 0.1:
+            last[0] = now
+            run.bar.update(slots)
+        if slots[0]:
+            raise _pool.Aborted()
+
+    run.done(task, tokenize_chunk(task, encoder, run.out_dir, on_error=on_error, progress=progress,
+                                  direct=run.direct))
+
+
 def _execute_inline(run: _Execution, encoder, on_error: str) -> None:
-    slots, last = run.slots, [time.monotonic()]
+    last = [time.monotonic()]
     for task in run.tasks:
-        def progress(done, _slot=1 + task.index):
-            slots[_slot] = done
-            now = time.monotonic()
-            if now - last[0] > 0.1:
-                last[0] = now
-                run.bar.update(slots)
-        run.done(task, tokenize_chunk(task, encoder, run.out_dir, on_error=on_error,
-                                      progress=progress, direct=run.direct))
+        _run_here(run, task, encoder, on_error, last)
 
 
-def _execute_pool(run: _Execution, encoder, on_error: str, n_jobs: int) -> None:
+def _execute_pool(run: _Execution, encoder, on_error: str, n_jobs: int, driver: bool = False) -> None:
+    """The tasks on ``n_jobs`` workers; with ``driver``, on ``n_jobs - 1`` workers and this process."""
     from joblib.externals.loky.process_executor import BrokenProcessPool
 
     key, blob = _pool._pickled(encoder)
     enc_path = os.path.join(run.out_dir, "encoder.pkl")
     with open(enc_path, "wb") as f:
         f.write(blob)
-    ex = _pool._executor(n_jobs)
+    workers = n_jobs - 1 if driver else n_jobs
+    ex = _pool._executor(workers)
     slots, futures = run.slots, {}
+    queue = list(reversed(run.tasks))  # next task last
+    last = [time.monotonic()]
     try:
-        for task in run.tasks:
-            fut = ex.submit(_pool.run_chunk, task, key, enc_path, run.out_dir, on_error,
-                            run.progress_path, len(slots), run.direct)
-            futures[fut] = task
-        pending = set(futures)
+        pending: set = set()
         error: BaseException | None = None
-        while pending:
-            done, pending = wait(pending, timeout=0.1, return_when=FIRST_COMPLETED)
+        while queue or pending:
+            # every task to the workers; with driver, one each once they are up, the rest here
+            while queue and error is None and (not driver or (len(pending) < workers and _pool.warmed())):
+                task = queue.pop()
+                fut = ex.submit(_pool.run_chunk, task, key, enc_path, run.out_dir, on_error,
+                                run.progress_path, len(slots), run.direct)
+                futures[fut] = task
+                pending.add(fut)
+            if driver and queue and error is None:
+                try:
+                    _run_here(run, queue.pop(), encoder, on_error, last)
+                except _pool.Aborted:
+                    queue = []
+                except ChunkError as exc:
+                    error, run.failed, queue = exc, True, []
+                    slots[0] = 1
+                timeout = 0
+            else:
+                timeout = 0.1
+            done, pending = wait(pending, timeout=timeout, return_when=FIRST_COMPLETED)
             for fut in done:
                 task = futures[fut]
                 if fut.cancelled():
@@ -148,9 +179,10 @@ def _execute_pool(run: _Execution, encoder, on_error: str, n_jobs: int) -> None:
                     error = exc
                 run.failed = True
                 if isinstance(exc, BrokenProcessPool):
-                    pending = set()  # loky already stopped every worker
+                    pending, queue = set(), []  # loky already stopped every worker
                     break
                 slots[0] = 1  # running tasks stop at their next check; queued ones at once
+                queue = []
             run.bar.update(slots)
         if error is not None:
             if isinstance(error, BrokenProcessPool):
@@ -173,7 +205,16 @@ def earlier(exc: BaseException, current: BaseException) -> bool:
 
 
 class _Bar:
-    """One tqdm bar over all workers, fed from the shared progress slots."""
+    """One tqdm bar over all workers, fed from the shared progress slots.
+
+    Its total never moves: each task weighs its rows as guessed at the start
+    (exact for tables; bytes times a sampled rows-per-byte for text), a
+    running task counts its rows done up to that weight, a finished one its
+    whole weight. The bar shows the percentage and the exact rows done (not
+    a guessed total that would jump, 2166 -> 2009 -> 2000, as chunks end).
+    """
+
+    _FORMAT = "{desc}: {percentage:3.0f}%|{bar}| ROWS [{elapsed}<{remaining}]"   # ROWS: rows done, rows/s
 
     def __init__(self, tasks: list[ChunkTask], enabled: bool, desc: str):
         self.enabled = enabled
@@ -183,39 +224,43 @@ class _Bar:
         from tqdm.auto import tqdm
 
         text = [t for t in tasks if reader(t.kind).text]
-        self.known = sum(reader(t.kind).known_rows(t.source, t.start, t.stop)
-                         for t in tasks if not reader(t.kind).text)
-        self.text_bytes = sum(t.stop - t.start for t in text)
-        self.rate = next((r for r in (reader(k).rows_per_byte([t for t in text if t.kind == k])
-                                      for k in dict.fromkeys(t.kind for t in text)) if r), 1 / 2000)
-        self.done_rows = 0
-        self.done_bytes = 0
-        self.bar = tqdm(total=self._total(), unit=" rows", desc=desc, dynamic_ncols=True,
-                        smoothing=0.1, file=sys.stderr)
-
-    def _total(self) -> int:
-        return int(self.known + self.text_bytes * self.rate)
+        rate = next((r for r in (reader(k).rows_per_byte([t for t in text if t.kind == k])
+                                 for k in dict.fromkeys(t.kind for t in text)) if r), 1 / 2000)
+        self.weights = np.array([max(1.0, (t.stop - t.start) * rate) if reader(t.kind).text
+                                 else max(1, reader(t.kind).known_rows(t.source, t.start, t.stop))
+                                 for t in tasks], np.float64)
+        self.finished_tasks = np.zeros(len(tasks), bool)
+        self.t0 = time.monotonic()
+        self.bar = tqdm(total=int(round(self.weights.sum())), desc=desc, dynamic_ncols=True,
+                        bar_format=self._FORMAT.replace("ROWS", "0 rows"), file=sys.stderr)
 
     def finished(self, task: ChunkTask, meta: ChunkMeta) -> None:
-        if self.bar is not None and reader(task.kind).text and task.stop > task.start:
-            self.done_rows += meta.records
-            self.done_bytes += task.stop - task.start
-            self.rate = self.done_rows / self.done_bytes
+        if self.bar is not None:
+            self.finished_tasks[task.index] = True
+
+    def _show(self, rows: int) -> None:
+        from vecpack.cli.report import plural
+
+        rate = rows / max(time.monotonic() - self.t0, 1e-9)
+        text = f"{plural(rows, 'row')}, {plural(rate, 'row/s', 'rows/s', rate=True)}"
+        self.bar.bar_format = self._FORMAT.replace("ROWS", text)
 
     def update(self, slots: np.ndarray) -> None:
         if self.bar is None:
             return
-        n = int(slots[1:].sum())
-        total = max(self._total(), n)
-        if abs(total - (self.bar.total or 0)) > 0.002 * total:
-            self.bar.total = total
+        done = np.asarray(slots[1:], np.float64)
+        work = np.where(self.finished_tasks, self.weights, np.minimum(done, self.weights))
+        n = min(int(work.sum()), self.bar.total)
+        self._show(int(done.sum()))
         if n > self.bar.n:
             self.bar.update(n - self.bar.n)
+        else:
+            self.bar.refresh()
 
     def close(self, final: int | None = None) -> None:
         if self.bar is not None:
             if final is not None:
-                self.bar.total = final
-                self.bar.n = final
+                self.bar.n = self.bar.total
+                self._show(final)
                 self.bar.refresh()
             self.bar.close()

@@ -18,15 +18,19 @@ breaks the pool: the next call starts a fresh one.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import importlib
 import os
 import pickle
 import re
 import shutil
+import signal
+import sys
 import tempfile
 import threading
 import uuid
-from concurrent.futures import wait
+from concurrent.futures import ThreadPoolExecutor, wait  # its exit hook first (see _stop_at_exit)
 
 import numpy as np
 
@@ -38,7 +42,7 @@ from vecpack.tokenizing.rows import tokenize_chunk
 from vecpack.tokenizing.runtime import engine_ids, fast_engine, runtime
 from vecpack.tokenizing.tasks import ChunkMeta, ChunkTask
 
-__all__ = ["chunk_dir", "effective_n_jobs", "ready", "shutdown", "start_check", "warm"]
+__all__ = ["chunk_dir", "effective_n_jobs", "ready", "shutdown", "start_check", "warm", "warmed"]
 
 
 class Aborted(Exception):
@@ -101,9 +105,14 @@ def run_chunk(task: ChunkTask, enc_key: str, enc_path: str, out_dir: str, on_err
         del slots, progress  # unmap the progress file now, not at the next collection
 
 
-def _warm(tokenizer_path: str | None = None) -> int:
-    """Start a worker; with a tokenizer directory, also build its fast engine now."""
+def _warm(tokenizer_path: str | None = None, modules: tuple = ()) -> int:
+    """Start a worker; with a tokenizer directory, also build its fast engine now; import ``modules``."""
     _allow_engine_memory()
+    for name in modules:  # what the encoder will need (a dataset's classes import torch...)
+        try:
+            importlib.import_module(name)
+        except Exception:  # the real task says why
+            pass
     if tokenizer_path is not None:
         try:
             engine, _ = fast_engine(tokenizer_path)
@@ -143,7 +152,8 @@ class _Lifecycle:
         starting: the future of a start in progress.
         warming: futures of the warm-up tasks of the current pool.
         size: ``max_workers`` of the executor last asked for.
-        exit_pid: the process that registered the exit hook (a forked child registers again).
+        exit_pid: the process that registered the exit hooks (a forked child registers again).
+        closing: the interpreter is exiting: no pool may start any more.
     """
 
     def __init__(self):
@@ -154,6 +164,7 @@ class _Lifecycle:
         self.warming: list = []
         self.size: int | None = None
         self.exit_pid: int | None = None
+        self.closing = False
 
 
 _POOL = _Lifecycle()
@@ -179,6 +190,8 @@ def _executor(n_jobs: int):
     from joblib.externals.loky import get_reusable_executor
 
     with _POOL.lock:  # warm() may be starting the pool in its thread right now
+        if _POOL.closing:
+            raise RuntimeError("the interpreter is exiting: no worker pool can start")
         if _POOL.warming and _POOL.size != n_jobs:  # let a resize find the warm-up tasks done
             wait(_POOL.warming, timeout=30)
             _POOL.warming = []
@@ -187,32 +200,92 @@ def _executor(n_jobs: int):
         _stop_at_exit()
         _POOL.size = n_jobs
         # idle workers stay 5 minutes so later calls skip start-up (shutdown() frees them)
-        return get_reusable_executor(max_workers=n_jobs, timeout=300, env=_EXECUTOR_ENV)
+        with _sigint_blocked():  # the workers (and the manager thread that respawns them) inherit it
+            ex = get_reusable_executor(max_workers=n_jobs, timeout=300, env=_EXECUTOR_ENV)
+            start_now = getattr(ex, "_ensure_executor_running", None)  # else the first submit starts them
+            if start_now is not None:
+                start_now()
+        return ex
+
+
+@contextlib.contextmanager
+def _sigint_blocked():
+    """Block SIGINT in this thread while it starts worker processes.
+
+    A terminal's Ctrl-C goes to the whole process group: a worker that got it
+    would print a ``KeyboardInterrupt`` traceback (even while it is still
+    importing) and break the pool. A process starts with its parent thread's
+    signal mask, so workers started here never see SIGINT; the driver alone
+    handles Ctrl-C and stops them (:func:`vecpack.tokenizing.executors.execute`).
+    A Ctrl-C that arrives meanwhile is delivered to this process when the
+    block ends.
+    """
+    if not hasattr(signal, "pthread_sigmask"):  # Windows
+        yield
+        return
+    # multiprocessing's resource tracker, when it starts, *unblocks* SIGINT in the thread that
+    # starts it (Python < 3.12): start it first (loky needs it anyway)
+    from multiprocessing import resource_tracker
+
+    resource_tracker.ensure_running()
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
 
 
 def _stop_at_exit() -> None:
-    """Stop the idle workers when this process exits.
+    """Stop the workers when this process exits, and never start a pool while it exits.
 
-    Without this, a process that is itself a ``multiprocessing`` child (a
-    DataLoader worker, a user's own pool) waits at exit for multiprocessing to
-    join the idle loky workers, up to their 5-minute idle timeout. A
-    ``multiprocessing.util.Finalize`` with an exit priority runs before that
-    join, in the main process and in children alike.
+    Two hooks. The first runs when the main thread has finished, before the
+    interpreter joins the other threads (``threading._register_atexit``, as
+    ``concurrent.futures`` and loky use): it stops pool starts for good and
+    shuts down a pool that exists. Without it, an error raised while
+    :func:`warm`'s background thread was still starting the pool (a missing
+    chat template, found a few ms after ``warm``) ended the main thread first;
+    the start then went on during shutdown, loky could no longer register its
+    own exit hook, and the interpreter waited forever for loky's manager
+    thread (with 8 "leaked semlock objects" and the workers left behind).
+    ``ThreadPoolExecutor``'s own hook is registered at import, before this
+    one, so this one runs first (hooks run in reverse) and a start still
+    queued in the starter thread finds ``closing`` set and starts nothing.
+
+    The second, a ``multiprocessing.util.Finalize`` with an exit priority,
+    runs before multiprocessing joins its children: without it a process that
+    is itself a ``multiprocessing`` child (a DataLoader worker, a user's own
+    pool) waits at exit for the idle loky workers, up to their 5-minute idle
+    timeout.
     """
     if _POOL.exit_pid == os.getpid():
         return
     from multiprocessing import util
 
+    try:
+        threading._register_atexit(_before_thread_join)
+    except (AttributeError, RuntimeError):  # already exiting: the Finalize below still runs
+        pass
     util.Finalize(None, _shutdown_existing, exitpriority=20)
     _POOL.exit_pid = os.getpid()
 
 
-def _shutdown_existing() -> None:
-    from joblib.externals.loky import reusable_executor
+def _before_thread_join() -> None:
+    """The interpreter is exiting: no pool starts from now on, and the one there is stops."""
+    held = _POOL.lock.acquire(timeout=30)  # a start in progress finishes first
+    _POOL.closing = True
+    if held:
+        _POOL.lock.release()
+    _shutdown_existing()
 
+
+def _shutdown_existing() -> None:
+    # loky not imported (or its import still under way in the starter thread): there is no pool
+    reusable_executor = sys.modules.get("joblib.externals.loky.reusable_executor")
+    if reusable_executor is None:
+        return
     held = _POOL.lock.acquire(timeout=10)  # let a pool that warm() is starting finish starting
     try:
-        ex = reusable_executor._executor
+        ex = getattr(reusable_executor, "_executor", None)
         if ex is not None:
             ex.shutdown(wait=True, kill_workers=True)
     finally:
@@ -228,28 +301,37 @@ def tokenizer_dir(tokenizer) -> str | None:
     return path if os.path.isfile(os.path.join(path, "tokenizer.json")) else None
 
 
-def warm(n_jobs: int, tokenizer=None):
-    """Start the worker processes now (returns at once; they start in the background).
+def warm(n_jobs: int, tokenizer=None, modules: tuple = ()):
+    """Start ``n_jobs`` worker processes now (returns at once; they start in the background).
 
     With a tokenizer directory, each worker also builds its tokenizer engine
-    while the driver is busy elsewhere (reading the template). Importing
-    loky and launching the processes blocks for about 0.2 s, so the one
-    background starter thread does it. Returns its future (None for
-    ``n_jobs <= 1``).
+    while the driver is busy elsewhere (reading the template); each imports
+    ``modules`` (names) too. Importing loky and launching the processes
+    blocks for about 0.2 s, so the one background starter thread does it.
+    Returns its future (None for ``n_jobs < 1``).
     """
-    if n_jobs <= 1:
+    if n_jobs < 1:
         return None
     path = tokenizer_dir(tokenizer)
 
     def start():
-        ex = _executor(n_jobs)
-        with _POOL.lock:
-            if not _POOL.warming:  # else already warming
-                _POOL.warming = [ex.submit(_warm, path) for _ in range(n_jobs)]
+        from joblib.externals.loky import get_reusable_executor  # noqa: F401 - outside the lock
 
+        with _POOL.lock:  # the exit hook waits for this (or this sees `closing` and stops)
+            ex = _executor(n_jobs)
+            if not _POOL.warming:  # else already warming
+                _POOL.warming = [ex.submit(_warm, path, tuple(modules)) for _ in range(n_jobs)]
+
+    _stop_at_exit()  # before the start: the exit hook must exist before a pool can
     fut = _in_background(start)
     _POOL.starting = fut
     return fut
+
+
+def warmed() -> bool:
+    """Whether the workers that :func:`warm` started are up (True when none are starting)."""
+    starting = _POOL.starting
+    return (starting is None or starting.done()) and all(f.done() for f in _POOL.warming)
 
 
 def ready(timeout: float | None = None) -> list[int]:
@@ -268,8 +350,6 @@ def _in_background(fn):
     """Run ``fn`` in this process's one starter thread (in call order); returns a future."""
     with _POOL.starter_lock:
         if _POOL.starter is None:  # none yet (a forked child starts with none)
-            from concurrent.futures import ThreadPoolExecutor
-
             _POOL.starter = ThreadPoolExecutor(1, thread_name_prefix="vecpack-start")
         return _POOL.starter.submit(fn)
 

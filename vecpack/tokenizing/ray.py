@@ -24,6 +24,7 @@ as it is.
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import uuid
@@ -44,7 +45,8 @@ def init(address: str | None = None, *, num_cpus: int | None = None):
     except ModuleNotFoundError as e:  # pragma: no cover - depends on the environment
         raise ModuleNotFoundError("backend='ray' needs Ray: pip install 'vecpack[ray]'") from e
     if not ray.is_initialized():
-        kwargs = {"ignore_reinit_error": True, "include_dashboard": False, "log_to_driver": False}
+        kwargs = {"ignore_reinit_error": True, "include_dashboard": False, "log_to_driver": False,
+                  "logging_level": logging.WARNING}   # not "Started a local Ray instance" on stderr
         if address is None:
             address = os.environ.get("RAY_ADDRESS") or None
         if address is not None:
@@ -58,7 +60,7 @@ def init(address: str | None = None, *, num_cpus: int | None = None):
 def _run_task(task, encoder, out_dir: str, on_error: str):
     """Body of one Ray task: tokenize into a private directory, then publish atomically."""
     attempt = os.path.join(out_dir, f"attempt-{task.index:06d}-{uuid.uuid4().hex[:12]}")
-    os.makedirs(attempt)
+    os.mkdir(attempt)   # not makedirs: a task still running after the driver removed out_dir must not remake it
     try:
         meta = tokenize_chunk(task, encoder, attempt, on_error=on_error)
         for name in sorted(os.listdir(attempt)):
@@ -107,30 +109,35 @@ def execute(tasks, encoder, out_dir: str, *, on_error: str, done, address: str |
     index = {ref: i for i, ref in enumerate(refs)}
     pending = list(refs)
     error = None
-    while pending:
-        ready, pending = ray.wait(pending, num_returns=1, timeout=0.5)
-        for ref in ready:
-            i = index[ref]
-            try:
-                meta = ray.get(ref)
-            except RayTaskError as e:
-                cause = getattr(e, "cause", None)
-                if isinstance(cause, ChunkError):
-                    error = _first(error, ((cause.index, cause.local), cause))
-                else:
-                    error = _first(error, ((len(tasks), 0), cause or e))
-                continue
-            except (WorkerCrashedError, NodeDiedError) as e:
-                error = _first(error, ((len(tasks), 0), WorkerDiedError(
-                    f"a Ray worker died on every one of {max_retries + 1} attempts at "
-                    f"chunk {i} of {tasks[i].source} (likely out of memory on its node): {e}")))
-                continue
-            if error is None:
-                done(tasks[i], meta)
-        if error is not None:
-            for ref in pending:
-                ray.cancel(ref, force=False)
-            break
+    try:
+        while pending:
+            ready, pending = ray.wait(pending, num_returns=1, timeout=0.5)
+            for ref in ready:
+                i = index[ref]
+                try:
+                    meta = ray.get(ref)
+                except RayTaskError as e:
+                    cause = getattr(e, "cause", None)
+                    if isinstance(cause, ChunkError):
+                        error = _first(error, ((cause.index, cause.local), cause))
+                    else:
+                        error = _first(error, ((len(tasks), 0), cause or e))
+                    continue
+                except (WorkerCrashedError, NodeDiedError) as e:
+                    error = _first(error, ((len(tasks), 0), WorkerDiedError(
+                        f"a Ray worker died on every one of {max_retries + 1} attempts at "
+                        f"chunk {i} of {tasks[i].shown} (likely out of memory on its node): {e}")))
+                    continue
+                if error is None:
+                    done(tasks[i], meta)
+            if error is not None:
+                for ref in pending:
+                    ray.cancel(ref, force=False)
+                break
+    except BaseException:   # Ctrl-C: stop the running tasks too, before the caller removes out_dir
+        for ref in pending:
+            ray.cancel(ref, force=True)
+        raise
     if error is not None:
         raise error[1]
 

@@ -36,9 +36,9 @@ class ChunkTask:
 
     Attributes:
         source: the input's path (or ``"<Dataset>"``).
-        kind: ``"jsonl"``, ``"json"``, ``"parquet"`` or ``"dataset"``.
+        kind: ``"jsonl"``, ``"json"``, ``"parquet"``, ``"dataset"`` or ``"items"``.
         start, stop: byte offsets (JSONL, JSON), row-group indices (Parquet)
-            or row indices (dataset) of the range.
+            or row indices (dataset, items) of the range.
         first_line: 1-based line of the range's first byte when known (the
             first range of a file), else ``None``; the driver counts lines
             only when it has to print a location.
@@ -47,6 +47,8 @@ class ChunkTask:
         index: position of the task in input order; names its chunk files.
         source_index: position of the source in ``data_files``.
         payload: Arrow IPC bytes of the rows (``"dataset"`` only).
+        label: how messages name the input when it is not ``source`` (the
+            compressed file whose plain copy ``source`` is).
     """
 
     source: str
@@ -58,6 +60,12 @@ class ChunkTask:
     index: int
     source_index: int = 0
     payload: bytes | None = field(default=None, repr=False, compare=False)
+    label: str | None = None
+
+    @property
+    def shown(self) -> str:
+        """The input's name in messages."""
+        return self.label or self.source
 
 
 @dataclass
@@ -114,11 +122,17 @@ def plan_chunks(sources, *, chunk_bytes: int = 4 << 20) -> list[ChunkTask]:
     tasks: list[ChunkTask] = []
     for si, src in enumerate(sources):
         r = reader(src.kind)
-        for start, stop, first_row in split_source(src, chunk_bytes):
+        try:
+            ranges = split_source(src, chunk_bytes)
+        except InputError as e:  # say the compressed file's name, not its plain copy's
+            if not src.label:
+                raise
+            raise InputError(e.reason, file=src.label, line=e.line, row=e.row) from None
+        for start, stop, first_row in ranges:
             payload = r.task_payload(src, start, stop)
             first_line = 1 if (r.text and start == 0) else None
             tasks.append(ChunkTask(src.name, src.kind, start, stop, first_line, first_row,
-                                   len(tasks), si, payload))
+                                   len(tasks), si, payload, src.label))
     return tasks
 
 def _locate(task: ChunkTask, local: int, lines_before: int | None = None) -> dict:
@@ -130,8 +144,8 @@ def _locate(task: ChunkTask, local: int, lines_before: int | None = None) -> dic
 
 def _located(cls, reason: str, task: ChunkTask, where: dict):
     if where["line"] is not None:
-        return cls(reason, file=task.source, line=where["line"])
-    return cls(reason, file=task.source, row=where["row"])
+        return cls(reason, file=task.shown, line=where["line"])
+    return cls(reason, file=task.shown, row=where["row"])
 
 
 def located_error(task: ChunkTask, local: int, reason: str, crash: bool = False) -> Exception:

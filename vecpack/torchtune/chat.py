@@ -51,7 +51,7 @@ import torch
 from torch.utils.data import Dataset
 from torchtune.datasets import PackedDataset
 
-from vecpack.options import IGNORE_INDEX, INT32_MAX, check_max_len, check_options
+from vecpack.options import CONVERSATION_STYLES, IGNORE_INDEX, INT32_MAX, check_choice, check_max_len, check_options
 from vecpack.torchtune.encoder import TorchtuneEncoder
 
 __all__ = ["ChatDataset", "PackedChatDataset"]
@@ -104,6 +104,7 @@ def _build(tokenizer, *, source, data_files, conversation_column, conversation_s
     from vecpack.inputs.sources import resolve_sources
     from vecpack.store.build import build
 
+    check_choice(conversation_style, "conversation_style", CONVERSATION_STYLES)
     data = _resolve_data(source, data_files, split, filter_fn, load_dataset_kwargs)
     encoder = TorchtuneEncoder(
         tokenizer, style=conversation_style, column=conversation_column, train_on_input=train_on_input,

@@ -52,12 +52,13 @@ from typing import Callable, Sequence
 
 import numpy as np
 
+from vecpack._state import memo
 from vecpack.errors import InputError
-from vecpack.options import CONVERSATION_STYLES, IGNORE_INDEX, check_choice
-from vecpack.torchtune.engines import ENGINES, QwenEngine, engine, split_long_runs, tokenizer_state
-from vecpack.torchtune.messages import Msg, row_to_messages
+from vecpack.options import CONVERSATION_STYLES, IGNORE_INDEX, TORCHTUNE_STYLES, check_choice
+from vecpack.torchtune.engines import ENGINES, engine, split_long_runs, tokenizer_state
+from vecpack.torchtune.messages import Msg, check_column_map, row_to_messages
 
-__all__ = ["TorchtuneEncoder", "row_to_messages", "split_long_runs"]
+__all__ = ["TorchtuneEncoder", "fast_family", "row_to_messages", "split_long_runs"]
 
 _FINGERPRINT_VERSION = "vecpack-tt-encoder-1"
 
@@ -98,22 +99,35 @@ class TorchtuneEncoder:
     def __init__(self, tokenizer, *, style: str = "sharegpt", column: str | None = None,
                  train_on_input: bool = False, new_system_prompt: str | None = None,
                  max_seq_len: int | None = None,
-                 check_rows: Sequence[dict] | Callable[[], Sequence[dict]] = (), fast: bool = True):
-        check_choice(style, "conversation_style", CONVERSATION_STYLES)
+                 check_rows: Sequence[dict] | Callable[[], Sequence[dict]] = (), fast: bool = True,
+                 column_map: dict | None = None, add_eos: bool = True, template: dict | None = None):
+        check_choice(style, "style", TORCHTUNE_STYLES)
+        column_map = check_column_map(style, column_map)
+        if style in CONVERSATION_STYLES and column_map is not None:
+            mapped = column_map["conversations" if style == "sharegpt" else "messages"]
+            if column is not None and column != mapped:
+                raise ValueError(f"column {column!r} and column_map {column_map!r} disagree")
+            column, column_map = mapped, None
         if column is None:
-            column = "conversations" if style == "sharegpt" else "messages"
-        if not isinstance(column, str):
-            raise TypeError(f"conversation_column must be a string, got {type(column).__name__}")
+            column = {"sharegpt": "conversations", "openai": "messages", "text": "text"}.get(style)
+        if column is not None and not isinstance(column, str):
+            raise TypeError(f"the column must be a string, got {type(column).__name__}")
+        if style == "alpaca" and template is None:
+            template = _alpaca_template()
         if max_seq_len is None:
             max_seq_len = getattr(tokenizer, "max_seq_len", None)
         self.style = style
         self.column = column
+        self.column_map = column_map
+        self.template = template if style == "alpaca" else None
+        self.add_eos = bool(add_eos)
         self.train_on_input = bool(train_on_input)
         self.new_system_prompt = new_system_prompt
         self.max_seq_len = max_seq_len
-        self.family = _family(tokenizer) if fast else "torchtune"
+        self.family = fast_family(tokenizer, style) if fast else "torchtune"
         self.prompt_template = getattr(tokenizer, "prompt_template", None) if self.family != "torchtune" else None
-        if self.family in ("qwen2", "qwen2_5") and type(self.prompt_template).__name__ == "ChatMLTemplate":
+        if (self.family in ("qwen2", "qwen2_5") and style != "text"
+                and type(self.prompt_template).__name__ == "ChatMLTemplate"):
             raise ValueError("torchtune's Qwen tokenizers refuse ChatMLTemplate (it would wrap every "
                              "message in <|im_*|> twice); set prompt_template to None")
         self.pad_id = getattr(tokenizer, "pad_id", None)
@@ -126,9 +140,13 @@ class TorchtuneEncoder:
         h.update(_FINGERPRINT_VERSION.encode())
         h.update(pickle.dumps((style, column, self.train_on_input, new_system_prompt, max_seq_len,
                                type(tokenizer).__module__, type(tokenizer).__qualname__)))
-        h.update(_content_digest(tokenizer, self.family))
+        if style not in CONVERSATION_STYLES:  # (kept out of the chat styles' keys: their caches stay valid)
+            h.update(pickle.dumps((sorted((column_map or {}).items()), self.add_eos, self.template)))
+        digest = _content_digest(tokenizer, self.family)
+        self._tok_key = digest.hex()  # engines depend on the tokenizer alone: shared across options
+        h.update(digest)
         template = getattr(tokenizer, "prompt_template", None)
-        if template is not None:
+        if template is not None and style != "text":
             h.update(type(template).__qualname__.encode())
             h.update(repr(getattr(template, "template", None)).encode())
         self.fingerprint = h.hexdigest()
@@ -145,10 +163,15 @@ class TorchtuneEncoder:
         if self._state is not None:
             return self
         tok = self._tokenizer
-        state = _extract_state(tok) if self.family != "torchtune" else None
+        state = None
+        if self.family != "torchtune":
+            state = _STATES.get(self._tok_key)
+            if state is None:
+                state = _STATES[self._tok_key] = _extract_state(tok)
         if state is not None and state["family"] in ("qwen2", "qwen2_5"):
             rows = self._check_rows() if callable(self._check_rows) else self._check_rows
-            problem = _qwen_parity_problem(tok, state, rows or (), self.style, self.column)
+            problem = _qwen_parity_problem(tok, state, rows or (), self.style, self.column,
+                                           key=(self._tok_key, state["family"]))
             if problem:
                 warnings.warn(f"vecpack: tiktoken does not reproduce this Qwen tokenizer ({problem}); "
                               "using torchtune's own (slower) encoder", RuntimeWarning, stacklevel=3)
@@ -187,7 +210,7 @@ class TorchtuneEncoder:
     def _get_engine(self):
         if self._engine is None:
             self.prepare()
-            self._engine = engine((self.fingerprint, self.family), self.family, self._state)
+            self._engine = engine((self._tok_key, self.family), self.family, self._state)
         return self._engine
 
     # ---- encoding
@@ -195,7 +218,8 @@ class TorchtuneEncoder:
     def messages(self, row: dict) -> list[Msg]:
         """The row's messages after torchtune's message transform and prompt template."""
         msgs = row_to_messages(row, style=self.style, column=self.column, train_on_input=self.train_on_input,
-                               new_system_prompt=self.new_system_prompt)
+                               new_system_prompt=self.new_system_prompt, column_map=self.column_map,
+                               template=self.template)
         if self.prompt_template is not None:
             msgs = _apply_template(self.prompt_template, msgs)
         return msgs
@@ -206,8 +230,28 @@ class TorchtuneEncoder:
         labels = np.where(mask, np.int32(IGNORE_INDEX), tokens).astype(np.int32, copy=False)
         return tokens, labels
 
+    def encode_text(self, row: dict) -> tuple[np.ndarray, np.ndarray]:
+        """``TextCompletionDataset``: ``encode(text, add_bos=True, add_eos)`` cut at ``max_seq_len - 1``.
+
+        The labels are the tokens.
+        """
+        if not isinstance(row, dict):
+            raise InputError(f"row must be a JSON object, got {type(row).__name__}")
+        if self.column not in row:
+            raise InputError(f"missing column {self.column!r} (has {sorted(row)[:8]})")
+        text = row[self.column]
+        if not isinstance(text, str):
+            raise InputError(f"column {self.column!r} must be a string, got {type(text).__name__}")
+        t = self._get_engine().encode_text(text, True, self.add_eos)
+        if self.max_seq_len is not None:
+            t = t[:self.max_seq_len - 1]
+        tokens = np.array(t, dtype=np.int32)
+        return tokens, tokens.copy()
+
     def encode_row(self, row: dict) -> tuple[np.ndarray, np.ndarray]:
         """``(tokens, labels)`` int32 for one dataset row, exactly as torchtune."""
+        if self.style == "text":
+            return self.encode_text(row)
         self._get_engine()  # prepares first: the template may change with the fallback
         return self.encode_messages(self.messages(row))
 
@@ -229,6 +273,22 @@ def _apply_template(template: Callable, msgs: list[Msg]) -> list[Msg]:
         raise InputError(str(e)) from e
     return [Msg(m.role, tuple(c["content"] for c in m.content if c["type"] == "text"), m.masked,
                 m.ipython, m.eot) for m in out]
+
+
+def fast_family(tok, style: str = "sharegpt") -> str:
+    """Which engine reimplements ``tok`` for rows of ``style`` (``"torchtune"``: none, use its own code).
+
+    Text completion (``encode``) is reimplemented for Qwen and Llama 3 only.
+    """
+    family = _family(tok)
+    return "torchtune" if style == "text" and family == "mistral" else family
+
+
+def _alpaca_template() -> dict:
+    """torchtune's own ``AlpacaToMessages`` prompt templates (read, not copied)."""
+    from torchtune.data import AlpacaToMessages
+
+    return dict(AlpacaToMessages().template)
 
 
 def _family(tok) -> str:
@@ -302,7 +362,7 @@ def _extract_state(tok) -> dict | None:
             return None
         state = {"family": "qwen2_5" if cls is Qwen2_5Tokenizer else "qwen2", "ranks": ranks,
                  "pattern": tok.pat.pattern, "special_tokens": dict(tok.special_tokens),
-                 "eos_id": tok.eos_id, "pad_id": tok.pad_id, "im_start_id": tok.im_start_id,
+                 "eos_id": tok.eos_id, "bos_id": tok.bos_id, "pad_id": tok.pad_id, "im_start_id": tok.im_start_id,
                  "im_end_id": tok.im_end_id}
         if cls is Qwen2_5Tokenizer:
             state["tool_call_start_id"] = tok.tool_call_start_id
@@ -325,6 +385,8 @@ def _extract_state(tok) -> dict | None:
     return None
 
 
+_STATES = memo("torchtune engine states", 4)          # tokenizer digest -> engine state
+_MERGES_CHECKED = memo("torchtune qwen merge checks", 8)  # tokenizer digest -> "" or the problem
 _CHECK_CHARS = 20_000
 _CHECK_TEXTS = (
     "Hello world! It's 3.14159 o'clock; we'LL see.\n\n  def f(x):\n\treturn x ** 2  # done\r\n",
@@ -334,8 +396,45 @@ _CHECK_TEXTS = (
 )
 
 
-def _qwen_parity_problem(tok, state: dict, rows: Sequence[dict], style: str, column: str) -> str | None:
-    """Why tiktoken would not reproduce ``tok`` (None when it does)."""
+def _row_texts(rows: Sequence[dict], style: str, column: str | None):
+    """The texts of ``rows`` that the engine will encode (message contents, or string columns)."""
+    key = "value" if style == "sharegpt" else "content"
+    for row in rows:
+        if not isinstance(row, dict):
+            continue
+        if style in CONVERSATION_STYLES:
+            conv = row.get(column)
+            for m in conv if isinstance(conv, list) else ():
+                if isinstance(m, dict) and isinstance(m.get(key), str):
+                    yield m[key]
+        else:
+            yield from (v for v in row.values() if isinstance(v, str))
+
+
+def _qwen_parity_problem(tok, state: dict, rows: Sequence[dict], style: str, column: str, *,
+                         key: tuple) -> str | None:
+    """Why tiktoken would not reproduce ``tok`` (None when it does); ``key`` names its engine."""
+    problem = _MERGES_CHECKED.get(key[0])
+    if problem is None:
+        problem = _MERGES_CHECKED[key[0]] = _merges_problem(tok) or ""
+    if problem:
+        return problem
+    texts = list(_CHECK_TEXTS)
+    budget = _CHECK_CHARS  # torchtune's Python BPE is slow: sample the data, bounded
+    for text in _row_texts(rows, style, column):
+        if budget <= 0:
+            break
+        texts.append(text[:budget])
+        budget -= len(texts[-1])
+    eng = engine(key, state["family"], state)
+    for text in texts:
+        if eng.encode(text) != tok.encode(text, add_bos=False, add_eos=False):
+            return f"text {text[:40]!r}... encodes differently"
+    return None
+
+
+def _merges_problem(tok) -> str | None:
+    """Why rank-by-id BPE would not equal ``tok``'s merge-list BPE (None when it does)."""
     vocab = tok.encoder
     get = vocab.get
     merged = np.array([get(a + b, -1) for a, b in tok.bpe_ranks], dtype=np.int64)
@@ -346,17 +445,4 @@ def _qwen_parity_problem(tok, state: dict, rows: Sequence[dict], style: str, col
         return "merges.txt is not ordered like the vocabulary ids"
     if len(set(vocab.values())) != len(vocab):
         return "vocab.json maps two tokens to one id"
-    texts = list(_CHECK_TEXTS)
-    key = "value" if style == "sharegpt" else "content"
-    budget = _CHECK_CHARS  # torchtune's Python BPE is slow: sample the data, bounded
-    for row in rows:
-        conv = row.get(column) if isinstance(row, dict) else None
-        for m in conv if isinstance(conv, list) else ():
-            if isinstance(m, dict) and isinstance(m.get(key), str) and budget > 0:
-                texts.append(m[key][:budget])
-                budget -= len(texts[-1])
-    eng = QwenEngine(state)
-    for text in texts:
-        if eng.encode(text) != tok.encode(text, add_bos=False, add_eos=False):
-            return f"text {text[:40]!r}... encodes differently"
     return None

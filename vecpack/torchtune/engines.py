@@ -38,6 +38,10 @@ class _Engine:
     def tokenize(self, msgs: list[Msg], max_seq_len: int | None) -> tuple[np.ndarray, np.ndarray]:
         raise NotImplementedError
 
+    def encode_text(self, text: str, add_bos: bool, add_eos: bool) -> list[int]:
+        """The tokenizer's ``encode(text, add_bos, add_eos)`` (text completion)."""
+        raise NotImplementedError
+
     def _arrays(self, t: list[int], lens: list[int], flags: list[bool],
                 max_seq_len: int | None) -> tuple[np.ndarray, np.ndarray]:
         """Token and mask arrays from runs of ``lens`` tokens with mask ``flags``, then
@@ -70,6 +74,7 @@ class QwenEngine(_Engine):
         self.enc = tiktoken.Encoding(name=f"vecpack-{state['family']}", pat_str=state["pattern"],
                                      mergeable_ranks=state["ranks"], special_tokens=state["special_tokens"])
         self.eos_id = state["eos_id"]
+        self.bos_id = state.get("bos_id")
         self.im_start = state["im_start_id"]
         self.im_end = state["im_end_id"]
         self.tc_start = state.get("tool_call_start_id")
@@ -88,6 +93,14 @@ class QwenEngine(_Engine):
         if self._has_special is not None and self._has_special(text):
             return self.enc.encode(text, allowed_special="all", disallowed_special=())
         return self.enc.encode_ordinary(text)
+
+    def encode_text(self, text, add_bos, add_eos):
+        # Qwen2Tokenizer.encode: bos only if the tokenizer has one (Qwen2.5 has none), then eos
+        t = [self.bos_id] if add_bos and self.bos_id is not None else []
+        t += self.encode(text)
+        if add_eos and self.eos_id is not None:
+            t.append(self.eos_id)
+        return t
 
     def tokenize(self, msgs, max_seq_len):
         t: list[int] = []  # all tokens so far
@@ -191,6 +204,12 @@ class _Llama3Engine(_Engine):
                 out += self.enc.encode_ordinary(piece)
         return out
 
+    def encode_text(self, text, add_bos, add_eos):
+        # TikTokenBaseTokenizer.encode: an empty text is [] (no bos, no eos)
+        if not text:
+            return []
+        return [self.bos_id] * add_bos + self.encode(text) + [self.eos_id] * add_eos
+
     def tokenize(self, msgs, max_seq_len):
         t = [self.bos_id]
         lens, flags = [1], [True]
@@ -277,6 +296,9 @@ class _TorchtuneEngine(_Engine):
 
     def __init__(self, state: dict):
         self.tok = _rebuild_tokenizer(state["tokenizer"])
+
+    def encode_text(self, text, add_bos, add_eos):
+        return list(self.tok.encode(text=text, add_bos=add_bos, add_eos=add_eos))
 
     def tokenize(self, msgs, max_seq_len):
         from torchtune.data import Message

@@ -1,8 +1,9 @@
 """Rows -> torchtune messages, as torchtune 0.6.1's message transforms make them.
 
-:func:`row_to_messages` reproduces ``ShareGPTToMessages`` / ``OpenAIToMessages``
-(``train_on_input``, ``new_system_prompt``, the column map) as :class:`Msg`
-tuples that carry only text parts, so the fast engines of
+:func:`row_to_messages` reproduces ``ShareGPTToMessages``, ``OpenAIToMessages``,
+``AlpacaToMessages`` and ``InputOutputToMessages`` (``train_on_input``,
+``new_system_prompt``, the column map) and ``validate_messages``, as
+:class:`Msg` tuples that carry only text parts, so the fast engines of
 :mod:`vecpack.torchtune.engines` never build torchtune ``Message`` objects.
 """
 
@@ -11,9 +12,9 @@ from __future__ import annotations
 from typing import Any, NamedTuple, Sequence
 
 from vecpack.errors import InputError
-from vecpack.options import CONVERSATION_STYLES, check_choice
+from vecpack.options import TORCHTUNE_STYLES, check_choice
 
-__all__ = ["Msg", "row_to_messages", "validate"]
+__all__ = ["Msg", "check_column_map", "row_to_messages", "validate"]
 
 _SHAREGPT_ROLES = {"system": "system", "human": "user", "gpt": "assistant"}
 
@@ -51,10 +52,61 @@ def _openai_parts(content: Any, i: int) -> tuple:
                      f"got {type(content).__name__}")
 
 
-def row_to_messages(row: dict, *, style: str, column: str, train_on_input: bool = False,
-                    new_system_prompt: str | None = None) -> list[Msg]:
-    """Apply torchtune's ``ShareGPTToMessages`` / ``OpenAIToMessages`` to a row.
+def check_column_map(style: str, column_map: dict | None) -> dict | None:
+    """``column_map`` as torchtune's transform of ``style`` accepts it (its ``ValueError`` otherwise)."""
+    if column_map is None or (not column_map and style != "input_output"):
+        return None  # torchtune's defaults (InputOutputToMessages alone rejects an empty map)
+    if not isinstance(column_map, dict) or not all(isinstance(v, str) for v in column_map.values()):
+        raise TypeError(f"column_map must map names to column names, got {column_map!r}")
+    required = {"input_output": ("input", "output"), "sharegpt": ("conversations",),
+                "openai": ("messages",)}.get(style, ())
+    for key in required:  # torchtune's own messages
+        if key not in column_map:
+            raise ValueError(f"Expected a key of '{key}' in column_map but found {column_map.keys()}.")
+    return dict(column_map)
 
+
+def _field(row: dict, column: str):
+    if column not in row:
+        raise InputError(f"missing column {column!r} (has {sorted(row)[:8]})")
+    return row[column]
+
+
+def _alpaca(row: dict, column_map: dict | None, train_on_input: bool, template: dict) -> list[Msg]:
+    # AlpacaToMessages: the prompt from its template (str.format, as torchtune), then the answer
+    cmap = column_map or {}
+    k_in, k_instr, k_out = (cmap.get(k, k) for k in ("input", "instruction", "output"))
+    if k_in in row and row[k_in]:
+        prompt = template["prompt_input"].format(instruction=_field(row, k_instr), input=row[k_in])
+    else:
+        prompt = template["prompt_no_input"].format(instruction=_field(row, k_instr))
+    output = _text(_field(row, k_out), f"column {k_out!r}")
+    return [Msg("user", (prompt,), not train_on_input), Msg("assistant", (output,), False)]
+
+
+def _input_output(row: dict, column_map: dict | None, train_on_input: bool,
+                  new_system_prompt: str | None) -> list[Msg]:
+    # InputOutputToMessages
+    cmap = column_map or {"input": "input", "output": "output", "image": "image"}
+    if "image" in row or ("image" in cmap and cmap["image"] in row):
+        raise InputError("multimodal rows (an 'image' column) are not supported")
+    user = _text(_field(row, cmap["input"]), f"column {cmap['input']!r}")
+    answer = _text(_field(row, cmap["output"]), f"column {cmap['output']!r}")
+    out = [Msg("user", (user,), not train_on_input), Msg("assistant", (answer,), False)]
+    if new_system_prompt is not None:
+        out.insert(0, Msg("system", (new_system_prompt,), True))
+    return out
+
+
+def row_to_messages(row: dict, *, style: str, column: str | None = None, train_on_input: bool = False,
+                    new_system_prompt: str | None = None, column_map: dict | None = None,
+                    template: dict | None = None) -> list[Msg]:
+    """Apply the torchtune message transform of ``style`` to a row.
+
+    ``"sharegpt"`` / ``"openai"``: ``ShareGPTToMessages`` / ``OpenAIToMessages``
+    over ``column``; ``"alpaca"``: ``AlpacaToMessages`` (``template`` is its
+    ``template`` dict, taken from torchtune by the caller); ``"input_output"``:
+    ``InputOutputToMessages``. ``column_map`` as those transforms take it.
     Also applies torchtune's ``validate_messages`` rules. Raises
     :class:`~vecpack.errors.InputError` (without a location; the caller adds
     file and line) where torchtune would raise.
@@ -66,6 +118,16 @@ def row_to_messages(row: dict, *, style: str, column: str, train_on_input: bool 
     """
     if not isinstance(row, dict):
         raise InputError(f"row must be a JSON object, got {type(row).__name__}")
+    if style == "alpaca":
+        out = _alpaca(row, column_map, train_on_input, template)
+        validate(out)
+        return out
+    if style == "input_output":
+        out = _input_output(row, column_map, train_on_input, new_system_prompt)
+        validate(out)
+        return out
+    if column is None:
+        column = "conversations" if style == "sharegpt" else "messages"
     if column not in row:
         raise InputError(f"missing column {column!r} (has {sorted(row)[:8]})")
     conv = row[column]
@@ -100,7 +162,7 @@ def row_to_messages(row: dict, *, style: str, column: str, train_on_input: bool 
             out.append(Msg(role, _openai_parts(m["content"], i),
                            role != "assistant" and not train_on_input))
     else:
-        check_choice(style, "conversation_style", CONVERSATION_STYLES)
+        check_choice(style, "style", TORCHTUNE_STYLES)
     validate(out)
     return out
 

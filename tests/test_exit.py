@@ -1,0 +1,186 @@
+"""Every error, early or late, and Ctrl-C end the process promptly and leave nothing behind.
+
+Each case runs ``vecpack pack`` (or ``vecpack.build``) in a child process
+tagged with an environment variable that its workers inherit (loky workers,
+the HF process, Ray's processes), then checks that the child ended within
+10 s with its one-line message and status, that no process carrying the tag
+is left, and that ``/dev/shm`` holds nothing named after the child
+(``vecpack-chunks-PID-*``, loky's ``sem.loky-PID-*`` semaphores).
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import pathlib
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import uuid
+
+import pytest
+from helpers import REPO
+
+TAG = "VECPACK_TEST_TAG"
+SAMPLE = REPO / "examples" / "sharegpt_sample.jsonl"   # 844 KB: 4 tasks, so a pool starts
+TOKENIZER = REPO / "examples" / "tokenizer"
+
+
+def _start(args: list[str], tag: str, *, code: str | None = None) -> subprocess.Popen:
+    env = dict(os.environ, PYTHONPATH=str(REPO), **{TAG: tag})
+    env.pop("RAY_ADDRESS", None)
+    cmd = [sys.executable, "-c", code] if code else [sys.executable, "-m", "vecpack.cli", *args]
+    return subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, start_new_session=True)
+
+
+def _tagged(tag: str) -> list[str]:
+    """Command lines of the live processes that carry ``tag`` in their environment."""
+    found = []
+    for d in pathlib.Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            if f"{TAG}={tag}".encode() in (d / "environ").read_bytes().split(b"\0"):
+                stat = (d / "stat").read_text()
+                if stat.rsplit(")", 1)[1].split()[0] != "Z":   # a zombie is already dead
+                    found.append(f"{d.name}: {(d / 'cmdline').read_bytes()[:120]!r}")
+        except OSError:
+            continue
+    return found
+
+
+def _shm(pid: int) -> list[str]:
+    try:
+        return sorted(n for n in os.listdir("/dev/shm") if f"-{pid}-" in n)
+    except OSError:
+        return []
+
+
+def _finish(proc: subprocess.Popen, tag: str, since: float, limit: float = 10.0) -> tuple[int, str]:
+    """Wait for ``proc`` (``limit`` s after ``since``); then nothing of it may be left."""
+    try:
+        _, err = proc.communicate(timeout=max(0.1, since + limit - time.monotonic()))
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        _, err = proc.communicate()
+        for name in _shm(proc.pid):
+            shutil.rmtree(f"/dev/shm/{name}", ignore_errors=True) if name.startswith("vecpack") else \
+                os.unlink(f"/dev/shm/{name}")
+        pytest.fail(f"the process did not exit within {limit} s:\n{err[-3000:]}")
+    deadline = time.monotonic() + 3
+    while (_tagged(tag) or _shm(proc.pid)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not _tagged(tag), f"processes left behind: {_tagged(tag)}"
+    assert not _shm(proc.pid), f"/dev/shm entries left behind: {_shm(proc.pid)}"
+    return proc.returncode, err
+
+
+@pytest.fixture(scope="module")
+def broken(tmp_path_factory):
+    """The inputs of the early errors: tokenizer directories missing a file, a corrupt gzip."""
+    root = tmp_path_factory.mktemp("broken")
+    cfg = json.loads((TOKENIZER / "tokenizer_config.json").read_text())
+    no_json = root / "no-tokenizer-json"
+    no_json.mkdir()
+    (no_json / "tokenizer_config.json").write_text(json.dumps(cfg))
+    bad = root / "train.jsonl.gz"
+    bad.write_bytes(gzip.compress(SAMPLE.read_bytes())[:20000])   # cut short
+    return {"root": root, "cfg": cfg, "no_json": no_json, "bad_gz": bad}
+
+
+def _no_template(root: pathlib.Path, cfg: dict) -> pathlib.Path:
+    """A fresh tokenizer directory without a chat template (fresh: nothing about it memoised)."""
+    d = root / f"no-template-{uuid.uuid4().hex[:6]}"
+    shutil.copytree(TOKENIZER, d)
+    (d / "tokenizer_config.json").write_text(json.dumps({k: v for k, v in cfg.items() if k != "chat_template"}))
+    return d
+
+
+CASES = {
+    "missing chat template": ("tok", "has no chat_template"),
+    "missing tokenizer.json": ("no_json", "has no tokenizer.json"),
+    "unreadable input": ("bad_gz", "train.jsonl.gz"),
+    "bad option": ("option", "unknown strategy 'best'"),
+}
+
+
+@pytest.mark.parametrize("backend", ["loky", pytest.param("ray", marks=pytest.mark.ray)])
+def test_early_errors_end_the_process(broken, backend):
+    """The error comes while the pool is still starting (loky) or before Ray is up: no hang."""
+    if backend == "ray":
+        pytest.importorskip("ray")
+    procs = {}
+    for name, (what, _) in CASES.items():
+        tag = uuid.uuid4().hex
+        data, tok = str(SAMPLE), str(TOKENIZER)
+        if what == "tok":
+            tok = str(_no_template(broken["root"], broken["cfg"]))
+        elif what == "no_json":
+            tok = str(broken["no_json"])
+        elif what == "bad_gz":
+            data = str(broken["bad_gz"])
+        if what == "option":
+            code = (f"import vecpack; vecpack.build({data!r}, {tok!r}, 2048, n_jobs=2, backend={backend!r}, "
+                    f"cache=False, progress=False, strategy='best')")
+            procs[name] = (_start([], tag, code=code), tag, time.monotonic())
+        else:
+            procs[name] = (_start(["pack", data, "--tokenizer", tok, "--max-len", "2048", "-j", "2",
+                                   "--backend", backend, "--no-cache", "-q"], tag), tag, time.monotonic())
+        if len(procs) % 2 == 0:   # two at a time: 2 cores
+            for n in list(procs)[-2:]:
+                _check(n, *procs[n])
+
+
+def _check(name, proc, tag, since):
+    rc, err = _finish(proc, tag, since)
+    assert rc != 0, f"{name}: exit status 0"
+    assert CASES[name][1] in err, f"{name}: {err[-2000:]}"
+    if name != "bad option":   # the Python API raises with a traceback; the CLI prints one line
+        assert "Traceback" not in err and len(err.strip().splitlines()) == 1, f"{name}: {err[-2000:]}"
+
+
+def _interrupt_mid_run(tmp_path, backend: str) -> None:
+    from vecpack.testing import make_sharegpt
+
+    data = make_sharegpt(tmp_path / "train.jsonl", 2000, seed=3)
+    tag = uuid.uuid4().hex
+    proc = _start(["pack", str(data), "--tokenizer", str(TOKENIZER), "--max-len", "2048", "-j", "2",
+                   "--backend", backend, "--no-cache", "--progress"], tag)
+    deadline = time.monotonic() + 90
+
+    def tokenizing() -> bool:   # the tasks are submitted (the pool's encoder file, Ray's attempt directories)
+        for name in _shm(proc.pid):
+            try:
+                if name.startswith("vecpack-chunks") and any(
+                        n.startswith(("encoder.pkl", "chunk-", "attempt-")) for n in os.listdir(f"/dev/shm/{name}")):
+                    return True
+            except OSError:
+                pass
+        return False
+
+    while not tokenizing():
+        if proc.poll() is not None or time.monotonic() > deadline:
+            os.killpg(proc.pid, signal.SIGKILL)
+            pytest.fail(f"the run never got to tokenizing: {proc.communicate()[1][-2000:]}")
+        time.sleep(0.05)
+    os.killpg(proc.pid, signal.SIGINT)   # what a terminal's Ctrl-C does: the whole process group
+    rc, err = _finish(proc, tag, time.monotonic())
+    assert rc == 130, err[-3000:]
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err, err[-3000:]
+    lines = [ln for ln in err.replace("\r", "\n").splitlines() if ln.strip() and not ln.startswith("tokenize")]
+    assert lines[-1] == "vecpack: error: interrupted", err[-3000:]   # (Ray logs its start before)
+    assert sum("error" in ln for ln in lines) == 1, err[-3000:]
+
+
+def test_ctrl_c_mid_run_loky(tmp_path):
+    _interrupt_mid_run(tmp_path, "loky")
+
+
+@pytest.mark.ray
+def test_ctrl_c_mid_run_ray(tmp_path):
+    pytest.importorskip("ray")
+    _interrupt_mid_run(tmp_path, "ray")

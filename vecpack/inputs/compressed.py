@@ -1,0 +1,233 @@
+"""Compressed inputs (gzip, bzip2, xz, zstd): each decompressed once, as a stream, into a plain file.
+
+A compressed stream cannot be cut into byte ranges, so :func:`prepare`
+decompresses every compressed source once into a plain file of a scratch
+directory (the tokenizer's chunk directory: ``/dev/shm`` when it has room),
+several files at once on every core (the codecs release the GIL), and the
+workers then range-read the plain copy exactly like any JSONL, JSON or
+Parquet file. The copy's :class:`~vecpack.inputs.sources.Source` keeps the
+compressed file's name as its ``label``, so errors still say
+``train.jsonl.gz:LINE: reason``, with lines of the decompressed text. A
+corrupt or cut-short file is an :class:`~vecpack.errors.InputError` at the
+line where the text stops.
+
+The codec is found by content (the magic bytes), whatever the suffix says;
+zstd needs the ``zstandard`` package (``pip install "vecpack[compressed]"``).
+Streaming reads a copy kept next to vecpack's cache (``.decompressed/``,
+keyed by path, size, modification time and inode), so a resumed or shuffled
+stream can seek.
+
+>>> import gzip, os, tempfile
+>>> d = tempfile.mkdtemp()
+>>> p = os.path.join(d, "a.jsonl.gz")
+>>> _ = open(p, "wb").write(gzip.compress(b'{"text": "hi"}\\n'))
+>>> from vecpack.inputs.sources import resolve_sources
+>>> src = resolve_sources(p)[0]
+>>> src.kind, src.codec
+('compressed', 'gzip')
+>>> plain = prepare([src], d)[0]
+>>> plain.kind, plain.label == p, open(plain.name, "rb").read()
+('jsonl', True, b'{"text": "hi"}\\n')
+"""
+
+from __future__ import annotations
+
+import bz2
+import hashlib
+import lzma
+import os
+import zlib
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
+
+from vecpack.errors import InputError
+from vecpack.inputs import arrow, json_array, jsonl, parquet
+from vecpack.inputs.base import Reader
+from vecpack.inputs.sources import _file_source
+
+__all__ = ["READER", "decompress", "open_codec", "prepare"]
+
+_READ = 1 << 20     # compressed bytes per read
+_VERSION = 1        # of the streaming copies' key
+
+
+class _Stream:
+    """One codec's decompressor: ``feed(bytes) -> bytes``, ``ended()`` once the data is complete."""
+
+    def __init__(self, codec: str):
+        self.codec = codec
+        if codec == "gzip":
+            self._new = lambda: zlib.decompressobj(wbits=47)
+        elif codec == "bz2":
+            self._new = bz2.BZ2Decompressor
+        elif codec == "xz":
+            self._new = lzma.LZMADecompressor
+        else:
+            try:
+                import zstandard
+            except ImportError:
+                raise ImportError('zstd inputs need the zstandard package: pip install "vecpack[compressed]"') \
+                    from None
+            self._new = lambda: zstandard.ZstdDecompressor().decompressobj()
+        self.d = self._new()
+        self.started = False   # bytes of the current member (frame, stream) were fed
+
+    def feed(self, data: bytes) -> bytes:
+        out = []
+        while data:
+            self.started = True
+            out.append(self.d.decompress(data))
+            if not getattr(self.d, "eof", False):
+                break
+            data = self.d.unused_data          # concatenated members / streams / frames
+            self.d, self.started = self._new(), False
+        return b"".join(out)
+
+    def ended(self) -> bool:
+        return not self.started or getattr(self.d, "eof", True)
+
+
+def open_codec(path: str, codec: str):
+    """Yield the decompressed bytes of ``path`` in blocks; ``InputError`` (file, line) if corrupt or cut short."""
+    stream = _Stream(codec)
+    lines = 0
+    with open(path, "rb") as f:
+        while True:
+            data = f.read(_READ)
+            if not data:
+                break
+            try:
+                block = stream.feed(data)
+            except Exception as e:  # noqa: BLE001 - each codec has its own error type
+                raise InputError(f"the {codec} data is corrupt after line {lines:,} of text ({e}); "
+                                 f"check the file (e.g. `{_TEST[codec]} {os.path.basename(path)}`)",
+                                 file=path, line=lines + 1) from None
+            lines += block.count(b"\n")
+            yield block
+    if not stream.ended():
+        raise InputError(f"the {codec} data is cut short after line {lines:,} of text (the file is "
+                         f"incomplete: copied or downloaded only in part?)", file=path, line=lines + 1)
+
+
+_TEST = {"gzip": "gzip -t", "bz2": "bzip2 -t", "xz": "xz -t", "zstd": "zstd -t"}
+
+
+def decompress(src, dest: str) -> str:
+    """Write the decompressed text of a compressed ``src`` to ``dest``; returns ``dest``."""
+    with open(dest, "wb") as out:
+        for block in open_codec(src.name, src.codec):
+            out.write(block)
+    return dest
+
+
+def _plain_source(src, path: str):
+    plain = _file_source(path)
+    if plain.kind == "compressed":
+        raise InputError(f"{src.codec} data that holds {plain.codec} data: decompress it once first",
+                         file=src.name)
+    return replace(plain, label=src.label or src.name)
+
+
+def prepare(sources: list, scratch: str, n_jobs: int = 1) -> list:
+    """``sources`` with each compressed one replaced by its plain copy in ``scratch``.
+
+    The copies are written by up to ``n_jobs`` threads at once (zlib, bz2,
+    lzma and zstandard decompress without the GIL); a copy's ``label`` is
+    the compressed file's name, for error messages.
+    """
+    todo = [(i, s) for i, s in enumerate(sources) if s.kind == "compressed"]
+    if not todo:
+        return list(sources)
+
+    def one(item):
+        i, s = item
+        base = os.path.basename(s.name)
+        dest = os.path.join(scratch, f"plain-{i:05d}-{base.rsplit('.', 1)[0] if '.' in base else base}")
+        return i, _plain_source(s, decompress(s, dest))
+
+    out = list(sources)
+    with ThreadPoolExecutor(max(1, min(n_jobs, len(todo))), thread_name_prefix="vecpack-decompress") as ex:
+        for i, plain in ex.map(one, todo):
+            out[i] = plain
+    return out
+
+
+def _kept_copy(src):
+    """The plain copy of ``src`` kept next to vecpack's cache (made once; for streaming)."""
+    from vecpack.options import cache_root
+
+    st = os.stat(src.name)
+    key = hashlib.sha256(f"{os.path.realpath(src.name)}|{st.st_size}|{st.st_mtime_ns}|{st.st_ino}|"
+                         f"{_VERSION}".encode()).hexdigest()[:32]
+    path = cache_root() / ".decompressed" / key
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = f"{path}.{os.getpid()}.tmp"
+        try:
+            os.replace(decompress(src, tmp), path)
+        finally:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+    return _plain_source(src, str(path))
+
+
+def _estimate(src) -> int:
+    """Decompressed bytes: gzip's trailer when it can be trusted, else 5x the compressed size."""
+    if src.codec == "gzip" and src.size >= 18:
+        with open(src.name, "rb") as f:
+            f.seek(-4, os.SEEK_END)
+            isize = int.from_bytes(f.read(4), "little")
+        if isize >= src.size // 2:   # single member, under 4 GiB: exact
+            return isize
+    return 5 * int(src.size)
+
+
+class _CompressedReader(Reader):
+    """A compressed file before :func:`prepare`: size estimates, its first rows, and streaming."""
+
+    kind = "compressed"
+    text = True
+
+    def ranges(self, src, chunk_bytes):
+        raise RuntimeError(f"{src.name}: compressed inputs are read through vecpack.inputs.compressed.prepare")
+
+    def head(self, src, n):
+        data = b""
+        for block in open_codec(src.name, src.codec):
+            data += block
+            if len(data) >= (1 << 20):
+                break
+        return (line for line in data.split(b"\n")[:-1] if line.strip())
+
+    def output_estimate(self, src):
+        return _estimate(src)
+
+    # streaming reads the kept plain copy, with the inner format's reader
+    def _inner(self, src):
+        plain = _kept_copy(src)
+        return _INNER[plain.kind], plain
+
+    def scan(self, src, cursor, row, shard=0, nshards=1):
+        r, plain = self._inner(src)
+        return (yield from r.scan(plain, cursor, row, shard, nshards))
+
+    def fetch(self, src, positions):
+        r, plain = self._inner(src)
+        return r.fetch(plain, positions)
+
+    def units(self, src):
+        r, plain = self._inner(src)
+        return r.units(plain)
+
+    def read_unit(self, src, index, unit, n, rows_in):
+        r, plain = self._inner(src)
+        return r.read_unit(plain, index, unit, n, rows_in)
+
+    def where(self, name, pos, line):
+        return {"file": name, "line": int(line)} if line >= 0 else {"file": name, "row": int(pos)}
+
+
+READER = _CompressedReader()
+
+#: what a compressed file may hold, by kind
+_INNER = {r.kind: r for r in (jsonl.READER, json_array.READER, parquet.READER, arrow.READER)}
