@@ -74,6 +74,7 @@ class PairEncoder(ChatEncoder):
     """
 
     needs_template = False
+    pairs = True  # each row is three documents (prompt, chosen, rejected)
 
     def __init__(self, path, **kwargs):
         super().__init__(path, **kwargs)
