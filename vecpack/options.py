@@ -26,7 +26,7 @@ import re
 
 __all__ = [
     "CHAT_STYLES", "CONVERSATION_STYLES", "ENGINES", "EXECUTORS", "EXPORT_FORMATS", "FAST_ENGINES", "IGNORE_INDEX",
-    "INT32_MAX", "LONG_POLICIES", "MASKINGS", "MAX_CUT_FRACTION", "ON_ERROR", "STRATEGIES", "STREAM_STRATEGIES",
+    "INT32_MAX", "LONG_POLICIES", "PAIR_LONG_POLICIES", "MASKINGS", "MAX_CUT_FRACTION", "ON_ERROR", "STRATEGIES", "STREAM_STRATEGIES",
     "STYLES", "TORCHTUNE_STYLES", "cache_root", "check_choice", "check_int", "check_max_len", "check_options",
     "check_seed", "check_tokenizer_dir", "useless_reason",
 ]
@@ -49,6 +49,8 @@ STRATEGIES = ("bfd", "ffd", "greedy")
 STREAM_STRATEGIES = ("bfd", "greedy")
 #: Documents longer than ``max_len``; the position is the numba kernels' code.
 LONG_POLICIES = ("truncate", "drop", "split", "error")
+#: ``long=`` for preference pairs (a pair is never split; see :mod:`vecpack.preference.packed`).
+PAIR_LONG_POLICIES = ("truncate", "drop", "error")
 #: A row that cannot be read or encoded.
 ON_ERROR = ("raise", "skip")
 #: Tokenizer engines, fastest first (``backend=`` of ``ChatEncoder.from_tokenizer``; see
@@ -116,6 +118,7 @@ _CHOICES = {
     "masking": ("masking", MASKINGS),
     "strategy": ("strategy", STRATEGIES),
     "long": ("long policy", LONG_POLICIES),
+    "pair_long": ("long policy for preference pairs", PAIR_LONG_POLICIES),
     "on_error": ("on_error", ON_ERROR),
     "executor": ("backend", EXECUTORS),
 }
