@@ -26,7 +26,8 @@ import re
 
 __all__ = [
     "CHAT_STYLES", "CONVERSATION_STYLES", "ENGINES", "EXECUTORS", "EXPORT_FORMATS", "FAST_ENGINES", "IGNORE_INDEX",
-    "INT32_MAX", "LONG_POLICIES", "PAIR_LONG_POLICIES", "MASKINGS", "MAX_CUT_FRACTION", "ON_ERROR", "STRATEGIES", "STREAM_STRATEGIES",
+    "INT32_MAX", "LONG_POLICIES", "MASKINGS", "MAX_CUT_FRACTION", "ON_ERROR", "PAIR_LONG_POLICIES", "STRATEGIES",
+    "STREAM_STRATEGIES",
     "STYLES", "TORCHTUNE_STYLES", "cache_root", "check_choice", "check_int", "check_max_len", "check_options",
     "check_seed", "check_tokenizer_dir", "useless_reason",
 ]
