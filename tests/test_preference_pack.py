@@ -143,3 +143,25 @@ def test_build_preference_is_cached_and_equals_pack_pairs(pairs_corpus, qwen_dir
     assert np.array_equal(uncached.input_ids, direct.input_ids)
     with pytest.raises(ValueError, match="long policy for preference pairs"):
         vecpack.build(path, qwen_dir, 2048, style="preference", long="split", cache_dir=cache_dir, progress=False)
+
+
+def test_save_load_and_the_cli(pairs_corpus, qwen_dir, cache_dir, tmp_path, capsys):
+    from vecpack.cli import main
+
+    path, t = pairs_corpus
+    out = tmp_path / "pairs-out"
+    assert main(["pack", str(path), "--tokenizer", str(qwen_dir), "--max-len", "2048", "--style", "preference",
+                 "--strategy", "ffd", "--jobs", "1", "--cache-dir", str(cache_dir), "-o", str(out)]) == 0
+    report = capsys.readouterr().out
+    assert "700 preference pairs →" in report and "pairs truncated" in report and "fill" in report, report
+    loaded = vecpack.load(out)
+    direct = pack_pairs(t.tokens, t.offsets, 2048, strategy="ffd", pad_id=loaded.pad_id)
+    assert isinstance(loaded, PackedPairs) and loaded.stats == direct.stats
+    assert np.array_equal(loaded.input_ids, direct.input_ids)
+    assert main(["stats", str(out)]) == 0
+    assert "700 pairs · " in capsys.readouterr().out
+    assert main(["inspect", str(out)]) != 0
+    assert "does not take preference pairs yet" in capsys.readouterr().err
+    plan_entry = loaded.build_info.plan_key
+    again = vecpack.load(cache_dir / plan_entry)  # the cache's pair plan entry opens too
+    assert np.array_equal(again.input_ids, direct.input_ids)
