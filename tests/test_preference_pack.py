@@ -165,3 +165,10 @@ def test_save_load_and_the_cli(pairs_corpus, qwen_dir, cache_dir, tmp_path, caps
     plan_entry = loaded.build_info.plan_key
     again = vecpack.load(cache_dir / plan_entry)  # the cache's pair plan entry opens too
     assert np.array_equal(again.input_ids, direct.input_ids)
+
+
+def test_streaming_says_to_use_build(qwen_dir, tmp_path):
+    path = make_pairs(tmp_path / "p.jsonl", 3)
+    with pytest.raises(ValueError, match=r"does not stream preference pairs yet.*vecpack.build\(\.\.\., "
+                                         r"style='preference'\)"):
+        vecpack.StreamingPackedDataset(path, qwen_dir, 512, style="preference")
