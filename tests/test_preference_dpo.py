@@ -86,23 +86,73 @@ def _logps(model, batch):
     return sequence_logps(model(**model_inputs(batch)).logits, batch)
 
 
+def _unpacked_logps(model, d):
+    """Each sequence alone, from position 0, scored by the plain formula: (chosen [5], rejected [5]) float64."""
+    pp, out = d["packed"], []
+    t = pp.tokens
+    with torch.no_grad():
+        for j in range(5):
+            p, c, r = (t[pp.offsets[3 * j + k]:pp.offsets[3 * j + k + 1]] for k in range(3))
+            for answer in (c, r):
+                ids = d["lut"][torch.from_numpy(np.concatenate([p, answer]).astype(np.int64))][None]
+                logits = model(input_ids=ids).logits[0, :-1]
+                lp = torch.log_softmax(logits, -1).gather(-1, ids[0, 1:, None])[:, 0]
+                out.append(lp[len(p) - 1:].double().sum())
+    out = torch.stack(out).view(5, 2)
+    return out[:, 0], out[:, 1]
+
+
 def test_packed_logps_equal_unpacked(dpo):
     model, pp = dpo["plain"].eval(), dpo["packed"]
     batch = _packed_batch(dpo)
     assert len(pp) >= 2 and batch["pair_ids"].tolist() == list(range(5))
     with torch.no_grad():
-        packed_logps = _logps(model, batch)
-        chosen, rejected = pair_logps(packed_logps, batch)
-        # each sequence alone, from position 0, scored by the plain formula
-        t = pp.tokens
-        for j in range(5):
-            p, c, r = (t[pp.offsets[3 * j + k]:pp.offsets[3 * j + k + 1]] for k in range(3))
-            for answer, got in ((c, chosen[j]), (r, rejected[j])):
-                ids = dpo["lut"][torch.from_numpy(np.concatenate([p, answer]).astype(np.int64))][None]
-                logits = model(input_ids=ids).logits[0, :-1]
-                lp = torch.log_softmax(logits, -1).gather(-1, ids[0, 1:, None])[:, 0]
-                want = lp[len(p) - 1:].double().sum()
-                assert abs(float(got) - float(want)) < 1e-5, (j, float(got), float(want))
+        chosen, rejected = pair_logps(_logps(model, batch), batch)
+    want_c, want_r = _unpacked_logps(model, dpo)
+    torch.testing.assert_close(chosen, want_c, rtol=0, atol=1e-5)
+    torch.testing.assert_close(rejected, want_r, rtol=0, atol=1e-5)
+    dpo["unpacked"] = (want_c, want_r)
+
+
+def _flex_eager_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
+    """transformers attention function: flex_attention, uncompiled (CPU), with the batch's BlockMask."""
+    import warnings
+
+    from torch.nn.attention.flex_attention import BlockMask, flex_attention
+
+    assert isinstance(attention_mask, BlockMask), type(attention_mask)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # "called without torch.compile()": expected on CPU
+        out = flex_attention(query, key, value, block_mask=attention_mask, scale=scaling,
+                             enable_gqa=query.shape[1] != key.shape[1])
+    return out.transpose(1, 2).contiguous(), None
+
+
+@pytest.mark.parametrize("mask", ["flex", "dense"])
+def test_prefix_sharing_logps_equal_unpacked(dpo, mask):
+    import transformers
+
+    from vecpack.preference.packed import pack_pairs
+
+    pp, model = dpo["packed"], dpo["plain"].eval()
+    shared = pack_pairs(pp.tokens, pp.offsets, 1024, strategy="greedy", pad_id=pp.pad_id, prefix_sharing=True)
+    plain_tokens = pp.stats["num_tokens"]
+    assert shared.stats["num_tokens"] == plain_tokens - shared.stats["shared_prompt_tokens"] < plain_tokens
+    batch = collate_preference([shared[i] for i in range(len(shared))])
+    batch["input_ids"] = dpo["lut"][batch["input_ids"]]
+    assert batch["prefix_sharing"] and "cu_seq_lens_q" not in batch
+    transformers.AttentionInterface.register("vecpack_pref_flex", _flex_eager_attention)
+    impl = model.config._attn_implementation
+    model.config._attn_implementation = "vecpack_pref_flex" if mask == "flex" else "sdpa"
+    try:
+        with torch.no_grad():
+            logps = sequence_logps(model(**model_inputs(batch, mask=mask)).logits, batch)
+    finally:
+        model.config._attn_implementation = impl
+    chosen, rejected = pair_logps(logps, batch)
+    want_c, want_r = dpo.get("unpacked") or _unpacked_logps(model, dpo)
+    torch.testing.assert_close(chosen, want_c, rtol=0, atol=1e-5)
+    torch.testing.assert_close(rejected, want_r, rtol=0, atol=1e-5)
 
 
 def test_dpo_loss_and_gradients_equal_trl(dpo):

@@ -13,7 +13,7 @@ from vecpack.testing import make_pairs
 
 
 def reference_pack(tokens, offsets, plan, pad_id, ignore_index):
-    """One pack after another in plain Python: the layout docs/preference.md draws."""
+    """One pack after another in plain Python: the layouts docs/preference.md draws."""
     out = []
     for i in range(len(plan)):
         ids, lab, pos, doc, part = [], [], [], [], []
@@ -21,6 +21,18 @@ def reference_pack(tokens, offsets, plan, pad_id, ignore_index):
             j = int(plan.pair_index[e])
             p, c, r = (int(x) for x in plan.pair_lens[e])
             prompt = tokens[offsets[3 * j]:offsets[3 * j] + p].tolist()
+            if plan.prefix_sharing:
+                answers = [tokens[offsets[3 * j + k]:offsets[3 * j + k] + n].tolist() for k, n in ((1, c), (2, r))]
+                seq_lab = [ignore_index] * p + answers[0] + answers[1]
+                for first in ([0] if p else [0, c]):
+                    if first < len(seq_lab):
+                        seq_lab[first] = ignore_index
+                ids += prompt + answers[0] + answers[1]
+                lab += seq_lab
+                pos += list(range(p + c)) + list(range(p, p + r))
+                doc += [j] * (p + c + r)
+                part += [0] * p + [1] * c + [2] * r
+                continue
             for kind, n in ((1, c), (2, r)):
                 answer = tokens[offsets[3 * j + kind]:offsets[3 * j + kind] + n].tolist()
                 seq_lab = [ignore_index] * p + answer
@@ -52,10 +64,12 @@ def random_corpus(rng, pairs, max_prompt=12, max_answer=9):
 
 @pytest.mark.parametrize("strategy", ["bfd", "ffd", "greedy"])
 @pytest.mark.parametrize("long", ["truncate", "drop"])
-def test_kernels_match_plain_python(strategy, long):
+@pytest.mark.parametrize("shared", [False, True])
+def test_kernels_match_plain_python(strategy, long, shared):
     rng = np.random.default_rng(7)
     tokens, offsets = random_corpus(rng, 60)
-    pp = pack_pairs(tokens, offsets, 24, strategy=strategy, long=long, pad_id=-3, ignore_index=-100)
+    pp = pack_pairs(tokens, offsets, 24, strategy=strategy, long=long, pad_id=-3, ignore_index=-100,
+                    prefix_sharing=shared)
     ref = reference_pack(tokens, offsets, pp.plan, -3, -100)
     arrays = pp.rows(0, len(pp))
     for i, want in enumerate(ref):
@@ -66,7 +80,10 @@ def test_kernels_match_plain_python(strategy, long):
         # per sequence: lengths, pairs, chosen / rejected, and they tile the pack's tokens
         assert int(one["seq_lens"].sum()) == int((one["document_ids"] >= 0).sum())
         starts = np.concatenate([[0], np.cumsum(one["seq_lens"])[:-1]])
-        assert one["position_ids"][starts].tolist() == [0] * len(starts)
+        prompts = pp.plan.pair_lens[pp.pack_offsets[i]:pp.pack_offsets[i + 1], 0]
+        # a rejected answer's positions continue from its prompt when the prompt is shared
+        assert one["position_ids"][starts].tolist() == (np.stack([0 * prompts, prompts], 1).reshape(-1).tolist()
+                                                        if shared else [0] * len(starts))
         assert one["document_ids"][starts].tolist() == one["seq_pairs"].tolist()
         assert one["seq_parts"].tolist() == [1, 2] * (len(starts) // 2)
     # a pair is one unit: each placed pair once, its two sequences side by side in one pack
@@ -80,14 +97,21 @@ def test_check_pair_plan_catches_bad_plans():
     tokens, offsets = random_corpus(rng, 10)
     p = plan_pairs(np.diff(offsets), 40, strategy="greedy")
     lens = np.diff(offsets)
-    assert _kernels.check_pair_plan(lens, p.pair_index, p.pair_lens, p.pack_offsets, 40) == (0, 0)
+    assert _kernels.check_pair_plan(lens, p.pair_index, p.pair_lens, p.pack_offsets, 40, False) == (0, 0)
     bad = p.pair_lens.copy()
     bad[0, 0] -= 1  # a cut prompt
-    assert _kernels.check_pair_plan(lens, p.pair_index, bad, p.pack_offsets, 40)[0] == 3
-    assert _kernels.check_pair_plan(lens, p.pair_index, p.pair_lens, p.pack_offsets, 10)[0] == 4
+    assert _kernels.check_pair_plan(lens, p.pair_index, bad, p.pack_offsets, 40, False)[0] == 3
+    assert _kernels.check_pair_plan(lens, p.pair_index, p.pair_lens, p.pack_offsets, 10, False)[0] == 4
     idx = p.pair_index.copy()
     idx[0] = 10
-    assert _kernels.check_pair_plan(lens, idx, p.pair_lens, p.pack_offsets, 40) == (2, 0)
+    assert _kernels.check_pair_plan(lens, idx, p.pair_lens, p.pack_offsets, 40, False) == (2, 0)
+    need = 2 * p.pair_lens[:, 0] + p.pair_lens[:, 1:].sum(1)
+    shared_need = need - p.pair_lens[:, 0]
+    one = np.array([0, 1]), np.array([0])  # one pair per pack: the pack holds its unit
+    for units, shared in ((need, False), (shared_need, True)):
+        m = int(units[0])
+        assert _kernels.check_pair_plan(lens, p.pair_index[:1], p.pair_lens[:1], one[0], m, shared) == (0, 0)
+        assert _kernels.check_pair_plan(lens, p.pair_index[:1], p.pair_lens[:1], one[0], m - 1, shared)[0] == 4
 
 
 def test_long_pairs_follow_the_policy_as_a_pair():

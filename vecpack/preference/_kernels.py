@@ -3,11 +3,12 @@
 A pair is three documents of the corpus (prompt, chosen, rejected: documents
 ``3j``, ``3j + 1``, ``3j + 2``) placed as one entry of ``2P + C + R`` kept
 tokens (``C``, ``R`` after truncation; the prompt is never cut), as two
-sequences side by side::
+sequences side by side, or of ``P + C + R`` with the prompt shared::
 
-    | prompt | chosen | prompt | rejected |
-    pos 0 .. P-1, P ..  0 .. P-1, P ..
-    part  0     1       0      2
+    separate (shared=False)                      shared (shared=True)
+    | prompt | chosen | prompt | rejected |      | prompt | chosen | rejected |
+    pos 0 .. P-1, P ..  0 .. P-1, P ..            0 .. P-1, P ..     P ..
+    part  0     1       0      2                  0        1         2
 
 Labels: ``ignore_index`` on prompts, the token on answers, ``ignore_index`` on
 the first token of every sequence (a prompt's, or an answer's when the prompt
@@ -44,7 +45,7 @@ def _run(tokens, src, n, at, pos0, pair, kind, answer, ignore_index, ids, lab, p
 
 
 @njit(cache=True)
-def _fill_pair_row(tokens, offsets, pair_index, pair_lens, e0, e1, pad_id, ignore_index,
+def _fill_pair_row(tokens, offsets, pair_index, pair_lens, e0, e1, shared, pad_id, ignore_index,
                    ids, lab, pos, doc, part):
     """Write the pairs ``e0:e1`` of a plan into one row of each array, then the padding."""
     at = 0
@@ -53,6 +54,22 @@ def _fill_pair_row(tokens, offsets, pair_index, pair_lens, e0, e1, pad_id, ignor
         p = pair_lens[e, 0]
         sp = offsets[3 * j]
         j32 = np.int32(j)
+        if shared:
+            c = pair_lens[e, 1]
+            r = pair_lens[e, 2]
+            _run(tokens, sp, p, at, 0, j32, 0, False, ignore_index, ids, lab, pos, doc, part)
+            _run(tokens, offsets[3 * j + 1], c, at + p, p, j32, 1, True, ignore_index, ids, lab, pos, doc, part)
+            _run(tokens, offsets[3 * j + 2], r, at + p + c, p, j32, 2, True, ignore_index, ids, lab, pos, doc,
+                 part)
+            if p > 0:
+                lab[at] = ignore_index
+            else:  # nothing predicts an answer's first token
+                if c > 0:
+                    lab[at] = ignore_index
+                if r > 0:
+                    lab[at + c] = ignore_index
+            at += p + c + r
+            continue
         for kind in (1, 2):
             src = offsets[3 * j + kind]
             n = pair_lens[e, kind]
@@ -67,25 +84,25 @@ def _fill_pair_row(tokens, offsets, pair_index, pair_lens, e0, e1, pad_id, ignor
 
 
 @njit(cache=True)
-def fill_pair_pack(tokens, offsets, pair_index, pair_lens, pack_offsets, i, pad_id, ignore_index,
+def fill_pair_pack(tokens, offsets, pair_index, pair_lens, pack_offsets, i, shared, pad_id, ignore_index,
                    ids, lab, pos, doc, part):
     """Fill pack ``i`` into five 1-D int32 arrays of max_len."""
-    _fill_pair_row(tokens, offsets, pair_index, pair_lens, pack_offsets[i], pack_offsets[i + 1],
+    _fill_pair_row(tokens, offsets, pair_index, pair_lens, pack_offsets[i], pack_offsets[i + 1], shared,
                    pad_id, ignore_index, ids, lab, pos, doc, part)
 
 
 @njit(cache=True, parallel=True)
-def fill_pair_packs(tokens, offsets, pair_index, pair_lens, pack_offsets, start, pad_id, ignore_index,
+def fill_pair_packs(tokens, offsets, pair_index, pair_lens, pack_offsets, start, shared, pad_id, ignore_index,
                     ids, lab, pos, doc, part):
     """Fill packs ``start:start + ids.shape[0]`` into [n, max_len] int32 arrays, in parallel."""
     for k in prange(ids.shape[0]):
         i = start + k
-        _fill_pair_row(tokens, offsets, pair_index, pair_lens, pack_offsets[i], pack_offsets[i + 1],
+        _fill_pair_row(tokens, offsets, pair_index, pair_lens, pack_offsets[i], pack_offsets[i + 1], shared,
                        pad_id, ignore_index, ids[k], lab[k], pos[k], doc[k], part[k])
 
 
 @njit(cache=True)
-def check_pair_plan(doc_lengths, pair_index, pair_lens, pack_offsets, max_len):
+def check_pair_plan(doc_lengths, pair_index, pair_lens, pack_offsets, max_len, shared):
     """Check a pair plan against a corpus of ``3 * pairs`` documents. Returns ``(code, where)``; 0 is OK.
 
     1: pack_offsets does not start at 0, decrease or end at len(pair_index)
@@ -114,7 +131,7 @@ def check_pair_plan(doc_lengths, pair_index, pair_lens, pack_offsets, max_len):
             if p != doc_lengths[3 * j] or c < 0 or r < 0 or c > doc_lengths[3 * j + 1] \
                     or r > doc_lengths[3 * j + 2]:
                 return 3, e
-            used += 2 * p + c + r
+            used += p + c + r if shared else 2 * p + c + r
         if used > max_len:
             return 4, i
     return 0, 0

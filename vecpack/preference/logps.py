@@ -30,7 +30,8 @@ def sequence_logps(logits: torch.Tensor, batch: Mapping[str, Any], *, average: b
         logits: ``[1, T, V]`` or ``[T, V]``, the model's output on
             :func:`~vecpack.preference.collate.model_inputs` of ``batch``.
         batch: a :func:`~vecpack.preference.collate.collate_preference` batch
-            (``input_ids``, ``completion_mask``, ``seq_idx``, ``is_chosen``).
+            (``input_ids``, ``completion_mask``, ``seq_idx``, ``is_chosen``, and
+            ``logit_index`` for prefix-shared packs).
         average: divide each sum by its number of scored tokens (TRL's
             ``ipo`` / ``sigmoid_norm`` losses use the per-token average).
 
@@ -46,15 +47,18 @@ def sequence_logps(logits: torch.Tensor, batch: Mapping[str, Any], *, average: b
     ids = batch["input_ids"].reshape(-1).to(logits.device)
     if logits.shape[0] != ids.shape[0]:
         raise ValueError(f"logits cover {logits.shape[0]} tokens but the batch holds {ids.shape[0]}")
-    scored = batch["completion_mask"].reshape(-1)[1:].to(logits.device)
-    seq = batch["seq_idx"].reshape(-1)[1:].to(device=logits.device, dtype=torch.long)
+    scored = batch["completion_mask"].reshape(-1).to(logits.device).nonzero().squeeze(1)
+    seq = batch["seq_idx"].reshape(-1).to(device=logits.device, dtype=torch.long)[scored]
     num_seqs = batch["is_chosen"].shape[0]
-    # the token at t is predicted by the logits at t - 1; a sequence's first token is never scored
-    token_logps = -torch.nn.functional.cross_entropy(logits[:-1].float(), ids[1:], reduction="none")
-    token_logps = torch.where(scored, token_logps, token_logps.new_zeros(()))
+    # the token at t is predicted by the logits at t - 1 (a sequence's first token is never scored), or,
+    # with prefix sharing, at logit_index[t] (a rejected answer's first token: its prompt's last token)
+    index = batch.get("logit_index")
+    rows = scored - 1 if index is None else index.reshape(-1).to(logits.device)[scored]
+    token_logps = -torch.nn.functional.cross_entropy(logits[rows].float(), ids[scored], reduction="none")
     # summed in float64: a sum of hundreds of float32 log-probs keeps 1e-5 absolute accuracy
     sums = torch.zeros(num_seqs, dtype=torch.float64, device=logits.device).index_add(0, seq, token_logps.double())
     if average:
-        counts = torch.zeros(num_seqs, dtype=torch.float64, device=logits.device).index_add(0, seq, scored.double())
+        counts = torch.zeros(num_seqs, dtype=torch.float64, device=logits.device).index_add(
+            0, seq, torch.ones_like(token_logps, dtype=torch.float64))
         sums = sums / counts.clamp(min=1)
     return sums

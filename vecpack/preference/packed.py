@@ -81,6 +81,7 @@ class PairPlan:
             ``pack_offsets[p]:pack_offsets[p+1]``.
         max_len: tokens per pack.
         stats: counts, see :func:`plan_pairs`.
+        prefix_sharing: the prompt is laid out once per pair (see :func:`plan_pairs`).
     """
 
     pair_index: np.ndarray
@@ -88,6 +89,7 @@ class PairPlan:
     pack_offsets: np.ndarray
     max_len: int
     stats: dict
+    prefix_sharing: bool = False
 
     def __len__(self) -> int:
         return self.pack_offsets.shape[0] - 1
@@ -103,7 +105,7 @@ def pair_lengths(doc_lengths) -> np.ndarray:
 
 
 def plan_pairs(doc_lengths, max_len: int, *, strategy: str = "bfd", long: str = "truncate",
-               shuffle_seed: int | None = 0, row_ids=None) -> PairPlan:
+               shuffle_seed: int | None = 0, row_ids=None, prefix_sharing: bool = False) -> PairPlan:
     """Assign pairs to packs, a pair as one unit of ``2 * prompt + chosen + rejected`` tokens.
 
     Args:
@@ -114,6 +116,11 @@ def plan_pairs(doc_lengths, max_len: int, *, strategy: str = "bfd", long: str = 
             than ``max_len`` (see the module docstring).
         shuffle_seed: as :func:`vecpack.plan`.
         row_ids: the input row of every document (errors name the row).
+        prefix_sharing: lay each pair out as ``prompt + chosen + rejected``
+            (the prompt once, ``prompt + chosen + rejected`` tokens per unit);
+            the rejected answer's positions continue from the prompt's end and
+            a mask keeps it from seeing the chosen answer
+            (:mod:`vecpack.preference.collate`).
 
     Returns:
         A :class:`PairPlan`; ``stats`` holds ``num_pairs``, ``num_packs``,
@@ -121,7 +128,9 @@ def plan_pairs(doc_lengths, max_len: int, *, strategy: str = "bfd", long: str = 
         ``input_tokens`` (``2 * prompt + chosen + rejected`` of every pair),
         ``fill``, ``truncated`` / ``truncated_tokens`` (pairs cut, answer tokens
         cut), ``dropped`` / ``dropped_tokens``, ``max_pairs_per_pack``,
-        ``trained_tokens`` (answer tokens that are scored) and the arguments.
+        ``trained_tokens`` (answer tokens that are scored),
+        ``shared_prompt_tokens`` (the placed pairs' prompt tokens: what
+        prefix sharing stores once instead of twice) and the arguments.
 
     >>> p = plan_pairs([2, 1, 1, 2, 3, 1], max_len=8, strategy="greedy")
     >>> p.pack_offsets.tolist(), p.pair_lens.tolist()
@@ -132,13 +141,15 @@ def plan_pairs(doc_lengths, max_len: int, *, strategy: str = "bfd", long: str = 
     shuffle_seed = check_options(shuffle_seed=shuffle_seed)["shuffle_seed"]
     lens = pair_lengths(doc_lengths)
     prompt, chosen, rejected = lens[:, 0], lens[:, 1], lens[:, 2]
-    room = max_len - 2 * prompt
+    copies = 1 if prefix_sharing else 2
+    room = max_len - copies * prompt
     too_long = chosen + rejected > room
     if long == "error" and too_long.any():
         j = int(np.argmax(too_long))
-        need = int(2 * prompt[j] + chosen[j] + rejected[j])
+        need = int(copies * prompt[j] + chosen[j] + rejected[j])
         raise InputError(
-            f"preference pair {j} needs {need} tokens (prompt {int(prompt[j])} twice, chosen {int(chosen[j])}, "
+            f"preference pair {j} needs {need} tokens (prompt {int(prompt[j])}{' twice' if copies == 2 else ''}, "
+            f"chosen {int(chosen[j])}, "
             f"rejected {int(rejected[j])}), more than max_len={max_len} ({int(too_long.sum())} such pairs); "
             f"pass long='truncate' or 'drop', or raise max_len",
             row=None if row_ids is None else int(np.asarray(row_ids)[3 * j]))
@@ -152,7 +163,7 @@ def plan_pairs(doc_lengths, max_len: int, *, strategy: str = "bfd", long: str = 
     else:
         dropped = too_long
     truncated = too_long & ~dropped
-    unit = np.where(dropped, 0, 2 * prompt + keep_c + keep_r)
+    unit = np.where(dropped, 0, copies * prompt + keep_c + keep_r)
     p = plan(unit, max_len, strategy=strategy, long="error", shuffle_seed=shuffle_seed)
     pair_index = p.doc_index
     pair_lens = np.stack([prompt, keep_c, keep_r], axis=1)[pair_index]
@@ -160,7 +171,7 @@ def plan_pairs(doc_lengths, max_len: int, *, strategy: str = "bfd", long: str = 
     trained = (np.maximum(pair_lens[:, 1] - first, 0) + np.maximum(pair_lens[:, 2] - first, 0)).sum()
     num_packs = len(p)
     num_tokens = int(p.stats["num_tokens"])
-    full = 2 * prompt + chosen + rejected
+    full = copies * prompt + chosen + rejected
     stats = {
         "num_pairs": int(lens.shape[0]),
         "num_packs": num_packs,
@@ -174,6 +185,8 @@ def plan_pairs(doc_lengths, max_len: int, *, strategy: str = "bfd", long: str = 
         "dropped_tokens": int(full[dropped].sum()),
         "max_pairs_per_pack": int(np.diff(p.pack_offsets).max()) if num_packs else 0,
         "trained_tokens": int(trained),
+        "shared_prompt_tokens": int(pair_lens[:, 0].sum()),
+        "prefix_sharing": bool(prefix_sharing),
         "max_len": max_len,
         "strategy": strategy,
         "long": long,
@@ -182,7 +195,7 @@ def plan_pairs(doc_lengths, max_len: int, *, strategy: str = "bfd", long: str = 
     for a in (pair_index, pair_lens):
         a.flags.writeable = False
     return PairPlan(pair_index=pair_index, pair_lens=pair_lens, pack_offsets=p.pack_offsets,
-                    max_len=max_len, stats=stats)
+                    max_len=max_len, stats=stats, prefix_sharing=bool(prefix_sharing))
 
 
 class PackedPairs:
@@ -218,7 +231,8 @@ class PackedPairs:
         if validate:
             pair_lengths(np.diff(self.offsets))
             code, where = _kernels().check_pair_plan(_ro(np.diff(self.offsets)), self._pair_index,
-                                                     self._pair_lens, self._pack_offsets, plan.max_len)
+                                                     self._pair_lens, self._pack_offsets, plan.max_len,
+                                                     plan.prefix_sharing)
             if code:
                 raise ValueError("plan does not fit this corpus: " + _PLAN_ERRORS[code].format(where))
         self._arrays = None
@@ -260,7 +274,8 @@ class PackedPairs:
     def _sequences(self, a: int, b: int) -> dict:
         """``seq_lens``, ``seq_pairs``, ``seq_parts`` of entries ``a:b`` (two sequences per pair)."""
         lens = self.plan.pair_lens[a:b]
-        seq_lens = np.stack([lens[:, 0] + lens[:, 1], lens[:, 0] + lens[:, 2]], axis=1).reshape(-1)
+        rejected = lens[:, 2] if self.plan.prefix_sharing else lens[:, 0] + lens[:, 2]
+        seq_lens = np.stack([lens[:, 0] + lens[:, 1], rejected], axis=1).reshape(-1)
         return {"seq_lens": seq_lens.astype(np.int32),
                 "seq_pairs": np.repeat(self.plan.pair_index[a:b], 2).astype(np.int32),
                 "seq_parts": np.tile(np.array([1, 2], np.int32), b - a)}
@@ -278,7 +293,7 @@ class PackedPairs:
         else:
             out = {name: np.empty(self.max_len, np.int32) for name in _ARRAYS}
             _kernels().fill_pair_pack(self._tokens, self._offsets, self._pair_index, self._pair_lens,
-                                      self._pack_offsets, i, self.pad_id, self.ignore_index,
+                                      self._pack_offsets, i, self.plan.prefix_sharing, self.pad_id, self.ignore_index,
                                       *(out[name] for name in _ARRAYS))
         out.update(self._sequences(int(self.pack_offsets[i]), int(self.pack_offsets[i + 1])))
         return out
@@ -291,7 +306,8 @@ class PackedPairs:
         out = {name: np.empty((stop - start, self.max_len), np.int32) for name in _ARRAYS}
         if stop > start:
             _kernels().fill_pair_packs(self._tokens, self._offsets, self._pair_index, self._pair_lens,
-                                       self._pack_offsets, start, self.pad_id, self.ignore_index,
+                                       self._pack_offsets, start, self.plan.prefix_sharing,
+                                       self.pad_id, self.ignore_index,
                                        *(out[name] for name in _ARRAYS))
         return out
 
@@ -331,12 +347,12 @@ class PackedPairs:
 
 def pack_pairs(tokens, offsets, max_len: int, *, strategy: str = "bfd", long: str = "truncate",
                pad_id: int = 0, ignore_index: int = -100, shuffle_seed: int | None = 0,
-               row_ids=None) -> PackedPairs:
+               row_ids=None, prefix_sharing: bool = False) -> PackedPairs:
     """Pack a tokenized preference corpus (three documents per pair), a pair as one unit.
 
     Args:
         tokens, offsets: the corpus (:func:`vecpack.tokenize` with ``style="preference"``).
-        max_len, strategy, long, shuffle_seed: as :func:`plan_pairs`.
+        max_len, strategy, long, shuffle_seed, prefix_sharing: as :func:`plan_pairs`.
         pad_id, ignore_index: padding's id and every unscored label.
         row_ids: the input row of every document (errors name it).
 
@@ -346,5 +362,5 @@ def pack_pairs(tokens, offsets, max_len: int, *, strategy: str = "bfd", long: st
     tokens = _check_tokens(tokens, "tokens")
     offsets = _check_offsets(offsets, tokens.shape[0])
     p = plan_pairs(np.diff(offsets), max_len, strategy=strategy, long=long, shuffle_seed=shuffle_seed,
-                   row_ids=row_ids)
+                   row_ids=row_ids, prefix_sharing=prefix_sharing)
     return PackedPairs(tokens, offsets, p, pad_id=pad_id, ignore_index=ignore_index)
