@@ -196,3 +196,28 @@ def test_streaming_says_to_use_build(qwen_dir, tmp_path):
     with pytest.raises(ValueError, match=r"does not stream preference pairs yet.*vecpack.build\(\.\.\., "
                                          r"style='preference'\)"):
         vecpack.StreamingPackedDataset(path, qwen_dir, 512, style="preference")
+
+
+def test_prefix_sharing_through_build_and_the_cli(pairs_corpus, qwen_dir, cache_dir, tmp_path, capsys):
+    from vecpack.cli import main
+
+    path, t = pairs_corpus
+    plain = vecpack.build(path, qwen_dir, 4096, style="preference", cache_dir=cache_dir, n_jobs=1, progress=False)
+    shared = vecpack.build(path, qwen_dir, 4096, style="preference", cache_dir=cache_dir, progress=False,
+                           prefix_sharing=True)
+    assert shared.build_info.corpus_hit and not shared.build_info.plan_hit  # a plan of its own
+    saved = shared.stats["shared_prompt_tokens"]
+    assert shared.stats["prefix_sharing"] and saved > 0.2 * shared.stats["num_tokens"]
+    assert shared.stats["dropped"] <= plain.stats["dropped"] and shared.stats["truncated"] <= plain.stats["truncated"]
+    big = [plan_pairs(np.diff(t.offsets), 1 << 20, prefix_sharing=s) for s in (False, True)]  # nothing cut
+    assert big[1].stats["num_tokens"] + big[1].stats["shared_prompt_tokens"] == big[0].stats["num_tokens"]
+    assert len(shared) < len(plain) and shared.stats["fill"] >= 0.99
+    direct = pack_pairs(t.tokens, t.offsets, 4096, pad_id=shared.pad_id, prefix_sharing=True)
+    assert np.array_equal(shared.input_ids, direct.input_ids)
+    out = tmp_path / "shared"
+    assert main(["pack", str(path), "--tokenizer", str(qwen_dir), "--max-len", "4096", "--style", "preference",
+                 "--prefix-sharing", "--cache-dir", str(cache_dir), "-o", str(out)]) == 0
+    assert f"each prompt stored once, {saved:,} tokens saved" in capsys.readouterr().out
+    assert vecpack.load(out).plan.prefix_sharing
+    with pytest.raises(ValueError, match="prefix_sharing=True needs style='preference'"):
+        vecpack.build(path, qwen_dir, 4096, prefix_sharing=True, cache_dir=cache_dir, progress=False)

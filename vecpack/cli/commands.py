@@ -153,7 +153,7 @@ def cmd_pack(args) -> int:
         masking=args.masking, strategy=args.strategy, long=args.long, shuffle_seed=args.seed,
         n_jobs=args.jobs, on_error=args.on_error, progress=_progress(args),
         cache=not args.no_cache, cache_dir=args.cache_dir, backend=args.backend,
-        allow_useless=args.allow_useless)
+        allow_useless=args.allow_useless, **({"prefix_sharing": True} if args.prefix_sharing else {}))
     if out is not None:
         vecpack.save(packed, out)
     elapsed = time.perf_counter() - t0

@@ -501,7 +501,7 @@ def pairs_text(packed, *, title: str | None = None) -> str:
     >>> print(pairs_text(pack_pairs(np.arange(1, 9, dtype=np.int32), np.array([0, 3, 5, 8]), max_len=12)))
     1 pair · 2 sequences · 11 tokens (the prompt once per sequence) → 1 pack of 12 · fill 91.7%
     long 'truncate': 0 pairs truncated (0 answer tokens cut) · 0 pairs dropped
-    trained tokens 5 · prompt tokens 6 (3 per pair stored twice, once per sequence)
+    trained tokens 5 · prompt tokens 6 (each prompt twice; prefix sharing would save 27.3%)
     """
     s = packed.stats
     lens = np.diff(np.asarray(packed.offsets, np.int64)).reshape(-1, 3)
@@ -512,8 +512,11 @@ def pairs_text(packed, *, title: str | None = None) -> str:
                  f"{plural(s['num_packs'], 'pack')} of {s['max_len']:,} · fill {_pct(s['fill'])}")
     lines.append(f"long {s['long']!r}: {plural(s['truncated'], 'pair')} truncated "
                  f"({plural(s['truncated_tokens'], 'answer token')} cut) · {plural(s['dropped'], 'pair')} dropped")
-    prompts = int(placed[:, 0].sum()) * 2
-    mean = prompts // max(2 * placed.shape[0], 1)
-    lines.append(f"trained tokens {s['trained_tokens']:,} · prompt tokens {prompts:,} "
-                 f"({mean:,} per pair stored twice, once per sequence)")
+    saved = int(placed[:, 0].sum())
+    if s.get("prefix_sharing"):
+        lines.append(f"trained tokens {s['trained_tokens']:,} · prefix sharing: each prompt stored once, "
+                     f"{saved:,} tokens saved ({_pct(saved / max(s['num_tokens'] + saved, 1))})")
+    else:
+        lines.append(f"trained tokens {s['trained_tokens']:,} · prompt tokens {2 * saved:,} (each prompt "
+                     f"twice; prefix sharing would save {_pct(saved / max(s['num_tokens'], 1))})")
     return "\n".join(lines)

@@ -110,7 +110,7 @@ def build(data_files, tokenizer=None, max_len: int | None = None, *, style: str 
           long: str = "truncate", shuffle_seed: int | None = 0, pad_id: int | None = None,
           ignore_index: int = -100, n_jobs: int = -1, on_error: str = "raise", progress: bool = True,
           cache: bool = True, cache_dir: str | os.PathLike | None = None, backend: str = "loky",
-          encoder=None, verify: bool = False, allow_useless: bool = False) -> Packed:
+          encoder=None, verify: bool = False, allow_useless: bool = False, prefix_sharing: bool = False) -> Packed:
     """Tokenize chat data and pack it, through the cache.
 
     Args:
@@ -126,6 +126,9 @@ def build(data_files, tokenizer=None, max_len: int | None = None, *, style: str 
             and returns a :class:`~vecpack.preference.packed.PackedPairs`
             (``long``: ``"truncate"`` the answers, ``"drop"`` or ``"error"``;
             see :mod:`vecpack.preference.packed`).
+        prefix_sharing: with ``style="preference"``, store each pair's prompt
+            once (``prompt + chosen + rejected``; see
+            :func:`vecpack.preference.packed.plan_pairs`).
         strategy, long, shuffle_seed: as :func:`vecpack.plan`.
         pad_id: padding id; default the tokenizer's pad token, else 0.
         ignore_index: label of padding and of every entry's first token.
@@ -168,7 +171,10 @@ def build(data_files, tokenizer=None, max_len: int | None = None, *, style: str 
     if style == "preference":
         return _build_pairs(data_files, tokenizer, max_len, tok_kwargs, strategy=strategy, long=long,
                             shuffle_seed=shuffle_seed, pad_id=pad_id, ignore_index=ignore_index, cache=cache,
-                            cache_dir=cache_dir, verify=verify, allow_useless=allow_useless, t0=t0)
+                            cache_dir=cache_dir, verify=verify, allow_useless=allow_useless, t0=t0,
+                            prefix_sharing=bool(prefix_sharing))
+    if prefix_sharing:
+        raise ValueError("prefix_sharing=True needs style='preference'")
 
     if not cache:
         warm_kernels(strategy, long)  # loads while the tokenizer loads
@@ -222,7 +228,7 @@ _PAIR_PLAN_ARRAYS = ("pair_index", "pair_lens", "pack_offsets")
 
 
 def _build_pairs(data_files, tokenizer, max_len, tok_kwargs, *, strategy, long, shuffle_seed, pad_id,
-                 ignore_index, cache, cache_dir, verify, allow_useless, t0):
+                 ignore_index, cache, cache_dir, verify, allow_useless, t0, prefix_sharing):
     """:func:`build` for ``style="preference"``: the corpus as usual, then a pair plan
     (:mod:`vecpack.preference.packed`), each cached; returns a ``PackedPairs``."""
     from vecpack.preference.packed import PackedPairs, PairPlan, plan_pairs
@@ -232,7 +238,7 @@ def _build_pairs(data_files, tokenizer, max_len, tok_kwargs, *, strategy, long, 
     if not cache:
         t = _tokenize(data_files, tokenizer, **tok_kwargs)
         p = plan_pairs(np.diff(t.offsets), max_len, strategy=strategy, long=long, shuffle_seed=shuffle_seed,
-                       row_ids=t.row_ids)
+                       row_ids=t.row_ids, prefix_sharing=prefix_sharing)
         pad = default_pad_id(tokenizer, t.encoder or encoder) if pad_id is None else pad_id
         packed = PackedPairs(t.tokens, t.offsets, p, pad_id=pad, ignore_index=ignore_index)
         _check_useful(dict(p.stats, num_documents=p.stats["num_pairs"]), t.stats, "assistant", allow_useless)
@@ -249,12 +255,13 @@ def _build_pairs(data_files, tokenizer, max_len, tok_kwargs, *, strategy, long, 
                           **tok_kwargs)
     offsets = corpus.arrays["offsets"]
     pinputs = {"format": PAIR_PLAN_FORMAT, "corpus": corpus.key, "max_len": max_len, "strategy": strategy,
-               "long": long, "shuffle_seed": None if shuffle_seed is None else int(shuffle_seed)}
+               "long": long, "shuffle_seed": None if shuffle_seed is None else int(shuffle_seed),
+               "prefix_sharing": prefix_sharing}
     pkey = _cache.make_key("pairs", pinputs)
 
     def build_plan(tmp: pathlib.Path) -> dict:
         p = plan_pairs(np.diff(offsets), max_len, strategy=strategy, long=long, shuffle_seed=shuffle_seed,
-                       row_ids=corpus.arrays.get("row_ids"))
+                       row_ids=corpus.arrays.get("row_ids"), prefix_sharing=prefix_sharing)
         for n in _PAIR_PLAN_ARRAYS:
             np.save(tmp / f"{n}.npy", np.ascontiguousarray(getattr(p, n), dtype=np.int64))
         return {"stats": jsonable(dict(p.stats))}
@@ -263,7 +270,7 @@ def _build_pairs(data_files, tokenizer, max_len, tok_kwargs, *, strategy, long, 
                                 meta={"inputs": pinputs, "corpus": corpus.key})
     a = pentry.arrays
     p = PairPlan(pair_index=a["pair_index"], pair_lens=a["pair_lens"], pack_offsets=a["pack_offsets"],
-                 max_len=max_len, stats=dict(pentry.meta.get("stats", {})))
+                 max_len=max_len, stats=dict(pentry.meta.get("stats", {})), prefix_sharing=prefix_sharing)
     pad = int(corpus.meta.get("pad_id", 0)) if pad_id is None else pad_id
     packed = PackedPairs(corpus.arrays["tokens"], offsets, p, pad_id=pad, ignore_index=ignore_index, validate=False)
     _check_useful(dict(p.stats, num_documents=p.stats["num_pairs"]), corpus.meta.get("stats") or {}, "assistant",

@@ -184,7 +184,8 @@ def load(path: str | os.PathLike, *, verify: bool = False, pad_id: int | None = 
 
             a = pentry.arrays
             p = PairPlan(pair_index=a["pair_index"], pair_lens=a["pair_lens"], pack_offsets=a["pack_offsets"],
-                         max_len=int(pentry.meta["inputs"]["max_len"]), stats=dict(pentry.meta.get("stats", {})))
+                         max_len=int(pentry.meta["inputs"]["max_len"]), stats=dict(pentry.meta.get("stats", {})),
+                         prefix_sharing=bool(pentry.meta["inputs"].get("prefix_sharing", False)))
             packed = PackedPairs(corpus.arrays["tokens"], corpus.arrays["offsets"], p,
                                  pad_id=int(corpus.meta.get("pad_id", 0)) if pad_id is None else pad_id,
                                  ignore_index=-100 if ignore_index is None else ignore_index, validate=False)
@@ -213,7 +214,8 @@ def _load_pairs(path: pathlib.Path, manifest: dict, verify: bool, pad_id, ignore
     a = _entries.open_arrays(path, manifest["arrays"])
     meta = manifest["meta"]
     p = PairPlan(pair_index=a["pair_index"], pair_lens=a["pair_lens"], pack_offsets=a["pack_offsets"],
-                 max_len=int(meta["max_len"]), stats=dict(meta["stats"]))
+                 max_len=int(meta["max_len"]), stats=dict(meta["stats"]),
+                 prefix_sharing=bool(meta["stats"].get("prefix_sharing", False)))
     packed = PackedPairs(a["tokens"], a["offsets"], p, pad_id=int(meta["pad_id"]) if pad_id is None else pad_id,
                          ignore_index=int(meta["ignore_index"]) if ignore_index is None else ignore_index,
                          validate=verify)
