@@ -184,3 +184,25 @@ def test_ctrl_c_mid_run_loky(tmp_path):
 def test_ctrl_c_mid_run_ray(tmp_path):
     pytest.importorskip("ray")
     _interrupt_mid_run(tmp_path, "ray")
+
+
+def test_after_ctrl_c_only_lokys_manager_thread_is_silenced(monkeypatch):
+    """loky's manager thread may trip over a half-submitted task after Ctrl-C; its traceback is
+    dropped, any other thread's exception still reaches the previous hook."""
+    import threading
+
+    from vecpack.tokenizing import executors
+
+    seen = []
+    monkeypatch.setattr(threading, "excepthook", lambda args: seen.append(args.thread.name))
+    executors._silence_loky_manager()
+    executors._silence_loky_manager()  # idempotent: one filter, not two
+
+    def boom():
+        raise KeyError(5)
+
+    for name in ("ExecutorManagerThread", "other"):
+        t = threading.Thread(target=boom, name=name)
+        t.start()
+        t.join()
+    assert seen == ["other"]

@@ -171,6 +171,7 @@ def test_a_failed_parity_check_reruns_everything_with_hf_tokenizers(sharegpt_fil
                              progress=False)
     assert started == ["fastokens"] and t.stats["backend"] == "tokenizers"
     assert t.encoder.backend == "tokenizers" and "test" in t.encoder.backend_reason
+    assert "differ on a sample at token 3" in t.stats["backend_reason"]  # the report prints it
     assert same(t, ref)  # HF tokenizers gives the same arrays
     monkeypatch.undo()
     again = vecpack.tokenize(sharegpt_file, qwen_dir, n_jobs=n_jobs, progress=False)

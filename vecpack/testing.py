@@ -474,7 +474,7 @@ def make_short_chats(path: str | os.PathLike, n: int, *, seed: int = 0) -> str:
             conv = [{"from": "system", "value": SHORT_CHAT_SYSTEM}]
             for _ in range(rng.choice((1, 1, 1, 2, 3))):
                 conv.append({"from": "human", "value": say(4, 120)})
-                conv.append({"from": "gpt", "value": say(40, 360)})
+                conv.append({"from": "gpt", "value": say(100, 440)})
             f.write(json.dumps({"conversations": conv}, ensure_ascii=False) + "\n")
     return str(path)
 

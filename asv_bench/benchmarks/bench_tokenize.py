@@ -56,6 +56,54 @@ class Tokenize:
     track_rows_per_second.unit = "rows/s"
 
 
+class RowCPU:
+    """CPU time per row of a worker's row path, one process: the target is at most 50 µs at
+    about 590 tokens a row (Qwen2.5, fastokens; issue 21).
+
+    The worker's own loop (``vecpack.tokenizing.rows.encode_rows`` over a range's
+    JSONL payloads: parse, render, one batch encode, labels), best CPU time of 3.
+    """
+
+    timeout = 300
+    number = 1
+    repeat = 1
+
+    def setup(self):
+        from vecpack.inputs.jsonl import READER
+        from vecpack.tokenizing.encoder import ChatEncoder
+
+        os.environ.setdefault("FASTOKENS_BPE_THREADS", "1")
+        path = _data(ROWS)
+        size = os.path.getsize(path)
+        with open(path, "rb") as f:  # the first 5,000 rows, as one range
+            for _ in range(5_000):
+                f.readline()
+            self.end = f.tell()
+        self.rows = 5_000
+        self.enc = ChatEncoder.from_tokenizer(cached_tokenizer_dir("qwen2.5"))
+        self.payloads = lambda: READER.payloads(path, 0, min(self.end, size))
+
+    def track_us_per_row(self):
+        from vecpack.tokenizing.rows import encode_rows
+
+        best = float("inf")
+        for _ in range(4):  # the first call warms the layouts and the prefix cache
+            t = time.process_time()
+            encode_rows(self.enc, self.payloads(), on_error="raise")
+            best = min(best, time.process_time() - t)
+        return 1e6 * best / self.rows
+
+    track_us_per_row.unit = "µs/row"
+
+    def track_tokens_per_row(self):
+        from vecpack.tokenizing.rows import encode_rows
+
+        out = encode_rows(self.enc, self.payloads(), on_error="raise")
+        return out.tokens.size / self.rows
+
+    track_tokens_per_row.unit = "tokens/row"
+
+
 class ParallelEfficiency:
     """t(1 worker) / (2 * t(2 workers)), measured side by side in one process."""
 
@@ -200,3 +248,48 @@ class StartUp:
         return result["pool_ready"]
 
     track_pool_ready_s.unit = "seconds"
+
+
+class EngineMemory:
+    """The fast engine's caches stay bounded: 10M distinct random words through fastokens.
+
+    RSS (MB) grows while its caches fill (about 80-90 MB over the first 3M words)
+    and must then stay flat: ``track_growth_3M_to_10M_mb`` is the growth from 3M
+    to 10M words, ``track_growth_0_to_10M_mb`` the whole growth (issue 21).
+    """
+
+    timeout = 600
+    number = 1
+    repeat = 1
+
+    def setup_cache(self):
+        import random
+        import string
+
+        import psutil
+
+        from vecpack.tokenizing.runtime import runtime
+
+        os.environ.setdefault("FASTOKENS_BPE_THREADS", "1")
+        rt = runtime(str(cached_tokenizer_dir("qwen2.5")), "fastokens")
+        rng = random.Random(0)
+        letters = string.ascii_lowercase
+        proc = psutil.Process()
+        rss = {0: proc.memory_info().rss}
+        for million in range(1, 11):
+            for _ in range(10):  # 100 texts of 1,000 new words, 10 times per million
+                texts = [" ".join("".join(rng.choices(letters, k=8)) for _ in range(1_000))
+                         for _ in range(100)]
+                rt.encode_batch(texts)
+            rss[million] = proc.memory_info().rss
+        return {k: v / 2**20 for k, v in rss.items()}
+
+    def track_growth_3M_to_10M_mb(self, rss):
+        return rss[10] - rss[3]
+
+    track_growth_3M_to_10M_mb.unit = "MB"
+
+    def track_growth_0_to_10M_mb(self, rss):
+        return rss[10] - rss[0]
+
+    track_growth_0_to_10M_mb.unit = "MB"

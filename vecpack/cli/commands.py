@@ -95,6 +95,8 @@ def _pack_report(packed, *, elapsed: float, out: pathlib.Path | None, args) -> s
     if tstats.get("backend"):
         backend += f" · {tstats['backend']} encoder"
     lines.append(line("backend", backend))
+    if tstats.get("backend_reason"):
+        lines.append(line("engine", f"not a faster one: {tstats['backend_reason']}"))
     if info is not None and info.corpus_key is not None:
         for kind, key, path, was_hit in (("corpus", info.corpus_key, info.corpus_path, info.corpus_hit),
                                          ("plan", info.plan_key, info.plan_path, info.plan_hit)):

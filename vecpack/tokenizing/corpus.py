@@ -77,11 +77,12 @@ def tokenize(data_files, tokenizer=None, *, style: str = "sharegpt", column: str
     Each accepted input row becomes one document, in input order; the arrays
     are byte-identical whatever ``n_jobs`` and ``chunk_bytes`` are.
 
-    With the tiktoken fast path, this call's first 64 rows are also encoded by
+    With a fast engine (fastokens, else tiktoken), this call's first 64 rows are also encoded by
     HF ``tokenizers`` while the workers run, in a process of its own that loads
-    HF once (:mod:`vecpack.tokenizing.parity`); if any id differs, the tiktoken result
+    HF once (:mod:`vecpack.tokenizing.parity`); if any id differs, the engine's result
     is discarded and the rows are tokenized again with HF ``tokenizers``
-    (``stats["backend"]`` says which ran, with a ``RuntimeWarning``).
+    (``stats["backend"]`` says which ran and ``stats["backend_reason"]`` why, with a
+    ``RuntimeWarning``).
 
     Args:
         data_files: a JSONL / JSON-array / Parquet path, a glob, a list of
@@ -187,6 +188,7 @@ def _tokenize(sources, scratch, tokenizer, encoder, style, column, masking, n_jo
         "rejected": sum(m.rejected for m in metas),
         "rejected_examples": rejected_examples(metas, tasks),
         "backend": getattr(encoder, "backend", type(encoder).__name__),
+        "backend_reason": getattr(encoder, "backend_reason", ""),
         "seconds": seconds,
         "n_jobs": n_jobs if backend == "loky" else None,
         "chunks": len(tasks),

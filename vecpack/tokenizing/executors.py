@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
 import time
 from concurrent.futures import FIRST_COMPLETED, wait
 
@@ -192,10 +193,30 @@ def _execute_pool(run: _Execution, encoder, on_error: str, n_jobs: int, driver: 
         # Ctrl-C (or an error above): stop the workers' tasks before the caller removes out_dir
         # (futures are not cancelled: loky trips over cancelled futures when it is killed)
         slots[0] = 1
+        if isinstance(exc, KeyboardInterrupt):
+            _silence_loky_manager()
         _, still = wait(list(futures), timeout=2 if isinstance(exc, KeyboardInterrupt) else 10)
         if still:  # a task ignores the abort flag (stuck in native code): kill the pool
             ex.shutdown(wait=True, kill_workers=True)
         raise
+
+
+def _silence_loky_manager() -> None:
+    """After Ctrl-C, loky's manager thread may trip over a task that was being submitted when
+    the signal came (a ``KeyError`` in ``add_call_item_to_queue``) and print its traceback;
+    the interrupt is already being reported, so that thread's exceptions are dropped from
+    now on (every other thread's still reach the previous ``threading.excepthook``)."""
+    previous = threading.excepthook
+    if getattr(previous, "vecpack_loky_filter", False):
+        return
+
+    def hook(args):
+        if args.thread is not None and args.thread.name == "ExecutorManagerThread":
+            return
+        previous(args)
+
+    hook.vecpack_loky_filter = True
+    threading.excepthook = hook
 
 
 def earlier(exc: BaseException, current: BaseException) -> bool:

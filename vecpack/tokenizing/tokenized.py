@@ -35,6 +35,7 @@ class Tokenized:
         stats: ``rows``, ``documents``, ``tokens``, ``trainable_tokens``,
             ``rejected``, ``rejected_examples`` (``"file:line: reason"``
             strings), ``backend`` (``"fastokens"``, ``"tiktoken"`` or ``"tokenizers"``),
+            ``backend_reason`` (why not a faster engine; ``""`` when fastokens ran),
             ``seconds``, ``n_jobs``, ``chunks``.
         encoder: the encoder that produced the arrays (``None`` when the
             arrays were loaded rather than tokenized).
