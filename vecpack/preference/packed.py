@@ -16,7 +16,9 @@ itself, exactly the two rows TRL's ``DPOTrainer`` would pad::
     seq_lens      [5, 6]     seq_parts [1, 2] (1 chosen, 2 rejected)     seq_pairs [j, j]
 
 Placement reuses :func:`vecpack.plan` (every strategy) on one length per
-pair, ``2 * prompt + chosen + rejected``. A pair longer than ``max_len``
+pair, ``2 * prompt + chosen + rejected`` (``prompt + chosen + rejected`` with
+``prefix_sharing=True``: the prompt laid out once, the rejected answer's
+positions continuing from the prompt's end; see docs/preference.md). A pair longer than ``max_len``
 follows ``long`` as a pair:
 
 * ``"truncate"`` cuts the *ends of the completions* (TRL's default
