@@ -2,7 +2,7 @@
 
 import pytest
 
-from vecpack.chat.formats import DEFAULT_COLUMNS, STYLES, to_messages
+from vecpack.chat.formats import CHAT_STYLES, DEFAULT_COLUMNS, to_messages
 from vecpack.errors import InputError
 
 
@@ -54,7 +54,7 @@ def test_text_style():
 
 
 def test_defaults_cover_every_style():
-    assert set(DEFAULT_COLUMNS) == set(STYLES)
+    assert set(DEFAULT_COLUMNS) == set(CHAT_STYLES)
 
 
 @pytest.mark.parametrize("row, style, column, reason", [

@@ -52,7 +52,7 @@ CASES = [
     ("max_len", None, ValueError, "max_len is required"),
     ("strategy", "best", ValueError, "unknown strategy 'best'; strategy must be one of ['bfd', 'ffd', 'greedy']"),
     ("style", "chatml", ValueError,
-     "unknown style 'chatml'; style must be one of ['sharegpt', 'openai', 'alpaca', 'text']"),
+     "unknown style 'chatml'; style must be one of ['sharegpt', 'openai', 'alpaca', 'text', 'preference']"),
 ]
 
 

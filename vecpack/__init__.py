@@ -35,13 +35,18 @@ _LAZY = {
     "FlexBatch": "vecpack.integrations.collate",
     "PackedChatDataset": "vecpack.torchtune.chat",
     "PackedDataset": "vecpack.torchtune.packed",
+    "PackedPairs": "vecpack.preference.packed",
     "StreamingPackedDataset": "vecpack.streaming.dataset",
     "Tokenized": "vecpack.tokenizing.tokenized",
     "check_trainer": "vecpack.integrations.hf",
     "collate_flash": "vecpack.integrations.collate",
     "collate_flex": "vecpack.integrations.collate",
+    "collate_preference": "vecpack.preference.collate",
     "collate_torchtune": "vecpack.integrations.collate",
+    "dpo_loss": "vecpack.preference.loss",
     "hf_dataset": "vecpack.integrations.hf",
+    "pack_pairs": "vecpack.preference.packed",
+    "sequence_logps": "vecpack.preference.logps",
     "tokenize": "vecpack.tokenizing.corpus",
 }
 

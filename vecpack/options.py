@@ -26,14 +26,17 @@ import pathlib
 import re
 
 __all__ = [
-    "CONVERSATION_STYLES", "ENGINES", "EXECUTORS", "EXPORT_FORMATS", "FAST_ENGINES", "IGNORE_INDEX", "INT32_MAX",
-    "LONG_POLICIES", "MASKINGS", "MAX_CUT_FRACTION", "MIX_BY", "ON_ERROR", "STRATEGIES", "STREAM_STRATEGIES",
-    "STYLES", "TORCHTUNE_STYLES", "cache_root", "check_choice", "check_int", "check_max_len", "check_mix",
-    "check_options", "check_seed", "check_tokenizer_dir", "check_weight", "check_weights", "useless_reason",
+    "CHAT_STYLES", "CONVERSATION_STYLES", "ENGINES", "EXECUTORS", "EXPORT_FORMATS", "FAST_ENGINES", "IGNORE_INDEX",
+    "INT32_MAX", "LONG_POLICIES", "MASKINGS", "MAX_CUT_FRACTION", "MIX_BY", "ON_ERROR", "PAIR_LONG_POLICIES",
+    "STRATEGIES", "STREAM_STRATEGIES", "STYLES", "TORCHTUNE_STYLES", "cache_root", "check_choice", "check_int",
+    "check_max_len", "check_mix", "check_options", "check_seed", "check_tokenizer_dir", "check_weight",
+    "check_weights", "useless_reason",
 ]
 
-#: Row formats (see :mod:`vecpack.chat.formats`).
-STYLES = ("sharegpt", "openai", "alpaca", "text")
+#: Row formats of chat data (see :mod:`vecpack.chat.formats`).
+CHAT_STYLES = ("sharegpt", "openai", "alpaca", "text")
+#: Every ``style=`` a front door takes: the chat formats, and preference pairs (:mod:`vecpack.preference`).
+STYLES = (*CHAT_STYLES, "preference")
 #: Styles of a list of turns (torchtune's ``conversation_style``).
 CONVERSATION_STYLES = ("sharegpt", "openai")
 #: Rows as torchtune's message transforms and ``TextCompletionDataset`` read them:
@@ -48,6 +51,8 @@ STRATEGIES = ("bfd", "ffd", "greedy")
 STREAM_STRATEGIES = ("bfd", "greedy")
 #: Documents longer than ``max_len``; the position is the numba kernels' code.
 LONG_POLICIES = ("truncate", "drop", "split", "error")
+#: ``long=`` for preference pairs (a pair is never split; see :mod:`vecpack.preference.packed`).
+PAIR_LONG_POLICIES = ("truncate", "drop", "error")
 #: A row that cannot be read or encoded.
 ON_ERROR = ("raise", "skip")
 #: Tokenizer engines, fastest first (``backend=`` of ``ChatEncoder.from_tokenizer``; see
@@ -117,6 +122,7 @@ _CHOICES = {
     "masking": ("masking", MASKINGS),
     "strategy": ("strategy", STRATEGIES),
     "long": ("long policy", LONG_POLICIES),
+    "pair_long": ("long policy for preference pairs", PAIR_LONG_POLICIES),
     "on_error": ("on_error", ON_ERROR),
     "executor": ("backend", EXECUTORS),
 }

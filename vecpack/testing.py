@@ -37,11 +37,13 @@ import sysconfig
 from vecpack.options import CONVERSATION_STYLES, TORCHTUNE_STYLES, check_choice
 
 __all__ = [
+    "PAIR_FORMS",
     "QWEN_PATTERN",
     "LLAMA3_PATTERN",
     "bytes_to_unicode",
     "cached_tokenizer_dir",
     "make_llama3_tokenizer",
+    "make_pairs",
     "make_qwen_tokenizer",
     "make_rows",
     "make_sharegpt",
@@ -381,6 +383,69 @@ def make_sharegpt(path: str | os.PathLike, n: int, *, seed: int = 0, style: str 
                 conv.append({k_role: r_user, k_text: message(median_user)})
                 conv.append({k_role: r_bot, k_text: message(median_assistant)})
             f.write(json.dumps({key: conv}, ensure_ascii=False) + "\n")
+    return str(path)
+
+
+#: The row forms :func:`make_pairs` writes (see :mod:`vecpack.preference.formats`).
+PAIR_FORMS = ("conversational", "implicit", "sharegpt", "standard")
+
+
+def make_pairs(path: str | os.PathLike, n: int, *, seed: int = 0, form: str = "conversational",
+               median_user: int = 120, median_assistant: int = 400) -> str:
+    """Write ``n`` synthetic preference pairs as JSONL and return the path.
+
+    Each pair is a generated conversation as :func:`make_sharegpt` makes them
+    (a system prompt in 70% of the rows, earlier exchanges, log-normal
+    lengths): everything up to the last user turn is the prompt, the last
+    assistant turn the chosen answer, and a second generated answer the
+    rejected one.
+
+    Args:
+        form: ``"conversational"`` (TRL's ``prompt`` / ``chosen`` /
+            ``rejected`` message lists), ``"implicit"`` (TRL's ``chosen`` and
+            ``rejected`` whole conversations), ``"sharegpt"`` (LLaMA-Factory's
+            ``conversations`` plus one ``gpt`` message per answer) or
+            ``"standard"`` (strings: the turns joined into a text prompt
+            ending ``"Answer:"``, the answers with a leading space).
+        median_user, median_assistant: median message lengths in characters.
+
+    >>> import tempfile, json
+    >>> p = make_pairs(tempfile.mkdtemp() + "/pairs.jsonl", 2, form="sharegpt")
+    >>> sorted(json.loads(open(p).readline()))
+    ['chosen', 'conversations', 'rejected']
+    """
+    if form not in PAIR_FORMS:
+        raise ValueError(f"make_pairs writes {list(PAIR_FORMS)} rows, not {form!r}")
+    rng = random.Random(seed)
+    message = _texts(rng)
+    with open(path, "w", encoding="utf-8") as f:
+        for _ in range(n):
+            prompt = [("system", rng.choice(_SYSTEM))] if rng.random() < 0.7 else []
+            for _ in range(int(rng.expovariate(0.6))):
+                prompt += [("user", message(median_user)), ("assistant", message(median_assistant))]
+            prompt.append(("user", message(median_user)))
+            chosen, rejected = (t if t.strip() else t + "Ok." for t in (message(median_assistant),
+                                                                        message(median_assistant)))
+            if rejected.strip() == chosen.strip():
+                rejected += " Or not."
+
+            def msgs(turns):
+                return [{"role": r, "content": c} for r, c in turns]
+
+            if form == "conversational":
+                row = {"prompt": msgs(prompt), "chosen": msgs([("assistant", chosen)]),
+                       "rejected": msgs([("assistant", rejected)])}
+            elif form == "implicit":
+                row = {"chosen": msgs(prompt + [("assistant", chosen)]),
+                       "rejected": msgs(prompt + [("assistant", rejected)])}
+            elif form == "sharegpt":
+                who = {"system": "system", "user": "human", "assistant": "gpt"}
+                row = {"conversations": [{"from": who[r], "value": c} for r, c in prompt],
+                       "chosen": {"from": "gpt", "value": chosen}, "rejected": {"from": "gpt", "value": rejected}}
+            else:
+                text = "\n\n".join(c for _, c in prompt) + "\n\nAnswer:"
+                row = {"prompt": text, "chosen": " " + chosen.strip(), "rejected": " " + rejected.strip()}
+            f.write(json.dumps(row, ensure_ascii=False) + "\n")
     return str(path)
 
 

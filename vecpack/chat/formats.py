@@ -44,9 +44,9 @@ message with the pseudo-role ``"text"`` and the encoder trains on every token.
 from __future__ import annotations
 
 from vecpack.errors import InputError
-from vecpack.options import STYLES, check_choice
+from vecpack.options import CHAT_STYLES, check_choice
 
-__all__ = ["DEFAULT_COLUMNS", "OPENAI_ROLES", "SHAREGPT_ROLES", "STYLES", "roles_contents", "to_messages"]
+__all__ = ["CHAT_STYLES", "DEFAULT_COLUMNS", "OPENAI_ROLES", "SHAREGPT_ROLES", "roles_contents", "to_messages"]
 
 
 #: The column each style reads unless ``column`` renames it.
@@ -95,7 +95,8 @@ sharegpt data: use style='sharegpt' (--style sharegpt)
     ...
     vecpack.errors.InputError: <input>: empty conversation in column 'dialog'
     """
-    convert = _CONVERTERS[check_choice(style, "style", STYLES)]
+    convert = _CONVERTERS[check_choice(style, "style", CHAT_STYLES,
+                                       "preference pairs are read by vecpack.preference.formats")]
     if not isinstance(row, dict):
         raise InputError(f"row is a JSON {_kind(row)}, expected an object")
     return convert(row, column or DEFAULT_COLUMNS[style])

@@ -279,8 +279,13 @@ class ChatTemplate:
 
     # ------------------------------------------------------------------ rendering
 
-    def render(self, messages: list[dict]) -> str:
+    def render(self, messages: list[dict], *, add_generation_prompt: bool = False,
+               extra: dict | None = None) -> str:
         """The string ``apply_chat_template(messages, tokenize=False)`` returns.
+
+        ``add_generation_prompt`` and ``extra`` (more template variables, such
+        as ``tools`` or a dataset's ``chat_template_kwargs``) are passed on as
+        transformers passes them.
 
         Raises:
             InputError: the template itself rejects the conversation
@@ -288,9 +293,9 @@ class ChatTemplate:
         """
         import jinja2
 
+        kwargs = {"tools": None, "documents": None, **self.variables, **(extra or {})}
         try:
-            return self._jinja.render(messages=messages, tools=None, documents=None,
-                                      add_generation_prompt=False, **self.variables)
+            return self._jinja.render(messages=messages, add_generation_prompt=add_generation_prompt, **kwargs)
         except jinja2.exceptions.TemplateError as e:
             raise InputError(f"the chat template rejects this conversation: {e}") from None
 
@@ -314,16 +319,23 @@ class ChatTemplate:
         """
         return self.parts_of(tuple(m["role"] for m in messages), [m["content"] for m in messages])
 
-    def parts_of(self, roles: tuple, contents: list) -> tuple[list[str], list[bool], int, _Layout | None]:
-        """:meth:`parts` of the conversation with these roles and contents (no message dicts)."""
-        layout = self._layouts.get(roles, False)
+    def parts_of(self, roles: tuple, contents: list, *, add_generation_prompt: bool = False
+                 ) -> tuple[list[str], list[bool], int, _Layout | None]:
+        """:meth:`parts` of the conversation with these roles and contents (no message dicts).
+
+        ``add_generation_prompt`` renders the template's generation prompt
+        after the last message (a layout of its own per role sequence).
+        """
+        key = (roles, True) if add_generation_prompt else roles
+        layout = self._layouts.get(key, False)
         if layout is False:
             if len(self._layouts) >= _MAX_LAYOUTS:
                 self._layouts.clear()
-            layout = self._layouts[roles] = self._compile(roles)
+            layout = self._layouts[key] = self._compile(roles, add_generation_prompt)
         if self.mode == "compiled" and type(layout) is _Layout and not self._tripped_contents(contents):
             return layout.fill(contents), layout.train, layout.n_cacheable, layout
-        return self._located([{"role": r, "content": c} for r, c in zip(roles, contents)], layout)
+        return self._located([{"role": r, "content": c} for r, c in zip(roles, contents)], layout,
+                             add_generation_prompt)
 
     def _tripped(self, messages) -> bool:
         """Whether a message holds a string the template tests for (so the layout may not apply)."""
@@ -342,21 +354,22 @@ class ChatTemplate:
 
     # ------------------------------------------------------------------ layouts
 
-    def _probe(self, roles, contents):
+    def _probe(self, roles, contents, gen: bool = False):
         return self._jinja.render(messages=[{"role": r, "content": c} for r, c in zip(roles, contents)],
-                                  tools=None, documents=None, add_generation_prompt=False, **self.variables)
+                                  tools=None, documents=None, add_generation_prompt=gen, **self.variables)
 
-    def _compile(self, roles: tuple):
-        """A :class:`_Layout` for this role sequence, the template's error, or ``None``."""
+    def _compile(self, roles: tuple, gen: bool = False):
+        """A :class:`_Layout` for this role sequence (with the generation prompt if ``gen``),
+        the template's error, or ``None``."""
         import jinja2
 
         n = len(roles)
         bare = [_SENTINEL.format(i) for i in range(n)]
         padded = [_PAD + s + _PAD for s in bare]
         try:
-            s_bare = self._probe(roles, bare)
-            s_pad = self._probe(roles, padded)
-            s_empty = self._probe(roles, [""] * n)
+            s_bare = self._probe(roles, bare, gen)
+            s_pad = self._probe(roles, padded, gen)
+            s_empty = self._probe(roles, [""] * n, gen)
         except jinja2.exceptions.TemplateError as e:
             return e
         except Exception:  # the template reads contents in ways sentinels break
@@ -426,9 +439,10 @@ class ChatTemplate:
 
     # ------------------------------------------------------------------ jinja mode
 
-    def _located(self, messages, layout):
+    def _located(self, messages, layout, gen: bool = False):
         """Render with Jinja and find each message's content in the output."""
-        text = self.render(messages)  # raises InputError if the template rejects the conversation
+        # raises InputError if the template rejects the conversation
+        text = self.render(messages, add_generation_prompt=gen)
         if type(layout) is _Layout:
             parts = layout.fill([m["content"] for m in messages])
             if "".join(parts) == text:
@@ -470,29 +484,32 @@ class ChatTemplate:
 
     # ------------------------------------------------------------------ checks
 
-    def verify(self, conversations) -> int:
+    def verify(self, conversations, *, add_generation_prompt: bool = False) -> int:
         """Compare the compiled layouts with Jinja on real conversations.
 
         Any difference switches :attr:`mode` to ``"jinja"`` (exact for every
         row, slower). Conversations the template rejects, and those whose
         contents hold a string the template tests for (always rendered by
-        Jinja), are skipped.
+        Jinja), are skipped. ``add_generation_prompt`` checks the layouts
+        that end with the generation prompt.
 
         Returns:
             The number of conversations whose compiled rendering differed.
         """
         bad = 0
+        gen = add_generation_prompt
         for messages in conversations:
             try:
-                text = self.render(messages)
+                text = self.render(messages, add_generation_prompt=gen)
             except InputError:
                 continue
             if self._tripped(messages):
                 continue  # rendered by Jinja anyway
-            key = tuple(m["role"] for m in messages)
+            roles = tuple(m["role"] for m in messages)
+            key = (roles, True) if gen else roles
             layout = self._layouts.get(key, False)
             if layout is False:
-                layout = self._layouts[key] = self._compile(key)
+                layout = self._layouts[key] = self._compile(roles, gen)
             if type(layout) is _Layout and "".join(layout.fill([m["content"] for m in messages])) != text:
                 bad += 1
         if bad:

@@ -134,7 +134,7 @@ def _check_output(out: pathlib.Path) -> None:
         return
     if not out.is_dir():
         raise FileExistsError(f"-o {out}: exists and is not a directory")
-    if any(out.iterdir()) and _manifest(out).get("kind") != "packed":
+    if any(out.iterdir()) and _manifest(out).get("kind") not in ("packed", "pairs"):
         raise FileExistsError(f"-o {out}: directory is not empty and is not a vecpack dataset; "
                               f"refusing to replace it")
 
@@ -194,12 +194,45 @@ def cmd_pack(args) -> int:
         masking=masking, strategy=args.strategy, long=args.long, shuffle_seed=args.seed,
         n_jobs=args.jobs, on_error=args.on_error, progress=_progress(args),
         cache=not args.no_cache, cache_dir=args.cache_dir, backend=args.backend,
-        allow_useless=args.allow_useless, **mix)
+        allow_useless=args.allow_useless, **mix, **({"prefix_sharing": True} if args.prefix_sharing else {}))
     if out is not None:
         vecpack.save(packed, out)
     elapsed = time.perf_counter() - t0
-    print(_pack_report(packed, elapsed=elapsed, out=out, args=args))
+    if args.style == "preference":
+        print(_pairs_report(packed, elapsed=elapsed, out=out, args=args))
+    else:
+        print(_pack_report(packed, elapsed=elapsed, out=out, args=args))
     return 0
+
+
+def _pairs_report(packed, *, elapsed: float, out: pathlib.Path | None, args) -> str:
+    """``vecpack pack --style preference``: pairs, packs, what the long policy did, the cache."""
+    from vecpack.cli.report import pairs_text, plural
+
+    info = packed.build_info
+    tstats = dict(info.tokenize_stats)
+    rejected = int(tstats.get("rejected", 0))
+    hit = info.corpus_key is not None and info.corpus_hit and info.plan_hit
+    lines = [f"{plural(packed.stats['num_pairs'], 'preference pair')} → {plural(len(packed), 'pack')} of "
+             f"{plural(packed.max_len, 'token')} in {elapsed:.2f} s{', from the cache' if hit else ''} "
+             f"(strategy {args.strategy})",
+             f"  rows {int(tstats.get('rows', 0)):,} read · {rejected:,} rejected"
+             + (" (--on-error skip)" if rejected else "")]
+    lines += [f"  rejected: {' '.join(str(e).split())}" for e in list(tstats.get("rejected_examples") or [])[:3]]
+    lines += ["  " + line for line in pairs_text(packed).splitlines()]
+    if info.corpus_key is not None:
+        lines.append(f"  cache         corpus {'hit' if info.corpus_hit else 'built'} · {info.corpus_key} · "
+                     f"plan {'hit' if info.plan_hit else 'built'} · {info.plan_key}")
+    if out is not None:
+        lines.append(f"  output        {out}")
+        lines.append(f"next: vecpack stats {out}")
+    return "\n".join(lines)
+
+
+def _no_pairs(packed, what: str) -> None:
+    if type(packed).__name__ == "PackedPairs":
+        raise ValueError(f"{what} does not take preference pairs yet; open them in Python with "
+                         f"vecpack.load(...) (a PackedPairs) and vecpack.collate_preference")
 
 
 # --------------------------------------------------------------------------- inspect / stats / export
@@ -231,6 +264,7 @@ def cmd_inspect(args) -> int:
     from vecpack.cli.report import TokenDecoder, plural, render_pack
 
     packed = _load(args.packed)
+    _no_pairs(packed, f"{PROG} inspect")
     if not len(packed):
         raise IndexError(f"{args.packed} has no packs")
     if not -len(packed) <= args.pack < len(packed):
@@ -256,6 +290,13 @@ def cmd_stats(args) -> int:
     packed = _load(args.packed)
     st = packed.stats
     title = f"{args.packed} · strategy {st.get('strategy', '?')} · long {st.get('long', '?')}"
+    if type(packed).__name__ == "PackedPairs":
+        from vecpack.cli.report import pairs_text
+
+        if plot is not None:
+            raise ValueError(f"{PROG} stats --plot does not draw preference pairs yet; drop --plot")
+        print(pairs_text(packed, title=title))
+        return 0
     print(stats_text(packed, title=title))
     if plot is not None:
         plot_stats(packed, plot, title=title)
@@ -269,6 +310,7 @@ def cmd_export(args) -> int:
 
     src = pathlib.Path(args.packed)
     packed = _load(args.packed)
+    _no_pairs(packed, f"{PROG} export")
     if args.output:
         dest = pathlib.Path(args.output)
     else:

@@ -140,11 +140,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--style", default="sharegpt", type=_choice("style", options.STYLES), nargs="+",
                    metavar=_metavar(options.STYLES),
                    help="row format: sharegpt (conversations of from/value), openai (messages of "
-                        "role/content), alpaca (instruction/input/output), text (default: sharegpt); "
+                        "role/content), alpaca (instruction/input/output), text, preference (chosen/rejected "
+                        "pairs in TRL, axolotl or LLaMA-Factory form, tokenized as TRL's DPOTrainer does and "
+                        "packed a pair at a time; --long truncate, drop or error) (default: sharegpt); "
                         "with --weights, one per INPUT")
     p.add_argument("--column", default=None, nargs="+",
                    help="the column holding the conversation (default: by --style); with --weights, one "
                         "per INPUT ('-': the style's default)")
+    p.add_argument("--prefix-sharing", action="store_true",
+                   help="with --style preference: store each pair's prompt once (prompt + chosen + rejected; "
+                        "needs the flex-attention or dense mask of vecpack.preference.collate)")
     p.add_argument("--strategy", default="bfd", type=_choice("strategy", options.STRATEGIES),
                    metavar=_metavar(options.STRATEGIES),
                    help="bfd/ffd: best/first-fit decreasing; greedy: input order, like torchtune (default: bfd)")

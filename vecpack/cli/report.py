@@ -508,3 +508,32 @@ def render_pack(packed, index: int, decoder: TokenDecoder, *, color: bool = Fals
         out.append(style(f"⟦padding · {packed.max_len - pos:,} tokens⟧", _PAD) + "\n")
     head, body = out[0], "".join(out[1:])
     return head + "\n" + body.rstrip("\n")
+
+
+def pairs_text(packed, *, title: str | None = None) -> str:
+    """The ``vecpack stats`` report of preference pairs (a :class:`~vecpack.preference.packed.PackedPairs`).
+
+    >>> import numpy as np
+    >>> from vecpack.preference.packed import pack_pairs
+    >>> print(pairs_text(pack_pairs(np.arange(1, 9, dtype=np.int32), np.array([0, 3, 5, 8]), max_len=12)))
+    1 pair · 2 sequences · 11 tokens (the prompt once per sequence) → 1 pack of 12 · fill 91.7%
+    long 'truncate': 0 pairs truncated (0 answer tokens cut) · 0 pairs dropped
+    trained tokens 5 · prompt tokens 6 (each prompt twice; prefix sharing would save 27.3%)
+    """
+    s = packed.stats
+    lens = np.diff(np.asarray(packed.offsets, np.int64)).reshape(-1, 3)
+    placed = lens[np.asarray(packed.plan.pair_index)]
+    lines = [title] if title else []
+    lines.append(f"{plural(s['num_pairs'], 'pair')} · {plural(s['num_sequences'], 'sequence')} · "
+                 f"{plural(s['input_tokens'], 'token')} (the prompt once per sequence) → "
+                 f"{plural(s['num_packs'], 'pack')} of {s['max_len']:,} · fill {_pct(s['fill'])}")
+    lines.append(f"long {s['long']!r}: {plural(s['truncated'], 'pair')} truncated "
+                 f"({plural(s['truncated_tokens'], 'answer token')} cut) · {plural(s['dropped'], 'pair')} dropped")
+    saved = int(placed[:, 0].sum())
+    if s.get("prefix_sharing"):
+        lines.append(f"trained tokens {s['trained_tokens']:,} · prefix sharing: each prompt stored once, "
+                     f"{saved:,} tokens saved ({_pct(saved / max(s['num_tokens'] + saved, 1))})")
+    else:
+        lines.append(f"trained tokens {s['trained_tokens']:,} · prompt tokens {2 * saved:,} (each prompt "
+                     f"twice; prefix sharing would save {_pct(saved / max(s['num_tokens'], 1))})")
+    return "\n".join(lines)

@@ -134,9 +134,14 @@ def as_sources(data_files, weights, *, style: str = "sharegpt", column: str | No
         shares = check_weights(weights, names)
     else:
         shares = check_weights([s.weight for s in sources], names)
-    return [s._replace(style=s.style or style, column=s.column if s.column is not None else column,
-                       masking=s.masking or masking, weight=w, name=name)
-            for s, w, name in zip(sources, shares, names)]
+    out = [s._replace(style=s.style or style, column=s.column if s.column is not None else column,
+                      masking=s.masking or masking, weight=w, name=name)
+           for s, w, name in zip(sources, shares, names)]
+    for s in out:
+        if s.style == "preference":
+            raise ValueError(f"{s.name}: preference pairs cannot be mixed yet; build them alone with "
+                             f"vecpack.build(path, tokenizer, max_len, style='preference')")
+    return out
 
 
 def own_options(data_files, what: str) -> None:

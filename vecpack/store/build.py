@@ -123,7 +123,7 @@ def build(data_files, tokenizer=None, max_len: int | None = None, *, style: str 
           cache: bool = True, cache_dir: str | os.PathLike | None = None, backend: str = "loky",
           encoder=None, verify: bool = False, allow_useless: bool = False, weights=None,
           mix_by: str = "tokens", mix_total: int | None = None, mix_seed: int = 0,
-          mix_repeat: bool = True) -> Packed:
+          mix_repeat: bool = True, prefix_sharing: bool = False) -> Packed:
     """Tokenize chat data and pack it, through the cache.
 
     Args:
@@ -138,6 +138,13 @@ def build(data_files, tokenizer=None, max_len: int | None = None, *, style: str 
         style, column, masking, n_jobs, on_error, progress, backend: as
             :func:`vecpack.tokenize` (``n_jobs``, ``progress`` and
             ``backend`` do not change the output, so they are not in the key).
+            ``style="preference"`` packs preference pairs, a pair as one unit,
+            and returns a :class:`~vecpack.preference.packed.PackedPairs`
+            (``long``: ``"truncate"`` the answers, ``"drop"`` or ``"error"``;
+            see :mod:`vecpack.preference.packed`).
+        prefix_sharing: with ``style="preference"``, store each pair's prompt
+            once (``prompt + chosen + rejected``; see
+            :func:`vecpack.preference.packed.plan_pairs`).
         strategy, long, shuffle_seed: as :func:`vecpack.plan`.
         pad_id: padding id; default the tokenizer's pad token, else 0.
         ignore_index: label of padding and of every entry's first token.
@@ -194,11 +201,20 @@ def build(data_files, tokenizer=None, max_len: int | None = None, *, style: str 
     if encoder is not None:
         tok_kwargs["encoder"] = encoder
     if is_mixture(data_files, weights):
+        if prefix_sharing:
+            raise ValueError("prefix_sharing=True needs style='preference', and pairs are not mixed")
         mix = check_mix(mix_by, mix_total, mix_seed, mix_repeat)
         return _build_mixture(data_files, tokenizer, max_len, weights=weights, mix=mix, strategy=strategy,
                               long=long, shuffle_seed=shuffle_seed, pad_id=pad_id, ignore_index=ignore_index,
                               cache=cache, cache_dir=cache_dir, verify=verify, allow_useless=allow_useless,
                               t0=t0, **tok_kwargs)
+    if style == "preference":
+        return _build_pairs(data_files, tokenizer, max_len, tok_kwargs, strategy=strategy, long=long,
+                            shuffle_seed=shuffle_seed, pad_id=pad_id, ignore_index=ignore_index, cache=cache,
+                            cache_dir=cache_dir, verify=verify, allow_useless=allow_useless, t0=t0,
+                            prefix_sharing=bool(prefix_sharing))
+    if prefix_sharing:
+        raise ValueError("prefix_sharing=True needs style='preference'")
 
     if not cache:
         warm_kernels(strategy, long)  # loads while the tokenizer loads
@@ -243,6 +259,69 @@ def build(data_files, tokenizer=None, max_len: int | None = None, *, style: str 
                                   corpus.arrays.get("row_ids"), seconds,
                                   described)
     _log_build(packed, corpus, pentry, store, seconds)
+    return packed
+
+
+#: Bump when pair plans change for the same lengths and options.
+PAIR_PLAN_FORMAT = 1
+_PAIR_PLAN_ARRAYS = ("pair_index", "pair_lens", "pack_offsets")
+
+
+def _build_pairs(data_files, tokenizer, max_len, tok_kwargs, *, strategy, long, shuffle_seed, pad_id,
+                 ignore_index, cache, cache_dir, verify, allow_useless, t0, prefix_sharing):
+    """:func:`build` for ``style="preference"``: the corpus as usual, then a pair plan
+    (:mod:`vecpack.preference.packed`), each cached; returns a ``PackedPairs``."""
+    from vecpack.preference.packed import PackedPairs, PairPlan, plan_pairs
+
+    check_options(pair_long=long)
+    encoder = tok_kwargs.get("encoder")
+    if not cache:
+        t = _tokenize(data_files, tokenizer, **tok_kwargs)
+        p = plan_pairs(np.diff(t.offsets), max_len, strategy=strategy, long=long, shuffle_seed=shuffle_seed,
+                       row_ids=t.row_ids, prefix_sharing=prefix_sharing)
+        pad = default_pad_id(tokenizer, t.encoder or encoder) if pad_id is None else pad_id
+        packed = PackedPairs(t.tokens, t.offsets, p, pad_id=pad, ignore_index=ignore_index)
+        _check_useful(dict(p.stats, num_documents=p.stats["num_pairs"]), t.stats, "assistant", allow_useless)
+        packed.build_info = BuildInfo(None, None, None, None, None, False, False, dict(t.stats),
+                                      np.asarray(t.row_ids), time.perf_counter() - t0,
+                                      describe(data_files, tokenizer, encoder))
+        return packed
+
+    store = _cache.Cache(cache_dir)
+    inputs, described = corpus_key_inputs(data_files, tokenizer, style="preference", column=tok_kwargs["column"],
+                                          masking=tok_kwargs["masking"], on_error=tok_kwargs["on_error"],
+                                          encoder=encoder, root=store.root, verify=verify)
+    corpus = corpus_entry(store, data_files, tokenizer, inputs=inputs, described=described, verify=verify,
+                          **tok_kwargs)
+    offsets = corpus.arrays["offsets"]
+    pinputs = {"format": PAIR_PLAN_FORMAT, "corpus": corpus.key, "max_len": max_len, "strategy": strategy,
+               "long": long, "shuffle_seed": None if shuffle_seed is None else int(shuffle_seed),
+               "prefix_sharing": prefix_sharing}
+    pkey = _cache.make_key("pairs", pinputs)
+
+    def build_plan(tmp: pathlib.Path) -> dict:
+        p = plan_pairs(np.diff(offsets), max_len, strategy=strategy, long=long, shuffle_seed=shuffle_seed,
+                       row_ids=corpus.arrays.get("row_ids"), prefix_sharing=prefix_sharing)
+        for n in _PAIR_PLAN_ARRAYS:
+            np.save(tmp / f"{n}.npy", np.ascontiguousarray(getattr(p, n), dtype=np.int64))
+        return {"stats": jsonable(dict(p.stats))}
+
+    pentry = store.get_or_build(pkey, build_plan, kind="plan", verify=verify, keep=(corpus.key,),
+                                meta={"inputs": pinputs, "corpus": corpus.key})
+    a = pentry.arrays
+    p = PairPlan(pair_index=a["pair_index"], pair_lens=a["pair_lens"], pack_offsets=a["pack_offsets"],
+                 max_len=max_len, stats=dict(pentry.meta.get("stats", {})), prefix_sharing=prefix_sharing)
+    pad = int(corpus.meta.get("pad_id", 0)) if pad_id is None else pad_id
+    packed = PackedPairs(corpus.arrays["tokens"], offsets, p, pad_id=pad, ignore_index=ignore_index, validate=False)
+    _check_useful(dict(p.stats, num_documents=p.stats["num_pairs"]), corpus.meta.get("stats") or {}, "assistant",
+                  allow_useless)
+    seconds = time.perf_counter() - t0
+    packed.build_info = BuildInfo(store.root, corpus.key, pkey, corpus.path, pentry.path, not corpus.built,
+                                  not pentry.built, dict(corpus.meta.get("stats", {})),
+                                  corpus.arrays.get("row_ids"), seconds, described)
+    logger.info("vecpack: %s preference pairs in %s packs of %s (fill %.3f)%s in %.2f s",
+                f"{p.stats.get('num_pairs', 0):,}", f"{len(packed):,}", max_len, p.stats.get("fill", 0.0),
+                " from the cache" if not corpus.built and not pentry.built else "", seconds)
     return packed
 
 

@@ -56,8 +56,9 @@ def save(packed: Packed, out_dir: str | os.PathLike, *, overwrite: bool = True) 
     Returns:
         ``out_dir`` as a :class:`pathlib.Path`.
     """
-    if not isinstance(packed, Packed):
-        raise TypeError(f"packed must be a vecpack.Packed, got {type(packed).__name__}")
+    pairs = type(packed).__name__ == "PackedPairs"  # vecpack.preference.packed (not imported here)
+    if not (isinstance(packed, Packed) or pairs):
+        raise TypeError(f"packed must be a vecpack.Packed or PackedPairs, got {type(packed).__name__}")
     out = pathlib.Path(out_dir)
     if out.exists():
         if not out.is_dir():
@@ -71,7 +72,7 @@ def save(packed: Packed, out_dir: str | os.PathLike, *, overwrite: bool = True) 
                     kind = json.loads(m.read_text()).get("kind")
                 except (OSError, ValueError):
                     pass
-            if kind != "packed":
+            if kind not in ("packed", "pairs"):
                 raise FileExistsError(f"save: {str(out)!r} is not empty and is not a vecpack "
                                       f"dataset; refusing to overwrite it")
             if not overwrite:
@@ -80,10 +81,14 @@ def save(packed: Packed, out_dir: str | os.PathLike, *, overwrite: bool = True) 
     tmp = out.with_name(f".{out.name}.incomplete-{os.getpid()}-{uuid.uuid4().hex[:8]}")
     tmp.mkdir()
     try:
-        # a corpus in parts (a mixture's corpora) is written part after part, never joined in memory
-        arrays = {"tokens": packed.token_parts, "labels": packed.label_parts, "offsets": packed.offsets,
-                  "doc_index": packed.plan.doc_index, "doc_start": packed.plan.doc_start,
-                  "doc_length": packed.plan.doc_length, "pack_offsets": packed.plan.pack_offsets}
+        if pairs:
+            arrays = {"tokens": packed.tokens, "offsets": packed.offsets, "pair_index": packed.plan.pair_index,
+                      "pair_lens": packed.plan.pair_lens, "pack_offsets": packed.plan.pack_offsets}
+        else:
+            # a corpus in parts (a mixture's corpora) is written part after part, never joined in memory
+            arrays = {"tokens": packed.token_parts, "labels": packed.label_parts, "offsets": packed.offsets,
+                      "doc_index": packed.plan.doc_index, "doc_start": packed.plan.doc_start,
+                      "doc_length": packed.plan.doc_length, "pack_offsets": packed.plan.pack_offsets}
         info = getattr(packed, "build_info", None)
         if info is not None and info.row_ids is not None:
             arrays["row_ids"] = info.row_ids
@@ -100,7 +105,7 @@ def save(packed: Packed, out_dir: str | os.PathLike, *, overwrite: bool = True) 
                           "tokenize_stats": jsonable(info.tokenize_stats),
                           **jsonable(info.described)}
         manifest = {
-            "layout": _entries.CACHE_LAYOUT_VERSION, "format": SAVED_FORMAT, "kind": "packed",
+            "layout": _entries.CACHE_LAYOUT_VERSION, "format": SAVED_FORMAT, "kind": "pairs" if pairs else "packed",
             "key": None, "meta": {"max_len": packed.max_len, "pad_id": packed.pad_id,
                                   "ignore_index": packed.ignore_index,
                                   "stats": jsonable(dict(packed.stats)), "provenance": provenance},
@@ -144,6 +149,8 @@ def load(path: str | os.PathLike, *, verify: bool = False, pad_id: int | None = 
         path: a directory written by :func:`save` (or ``vecpack pack -o``),
             or a ``plan-...`` cache entry (its corpus entry is found next to it),
             or a mixture's ``mix-...`` entry (its sources' corpus entries too).
+            Preference pairs (``style="preference"``) open as a
+            :class:`~vecpack.preference.packed.PackedPairs`.
         verify: compare checksums (file sizes and ``.npy`` headers are always
             checked).
         pad_id, ignore_index: override the stored values.
@@ -160,6 +167,8 @@ def load(path: str | os.PathLike, *, verify: bool = False, pad_id: int | None = 
     except _entries.CorruptEntry as e:
         raise ValueError(f"load: {str(path)!r} is not a vecpack dataset ({e})") from None
     kind = manifest.get("kind")
+    if kind == "pairs":
+        return _load_pairs(path, manifest, verify, pad_id, ignore_index)
     if kind == "packed":
         try:
             _entries.verify_arrays(path, manifest["arrays"], checksums=verify)
@@ -187,8 +196,19 @@ def load(path: str | os.PathLike, *, verify: bool = False, pad_id: int | None = 
         if pentry is None or corpus is None:
             raise ValueError(f"load: cache entry {str(path)!r} is damaged or its corpus entry "
                              f"{corpus_key!r} is gone; run vecpack.build again")
-        packed = packed_from_entries(corpus, pentry, pad_id=pad_id,
-                                      ignore_index=-100 if ignore_index is None else ignore_index)
+        if "pair_index" in pentry.arrays:  # a preference pair plan
+            from vecpack.preference.packed import PackedPairs, PairPlan
+
+            a = pentry.arrays
+            p = PairPlan(pair_index=a["pair_index"], pair_lens=a["pair_lens"], pack_offsets=a["pack_offsets"],
+                         max_len=int(pentry.meta["inputs"]["max_len"]), stats=dict(pentry.meta.get("stats", {})),
+                         prefix_sharing=bool(pentry.meta["inputs"].get("prefix_sharing", False)))
+            packed = PackedPairs(corpus.arrays["tokens"], corpus.arrays["offsets"], p,
+                                 pad_id=int(corpus.meta.get("pad_id", 0)) if pad_id is None else pad_id,
+                                 ignore_index=-100 if ignore_index is None else ignore_index, validate=False)
+        else:
+            packed = packed_from_entries(corpus, pentry, pad_id=pad_id,
+                                          ignore_index=-100 if ignore_index is None else ignore_index)
         packed.build_info = BuildInfo(store.root, corpus.key, pentry.key, corpus.path, pentry.path,
                                       True, True, dict(corpus.meta.get("stats", {})),
                                       corpus.arrays.get("row_ids"), 0.0,
@@ -215,3 +235,26 @@ def load(path: str | os.PathLike, *, verify: bool = False, pad_id: int | None = 
         raise ValueError(f"load: {str(path)!r} is a tokenized corpus without a packing; open a "
                          f"plan-... entry, or call vecpack.build(..., max_len=...)")
     raise ValueError(f"load: {str(path)!r} is not a vecpack dataset (manifest kind {kind!r})")
+
+
+def _load_pairs(path: pathlib.Path, manifest: dict, verify: bool, pad_id, ignore_index):
+    """A saved :class:`~vecpack.preference.packed.PackedPairs` (``kind: "pairs"``), memory-mapped."""
+    from vecpack.preference.packed import PackedPairs, PairPlan
+
+    try:
+        _entries.verify_arrays(path, manifest["arrays"], checksums=verify)
+    except _entries.CorruptEntry as e:
+        raise ValueError(f"load: {str(path)!r} is damaged: {e}") from None
+    a = _entries.open_arrays(path, manifest["arrays"])
+    meta = manifest["meta"]
+    p = PairPlan(pair_index=a["pair_index"], pair_lens=a["pair_lens"], pack_offsets=a["pack_offsets"],
+                 max_len=int(meta["max_len"]), stats=dict(meta["stats"]),
+                 prefix_sharing=bool(meta["stats"].get("prefix_sharing", False)))
+    packed = PackedPairs(a["tokens"], a["offsets"], p, pad_id=int(meta["pad_id"]) if pad_id is None else pad_id,
+                         ignore_index=int(meta["ignore_index"]) if ignore_index is None else ignore_index,
+                         validate=verify)
+    prov = meta.get("provenance") or {}
+    packed.build_info = BuildInfo(None, prov.get("corpus_key"), prov.get("plan_key"), None, None, True, True,
+                                  dict(prov.get("tokenize_stats") or {}), a.get("row_ids"), 0.0,
+                                  {k: prov[k] for k in ("data_files", "tokenizer") if k in prov})
+    return packed

@@ -196,6 +196,10 @@ class StreamingPackedDataset(IterableDataset):
         super().__init__()
         max_len = check_max_len(max_len)
         check_options(style=style, masking=masking, strategy=strategy, long=long, on_error=on_error)
+        if style == "preference":
+            raise ValueError("StreamingPackedDataset does not stream preference pairs yet; pack them with "
+                             "vecpack.build(..., style='preference') (cached and memory-mapped, a pair per unit) "
+                             "and batch them with vecpack.collate_preference")
         check_choice(strategy, "strategy", STREAM_STRATEGIES,
                      hint="ffd needs every length up front: use vecpack.build")
         buffer_size = check_int(buffer_size, "buffer_size", minimum=1)

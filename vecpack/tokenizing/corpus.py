@@ -39,7 +39,17 @@ from vecpack.tokenizing.merge import ChunkMerger
 from vecpack.tokenizing.tasks import default_chunk_bytes, plan_chunks, rejected_examples
 from vecpack.tokenizing.tokenized import Tokenized, merge_stats
 
-__all__ = ["Tokenized", "check_args", "tokenize"]
+__all__ = ["Tokenized", "check_args", "encoder_class", "tokenize"]
+
+
+def encoder_class(style: str):
+    """The encoder class of a style: :class:`~vecpack.preference.encoder.PairEncoder` for
+    ``"preference"``, else ``None`` (:class:`~vecpack.tokenizing.encoder.ChatEncoder`)."""
+    if style != "preference":
+        return None
+    from vecpack.preference.encoder import PairEncoder
+
+    return PairEncoder
 
 
 def check_args(style, masking, on_error, backend, tokenizer, encoder) -> None:
@@ -84,7 +94,11 @@ def tokenize(data_files, tokenizer=None, *, style: str = "sharegpt", column: str
             documents start; weights are applied by ``vecpack.build``, not here).
         tokenizer: a local Hugging Face tokenizer directory or a
             transformers tokenizer (its chat template is used).
-        style: ``"sharegpt"``, ``"openai"``, ``"alpaca"`` or ``"text"``.
+        style: ``"sharegpt"``, ``"openai"``, ``"alpaca"``, ``"text"``, or
+            ``"preference"``: preference pairs (any form of
+            :mod:`vecpack.preference.formats`), each tokenized as TRL's
+            ``DPOTrainer`` does into three documents: prompt (labels -100),
+            chosen and rejected answers; ``stats["pairs"]`` counts them.
         column: the column holding the conversation, if not the style's default.
         masking: which tokens are trained: ``"assistant"``, ``"all"``, ``"last"``.
         n_jobs: worker processes; ``-1`` = every core, ``1`` = in this process.
@@ -144,7 +158,7 @@ def _tokenize(sources, scratch, tokenizer, encoder, style, column, masking, n_jo
         _pool.warm(n_jobs - 1 if getattr(encoder, "slow_to_load", False) else n_jobs, tokenizer)
     key, texts = None, None
     if encoder is None:
-        key, encoder = encoder_for(tokenizer, style, column, masking, sources)
+        key, encoder = encoder_for(tokenizer, style, column, masking, sources, cls=encoder_class(style))
         texts = encoder.pending_check
         if texts is None and encoder.backend in FAST_ENGINES:
             # an encoder built for an earlier call: check this dataset's own rows too
@@ -189,6 +203,8 @@ def _tokenize(sources, scratch, tokenizer, encoder, style, column, masking, n_jo
         "chunks": len(tasks),
         "executor": backend,
     }
+    if getattr(encoder, "pairs", False):  # preference pairs: three documents per pair
+        result.stats["pairs"] = len(result) // 3
     result.encoder = encoder
     if progress:
         _summary(result.stats)

@@ -158,11 +158,12 @@ class ChatEncoder:
         facts = hf_facts(path, variables)
         template = None
         if style != "text":
-            if not source:
+            if not source and cls.needs_template:
                 raise ValueError(f"tokenizer {str(path)!r} has no chat_template; use style='text' or add one")
-            template = ChatTemplate(source, variables=variables, added_tokens=facts["added"], masking=masking,
-                                    origin=str(path / ("chat_template.jinja" if (path / "chat_template.jinja")
-                                                       .exists() else "tokenizer_config.json")))
+            if source:
+                template = ChatTemplate(source, variables=variables, added_tokens=facts["added"], masking=masking,
+                                        origin=str(path / ("chat_template.jinja" if (path / "chat_template.jinja")
+                                                           .exists() else "tokenizer_config.json")))
         ids = {k: (facts["ids"].get(variables[f"{k}_token"]) if variables.get(f"{k}_token") else None)
                for k in ("bos", "eos", "pad")}
         if ids["pad"] is None:
@@ -172,9 +173,16 @@ class ChatEncoder:
                   template=template, text_affixes=affixes, ids=ids)
 
         conversations = enc._conversations(sample_rows)
-        if template is not None and conversations:
-            template.verify(conversations)
+        enc._verify(conversations)
         return _backend.decide(enc, enc._texts(conversations), requested=backend, defer=defer_check)
+
+    #: whether this encoder cannot work without a chat template (a subclass for plain texts may)
+    needs_template = True
+
+    def _verify(self, conversations) -> None:
+        """Check the compiled template against Jinja on sample conversations (see ``ChatTemplate.verify``)."""
+        if self.template is not None and conversations:
+            self.template.verify(conversations)
 
     def _conversations(self, rows) -> list[list[dict]]:
         out = []
@@ -208,7 +216,7 @@ class ChatEncoder:
             raise ValueError(f"the {self.backend} backend cannot reproduce this tokenizer: {reason}")
         warnings.warn(f"vecpack: using HF tokenizers (slower): {reason}", RuntimeWarning,
                       stacklevel=stacklevel)
-        out = ChatEncoder.__new__(ChatEncoder)
+        out = type(self).__new__(type(self))
         out.__dict__.update(self.__dict__)
         out.backend, out.backend_reason, out.pending_check, out._rt = "tokenizers", reason, None, None
         out.__dict__.pop("_fingerprint", None)
@@ -525,13 +533,14 @@ def _tokenizer_key(tokenizer):
 
 
 def encoder_for(tokenizer, style: str, column: str | None, masking: str, sources, *,
-                defer: bool = True) -> tuple[tuple, ChatEncoder]:
+                defer: bool = True, cls=None) -> tuple[tuple, ChatEncoder]:
     """``(key, encoder)`` for these options, built once per process and reused.
 
     With ``defer`` the encoder may carry a pending parity check, which the
     caller settles (:func:`vecpack.tokenize` overlaps it with the work); without,
     the check has run and the encoder is final. ``sources`` give the sample
-    rows the checks look at.
+    rows the checks look at. ``cls``: the encoder class (default
+    :class:`ChatEncoder`; :class:`~vecpack.preference.encoder.PairEncoder` for pairs).
     """
     from vecpack.inputs.readers import sample_rows
 
@@ -540,8 +549,8 @@ def encoder_for(tokenizer, style: str, column: str | None, masking: str, sources
     enc = hit[0] if hit is not None and (key[0][0] == "path" or hit[1] is tokenizer) else None
     if enc is None:
         _backend.preload(tokenizer)  # a new encoder wants a parity check: HF loads meanwhile
-        enc = ChatEncoder.from_tokenizer(tokenizer, masking=masking, style=style, column=column,
-                                         sample_rows=sample_rows(sources, 64), defer_check=True)
+        enc = (cls or ChatEncoder).from_tokenizer(tokenizer, masking=masking, style=style, column=column,
+                                                  sample_rows=sample_rows(sources, 64), defer_check=True)
         _ENCODERS[key] = (enc, tokenizer)  # the tokenizer object is kept so its id stays unique
     if not defer and enc.pending_check is not None:
         remember(key, _backend.check_now(enc), tokenizer)

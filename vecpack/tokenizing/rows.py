@@ -12,7 +12,9 @@ bug and the labels of a row are handled identically wherever they run::
 
 An encoder with ``chunk_sink()`` (:class:`~vecpack.tokenizing.encoder.ChatEncoder`)
 takes the rows one by one, then encodes (fastokens: in one batch call) and
-labels them all in one vectorised pass at the end.
+labels them all in one vectorised pass at the end. A sink whose ``per_row``
+says so turns each row into several documents (a preference pair: prompt,
+chosen, rejected), which then share the row's index.
 
 >>> class Bytes:
 ...     def encode_row(self, row):
@@ -135,6 +137,9 @@ def encode_rows(encoder, payloads: Iterable[tuple[Any, Any]], *, on_error: str =
         tokens, labels, sink_lengths = sink.finish()
         trainable = sink.trainable
         lengths = sink_lengths.tolist()
+        per_row = getattr(sink, "per_row", 1)  # documents per row (a preference pair: 3)
+        if per_row != 1:
+            rows = [r for r in rows for _ in range(per_row)]
     else:
         tokens = np.concatenate(toks) if toks else np.zeros(0, np.int32)
         labels = np.concatenate(labs) if labs else np.zeros(0, np.int32)

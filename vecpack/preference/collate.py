@@ -1,0 +1,170 @@
+"""Batches of packed preference pairs: :func:`collate_preference`, :func:`model_inputs`.
+
+The packs of :class:`~vecpack.preference.packed.PackedPairs` become one
+padding-free ``[1, T]`` row, as :func:`vecpack.collate_flash` makes it (so
+every attention implementation keeps each sequence to itself), plus what a
+DPO loss needs per sequence and per token::
+
+    sequences   | p p c c | p p r r r | q c | q r r |        (2 pairs, 4 sequences)
+    cu_seq_lens 0         4           9     11      14
+    seq_idx       0 0 0 0   1 1 1 1 1   2 2   3 3 3
+    completion    0 0 1 1   0 0 1 1 1   0 1   0 1 1
+    pair_index  [0, 0, 1, 1]      is_chosen [True, False, True, False]
+    pair_ids    [17, 4]           (the corpus's pair of each batch pair)
+
+>>> import numpy as np
+>>> from vecpack.preference.packed import pack_pairs
+>>> pp = pack_pairs(np.arange(1, 9, dtype=np.int32), np.array([0, 3, 5, 8]), max_len=12)
+>>> b = collate_preference([pp[0]])
+>>> b["input_ids"].tolist(), b["cu_seq_lens_q"].tolist()
+([[1, 2, 3, 4, 5, 1, 2, 3, 6, 7, 8]], [0, 5, 11])
+>>> b["completion_mask"].int().tolist(), b["pair_index"].tolist(), b["is_chosen"].tolist()
+([[0, 0, 0, 1, 1, 0, 0, 0, 1, 1, 1]], [0, 0], [True, False])
+>>> sorted(model_inputs(b))
+['cu_seq_lens_k', 'cu_seq_lens_q', 'input_ids', 'max_length_k', 'max_length_q', 'position_ids', 'seq_idx', 'use_cache']
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+from vecpack.integrations.collate import _array, collate_flash
+
+__all__ = ["MODEL_KEYS", "collate_preference", "model_inputs", "prefix_block_mask", "prefix_dense_mask"]
+
+#: The keys of a :func:`collate_preference` batch that go to the model's forward.
+MODEL_KEYS = ("input_ids", "position_ids", "seq_idx", "cu_seq_lens_q", "cu_seq_lens_k", "max_length_q",
+              "max_length_k", "use_cache")
+
+
+def collate_preference(packs: Sequence[Mapping[str, Any]], *, ignore_index: int = -100) -> dict[str, Any]:
+    """Packs of pairs -> one flat ``[1, T]`` batch with each sequence's boundaries, pair and side.
+
+    Args:
+        packs: ``packed_pairs[i]`` dicts (they carry ``seq_lens``,
+            ``seq_pairs`` and ``seq_parts`` besides the token rows).
+        ignore_index: label value that carries no loss.
+
+    Returns:
+        What :func:`vecpack.collate_flash` returns (``input_ids``, ``labels``,
+        ``position_ids``, ``seq_idx``, ``cu_seq_lens_q/k``, ``max_length_q/k``,
+        ``use_cache``), plus ``completion_mask`` (bool ``[1, T]``: the answer
+        tokens that are scored), ``is_chosen`` (bool ``[S]``), ``pair_index``
+        (long ``[S]``: the batch pair ``0 .. N-1`` of each sequence) and
+        ``pair_ids`` (long ``[N]``: the corpus's pair of each batch pair).
+        Packs laid out with prefix sharing give no ``cu_seq_lens`` (one varlen
+        call cannot let an answer skip the other) but ``document_ids`` and
+        ``part_ids`` (``[1, T]``, for the mask), ``logit_index`` (``[1, T]``:
+        the position whose logits predict each token; a rejected answer's
+        first token is predicted from its prompt's last token) and
+        ``prefix_sharing=True``. Pass :func:`model_inputs` of it to the model.
+
+    Raises:
+        ValueError: a pack without its pair columns, or a pair whose two
+            sequences are not both in the batch.
+    """
+    pairs = np.concatenate([_array(p, "seq_pairs", i) for i, p in enumerate(packs)]).astype(np.int64)
+    parts = np.concatenate([_array(p, "seq_parts", i) for i, p in enumerate(packs)])
+    shared = _shared(packs, parts)
+    batch = _collate_shared(packs, ignore_index) if shared else collate_flash(packs, ignore_index=ignore_index)
+    if pairs.size != batch["seq_idx"].max().item() + 1:
+        raise ValueError(f"packs hold {batch['seq_idx'].max().item() + 1} sequences but {pairs.size} seq_pairs")
+    pair_ids, pair_index, counts = np.unique(pairs, return_inverse=True, return_counts=True)
+    chosen = parts == 1
+    if (counts != 2).any() or np.bincount(pair_index[chosen], minlength=pair_ids.size).min(initial=1) != 1:
+        j = int(pair_ids[np.argmax(counts != 2)]) if (counts != 2).any() else -1
+        raise ValueError(f"every pair needs its chosen and its rejected sequence in the batch (pair {j} has not)")
+    batch["completion_mask"] = batch["labels"] != ignore_index
+    batch["is_chosen"] = torch.from_numpy(chosen)
+    batch["pair_index"] = torch.from_numpy(pair_index.astype(np.int64))
+    batch["pair_ids"] = torch.from_numpy(pair_ids)
+    return batch
+
+
+def _shared(packs, parts) -> bool:
+    """Whether the packs are laid out with prefix sharing: a rejected sequence starts past position 0."""
+    firsts = []
+    for i, p in enumerate(packs):
+        lens = _array(p, "seq_lens", i).astype(np.int64)
+        firsts.append(_array(p, "position_ids", i)[np.cumsum(lens) - lens])
+    firsts = np.concatenate(firsts) if firsts else np.zeros(0, np.int64)
+    return bool(((parts == 2) & (firsts > 0)).any())
+
+
+def _collate_shared(packs, ignore_index: int) -> dict[str, Any]:
+    """The flat batch of prefix-shared packs (see :func:`collate_preference`)."""
+    keys = ("input_ids", "labels", "position_ids", "document_ids", "part_ids")
+    lens = [_array(p, "seq_lens", i).astype(np.int64) for i, p in enumerate(packs)]
+    flat = {k: np.concatenate([_array(p, k, i)[:int(n.sum())] for i, (p, n) in enumerate(zip(packs, lens))])
+            .astype(np.int64) for k in keys}
+    all_lens = np.concatenate(lens)
+    starts = np.cumsum(all_lens) - all_lens
+    logit_index = np.arange(flat["input_ids"].size, dtype=np.int64) - 1
+    first_pos = flat["position_ids"][starts]
+    rejected = np.flatnonzero((flat["part_ids"][starts] == 2) & (first_pos > 0))
+    # a shared rejected answer follows the chosen one: its first token is predicted by the prompt's last
+    logit_index[starts[rejected]] = starts[rejected - 1] + first_pos[rejected] - 1
+    labels = flat["labels"]
+    labels[starts[first_pos == 0]] = ignore_index
+    out = {k: torch.from_numpy(v)[None] for k, v in flat.items()}
+    out["labels"] = torch.from_numpy(labels)[None]
+    out["seq_idx"] = torch.from_numpy(np.repeat(np.arange(all_lens.size, dtype=np.int32), all_lens))[None]
+    out["logit_index"] = torch.from_numpy(logit_index)[None]
+    out["use_cache"] = False
+    out["prefix_sharing"] = True
+    return out
+
+
+def prefix_block_mask(batch: Mapping[str, Any], *, device=None, block_size: int = 128):
+    """The flex-attention ``BlockMask`` of a prefix-shared batch: each answer sees its prompt and itself.
+
+    A token attends to earlier tokens of its own pair, except that a rejected
+    answer never sees the chosen one (which sits between it and the prompt).
+
+    >>> import torch
+    >>> b = {"document_ids": torch.tensor([[4, 4, 4, 4, 4]]), "part_ids": torch.tensor([[0, 0, 1, 2, 2]])}
+    >>> prefix_dense_mask(b)[0, 0].int().tolist()
+    [[1, 0, 0, 0, 0], [1, 1, 0, 0, 0], [1, 1, 1, 0, 0], [1, 1, 0, 1, 0], [1, 1, 0, 1, 1]]
+    """
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    doc = batch["document_ids"].reshape(-1).to(device)
+    part = batch["part_ids"].reshape(-1).to(device)
+    n = doc.numel()
+
+    def mask_mod(b, h, q, k):
+        return (doc[q] == doc[k]) & (k <= q) & ~((part[q] == 2) & (part[k] == 1))
+
+    return create_block_mask(mask_mod, 1, None, n, n, device=doc.device, BLOCK_SIZE=block_size)
+
+
+def prefix_dense_mask(batch: Mapping[str, Any], *, device=None) -> torch.Tensor:
+    """The same mask as :func:`prefix_block_mask`, dense: bool ``[1, 1, T, T]`` (``sdpa`` / ``eager``)."""
+    doc = batch["document_ids"].reshape(-1).to(device)
+    part = batch["part_ids"].reshape(-1).to(device)
+    q = torch.arange(doc.numel(), device=doc.device)
+    mask = (doc[:, None] == doc[None, :]) & (q[None, :] <= q[:, None])
+    mask &= ~((part[:, None] == 2) & (part[None, :] == 1))
+    return mask[None, None]
+
+
+def model_inputs(batch: Mapping[str, Any], *, mask: str = "flex") -> dict[str, Any]:
+    """The model's keyword arguments from a :func:`collate_preference` batch: ``model(**model_inputs(batch))``.
+
+    For a prefix-shared batch, ``attention_mask`` is built on the batch's
+    device: a flex ``BlockMask`` (``mask="flex"``, for
+    ``attn_implementation="flex_attention"``) or a dense bool
+    ``[1, 1, T, T]`` mask (``mask="dense"``, for ``sdpa`` / ``eager``).
+    """
+    if not batch.get("prefix_sharing"):
+        return {k: batch[k] for k in MODEL_KEYS if k in batch}
+    if mask not in ("flex", "dense"):
+        raise ValueError(f"mask must be 'flex' or 'dense', got {mask!r}")
+    device = batch["input_ids"].device
+    attention = prefix_block_mask(batch, device=device) if mask == "flex" else prefix_dense_mask(batch, device=device)
+    return {"input_ids": batch["input_ids"], "position_ids": batch["position_ids"], "attention_mask": attention,
+            "use_cache": False}
