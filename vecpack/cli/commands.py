@@ -198,7 +198,7 @@ def cmd_pack(args) -> int:
     if out is not None:
         vecpack.save(packed, out)
     elapsed = time.perf_counter() - t0
-    if args.style == "preference":
+    if style == "preference":
         print(_pairs_report(packed, elapsed=elapsed, out=out, args=args))
     else:
         print(_pack_report(packed, elapsed=elapsed, out=out, args=args))
