@@ -326,7 +326,7 @@ def _ready_rows(results):
     """Add ``<name>_ready`` rows: the same vecpack runs timed to a ready ``Packed``.
 
     ``vecpack.build`` returns a ``Packed`` whose ``packed[i]`` assembles one
-    pack on access (about 20 us); the plain rows also time materializing
+    pack on access (about 25 us); the plain rows also time materializing
     every ``[P, max_len]`` array, which training does not need.
     """
     out = []

@@ -170,12 +170,7 @@ def load(path: str | os.PathLike, *, verify: bool = False, pad_id: int | None = 
     if kind == "pairs":
         return _load_pairs(path, manifest, verify, pad_id, ignore_index)
     if kind == "packed":
-        try:
-            _entries.verify_arrays(path, manifest["arrays"], checksums=verify)
-        except _entries.CorruptEntry as e:
-            raise ValueError(f"load: {str(path)!r} is damaged: {e}") from None
-        a = _entries.open_arrays(path, manifest["arrays"])
-        meta = manifest["meta"]
+        a, meta = _open_saved(path, manifest, verify)
         p = Plan(doc_index=a["doc_index"], doc_start=a["doc_start"], doc_length=a["doc_length"],
                  pack_offsets=a["pack_offsets"], max_len=int(meta["max_len"]), stats=dict(meta["stats"]))
         packed = Packed(a["tokens"], a["offsets"], p, labels=a["labels"],
@@ -237,16 +232,20 @@ def load(path: str | os.PathLike, *, verify: bool = False, pad_id: int | None = 
     raise ValueError(f"load: {str(path)!r} is not a vecpack dataset (manifest kind {kind!r})")
 
 
-def _load_pairs(path: pathlib.Path, manifest: dict, verify: bool, pad_id, ignore_index):
-    """A saved :class:`~vecpack.preference.packed.PackedPairs` (``kind: "pairs"``), memory-mapped."""
-    from vecpack.preference.packed import PackedPairs, PairPlan
-
+def _open_saved(path: pathlib.Path, manifest: dict, verify: bool) -> tuple[dict, dict]:
+    """``(arrays, meta)`` of a saved dataset: its arrays checked (checksums with ``verify``) and mapped."""
     try:
         _entries.verify_arrays(path, manifest["arrays"], checksums=verify)
     except _entries.CorruptEntry as e:
         raise ValueError(f"load: {str(path)!r} is damaged: {e}") from None
-    a = _entries.open_arrays(path, manifest["arrays"])
-    meta = manifest["meta"]
+    return _entries.open_arrays(path, manifest["arrays"]), manifest["meta"]
+
+
+def _load_pairs(path: pathlib.Path, manifest: dict, verify: bool, pad_id, ignore_index):
+    """A saved :class:`~vecpack.preference.packed.PackedPairs` (``kind: "pairs"``), memory-mapped."""
+    from vecpack.preference.packed import PackedPairs, PairPlan
+
+    a, meta = _open_saved(path, manifest, verify)
     p = PairPlan(pair_index=a["pair_index"], pair_lens=a["pair_lens"], pack_offsets=a["pack_offsets"],
                  max_len=int(meta["max_len"]), stats=dict(meta["stats"]),
                  prefix_sharing=bool(meta["stats"].get("prefix_sharing", False)))
