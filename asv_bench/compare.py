@@ -245,6 +245,15 @@ CHILDREN = {"torchtune": child_torchtune, "hf_trl": child_hf_trl, "vecpack": chi
 # --------------------------------------------------------------------------- driver
 
 
+def add_child_args(ap) -> None:
+    """The options :func:`run_child` gives a child besides the script's own ``--max-len``,
+    ``--jobs`` and ``--workdir`` (every script that runs children through it declares them here)."""
+    ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--data", default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--rows", type=int, default=0, help=argparse.SUPPRESS)
+    ap.add_argument("--tokenizer", default=None, help=argparse.SUPPRESS)
+
+
 def run_child(name, a, data, rows, *, extra=(), label=None, watch_rss=True, script=None):
     """Run one contender in a fresh process; return its result with peak RSS (bytes).
 
@@ -434,11 +443,7 @@ def main(argv=None):
     ap.add_argument("--quick", action="store_true", help="tiny sizes: a smoke test of the script")
     ap.add_argument("--workdir", default=None, help="data and scratch (default ~/.cache/vecpack-bench)")
     ap.add_argument("--json", default=None, help="also write the results to this file")
-    # child-only options
-    ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
-    ap.add_argument("--data", default=None, help=argparse.SUPPRESS)
-    ap.add_argument("--rows", type=int, default=0, help=argparse.SUPPRESS)
-    ap.add_argument("--tokenizer", default=None, help=argparse.SUPPRESS)
+    add_child_args(ap)  # child-only options
     ap.add_argument("--warmup", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--mode", default="vecpack", help=argparse.SUPPRESS)
     a = ap.parse_args(argv)

@@ -253,11 +253,7 @@ def main(argv=None):
     ap.add_argument("--quick", action="store_true", help="tiny sizes (max_len <= 1024): a smoke test")
     ap.add_argument("--workdir", default=None, help="data and scratch (default ~/.cache/vecpack-bench)")
     ap.add_argument("--json", default=None, help="also write the results to this file")
-    # child-only options (compare.run_child passes the first ones)
-    ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
-    ap.add_argument("--data", default=None, help=argparse.SUPPRESS)
-    ap.add_argument("--rows", type=int, default=0, help=argparse.SUPPRESS)
-    ap.add_argument("--tokenizer", default=None, help=argparse.SUPPRESS)
+    compare.add_child_args(ap)  # child-only options: what compare.run_child passes, then ours
     ap.add_argument("--cache-dir", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--warm", action="store_true", help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
