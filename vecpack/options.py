@@ -28,8 +28,8 @@ import re
 __all__ = [
     "CHAT_STYLES", "CONVERSATION_STYLES", "ENGINES", "EXECUTORS", "EXPORT_FORMATS", "FAST_ENGINES", "IGNORE_INDEX",
     "INT32_MAX", "LONG_POLICIES", "MASKINGS", "MAX_CUT_FRACTION", "MIX_BY", "ON_ERROR", "PAIR_LONG_POLICIES",
-    "STRATEGIES", "STREAM_STRATEGIES", "STYLES", "TORCHTUNE_STYLES", "cache_root", "check_choice", "check_int",
-    "check_max_len", "check_mix", "check_options", "check_seed", "check_tokenizer_dir", "check_weight",
+    "STRATEGIES", "STREAM_STRATEGIES", "STYLES", "TORCHTUNE_STYLES", "cache_root", "check_choice", "check_index",
+    "check_int", "check_max_len", "check_mix", "check_options", "check_seed", "check_tokenizer_dir", "check_weight",
     "check_weights", "useless_reason",
 ]
 
@@ -102,6 +102,19 @@ def check_int(value, name: str, *, minimum: int | None = None, maximum: int | No
     if maximum is not None and value > maximum:
         raise ValueError(f"{name} must be <= {maximum}, got {value}")
     return value
+
+
+def check_index(value, length: int, name: str = "pack index") -> int:
+    """``value`` as an index into ``length`` items, negative ones counted from the end.
+
+    >>> check_index(-1, 3)
+    2
+    """
+    i = check_int(value, name)
+    j = i + length if i < 0 else i
+    if not 0 <= j < length:
+        raise IndexError(f"{name} out of range: {i} (len {length})")
+    return j
 
 
 def check_max_len(value, name: str = "max_len", hint: str = "") -> int:

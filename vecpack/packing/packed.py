@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from vecpack.options import check_int, check_max_len, check_options
+from vecpack.options import check_index, check_int, check_max_len, check_options
 from vecpack.packing.plan import Plan, _kernels, _ro, plan
 
 __all__ = ["Packed", "pack", "warm_kernels"]
@@ -276,12 +276,7 @@ class Packed:
     # -- one pack ---------------------------------------------------------
     def __getitem__(self, i) -> dict:
         """Pack ``i`` as a dict of int32 arrays (fresh copies), negative indices allowed."""
-        n = len(self)
-        i = check_int(i, "pack index")
-        if i < 0:
-            i += n
-        if not 0 <= i < n:
-            raise IndexError(f"pack index out of range: {i if i >= 0 else i - n} (len {n})")
+        i = check_index(i, len(self))
         m = self.max_len
         out = {name: np.empty(m, np.int32) for name in _ARRAYS}
         if self._arrays is not None:

@@ -50,7 +50,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from vecpack.errors import InputError
-from vecpack.options import check_int, check_max_len, check_options
+from vecpack.options import check_index, check_int, check_max_len, check_options
 from vecpack.packing.packed import _check_offsets, _check_tokens
 from vecpack.packing.plan import _ro, plan
 
@@ -284,12 +284,7 @@ class PackedPairs:
 
     def __getitem__(self, i) -> dict:
         """Pack ``i`` (negative indices allowed) as a dict of fresh int32 arrays."""
-        n = len(self)
-        i = check_int(i, "pack index")
-        if i < 0:
-            i += n
-        if not 0 <= i < n:
-            raise IndexError(f"pack index out of range: {i if i >= 0 else i - n} (len {n})")
+        i = check_index(i, len(self))
         if self._arrays is not None:
             out = {name: np.array(self._arrays[name][i]) for name in _ARRAYS}
         else:
