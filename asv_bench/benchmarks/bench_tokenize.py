@@ -74,14 +74,13 @@ class RowCPU:
 
         os.environ.setdefault("FASTOKENS_BPE_THREADS", "1")
         path = _data(ROWS)
-        size = os.path.getsize(path)
-        with open(path, "rb") as f:  # the first 5,000 rows, as one range
-            for _ in range(5_000):
-                f.readline()
-            self.end = f.tell()
         self.rows = 5_000
+        with open(path, "rb") as f:  # the first 5,000 rows, as one range
+            for _ in range(self.rows):
+                f.readline()
+            end = f.tell()
         self.enc = ChatEncoder.from_tokenizer(cached_tokenizer_dir("qwen2.5"))
-        self.payloads = lambda: READER.payloads(path, 0, min(self.end, size))
+        self.payloads = lambda: READER.payloads(path, 0, end)
 
     def track_us_per_row(self):
         from vecpack.tokenizing.rows import encode_rows

@@ -200,9 +200,9 @@ def build(data_files, tokenizer=None, max_len: int | None = None, *, style: str 
                       progress=progress, backend=backend)
     if encoder is not None:
         tok_kwargs["encoder"] = encoder
-    if is_mixture(data_files, weights):
-        if prefix_sharing:
-            raise ValueError("prefix_sharing=True needs style='preference', and pairs are not mixed")
+    if prefix_sharing and style != "preference":
+        raise ValueError("prefix_sharing=True needs style='preference'")
+    if is_mixture(data_files, weights):  # pairs are refused there, naming the source
         mix = check_mix(mix_by, mix_total, mix_seed, mix_repeat)
         return _build_mixture(data_files, tokenizer, max_len, weights=weights, mix=mix, strategy=strategy,
                               long=long, shuffle_seed=shuffle_seed, pad_id=pad_id, ignore_index=ignore_index,
@@ -213,8 +213,6 @@ def build(data_files, tokenizer=None, max_len: int | None = None, *, style: str 
                             shuffle_seed=shuffle_seed, pad_id=pad_id, ignore_index=ignore_index, cache=cache,
                             cache_dir=cache_dir, verify=verify, allow_useless=allow_useless, t0=t0,
                             prefix_sharing=bool(prefix_sharing))
-    if prefix_sharing:
-        raise ValueError("prefix_sharing=True needs style='preference'")
 
     if not cache:
         warm_kernels(strategy, long)  # loads while the tokenizer loads
