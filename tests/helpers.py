@@ -89,3 +89,20 @@ def expect_encoder_bug(run, path: pathlib.Path, line: int = 251) -> None:
     assert not isinstance(info.value, InputError)
     assert str(info.value) == f"{path}:{line}: the encoder failed on this row: ZeroDivisionError: " \
                               f"integer division or modulo by zero"
+
+
+def flex_eager_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
+    """A transformers attention function: flex_attention run eagerly (CPU), with the batch's BlockMask.
+
+    Register it with ``transformers.AttentionInterface.register(name, flex_eager_attention)``.
+    """
+    import warnings
+
+    from torch.nn.attention.flex_attention import BlockMask, flex_attention
+
+    assert isinstance(attention_mask, BlockMask), type(attention_mask)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # "called without torch.compile()": expected on CPU
+        out = flex_attention(query, key, value, block_mask=attention_mask, scale=scaling,
+                             enable_gqa=query.shape[1] != key.shape[1])
+    return out.transpose(1, 2).contiguous(), None

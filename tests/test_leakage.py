@@ -24,13 +24,14 @@ BlockMask's block structure) is checked too (slow). A control run with a
 plain causal mask must fail the same check.
 """
 
-import warnings
 
 import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
+
+from helpers import flex_eager_attention  # noqa: E402
 
 import vecpack  # noqa: E402
 from vecpack.integrations.collate import collate_flash, collate_flex  # noqa: E402
@@ -40,17 +41,6 @@ VOCAB = 1000
 MAX_LEN = 48
 ATOL = 1e-5
 
-
-def _flex_eager_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
-    """transformers attention function: eager flex_attention with the batch's BlockMask."""
-    from torch.nn.attention.flex_attention import BlockMask, flex_attention
-
-    assert isinstance(attention_mask, BlockMask), type(attention_mask)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # "called without torch.compile()": expected on CPU
-        out = flex_attention(query, key, value, block_mask=attention_mask, scale=scaling,
-                             enable_gqa=query.shape[1] != key.shape[1])
-    return out.transpose(1, 2).contiguous(), None
 
 
 def _varlen_reference_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0,
@@ -72,7 +62,7 @@ def _varlen_reference_attention(module, query, key, value, attention_mask, scali
     return out.transpose(1, 2).contiguous(), None
 
 
-transformers.AttentionInterface.register("vecpack_flex_eager", _flex_eager_attention)
+transformers.AttentionInterface.register("vecpack_flex_eager", flex_eager_attention)
 transformers.AttentionInterface.register("vecpack_varlen_reference", _varlen_reference_attention)
 
 

@@ -15,6 +15,8 @@ from vecpack.testing import make_pairs
 torch = pytest.importorskip("torch")
 pytest.importorskip("trl")
 
+from helpers import flex_eager_attention  # noqa: E402
+
 from vecpack.preference.collate import collate_preference, model_inputs  # noqa: E402
 from vecpack.preference.logps import sequence_logps  # noqa: E402
 from vecpack.preference.loss import dpo_loss, pair_logps  # noqa: E402
@@ -114,19 +116,6 @@ def test_packed_logps_equal_unpacked(dpo):
     dpo["unpacked"] = (want_c, want_r)
 
 
-def _flex_eager_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
-    """transformers attention function: flex_attention, uncompiled (CPU), with the batch's BlockMask."""
-    import warnings
-
-    from torch.nn.attention.flex_attention import BlockMask, flex_attention
-
-    assert isinstance(attention_mask, BlockMask), type(attention_mask)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # "called without torch.compile()": expected on CPU
-        out = flex_attention(query, key, value, block_mask=attention_mask, scale=scaling,
-                             enable_gqa=query.shape[1] != key.shape[1])
-    return out.transpose(1, 2).contiguous(), None
-
 
 @pytest.mark.parametrize("mask", ["flex", "dense"])
 def test_prefix_sharing_logps_equal_unpacked(dpo, mask):
@@ -141,7 +130,7 @@ def test_prefix_sharing_logps_equal_unpacked(dpo, mask):
     batch = collate_preference([shared[i] for i in range(len(shared))])
     batch["input_ids"] = dpo["lut"][batch["input_ids"]]
     assert batch["prefix_sharing"] and "cu_seq_lens_q" not in batch
-    transformers.AttentionInterface.register("vecpack_pref_flex", _flex_eager_attention)
+    transformers.AttentionInterface.register("vecpack_pref_flex", flex_eager_attention)
     impl = model.config._attn_implementation
     model.config._attn_implementation = "vecpack_pref_flex" if mask == "flex" else "sdpa"
     try:
