@@ -39,7 +39,7 @@ from vecpack.errors import WorkerDiedError
 from vecpack.options import FAST_ENGINES
 from vecpack.tokenizing import parity
 from vecpack.tokenizing.rows import tokenize_chunk
-from vecpack.tokenizing.runtime import engine_ids, fast_engine, runtime
+from vecpack.tokenizing.runtime import engine_ids, fast_engine, runtime, warm_start
 from vecpack.tokenizing.tasks import ChunkMeta, ChunkTask
 
 __all__ = ["chunk_dir", "effective_n_jobs", "ready", "shutdown", "start_check", "warm", "warmed"]
@@ -83,10 +83,16 @@ def _allow_engine_memory() -> None:
         process_executor._MAX_MEMORY_LEAK_SIZE = _WORKER_GROWTH_BYTES
 
 
+def _worker_setup() -> None:
+    """What a pool worker sets before it builds an engine: its memory allowance, the engines' warm start."""
+    _allow_engine_memory()
+    warm_start()
+
+
 def run_chunk(task: ChunkTask, enc_key: str, enc_path: str, out_dir: str, on_error: str,
               progress_path: str, n_slots: int, direct=None) -> ChunkMeta:
     """The function loky workers run: one task, with progress and abort through a shared array."""
-    _allow_engine_memory()
+    _worker_setup()
     slots = np.memmap(progress_path, dtype=np.int64, mode="r+", shape=(n_slots,))
     if slots[0]:
         raise Aborted()
@@ -105,9 +111,15 @@ def run_chunk(task: ChunkTask, enc_key: str, enc_path: str, out_dir: str, on_err
         del slots, progress  # unmap the progress file now, not at the next collection
 
 
+def _engine_ids(path: str, backend: str, texts):
+    """A parity check's engine side, on a worker (with the engine the worker's chunks use)."""
+    _worker_setup()
+    return engine_ids(path, backend, texts)
+
+
 def _warm(tokenizer_path: str | None = None, modules: tuple = ()) -> int:
     """Start a worker; with a tokenizer directory, also build its fast engine now; import ``modules``."""
-    _allow_engine_memory()
+    _worker_setup()
     for name in modules:  # what the encoder will need (a dataset's classes import torch...)
         try:
             importlib.import_module(name)
@@ -374,10 +386,10 @@ def start_check(encoder, texts, n_jobs: int):
 
     def on_a_worker(all_texts):
         try:
-            return _executor(n_jobs).submit(engine_ids, path, backend, all_texts)
+            return _executor(n_jobs).submit(_engine_ids, path, backend, all_texts)
         except RuntimeError:  # the pool just broke or was shut down: a fresh one
             _shutdown_existing()
-            return _executor(n_jobs).submit(engine_ids, path, backend, all_texts)
+            return _executor(n_jobs).submit(_engine_ids, path, backend, all_texts)
 
     return parity.start(path, texts, backend, on_a_worker)
 
