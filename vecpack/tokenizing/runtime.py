@@ -162,7 +162,9 @@ class Runtime:
                 return
             # serve with tiktoken (built in ~0.2 s) while fastokens (~1.3 s) is built beside it
             self.batch = False
-            threading.Thread(target=self._build_candidate, args=(pattern,), daemon=True,
+            # not a daemon: the interpreter's exit waits for it (a daemon thread still inside
+            # fastokens' native code when the interpreter finalizes aborts the process)
+            threading.Thread(target=self._build_candidate, args=(pattern,), daemon=False,
                              name="vecpack-fastokens").start()
         import tiktoken
 
