@@ -33,6 +33,7 @@ stream can seek.
 from __future__ import annotations
 
 import bz2
+import contextlib
 import hashlib
 import lzma
 import os
@@ -45,7 +46,7 @@ from vecpack.inputs import arrow, json_array, jsonl, parquet
 from vecpack.inputs.base import Reader
 from vecpack.inputs.sources import _file_source
 
-__all__ = ["READER", "decompress", "open_codec", "prepare"]
+__all__ = ["READER", "clear_copies", "decompress", "open_codec", "prepare"]
 
 _READ = 1 << 20     # compressed bytes per read
 _VERSION = 1        # of the streaming copies' key
@@ -169,6 +170,52 @@ def _kept_copy(src):
             if os.path.exists(tmp):
                 os.unlink(tmp)
     return _plain_source(src, str(path))
+
+
+def clear_copies(root, older_than_days: float | None = None) -> list[tuple[str, int]]:
+    """Delete streaming's plain copies under cache ``root`` (``.decompressed/``); ``(path, bytes)`` of each.
+
+    ``older_than_days``: only copies unused (read or made) for that long. A
+    copy being written by a live process (``KEY.PID.tmp``) is left alone.
+
+    >>> import tempfile
+    >>> clear_copies(tempfile.mkdtemp())
+    []
+    """
+    import time
+
+    folder = os.path.join(os.fspath(root), ".decompressed")
+    try:
+        names = sorted(os.listdir(folder))
+    except OSError:
+        return []
+    cutoff = None if older_than_days is None else time.time() - older_than_days * 86400.0
+    removed = []
+    for name in names:
+        path = os.path.join(folder, name)
+        try:
+            st = os.stat(path)
+            if name.endswith(".tmp") and _alive(name.rsplit(".", 2)[-2]):
+                continue
+            if cutoff is not None and max(st.st_atime, st.st_mtime) >= cutoff:
+                continue
+            os.unlink(path)
+        except OSError:   # gone meanwhile, or not ours to remove
+            continue
+        removed.append((path, int(st.st_size)))
+    with contextlib.suppress(OSError):   # empty now (else a copy was made meanwhile: kept)
+        os.rmdir(folder)
+    return removed
+
+
+def _alive(pid: str) -> bool:
+    try:
+        os.kill(int(pid), 0)
+    except (ValueError, ProcessLookupError):
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def _estimate(src) -> int:
