@@ -305,7 +305,7 @@ def cmd_stats(args) -> int:
 
 
 def cmd_export(args) -> int:
-    from vecpack.cli.report import format_bytes, plural
+    from vecpack.cli.report import format_bytes
     from vecpack.integrations.export import export
 
     src = pathlib.Path(args.packed)
