@@ -1,21 +1,23 @@
 """Compressed inputs (gzip, bzip2, xz, zstd): each decompressed once, as a stream, into a plain file.
 
-A compressed stream cannot be cut into byte ranges, so :func:`prepare`
-decompresses every compressed source once into a plain file of a scratch
-directory (the tokenizer's chunk directory: ``/dev/shm`` when it has room),
-several files at once on every core (the codecs release the GIL), and the
-workers then range-read the plain copy exactly like any JSONL, JSON or
-Parquet file. The copy's :class:`~vecpack.inputs.sources.Source` keeps the
-compressed file's name as its ``label``, so errors still say
-``train.jsonl.gz:LINE: reason``, with lines of the decompressed text. A
-corrupt or cut-short file is an :class:`~vecpack.errors.InputError` at the
-line where the text stops.
+A compressed stream cannot be cut into byte ranges, so an
+:class:`Unpacking` decompresses each compressed source, in a background
+thread, into a plain file of a scratch directory (the tokenizer's chunk
+directory: ``/dev/shm`` when it has room), several files at once (the codecs
+release the GIL). :class:`~vecpack.tokenizing.feed.TaskFeed` hands the
+workers each range of a JSONL copy as soon as its lines are on disk, and
+they range-read the copy exactly like any JSONL, JSON or Parquet file. The
+copy's :class:`~vecpack.inputs.sources.Source` keeps the compressed file's
+name as its ``label``, so errors still say ``train.jsonl.gz:LINE: reason``,
+with lines of the decompressed text. A corrupt or cut-short file is an
+:class:`~vecpack.errors.InputError` at the line where the text stops.
 
 The codec is found by content (the magic bytes), whatever the suffix says;
-zstd needs the ``zstandard`` package (``pip install "vecpack[compressed]"``).
+gzip is decoded by ``isal`` when installed (about 2.5x zlib's speed), zstd
+needs the ``zstandard`` package (both: ``pip install "vecpack[compressed]"``).
 Streaming reads a copy kept next to vecpack's cache (``.decompressed/``,
-keyed by path, size, modification time and inode), so a resumed or shuffled
-stream can seek.
+keyed by path, size, modification time and inode, removed by ``vecpack cache
+clear``), so a resumed or shuffled stream can seek.
 
 >>> import gzip, os, tempfile
 >>> d = tempfile.mkdtemp()
@@ -25,9 +27,8 @@ stream can seek.
 >>> src = resolve_sources(p)[0]
 >>> src.kind, src.codec
 ('compressed', 'gzip')
->>> plain = prepare([src], d)[0]
->>> plain.kind, plain.label == p, open(plain.name, "rb").read()
-('jsonl', True, b'{"text": "hi"}\\n')
+>>> b"".join(open_codec(src.name, src.codec))
+b'{"text": "hi"}\\n'
 """
 
 from __future__ import annotations
@@ -39,7 +40,6 @@ import lzma
 import os
 import threading
 import zlib
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 
 from vecpack.errors import InputError
@@ -47,7 +47,7 @@ from vecpack.inputs import arrow, json_array, jsonl, parquet
 from vecpack.inputs.base import Reader
 from vecpack.inputs.sources import _file_source
 
-__all__ = ["READER", "Unpacking", "clear_copies", "decompress", "open_codec", "prepare"]
+__all__ = ["READER", "Unpacking", "clear_copies", "decompress", "open_codec"]
 
 _READ = 1 << 20     # compressed bytes per read
 _VERSION = 1        # of the streaming copies' key
@@ -229,30 +229,6 @@ def _plain_source(src, path: str):
     return replace(plain, label=src.label or src.name)
 
 
-def prepare(sources: list, scratch: str, n_jobs: int = 1) -> list:
-    """``sources`` with each compressed one replaced by its plain copy in ``scratch``.
-
-    The copies are written by up to ``n_jobs`` threads at once (zlib, bz2,
-    lzma and zstandard decompress without the GIL); a copy's ``label`` is
-    the compressed file's name, for error messages.
-    """
-    todo = [(i, s) for i, s in enumerate(sources) if s.kind == "compressed"]
-    if not todo:
-        return list(sources)
-
-    def one(item):
-        i, s = item
-        base = os.path.basename(s.name)
-        dest = os.path.join(scratch, f"plain-{i:05d}-{base.rsplit('.', 1)[0] if '.' in base else base}")
-        return i, _plain_source(s, decompress(s, dest))
-
-    out = list(sources)
-    with ThreadPoolExecutor(max(1, min(n_jobs, len(todo))), thread_name_prefix="vecpack-decompress") as ex:
-        for i, plain in ex.map(one, todo):
-            out[i] = plain
-    return out
-
-
 def _kept_copy(src):
     """The plain copy of ``src`` kept next to vecpack's cache (made once; for streaming)."""
     from vecpack.options import cache_root
@@ -330,13 +306,13 @@ def _estimate(src) -> int:
 
 
 class _CompressedReader(Reader):
-    """A compressed file before :func:`prepare`: size estimates, its first rows, and streaming."""
+    """A compressed file before its plain copy exists: size estimates, its first rows, and streaming."""
 
     kind = "compressed"
     text = True
 
     def ranges(self, src, chunk_bytes):
-        raise RuntimeError(f"{src.name}: compressed inputs are read through vecpack.inputs.compressed.prepare")
+        raise RuntimeError(f"{src.name}: compressed inputs are read through vecpack.tokenizing.feed.TaskFeed")
 
     def head(self, src, n):
         data = b""
