@@ -73,6 +73,8 @@ def _run_task(task, encoder, out_dir: str, on_error: str):
     ``out_dir`` under the task: ``FileNotFoundError``) is the cancellation's
     doing, not an error of this task, and must not reach the driver as one.
     """
+    if _cancelled(out_dir):   # started (or retried) after the run was stopped: nothing to do
+        return None
     attempt = os.path.join(out_dir, f"attempt-{task.index:06d}-{uuid.uuid4().hex[:12]}")
     try:
         os.mkdir(attempt)   # not makedirs: a task still running after the driver removed out_dir must not remake it
