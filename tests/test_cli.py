@@ -319,13 +319,27 @@ def test_export_refuses_to_overwrite(packed_run, work):
 # --------------------------------------------------------------------------- cache
 
 
-def test_cache_list_info_clear(packed_run, work):
+def test_cache_list_info_clear(packed_run, work, monkeypatch):
+    import gzip
     import shutil
+    import time
 
+    from vecpack.inputs.compressed import _kept_copy
+    from vecpack.inputs.sources import resolve_sources
     from vecpack.store.cache import Cache
 
     cache = work / "cache-copy"  # a copy: the other tests keep the original
     shutil.copytree(packed_run[2], cache)
+    # streaming's plain copies of two compressed inputs: one unused for 10 days; one being written
+    monkeypatch.setenv("VECPACK_CACHE", str(cache))
+    copies = []
+    for i in range(2):
+        (work / f"in{i}.jsonl.gz").write_bytes(gzip.compress(b'{"text": "%d"}\n' % i))
+        copies.append(pathlib.Path(_kept_copy(resolve_sources(str(work / f"in{i}.jsonl.gz"))[0]).name))
+    old = time.time() - 10 * 86400
+    os.utime(copies[0], (old, old))
+    writing = cache / ".decompressed" / f"abc.{os.getpid()}.tmp"
+    writing.write_bytes(b"x")
     entries = Cache(cache).entries()
     assert entries
     listing = run("cache", "list", cache=cache).stdout
@@ -342,9 +356,12 @@ def test_cache_list_info_clear(packed_run, work):
     assert key in run("cache", "--cache-dir", cache, "list", cache=work / "elsewhere").stdout
     assert key in run("cache", "list", "--cache-dir", cache, cache=work / "elsewhere").stdout
     kept = run("cache", "clear", "--older-than", 1, cache=cache).stdout
-    assert kept.startswith("removed 0 entries") and len(Cache(cache).entries()) == len(entries)
+    assert kept.startswith("removed 0 entries and 1 decompressed copy unused for 1+ days"), kept
+    assert len(Cache(cache).entries()) == len(entries)
+    assert not copies[0].exists() and copies[1].exists()
     cleared = run("cache", "clear", cache=cache).stdout
-    assert cleared.startswith(f"removed {len(entries)} entries") and not Cache(cache).entries()
+    assert cleared.startswith(f"removed {len(entries)} entries and 1 decompressed copy,") and not Cache(cache).entries()
+    assert not copies[1].exists() and writing.exists()   # a live process's copy in the making stays
     assert "empty" in run("cache", "list", cache=cache).stdout
 
 

@@ -141,3 +141,115 @@ def test_streaming_reads_a_compressed_file_like_the_plain_one(forms, tmp_path, m
     for name, seed in (("gzip", 1), ("save_to_disk", None)):   # (seeded order: by the format's units)
         plain = list(make_ds(str(forms["plain"][0]), seed=seed))
         assert same(list(make_ds(str(forms[name][0]), seed=seed)), plain), name
+
+
+def _slow_codec(monkeypatch, step=None, pause=0.0):
+    """The real decompression, handed out 4 KiB at a time (after ``step.acquire()`` or a pause)."""
+    import time
+
+    from vecpack.inputs import compressed
+
+    real = compressed.open_codec
+
+    def slow(path, codec):
+        for block in real(path, codec):
+            for k in range(0, len(block), 4096):
+                if step is not None:
+                    step.acquire()
+                time.sleep(pause)
+                yield block[k:k + 4096]
+
+    monkeypatch.setattr(compressed, "open_codec", slow)
+
+
+def test_a_compressed_jsonl_is_cut_into_ranges_while_it_decompresses(forms, tmp_path, monkeypatch):
+    import threading
+
+    from vecpack.inputs import compressed
+    from vecpack.inputs.readers import split_source
+    from vecpack.tokenizing.feed import TaskFeed
+
+    raw = forms["plain"][0].read_bytes()
+    for isal in (True, False):   # isal's decoder when installed, and zlib's
+        monkeypatch.setattr(compressed, "_ISAL", isal)
+        src = resolve_sources(str(forms["gzip members"][0]))[0]
+        assert b"".join(compressed.open_codec(src.name, "gzip")) == raw
+    step = threading.Semaphore(0)
+    _slow_codec(monkeypatch, step)
+    feed = TaskFeed([str(forms["gzip"][0]), str(forms["plain"][0])], 8000, str(tmp_path))
+    try:
+        step.release(5)                                   # 20 KiB of text on disk, the rest not yet
+        first = []
+        while feed._unpacking[0].written < 5 * 4096 or not first:
+            first += feed.wait(0.05)
+        assert not feed.finished and first and first[-1].stop <= 5 * 4096
+        assert all(t.shown == str(forms["gzip"][0]) and t.kind == "jsonl" for t in first)
+        step.release(len(raw) // 4096 + 2)
+        tasks = feed.all()
+    finally:
+        step.release(len(raw) // 4096 + 2)
+        feed.close()
+    plain = resolve_sources(str(forms["plain"][0]))[0]
+    want = [(a, b) for a, b, _ in split_source(plain, 8000)]
+    assert [(t.start, t.stop) for t in tasks] == want + want          # the plain file's cuts, then file 2
+    assert [t.index for t in tasks] == list(range(len(tasks))) and tasks[len(want)].source_index == 1
+
+
+@pytest.mark.parametrize("n_jobs", [1, 2])
+def test_tokenizing_while_decompressing_gives_the_plain_arrays(forms, tmp_path, monkeypatch, n_jobs):
+    _slow_codec(monkeypatch, pause=0.001)
+    ref = vecpack.tokenize(forms["plain"][0], TOKENIZER, n_jobs=1, progress=False)
+    t = vecpack.tokenize(str(forms["gzip"][0]), TOKENIZER, n_jobs=n_jobs, progress=False, chunk_bytes=20_000)
+    assert t.stats["chunks"] > 4 and _arrays(t) == _arrays(ref)
+    if n_jobs == 1:   # a failed parity check: the feed's tasks again, with HF tokenizers (one run is enough)
+        _rerun_after_a_failed_check(forms, ref, monkeypatch)
+    # a stream corrupt half-way: the ranges before it are tokenized meanwhile; the run ends with its error
+    data = forms["gzip"][0].read_bytes()
+    bad = tmp_path / "late.jsonl.gz"
+    bad.write_bytes(data[: len(data) * 3 // 4] + b"\xff" * 64 + data[len(data) * 3 // 4 + 64:])
+    with pytest.raises(InputError, match=r"late\.jsonl\.gz:\d+: the gzip data is corrupt after line [\d,]+ of text"):
+        vecpack.tokenize(str(bad), TOKENIZER, n_jobs=n_jobs, progress=False, chunk_bytes=20_000)
+    leftover = [n for n in os.listdir("/dev/shm") if n.startswith(f"vecpack-chunks-{os.getpid()}-")] \
+        if os.path.isdir("/dev/shm") else []
+    assert not leftover
+
+
+def _rerun_after_a_failed_check(forms, ref, monkeypatch):
+    from concurrent.futures import Future
+
+    from vecpack import _state
+    from vecpack.tokenizing import pool
+
+    def failing(encoder, texts, n):
+        fut = Future()
+        fut.set_result("fastokens and HF tokenizers differ on a sample at token 3 (test)")
+        return fut
+
+    _state.reset()
+    with monkeypatch.context() as m, pytest.warns(RuntimeWarning, match="differ on a sample at token 3"):
+        m.setattr(pool, "start_check", failing)
+        t = vecpack.tokenize(str(forms["gzip"][0]), TOKENIZER, n_jobs=1, progress=False, chunk_bytes=20_000)
+    _state.reset()
+    assert t.stats["backend"] == "tokenizers" and _arrays(t) == _arrays(ref)
+
+
+def test_ctrl_c_while_decompressing_stops_the_thread_and_cleans_up(forms, monkeypatch):
+    import signal
+    import threading
+    import time
+
+    _slow_codec(monkeypatch, pause=0.01)                     # ~1 s of decompression
+    main = threading.get_ident()
+    timer = threading.Timer(0.4, lambda: signal.pthread_kill(main, signal.SIGINT))
+    timer.start()
+    t0 = time.monotonic()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            vecpack.tokenize(str(forms["gzip"][0]), TOKENIZER, n_jobs=2, progress=False, chunk_bytes=20_000)
+    finally:
+        timer.cancel()
+    assert time.monotonic() - t0 < 5
+    assert not any(t.name == "vecpack-decompress" for t in threading.enumerate())
+    leftover = [n for n in os.listdir("/dev/shm") if n.startswith(f"vecpack-chunks-{os.getpid()}-")] \
+        if os.path.isdir("/dev/shm") else []
+    assert not leftover

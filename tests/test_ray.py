@@ -2,6 +2,7 @@
 
 import json
 import os
+import shutil
 import signal
 import sys
 
@@ -89,3 +90,37 @@ def test_an_encoder_bug_is_the_same_error_as_on_loky(ray_cluster, tmp_path):
     path = buggy_rows(tmp_path / "rows.jsonl")
     expect_encoder_bug(lambda: vecpack.tokenize(path, encoder=BuggyEncoder(), backend="ray", chunk_bytes=2000,
                                                 on_error="skip", progress=False), path)
+
+
+def test_a_task_of_a_cancelled_run_reports_nothing(tmp_path):
+    """Ctrl-C race: the driver marks the run cancelled, then removes out_dir; a Ray task still running
+    (or retried) then must return None, not fail with FileNotFoundError (Ray would print that failure
+    as an "Unhandled error" after "interrupted"). Before the cancel, a bad row is still its error."""
+    from helpers import BuggyEncoder
+
+    from vecpack.tokenizing import ray as vray
+    from vecpack.tokenizing.tasks import ChunkError, plan_chunks
+
+    path = tmp_path / "rows.jsonl"
+    path.write_text('{"text": "ok"}\n{"text": "boom"}\n', encoding="utf-8")
+    task = plan_chunks(str(path))[0]
+    out = tmp_path / "work"
+    out.mkdir()
+    with pytest.raises(ChunkError):                          # a live run: the bug is reported
+        vray._run_task(task, BuggyEncoder(), str(out), "raise")
+    (out / vray.CANCELLED).touch()                           # cancelled: the same task does nothing
+    assert vray._run_task(task, BuggyEncoder(), str(out), "raise") is None
+    (out / vray.CANCELLED).unlink()
+
+    class RemovesTheDirectory(BuggyEncoder):                 # the driver's cleanup, mid-task
+        def encode_row(self, row):
+            shutil.rmtree(out, ignore_errors=True)
+            return super().encode_row({"text": "ok"})
+
+    assert vray._run_task(task, RemovesTheDirectory(), str(out), "raise") is None   # not FileNotFoundError
+    assert not out.exists()                                  # and not made again
+    ok = tmp_path / "ok.jsonl"
+    ok.write_text('{"text": "ok"}\n', encoding="utf-8")
+    out.mkdir()
+    meta = vray._run_task(plan_chunks(str(ok))[0], BuggyEncoder(), str(out), "raise")
+    assert meta.records == 1 and meta.out_dir == str(out) and (out / "chunk-000000.tokens.npy").exists()

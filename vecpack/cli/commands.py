@@ -344,7 +344,7 @@ def _np_dtype(descr: str) -> str:
 
 
 def cmd_cache(args) -> int:
-    from vecpack.cli.report import format_bytes
+    from vecpack.cli.report import format_bytes, plural
     from vecpack.store.cache import Cache
 
     cache = Cache(args.cache_dir)
@@ -384,10 +384,14 @@ def cmd_cache(args) -> int:
         for name, value in rows:
             print(f"{name:<11} {value}")
     elif args.cache_command == "clear":
+        from vecpack.inputs.compressed import clear_copies
+
         removed = cache.clear(older_than_days=args.older_than)
+        copies = clear_copies(cache.root, args.older_than)   # streaming's decompressed inputs
         what = "" if args.older_than is None else f" unused for {args.older_than:g}+ days"
-        print(f"removed {len(removed)} entries{what}, freed {format_bytes(sum(e.bytes for e in removed))} "
-              f"from {cache.root}")
+        freed = sum(e.bytes for e in removed) + sum(size for _, size in copies)
+        print(f"removed {len(removed)} entries and {plural(len(copies), 'decompressed copy', 'decompressed copies')}"
+              f"{what}, freed {format_bytes(freed)} from {cache.root}")
     return 0
 
 

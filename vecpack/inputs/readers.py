@@ -7,7 +7,7 @@ JSONL (``jsonl``)     newline-aligned byte range ``[start, stop)``   file and 1-
 JSON array (``json``) byte range covering whole elements          file and 1-based line
 Parquet               a run of whole row groups                   file and 0-based row
 Arrow IPC (``arrow``) a run of whole record batches               file and 0-based row
-compressed            (decompressed first: then as its content)   the compressed file and line
+compressed            its plain copy's ranges, as they land       the compressed file and line
 ``datasets.Dataset``  row range ``[start, stop)`` (Arrow IPC)     ``<Dataset>`` and row
 items (``Items``)     index range ``[start, stop)`` (``ds[i]``)   ``<TypeName>`` and index
 ====================  ==========================================  ======================

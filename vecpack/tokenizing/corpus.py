@@ -26,7 +26,6 @@ import sys
 import time
 
 from vecpack.errors import InputError
-from vecpack.inputs.compressed import prepare
 from vecpack.inputs.readers import reader, sample_rows
 from vecpack.inputs.sources import resolve_sources
 from vecpack.mixing.source import is_mixture
@@ -35,6 +34,7 @@ from vecpack.tokenizing import executors
 from vecpack.tokenizing import pool as _pool
 from vecpack.tokenizing.backend import Pending, fall_back
 from vecpack.tokenizing.encoder import encoder_for, remember
+from vecpack.tokenizing.feed import TaskFeed
 from vecpack.tokenizing.merge import ChunkMerger
 from vecpack.tokenizing.tasks import default_chunk_bytes, plan_chunks, rejected_examples
 from vecpack.tokenizing.tokenized import Tokenized, merge_stats
@@ -132,30 +132,37 @@ def tokenize(data_files, tokenizer=None, *, style: str = "sharegpt", column: str
         text_bytes = sum(reader(s.kind).output_estimate(s) for s in sources if reader(s.kind).text)
         chunk_bytes = default_chunk_bytes(text_bytes or _estimate_output_bytes(sources) // 3, n_jobs)
     pool = backend == "loky" and n_jobs > 1
-    scratch = None
+    scratch = feed = None
     if any(s.kind == "compressed" for s in sources):
         if pool and _estimate_output_bytes(sources) > 2.5 * chunk_bytes:  # more than one task, likely
             _pool.warm(n_jobs, tokenizer)   # the workers start while the inputs decompress
-        # decompressed once, several files at once, into plain files that the workers range-read
+        # decompressed in background threads, several files at once, into plain files that the
+        # workers range-read as their lines land (Ray: once complete; see TaskFeed)
         scratch = _pool.chunk_dir(_estimate_output_bytes(sources) // 2, out_dir,
                                   shared=backend == "ray" and out_dir is not None)
     try:
-        return _tokenize(sources, scratch, tokenizer, encoder, style, column, masking, n_jobs, on_error,
+        if scratch is not None:
+            feed = TaskFeed(sources, chunk_bytes, scratch, n_jobs, pipelined=backend != "ray")
+        return _tokenize(sources, feed, tokenizer, encoder, style, column, masking, n_jobs, on_error,
                          progress, out_dir, backend, chunk_bytes, pool, t0)
     finally:
+        if feed is not None:
+            feed.close()   # its threads end before their directory goes
         if scratch is not None:
             shutil.rmtree(scratch, ignore_errors=True)
 
 
-def _tokenize(sources, scratch, tokenizer, encoder, style, column, masking, n_jobs, on_error, progress,
+def _tokenize(sources, feed, tokenizer, encoder, style, column, masking, n_jobs, on_error, progress,
               out_dir, backend, chunk_bytes, pool, t0) -> Tokenized:
-    if scratch is not None:
-        sources = prepare(sources, scratch, n_jobs)
     estimate = _estimate_output_bytes(sources)
-    tasks = plan_chunks(sources, chunk_bytes=chunk_bytes)
-    if pool and len(tasks) > 1:
-        # one task runs here: starting workers would only take CPU from it
-        _pool.warm(n_jobs - 1 if getattr(encoder, "slow_to_load", False) else n_jobs, tokenizer)
+    if feed is not None:   # compressed inputs: tasks as their text is decompressed
+        tasks, many = feed, estimate > 2.5 * chunk_bytes   # (the pool was warmed for many)
+    else:
+        tasks = plan_chunks(sources, chunk_bytes=chunk_bytes)
+        many = len(tasks) > 1
+        if pool and many:
+            # one task runs here: starting workers would only take CPU from it
+            _pool.warm(n_jobs - 1 if getattr(encoder, "slow_to_load", False) else n_jobs, tokenizer)
     key, texts = None, None
     if encoder is None:
         key, encoder = encoder_for(tokenizer, style, column, masking, sources, cls=encoder_class(style))
@@ -171,7 +178,7 @@ def _tokenize(sources, scratch, tokenizer, encoder, style, column, masking, n_jo
     # the parity check on the sample runs beside the tokenizing; if it fails, the result is
     # thrown away and the rows are tokenized again with HF tokenizers. One task is tokenized
     # here and its check's tiktoken side computed here afterwards, with this process's engine.
-    workers = n_jobs if backend == "loky" and len(tasks) > 1 else 1
+    workers = n_jobs if backend == "loky" and many else 1
     check = Pending.start(encoder, texts, key, workers)
     early = check.known()
     if early:  # known before anything ran (the engine cannot be built, or the check cannot run)
@@ -189,6 +196,8 @@ def _tokenize(sources, scratch, tokenizer, encoder, style, column, masking, n_jo
         remember(key, encoder, tokenizer)
         result, metas = _run(tasks, encoder, out_dir, estimate, chunk_bytes, Pending(), run)
     seconds = time.perf_counter() - t0
+    if feed is not None:
+        tasks = feed.tasks
     result.stats = {
         "rows": sum(m.records for m in metas),
         "documents": len(result),

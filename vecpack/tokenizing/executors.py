@@ -23,12 +23,14 @@ import os
 import sys
 import threading
 import time
+from collections import deque
 from concurrent.futures import FIRST_COMPLETED, wait
 
 import numpy as np
 
 from vecpack.inputs.readers import reader
 from vecpack.tokenizing import pool as _pool
+from vecpack.tokenizing.feed import TaskFeed, failure_order
 from vecpack.tokenizing.merge import ChunkMerger
 from vecpack.tokenizing.rows import tokenize_chunk
 from vecpack.tokenizing.tasks import ChunkError, ChunkMeta, ChunkTask, located_error
@@ -36,8 +38,8 @@ from vecpack.tokenizing.tasks import ChunkError, ChunkMeta, ChunkTask, located_e
 __all__ = ["earlier", "execute"]
 
 
-def execute(tasks: list[ChunkTask], encoder, out_dir: str, *, executor: str = "loky", n_jobs: int = 1,
-            on_error: str = "raise", progress: bool = True, desc: str = "tokenize",
+def execute(tasks: list[ChunkTask] | TaskFeed, encoder, out_dir: str, *, executor: str = "loky",
+            n_jobs: int = 1, on_error: str = "raise", progress: bool = True, desc: str = "tokenize",
             merger: ChunkMerger | None = None) -> list[ChunkMeta]:
     """Run every task and return the metas in input order.
 
@@ -47,52 +49,108 @@ def execute(tasks: list[ChunkTask], encoder, out_dir: str, *, executor: str = "l
     the final arrays overlaps the tokenizing). An encoder that is
     ``slow_to_load`` in a new process (it carries a dataset whose classes
     import torch) gets ``n_jobs - 1`` workers, and this process runs tasks too.
+    ``tasks`` may be a :class:`~vecpack.tokenizing.feed.TaskFeed`: its tasks
+    are run as they become known (compressed inputs still decompressing);
+    Ray waits for all of them.
 
     Every executor reports failures the same way. On a bad record
-    (``on_error="raise"``), an encoder bug, a dead worker or Ctrl-C, the
-    other tasks are stopped, their chunk files are left in ``out_dir`` for the
-    caller to remove (it made the directory) and the error is raised: the
-    :class:`~vecpack.errors.InputError` of the first bad record in input order
-    (at file:line), :class:`~vecpack.errors.EncoderError`,
+    (``on_error="raise"``), an encoder bug, a dead worker, an unreadable
+    input or Ctrl-C, the other tasks are stopped, their chunk files are left
+    in ``out_dir`` for the caller to remove (it made the directory) and the
+    error is raised: the :class:`~vecpack.errors.InputError` of the first bad
+    record in input order (at file:line), :class:`~vecpack.errors.EncoderError`,
     :class:`~vecpack.errors.WorkerDiedError`, or ``KeyboardInterrupt``.
     """
-    run = _Execution(tasks, out_dir, merger, _Bar(tasks, progress and len(tasks) > 0, desc))
+    feed = tasks if isinstance(tasks, TaskFeed) else TaskFeed.of(tasks)
+    run = None
     try:
+        if executor != "ray" and n_jobs > 1:
+            while not feed.finished and len(feed.tasks) < 2:   # one task or more? (a pool for two)
+                feed.wait(0.5)
+        else:
+            feed.all()
+        run = _Execution(feed, out_dir, merger, _Bar(feed, progress, desc))
         if executor == "ray":
             from vecpack.tokenizing import ray as _ray  # lazy: imports ray
 
-            _ray.execute(tasks, encoder, out_dir, on_error=on_error, done=run.done)
-        elif n_jobs <= 1 or len(tasks) <= 1:
+            _ray.execute(run.tasks, encoder, out_dir, on_error=on_error, done=run.done)
+        elif n_jobs <= 1 or (feed.finished and len(feed.tasks) <= 1):
             _execute_inline(run, encoder, on_error)
         else:
-            _execute_pool(run, encoder, on_error, min(n_jobs, len(tasks)),
+            _execute_pool(run, encoder, on_error, min(n_jobs, len(feed.tasks)) if feed.finished else n_jobs,
                           driver=bool(getattr(encoder, "slow_to_load", False)))
         run.bar.close(final=sum(m.records for m in run.metas))
         return run.metas  # type: ignore[return-value]
     except ChunkError as e:
-        run.bar.close()
-        raise located_error(tasks[e.index], e.local, e.reason, e.crash) from e.__cause__
+        if run is not None:
+            run.bar.close()
+        raise located_error(feed.tasks[e.index], e.local, e.reason, e.crash) from e.__cause__
     except BaseException:
-        run.bar.close()
+        if run is not None:
+            run.bar.close()
         raise
     finally:
-        run.close()
+        if run is not None:
+            run.close()
 
 
 class _Execution:
-    """One run's shared state: the progress slots, the bar, the metas, the merger.
+    """One run's shared state: the tasks taken from the feed, the progress slots, the bar, the metas.
 
     ``slots`` is a memory-mapped ``int64`` file: slot 0 is the abort flag the
-    workers check, slot ``1 + i`` the records task ``i`` has done.
+    workers check, slot ``1 + i`` the records task ``i`` has done. It grows
+    (and the direct-write counts with it) as a feed hands out more tasks; a
+    worker maps the size it was given, which covers its own slot.
     """
 
-    def __init__(self, tasks, out_dir: str, merger, bar):
-        self.tasks, self.out_dir, self.merger, self.bar = tasks, out_dir, merger, bar
+    def __init__(self, feed: TaskFeed, out_dir: str, merger, bar):
+        self.feed, self.out_dir, self.merger, self.bar = feed, out_dir, merger, bar
+        self.tasks: list[ChunkTask] = []
         self.progress_path = os.path.join(out_dir, "progress.i64")
-        self.slots = np.memmap(self.progress_path, dtype=np.int64, mode="w+", shape=(1 + len(tasks),))
-        self.direct = merger.direct_target(out_dir, len(tasks)) if merger is not None else None
-        self.metas: list[ChunkMeta | None] = [None] * len(tasks)
+        open(self.progress_path, "wb").close()
+        self.room = 0
+        self.slots = None
+        self.direct = None
+        self.metas: list[ChunkMeta | None] = []
         self.failed = False
+        self._grow(len(feed.tasks) if feed.finished else max(16, 2 * len(feed.tasks)))
+        self.add(list(feed.tasks))
+
+    def _grow(self, n: int) -> None:
+        """Room for ``n`` tasks in the progress slots and the direct-write counts."""
+        n = max(1, n)
+        if n <= self.room:
+            return
+        with open(self.progress_path, "ab") as f:
+            f.write(bytes(8 * (n - self.room + (self.room == 0))))
+        self.slots = np.memmap(self.progress_path, dtype=np.int64, mode="r+", shape=(1 + n,))
+        if self.merger is not None:
+            self.direct = (self.merger.direct_target(self.out_dir, n) if self.direct is None
+                           else self.direct.grown(n))
+        self.room = n
+
+    def add(self, tasks: list[ChunkTask]) -> None:
+        """Tasks the feed handed out (in order, after those taken before)."""
+        if not tasks:
+            return
+        if tasks[-1].index >= self.room:
+            self._grow(max(tasks[-1].index + 1, 2 * self.room))
+        self.tasks.extend(tasks)
+        self.metas.extend([None] * len(tasks))
+        self.bar.add(tasks)
+
+    def take(self, timeout: float = 0.0) -> list[ChunkTask]:
+        """The feed's tasks not taken yet (waiting up to ``timeout`` for some when there are none)."""
+        feed = self.feed
+        if len(feed.tasks) == len(self.tasks) and not feed.finished:
+            feed.wait(timeout) if timeout else feed.poll()
+        new = feed.tasks[len(self.tasks):]
+        self.add(new)
+        return new
+
+    @property
+    def all_taken(self) -> bool:
+        return self.feed.finished and len(self.tasks) == len(self.feed.tasks)
 
     def done(self, task: ChunkTask, meta: ChunkMeta) -> None:
         """A task finished: keep its meta, count its rows, hand it to the merger."""
@@ -126,8 +184,13 @@ def _run_here(run: _Execution, task: ChunkTask, encoder, on_error: str, last: li
 
 def _execute_inline(run: _Execution, encoder, on_error: str) -> None:
     last = [time.monotonic()]
-    for task in run.tasks:
-        _run_here(run, task, encoder, on_error, last)
+    i = 0
+    while i < len(run.tasks) or not run.all_taken:
+        if i == len(run.tasks):
+            run.take(timeout=0.5)   # a compressed input is still decompressing
+            continue
+        _run_here(run, run.tasks[i], encoder, on_error, last)
+        i += 1
 
 
 def _execute_pool(run: _Execution, encoder, on_error: str, n_jobs: int, driver: bool = False) -> None:
@@ -140,33 +203,48 @@ def _execute_pool(run: _Execution, encoder, on_error: str, n_jobs: int, driver: 
         f.write(blob)
     workers = n_jobs - 1 if driver else n_jobs
     ex = _pool._executor(workers)
-    slots, futures = run.slots, {}
-    queue = list(reversed(run.tasks))  # next task last
+    futures: dict = {}
+    queue = deque(run.tasks)  # taken, not submitted yet
     last = [time.monotonic()]
     try:
         pending: set = set()
         error: BaseException | None = None
-        while queue or pending:
+        feeding = not run.all_taken
+        while queue or pending or feeding:
+            changed = run.feed.changed() if feeding else None
+            if feeding:   # tasks of inputs still decompressing, as their ranges are on disk
+                try:
+                    queue.extend(run.take())
+                    feeding = not run.all_taken
+                except Exception as exc:  # an unreadable input: an error like a bad row's
+                    feeding, changed = False, None
+                    error = exc if error is None or earlier(exc, error) else error
+                    run.failed, queue = True, deque()
+                    run.slots[0] = 1
             # every task to the workers; with driver, one each once they are up, the rest here
             while queue and error is None and (not driver or (len(pending) < workers and _pool.warmed())):
-                task = queue.pop()
+                task = queue.popleft()
                 fut = ex.submit(_pool.run_chunk, task, key, enc_path, run.out_dir, on_error,
-                                run.progress_path, len(slots), run.direct)
+                                run.progress_path, len(run.slots), run.direct)
                 futures[fut] = task
                 pending.add(fut)
             if driver and queue and error is None:
                 try:
-                    _run_here(run, queue.pop(), encoder, on_error, last)
+                    _run_here(run, queue.popleft(), encoder, on_error, last)
                 except _pool.Aborted:
-                    queue = []
+                    queue, feeding = deque(), False
                 except ChunkError as exc:
-                    error, run.failed, queue = exc, True, []
-                    slots[0] = 1
+                    error, run.failed, queue, feeding = exc, True, deque(), False
+                    run.slots[0] = 1
                 timeout = 0
             else:
                 timeout = 0.1
-            done, pending = wait(pending, timeout=timeout, return_when=FIRST_COMPLETED)
+            waiting = pending | {changed} if changed is not None else pending
+            done = wait(waiting, timeout=timeout, return_when=FIRST_COMPLETED)[0] if waiting else set()
             for fut in done:
+                if fut is changed:
+                    continue
+                pending.discard(fut)
                 task = futures[fut]
                 if fut.cancelled():
                     continue
@@ -178,13 +256,13 @@ def _execute_pool(run: _Execution, encoder, on_error: str, n_jobs: int, driver: 
                     continue
                 if error is None or earlier(exc, error):
                     error = exc
-                run.failed = True
+                run.failed, feeding = True, False
                 if isinstance(exc, BrokenProcessPool):
-                    pending, queue = set(), []  # loky already stopped every worker
+                    pending, queue = set(), deque()  # loky already stopped every worker
                     break
-                slots[0] = 1  # running tasks stop at their next check; queued ones at once
-                queue = []
-            run.bar.update(slots)
+                run.slots[0] = 1  # running tasks stop at their next check; queued ones at once
+                queue = deque()
+            run.bar.update(run.slots)
         if error is not None:
             if isinstance(error, BrokenProcessPool):
                 raise _pool._died(error) from None
@@ -192,7 +270,7 @@ def _execute_pool(run: _Execution, encoder, on_error: str, n_jobs: int, driver: 
     except BaseException as exc:
         # Ctrl-C (or an error above): stop the workers' tasks before the caller removes out_dir
         # (futures are not cancelled: loky trips over cancelled futures when it is killed)
-        slots[0] = 1
+        run.slots[0] = 1
         if isinstance(exc, KeyboardInterrupt):
             _silence_loky_manager()
         _, still = wait(list(futures), timeout=2 if isinstance(exc, KeyboardInterrupt) else 10)
@@ -220,9 +298,9 @@ def _silence_loky_manager() -> None:
 
 
 def earlier(exc: BaseException, current: BaseException) -> bool:
-    """Prefer the bad record that comes first in the input (deterministic messages)."""
-    return (isinstance(exc, ChunkError) and isinstance(current, ChunkError)
-            and (exc.index, exc.local) < (current.index, current.local))
+    """Prefer the bad record (or unreadable input) that comes first in the input (deterministic messages)."""
+    a, b = failure_order(exc), failure_order(current)
+    return a is not None and b is not None and a < b
 
 
 class _Bar:
@@ -233,27 +311,41 @@ class _Bar:
     running task counts its rows done up to that weight, a finished one its
     whole weight. The bar shows the percentage and the exact rows done (not
     a guessed total that would jump, 2166 -> 2009 -> 2000, as chunks end).
+    A compressed input still decompressing weighs its estimated text until
+    its last range is known (gzip records the exact size).
     """
 
     _FORMAT = "{desc}: {percentage:3.0f}%|{bar}| ROWS [{elapsed}<{remaining}]"   # ROWS: rows done, rows/s
 
-    def __init__(self, tasks: list[ChunkTask], enabled: bool, desc: str):
-        self.enabled = enabled
+    def __init__(self, feed: TaskFeed, enabled: bool, desc: str):
+        self.enabled, self.feed, self.desc = enabled, feed, desc
         self.bar = None
-        if not enabled:
-            return
-        from tqdm.auto import tqdm
-
-        text = [t for t in tasks if reader(t.kind).text]
-        rate = next((r for r in (reader(k).rows_per_byte([t for t in text if t.kind == k])
-                                 for k in dict.fromkeys(t.kind for t in text)) if r), 1 / 2000)
-        self.weights = np.array([max(1.0, (t.stop - t.start) * rate) if reader(t.kind).text
-                                 else max(1, reader(t.kind).known_rows(t.source, t.start, t.stop))
-                                 for t in tasks], np.float64)
-        self.finished_tasks = np.zeros(len(tasks), bool)
+        self.rate = None
+        self.weights = np.zeros(0, np.float64)
+        self.finished_tasks = np.zeros(0, bool)
         self.t0 = time.monotonic()
-        self.bar = tqdm(total=int(round(self.weights.sum())), desc=desc, dynamic_ncols=True,
-                        bar_format=self._FORMAT.replace("ROWS", "0 rows"), file=sys.stderr)
+
+    def add(self, tasks: list[ChunkTask]) -> None:
+        """Tasks the run has taken (in order); the bar starts with the first ones."""
+        if not self.enabled or not tasks:
+            return
+        text = [t for t in tasks if reader(t.kind).text]
+        if self.rate is None and text:
+            self.rate = next((r for r in (reader(k).rows_per_byte([t for t in text if t.kind == k])
+                                          for k in dict.fromkeys(t.kind for t in text)) if r), None)
+        rate = self.rate or 1 / 2000
+        w = np.array([max(1.0, (t.stop - t.start) * rate) if reader(t.kind).text
+                      else max(1, reader(t.kind).known_rows(t.source, t.start, t.stop)) for t in tasks], np.float64)
+        self.weights = np.concatenate([self.weights, w])
+        self.finished_tasks = np.concatenate([self.finished_tasks, np.zeros(len(tasks), bool)])
+        total = self.weights.sum() + (0 if self.feed.finished else self.feed.unplanned_bytes() * rate)
+        if self.bar is None:
+            from tqdm.auto import tqdm
+
+            self.bar = tqdm(total=int(round(total)), desc=self.desc, dynamic_ncols=True,
+                            bar_format=self._FORMAT.replace("ROWS", "0 rows"), file=sys.stderr)
+        elif self.feed.finished or total > self.bar.total:   # the last ranges of a compressed input
+            self.bar.total = int(round(total))
 
     def finished(self, task: ChunkTask, meta: ChunkMeta) -> None:
         if self.bar is not None:
@@ -269,7 +361,7 @@ class _Bar:
     def update(self, slots: np.ndarray) -> None:
         if self.bar is None:
             return
-        done = np.asarray(slots[1:], np.float64)
+        done = np.asarray(slots[1:1 + len(self.weights)], np.float64)
         work = np.where(self.finished_tasks, self.weights, np.minimum(done, self.weights))
         n = min(int(work.sum()), self.bar.total)
         self._show(int(done.sum()))

@@ -17,7 +17,7 @@ import os
 import shutil
 import threading
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -58,6 +58,15 @@ class DirectTarget:
         for path, arr in ((self.tokens_path, tokens), (self.labels_path, labels)):
             _pwrite_all(path, np.ascontiguousarray(arr, dtype=np.int32), offset)
         return True
+
+
+    def grown(self, n_tasks: int) -> DirectTarget:
+        """This target with room for ``n_tasks`` tasks (the new slots -1): tasks planned later."""
+        if n_tasks <= self.n_tasks:
+            return self
+        with open(self.counts_path, "ab") as f:
+            f.write(np.full(n_tasks - self.n_tasks, -1, np.int64).tobytes())
+        return replace(self, n_tasks=n_tasks)
 
 
 def _pwrite_all(path: str, arr: np.ndarray, offset: int) -> None:

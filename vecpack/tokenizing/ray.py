@@ -57,21 +57,42 @@ def init(address: str | None = None, *, num_cpus: int | None = None):
     return ray
 
 
+CANCELLED = "cancelled"   # the file the driver writes into out_dir when the run stops early
+
+
+def _cancelled(out_dir: str) -> bool:
+    """The driver stopped the run (Ctrl-C, another task's error): it marked out_dir, or removed it."""
+    return os.path.exists(os.path.join(out_dir, CANCELLED)) or not os.path.isdir(out_dir)
+
+
 def _run_task(task, encoder, out_dir: str, on_error: str):
-    """Body of one Ray task: tokenize into a private directory, then publish atomically."""
+    """Body of one Ray task: tokenize into a private directory, then publish atomically.
+
+    Returns the :class:`~vecpack.tokenizing.tasks.ChunkMeta`, or ``None`` when
+    the run was cancelled meanwhile: whatever failed then (the driver removed
+    ``out_dir`` under the task: ``FileNotFoundError``) is the cancellation's
+    doing, not an error of this task, and must not reach the driver as one.
+    """
+    if _cancelled(out_dir):   # started (or retried) after the run was stopped: nothing to do
+        return None
     attempt = os.path.join(out_dir, f"attempt-{task.index:06d}-{uuid.uuid4().hex[:12]}")
-    os.mkdir(attempt)   # not makedirs: a task still running after the driver removed out_dir must not remake it
     try:
-        meta = tokenize_chunk(task, encoder, attempt, on_error=on_error)
-        for name in sorted(os.listdir(attempt)):
-            src = os.path.join(attempt, name)
-            with open(src, "rb") as f:
-                os.fsync(f.fileno())
-            os.replace(src, os.path.join(out_dir, name))
-        meta.out_dir = out_dir
-        return meta
-    finally:
-        shutil.rmtree(attempt, ignore_errors=True)
+        os.mkdir(attempt)   # not makedirs: a task still running after the driver removed out_dir must not remake it
+        try:
+            meta = tokenize_chunk(task, encoder, attempt, on_error=on_error)
+            for name in sorted(os.listdir(attempt)):
+                src = os.path.join(attempt, name)
+                with open(src, "rb") as f:
+                    os.fsync(f.fileno())
+                os.replace(src, os.path.join(out_dir, name))
+            meta.out_dir = out_dir
+            return meta
+        finally:
+            shutil.rmtree(attempt, ignore_errors=True)
+    except Exception:
+        if _cancelled(out_dir):
+            return None
+        raise
 
 
 def execute(tasks, encoder, out_dir: str, *, on_error: str, done, address: str | None = None,
@@ -128,18 +149,48 @@ def execute(tasks, encoder, out_dir: str, *, on_error: str, done, address: str |
                         f"a Ray worker died on every one of {max_retries + 1} attempts at "
                         f"chunk {i} of {tasks[i].shown} (likely out of memory on its node): {e}")))
                     continue
-                if error is None:
+                if meta is None:   # out_dir vanished under a running task, outside a cancel
+                    error = _first(error, ((len(tasks), 0), RuntimeError(
+                        f"the chunk directory {out_dir} was removed while chunk {i} was tokenizing")))
+                elif error is None:
                     done(tasks[i], meta)
             if error is not None:
-                for ref in pending:
-                    ray.cancel(ref, force=False)
+                _cancel(ray, out_dir, pending, force=False)
                 break
     except BaseException:   # Ctrl-C: stop the running tasks too, before the caller removes out_dir
-        for ref in pending:
-            ray.cancel(ref, force=True)
+        _cancel(ray, out_dir, pending, force=True)
         raise
     if error is not None:
         raise error[1]
+
+
+def _cancel(ray, out_dir: str, pending: list, *, force: bool) -> None:
+    """Stop ``pending`` tasks, so that none reports an error of its own afterwards.
+
+    The run is marked cancelled in ``out_dir`` first: a task that is still
+    running (a force-cancel kills its worker asynchronously) or that Ray
+    retries after the caller has removed ``out_dir`` then returns ``None``
+    instead of failing with ``FileNotFoundError``. Ray would print such a
+    failure ("Unhandled error ...") when the task's reference is dropped,
+    after the interrupt or the run's real error was reported. The tasks that
+    end within a moment are collected here too, their errors dropped.
+    """
+    try:
+        with open(os.path.join(out_dir, CANCELLED), "wb"):
+            pass
+    except OSError:   # out_dir is gone already: the tasks see that as the mark
+        pass
+    for ref in pending:
+        ray.cancel(ref, force=force)
+    try:
+        ended, _ = ray.wait(pending, num_returns=len(pending), timeout=1.0) if pending else ([], [])
+        for ref in ended:
+            try:
+                ray.get(ref, timeout=0)
+            except Exception:  # noqa: BLE001 - cancelled, or failed after the cancel: not reported
+                pass
+    except Exception:  # noqa: BLE001 - Ray shutting down: nothing left to collect
+        pass
 
 
 def _first(current, candidate):
