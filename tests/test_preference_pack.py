@@ -191,13 +191,6 @@ def test_save_load_and_the_cli(pairs_corpus, qwen_dir, cache_dir, tmp_path, caps
     assert np.array_equal(again.input_ids, direct.input_ids)
 
 
-def test_streaming_says_to_use_build(qwen_dir, tmp_path):
-    path = make_pairs(tmp_path / "p.jsonl", 3)
-    with pytest.raises(ValueError, match=r"does not stream preference pairs yet.*vecpack.build\(\.\.\., "
-                                         r"style='preference'\)"):
-        vecpack.StreamingPackedDataset(path, qwen_dir, 512, style="preference")
-
-
 def test_prefix_sharing_through_build_and_the_cli(pairs_corpus, qwen_dir, cache_dir, tmp_path, capsys):
     from vecpack.cli import main
 

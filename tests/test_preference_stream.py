@@ -1,0 +1,122 @@
+"""Preference pairs streamed: a pair is one unit, the layout of ``PackedPairs[i]``, the long policy, exact resume."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("torchdata.stateful_dataloader")
+
+from resume_harness import PAIR_KEYS, check_resume, same  # noqa: E402
+from test_preference_pack import reference_pack  # noqa: E402
+
+import vecpack  # noqa: E402
+from vecpack.errors import InputError  # noqa: E402
+from vecpack.preference.packed import PairPlan, pair_policy  # noqa: E402
+from vecpack.testing import make_pairs  # noqa: E402
+
+pytestmark = pytest.mark.filterwarnings("ignore:'set_vital' is deprecated:UserWarning")
+MAX_LEN = 576
+
+
+class OneDocument:
+    """An encoder that makes one document of a row (not three): refused for pairs."""
+
+    def encode_row(self, row):
+        t = np.arange(3, dtype=np.int32)
+        return t, t
+
+
+@pytest.fixture(scope="module")
+def pairs(tmp_path_factory, qwen_dir):
+    """24 short pairs (a few truncated at MAX_LEN) and their tokenized corpus."""
+    path = make_pairs(tmp_path_factory.mktemp("pstream") / "pairs.jsonl", 24, seed=5, median_user=40,
+                      median_assistant=60)
+    return str(path), vecpack.tokenize(path, qwen_dir, style="preference", n_jobs=1, progress=False)
+
+
+def stream(path, tok, **kw):
+    kw.setdefault("n_jobs", 1)
+    return vecpack.StreamingPackedDataset(path, tok, MAX_LEN, style="preference", **kw)
+
+
+@pytest.mark.parametrize("shared", [False, True])
+def test_greedy_stream_equals_build(pairs, qwen_dir, shared):
+    path, _ = pairs
+    ds = stream(path, qwen_dir, strategy="greedy", seed=None, prefix_sharing=shared)
+    packs = list(ds)
+    built = vecpack.build(path, qwen_dir, MAX_LEN, style="preference", strategy="greedy", cache=False, n_jobs=1,
+                          progress=False, prefix_sharing=shared)
+    assert same(packs, [built[i] for i in range(len(built))], PAIR_KEYS)
+    s, b = ds.stats, built.stats
+    assert (s["truncated"] > 0 or shared) and s["num_rows"] == b["num_pairs"] == 24
+    for k in ("num_packs", "num_tokens", "input_tokens", "truncated", "truncated_tokens", "dropped",
+              "dropped_tokens", "fill"):
+        assert s[k] == b[k], k
+    assert s["num_documents"] == s["num_entries"] == b["num_sequences"] // 2
+
+
+def test_best_fit_packs_follow_the_pair_layout(pairs, qwen_dir):
+    """Seeded best fit: every pair placed once, whole, each pack as the plain-Python layout draws it."""
+    path, t = pairs
+    lens = np.diff(t.offsets).reshape(-1, 3)
+    keep_c, keep_r, _, dropped = pair_policy(lens, MAX_LEN, "truncate")
+    ds = stream(path, qwen_dir, buffer_size=6, seed=0, pad_id=7)
+    seen = []
+    for pack in ds:
+        ids = pack["seq_pairs"][::2].astype(np.int64)
+        assert (pack["seq_pairs"][1::2] == ids).all() and (pack["seq_parts"] == np.tile([1, 2], len(ids))).all()
+        plan = PairPlan(pair_index=ids, pair_lens=np.stack([lens[ids, 0], keep_c[ids], keep_r[ids]], axis=1),
+                        pack_offsets=np.array([0, len(ids)]), max_len=MAX_LEN, stats={})
+        want = reference_pack(t.tokens, t.offsets, plan, 7, -100)[0]
+        for k, name in enumerate(("input_ids", "labels", "position_ids", "document_ids", "part_ids")):
+            assert pack[name].tolist() == want[k], name
+        seen += ids.tolist()
+    assert sorted(seen) == np.flatnonzero(~dropped).tolist()
+    assert seen != sorted(seen)  # the seeded order is not the file order
+
+
+@pytest.mark.parametrize("num_workers,shared", [(0, False), (2, True)])
+def test_pairs_resume_exactly(pairs, qwen_dir, num_workers, shared):
+    path, _ = pairs
+    make = lambda: stream(path, qwen_dir, buffer_size=4, seed=0, prefix_sharing=shared)  # noqa: E731
+    full = check_resume(make, [1, 4], num_workers, keys=PAIR_KEYS)
+    assert len(full) > 5
+    batch = vecpack.collate_preference(full[:3])  # streamed packs batch as built ones do
+    assert batch["pair_ids"].numel() == sum(len(p["seq_pairs"]) // 2 for p in full[:3])
+    assert batch.get("prefix_sharing", False) == shared
+
+
+def test_pairs_from_an_iterable_dataset_resume(pairs, qwen_dir):
+    """A ``datasets.IterableDataset`` cannot be re-read: buffered pairs travel in the state, lengths too."""
+    datasets = pytest.importorskip("datasets")
+    path, _ = pairs
+    hf = datasets.Dataset.from_list([json.loads(line) for line in open(path, encoding="utf-8")])
+    make = lambda: stream(hf.to_iterable_dataset(num_shards=3), qwen_dir, buffer_size=4, seed=None,  # noqa: E731
+                          batch_rows=8)
+    full = check_resume(make, [2, 5], keys=PAIR_KEYS)
+    assert same(full, list(stream(path, qwen_dir, buffer_size=4, seed=None)), PAIR_KEYS)
+
+
+def test_stream_pair_errors(pairs, qwen_dir, tmp_path):
+    path, _ = pairs
+    with pytest.raises(InputError, match=r"pairs\.jsonl:\d+: preference pair needs \d+ tokens \(prompt \d+ twice, "
+                                         r"chosen \d+, rejected \d+\), more than max_len=576; pass long='truncate'"):
+        list(stream(path, qwen_dir, long="error", seed=None))
+    with pytest.raises(ValueError, match="long policy for preference pairs"):
+        stream(path, qwen_dir, long="split")
+    with pytest.raises(ValueError, match="prefix_sharing=True needs style='preference'"):
+        vecpack.StreamingPackedDataset(path, qwen_dir, MAX_LEN, prefix_sharing=True)
+    with pytest.raises(ValueError, match="needs a pair encoder"):
+        vecpack.StreamingPackedDataset(path, max_len=MAX_LEN, style="preference", encoder=OneDocument())
+    bad = tmp_path / "bad.jsonl"
+    rows = [json.loads(line) for line in open(path, encoding="utf-8")][:3]
+    rows[1]["rejected"] = []
+    bad.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    with pytest.raises(InputError, match=r"bad\.jsonl:2: "):
+        list(stream(str(bad), qwen_dir, seed=None))
+    ds = stream(str(bad), qwen_dir, seed=None, on_error="skip")
+    assert [p["seq_pairs"][::2].tolist() for p in ds] == [[0, 2]] and ds.stats["rejected"] == 1
