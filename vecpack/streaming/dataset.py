@@ -145,6 +145,15 @@ class StreamingPackedDataset(IterableDataset):
         max_len: tokens per pack.
         style, column, masking: how rows become messages and which tokens
             carry loss (see :mod:`vecpack.chat.formats`, :mod:`vecpack.tokenizing.encoder`).
+            ``style="preference"`` streams preference pairs (docs/preference.md):
+            a pair is one entry of ``2 * prompt + chosen + rejected`` tokens,
+            never split from its partner, and each pack is what
+            ``PackedPairs[i]`` holds (``part_ids``, ``seq_pairs``,
+            ``seq_parts`` too; ``document_ids`` and ``seq_pairs`` are the
+            global row number), ready for :func:`vecpack.collate_preference`.
+        prefix_sharing: with ``style="preference"``, lay each pair out as
+            ``prompt + chosen + rejected`` (see
+            :func:`vecpack.preference.packed.plan_pairs`).
         buffer_size: documents the packer chooses from (>= 1). 1 is greedy
             packing in input order (torchtune's); 1000 fills >= 0.99 on
             chat data.
@@ -154,7 +163,9 @@ class StreamingPackedDataset(IterableDataset):
             first ``max_len`` tokens, ``"drop"`` leaves it out, ``"split"``
             cuts it into ``max_len`` chunks (each its own attention segment),
             ``"error"`` raises :class:`~vecpack.errors.InputError`. All are
-            counted in :attr:`stats`.
+            counted in :attr:`stats`. Pairs take ``"truncate"`` (both answers
+            cut to one common cap, as ``vecpack.build`` does), ``"drop"`` or
+            ``"error"``.
         pad_id: input_ids of padding; default: the encoder's ``pad_id``, else 0.
         ignore_index: labels of padding and of every entry's first token.
         on_error: a row that cannot be read or encoded: ``"raise"`` an
@@ -182,7 +193,10 @@ class StreamingPackedDataset(IterableDataset):
             ``num_rows`` read, ``num_documents`` placed, ``num_entries``,
             ``num_packs``, ``num_tokens``, ``fill``, ``empty``, ``rejected``,
             ``truncated``/``truncated_tokens``, ``dropped``/``dropped_tokens``,
-            ``split``/``split_chunks``, ``epoch``. Inside DataLoader workers
+            ``split``/``split_chunks``, ``epoch``. For pairs, a document is
+            a pair (``num_documents``: pairs placed), ``input_tokens`` counts
+            ``2 * prompt + chosen + rejected`` (the prompt once with prefix
+            sharing) and ``truncated_tokens`` the answer tokens cut. Inside DataLoader workers
             each worker's counters are in its state (see
             :meth:`stats_from_loader_state`).
     """
