@@ -46,7 +46,8 @@ def collate_preference(packs: Sequence[Mapping[str, Any]], *, ignore_index: int 
 
     Args:
         packs: ``packed_pairs[i]`` dicts (they carry ``seq_lens``,
-            ``seq_pairs`` and ``seq_parts`` besides the token rows).
+            ``seq_pairs`` and ``seq_parts`` besides the token rows), streamed
+            packs, or rows of ``vecpack export`` (unpadded, ``seq_lengths``).
         ignore_index: label value that carries no loss.
 
     Returns:
@@ -85,11 +86,16 @@ def collate_preference(packs: Sequence[Mapping[str, Any]], *, ignore_index: int 
     return batch
 
 
+def _seq_lens(pack, i: int) -> np.ndarray:
+    """A pack's ``seq_lens``, or the ``seq_lengths`` of an exported row (``vecpack export``)."""
+    return _array(pack, "seq_lengths" if "seq_lens" not in pack and "seq_lengths" in pack else "seq_lens", i)
+
+
 def _shared(packs, parts) -> bool:
     """Whether the packs are laid out with prefix sharing: a rejected sequence starts past position 0."""
     firsts = []
     for i, p in enumerate(packs):
-        lens = _array(p, "seq_lens", i).astype(np.int64)
+        lens = _seq_lens(p, i).astype(np.int64)
         firsts.append(_array(p, "position_ids", i)[np.cumsum(lens) - lens])
     firsts = np.concatenate(firsts) if firsts else np.zeros(0, np.int64)
     return bool(((parts == 2) & (firsts > 0)).any())
@@ -98,7 +104,7 @@ def _shared(packs, parts) -> bool:
 def _collate_shared(packs, ignore_index: int) -> dict[str, Any]:
     """The flat batch of prefix-shared packs (see :func:`collate_preference`)."""
     keys = ("input_ids", "labels", "position_ids", "document_ids", "part_ids")
-    lens = [_array(p, "seq_lens", i).astype(np.int64) for i, p in enumerate(packs)]
+    lens = [_seq_lens(p, i).astype(np.int64) for i, p in enumerate(packs)]
     flat = {k: np.concatenate([_array(p, k, i)[:int(n.sum())] for i, (p, n) in enumerate(zip(packs, lens))])
             .astype(np.int64) for k in keys}
     all_lens = np.concatenate(lens)
