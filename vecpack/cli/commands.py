@@ -207,7 +207,8 @@ def cmd_pack(args) -> int:
 
 def _pairs_report(packed, *, elapsed: float, out: pathlib.Path | None, args) -> str:
     """``vecpack pack --style preference``: pairs, packs, what the long policy did, the cache."""
-    from vecpack.cli.report import pairs_text, plural
+    from vecpack.cli.pairs import pairs_text
+    from vecpack.cli.report import plural
 
     info = packed.build_info
     tstats = dict(info.tokenize_stats)
@@ -229,10 +230,8 @@ def _pairs_report(packed, *, elapsed: float, out: pathlib.Path | None, args) -> 
     return "\n".join(lines)
 
 
-def _no_pairs(packed, what: str) -> None:
-    if type(packed).__name__ == "PackedPairs":
-        raise ValueError(f"{what} does not take preference pairs yet; open them in Python with "
-                         f"vecpack.load(...) (a PackedPairs) and vecpack.collate_preference")
+def _is_pairs(packed) -> bool:
+    return type(packed).__name__ == "PackedPairs"  # vecpack.preference.packed (not imported here)
 
 
 # --------------------------------------------------------------------------- inspect / stats / export
@@ -264,7 +263,6 @@ def cmd_inspect(args) -> int:
     from vecpack.cli.report import TokenDecoder, plural, render_pack
 
     packed = _load(args.packed)
-    _no_pairs(packed, f"{PROG} inspect")
     if not len(packed):
         raise IndexError(f"{args.packed} has no packs")
     if not -len(packed) <= args.pack < len(packed):
@@ -273,7 +271,13 @@ def cmd_inspect(args) -> int:
     decoder = TokenDecoder(_tokenizer_dir(args, pathlib.Path(args.packed)))
     info = getattr(packed, "build_info", None)
     row_ids = None if info is None else info.row_ids
-    text = render_pack(packed, args.pack, decoder, color=_use_color(args.color, sys.stdout), row_ids=row_ids)
+    if _is_pairs(packed):
+        from vecpack.cli.pairs import render_pair_pack
+
+        render = render_pair_pack
+    else:
+        render = render_pack
+    text = render(packed, args.pack, decoder, color=_use_color(args.color, sys.stdout), row_ids=row_ids)
     print(text)
     return 0
 
@@ -290,16 +294,16 @@ def cmd_stats(args) -> int:
     packed = _load(args.packed)
     st = packed.stats
     title = f"{args.packed} · strategy {st.get('strategy', '?')} · long {st.get('long', '?')}"
-    if type(packed).__name__ == "PackedPairs":
-        from vecpack.cli.report import pairs_text
+    kw = {}
+    if _is_pairs(packed):
+        from vecpack.cli.pairs import pair_pack_stats, pairs_text
 
-        if plot is not None:
-            raise ValueError(f"{PROG} stats --plot does not draw preference pairs yet; drop --plot")
         print(pairs_text(packed, title=title))
-        return 0
-    print(stats_text(packed, title=title))
+        kw = {"stats": pair_pack_stats(packed), "unit": "pair"}
+    else:
+        print(stats_text(packed, title=title))
     if plot is not None:
-        plot_stats(packed, plot, title=title)
+        plot_stats(packed, plot, title=title, **kw)
         print(f"wrote {plot}")
     return 0
 
@@ -310,7 +314,6 @@ def cmd_export(args) -> int:
 
     src = pathlib.Path(args.packed)
     packed = _load(args.packed)
-    _no_pairs(packed, f"{PROG} export")
     if args.output:
         dest = pathlib.Path(args.output)
     else:
