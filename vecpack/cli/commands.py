@@ -198,7 +198,7 @@ def cmd_pack(args) -> int:
     if out is not None:
         vecpack.save(packed, out)
     elapsed = time.perf_counter() - t0
-    if style == "preference":
+    if _is_pairs(packed):
         print(_pairs_report(packed, elapsed=elapsed, out=out, args=args))
     else:
         print(_pack_report(packed, elapsed=elapsed, out=out, args=args))
@@ -207,6 +207,7 @@ def cmd_pack(args) -> int:
 
 def _pairs_report(packed, *, elapsed: float, out: pathlib.Path | None, args) -> str:
     """``vecpack pack --style preference``: pairs, packs, what the long policy did, the cache."""
+    from vecpack.cli.mixture import mixture_lines
     from vecpack.cli.pairs import pairs_text
     from vecpack.cli.report import plural
 
@@ -221,6 +222,10 @@ def _pairs_report(packed, *, elapsed: float, out: pathlib.Path | None, args) -> 
              + (" (--on-error skip)" if rejected else "")]
     lines += [f"  rejected: {' '.join(str(e).split())}" for e in list(tstats.get("rejected_examples") or [])[:3]]
     lines += ["  " + line for line in pairs_text(packed).splitlines()]
+    lines += ["  " + line for line in mixture_lines(packed.stats)]
+    for i, src in enumerate(info.sources or ()):
+        if src.get("corpus_key"):
+            lines.append(f"  cache src {i + 1} corpus {'hit' if src['corpus_hit'] else 'built'} · {src['corpus_key']}")
     if info.corpus_key is not None:
         lines.append(f"  cache         corpus {'hit' if info.corpus_hit else 'built'} · {info.corpus_key} · "
                      f"plan {'hit' if info.plan_hit else 'built'} · {info.plan_key}")
