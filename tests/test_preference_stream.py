@@ -120,3 +120,55 @@ def test_stream_pair_errors(pairs, qwen_dir, tmp_path):
         list(stream(str(bad), qwen_dir, seed=None))
     ds = stream(str(bad), qwen_dir, seed=None, on_error="skip")
     assert [p["seq_pairs"][::2].tolist() for p in ds] == [[0, 2]] and ds.stats["rejected"] == 1
+
+
+# --------------------------------------------------------------------------- mixtures of pairs
+
+
+def test_pairs_mix_with_pairs_by_weight(pairs, qwen_dir, tmp_path):
+    """Two pair sets (conversational and standard), 70/30 by placed tokens: pairs whole, the packs laid out as
+    the plain-Python layout draws them over the sources' corpora; a mixture that repeats pairs still collates."""
+    from vecpack.mixing.plan import mix_pair_plan
+
+    path, t = pairs
+    other = make_pairs(tmp_path / "standard.jsonl", 30, seed=8, median_user=40, median_assistant=60, form="standard")
+    u = vecpack.tokenize(other, qwen_dir, style="preference", n_jobs=1, progress=False)
+    mixed = vecpack.build([path, other], qwen_dir, MAX_LEN, style="preference", weights=[0.7, 0.3], cache=False,
+                          n_jobs=1, progress=False)
+    sources = mixed.stats["mixture"]["sources"]
+    assert [s["share_asked"] for s in sources] == [0.7, 0.3]
+    longest = max(int(np.diff(c.offsets).reshape(-1, 3).sum(1).max()) for c in (t, u))
+    for s in sources:  # within one pair of its target
+        assert abs(s["tokens"] - s["target"]) <= 2 * longest, s
+    assert sources[0]["sub_sampled"] == 0 and sources[1]["sub_sampled"] > 0
+    assert np.array_equal(mixed.tokens, np.concatenate([t.tokens, u.tokens]))
+    assert mixed.stats["num_pairs"] == 24 + 30 and (mixed.plan.pair_index >= 24).sum() == sources[1]["chosen"]
+    want = reference_pack(mixed.tokens, mixed.offsets, mixed.plan, mixed.pad_id, -100)
+    for i in range(len(mixed)):
+        assert mixed[i]["input_ids"].tolist() == want[i][0] and mixed[i]["part_ids"].tolist() == want[i][4]
+    for _ in range(2):  # cached: each source's corpus is its own pair build's
+        cached = vecpack.build([path, other], qwen_dir, MAX_LEN, style="preference", weights=[0.7, 0.3],
+                               cache_dir=tmp_path / "cache", progress=False)
+    assert cached.build_info.corpus_hit and np.array_equal(cached.input_ids, mixed.input_ids)
+    # the plan is mix_pair_plan's on the two corpora; repeats (mix_total) may put a pair twice in a batch
+    p = mix_pair_plan([np.diff(t.offsets), np.diff(u.offsets)], [0.7, 0.3], MAX_LEN)
+    assert np.array_equal(p.pair_index, mixed.plan.pair_index)
+    big = mix_pair_plan([np.diff(t.offsets), np.diff(u.offsets)], [0.5, 0.5], MAX_LEN, mix_total=30_000,
+                        prefix_sharing=True)
+    assert big.stats["mixture"]["sources"][0]["repeated"] > 0
+    pp = vecpack.PackedPairs(np.concatenate([t.tokens, u.tokens]), mixed.offsets, big)
+    batch = vecpack.collate_preference([pp[i] for i in range(len(pp))])
+    assert batch["pair_ids"].numel() == big.pair_index.size > np.unique(big.pair_index).size
+
+
+def test_pairs_and_chat_rows_do_not_mix(pairs, qwen_dir, tmp_path):
+    from vecpack.testing import make_sharegpt
+
+    path, _ = pairs
+    chat = make_sharegpt(tmp_path / "chat.jsonl", 5, seed=1)
+    with pytest.raises(ValueError, match=r"source 2 .*\(style='sharegpt'\) cannot be mixed with preference pairs "
+                                         r"\(source 1 .*\): a pair is three documents"):
+        vecpack.build([path, vecpack.Source(chat, style="sharegpt")], qwen_dir, MAX_LEN, style="preference",
+                      cache=False, progress=False)
+    with pytest.raises(ValueError, match="does not stream mixtures of preference pairs yet"):
+        stream([path, path], qwen_dir, weights=[0.5, 0.5])
