@@ -171,6 +171,9 @@ def lay_out_pack(tokens, doc_lengths, pair_ids, max_len: int, *, long: str = "tr
     keep_c, keep_r, _, dropped = pair_policy(lens, max_len, long, prefix_sharing)
     if dropped.any():
         raise ValueError(f"pair {int(np.argmax(dropped))} of the pack does not fit max_len={max_len}")
+    used = int(((1 if prefix_sharing else 2) * lens[:, 0] + keep_c + keep_r).sum())
+    if used > max_len:  # the kernel writes without bounds checks
+        raise ValueError(f"the pairs need {used} tokens, more than max_len={max_len}")
     offsets = np.zeros(lens.size + 1, np.int64)
     np.cumsum(lens.reshape(-1), out=offsets[1:])
     pair_lens = _ro(np.stack([lens[:, 0], keep_c, keep_r], axis=1))

@@ -8,9 +8,10 @@ layout of ``Packed[i]``. Preference pairs (``style="preference"``) are one
 entry each, of ``2 * prompt + chosen + rejected`` tokens (``prompt + chosen +
 rejected`` with prefix sharing), after the pair ``long`` policy of
 :func:`vecpack.preference.packed.pair_policy`; a pack of them is laid out by
-:func:`vecpack.preference.packed.lay_out_pack`, as ``PackedPairs[i]``. Its state (:meth:`Run.state_dict`) is the read
-cursor, the position of every buffered document and of the open pack's, the
-counters and the epoch; a restore re-reads and re-encodes those documents.
+:func:`vecpack.preference.packed.lay_out_pack`, as ``PackedPairs[i]``. Its
+state (:meth:`Run.state_dict`) is the read cursor, the position of every
+buffered document and of the open pack's, the counters and the epoch; a
+restore re-reads and re-encodes those documents.
 """
 
 from __future__ import annotations
