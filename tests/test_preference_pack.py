@@ -232,7 +232,7 @@ def test_inspect_and_plot_pairs(tmp_path, capsys):
     assert "3 pairs · " in capsys.readouterr().out and png.stat().st_size > 10_000
 
 
-@pytest.mark.parametrize("fmt", ["jsonl", "parquet"])
+@pytest.mark.parametrize("fmt", ["jsonl", "parquet", "hf"])
 def test_export_pairs_collates_as_the_packs(tmp_path, fmt):
     from vecpack.integrations.export import PAIR_COLUMNS, export
 
@@ -240,9 +240,12 @@ def test_export_pairs_collates_as_the_packs(tmp_path, fmt):
     tokens, offsets = random_corpus(rng, 40)
     for shared in (False, True):
         pp = pack_pairs(tokens, offsets, 30, prefix_sharing=shared, pad_id=5)
-        path = export(pp, tmp_path / f"{shared}.{fmt}", fmt)
+        path = export(pp, tmp_path / (f"{shared}-hf" if fmt == "hf" else f"{shared}.{fmt}"), fmt)
         if fmt == "jsonl":
             rows = [json.loads(line) for line in open(path, encoding="utf-8")]
+        elif fmt == "hf":
+            hf = pytest.importorskip("datasets").load_from_disk(str(path))
+            rows = [hf[i] for i in range(len(hf))]
         else:
             rows = pytest.importorskip("pyarrow.parquet").read_table(path).to_pylist()
         assert len(rows) == len(pp) and set(PAIR_COLUMNS) <= set(rows[0])
