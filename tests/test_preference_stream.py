@@ -153,6 +153,9 @@ def test_pairs_mix_with_pairs_by_weight(pairs, qwen_dir, tmp_path):
     # the plan is mix_pair_plan's on the two corpora; repeats (mix_total) may put a pair twice in a batch
     p = mix_pair_plan([np.diff(t.offsets), np.diff(u.offsets)], [0.7, 0.3], MAX_LEN)
     assert np.array_equal(p.pair_index, mixed.plan.pair_index)
+    with pytest.raises(InputError, match=r"^b row 3: preference pair 3 needs 12 tokens"):
+        mix_pair_plan([[1, 1, 1], [1, 1, 1] * 3 + [5, 1, 1]], [0.5, 0.5], 10, long="error", names=["a", "b"],
+                      row_ids=[[0, 0, 0], np.repeat(np.arange(4), 3)])
     big = mix_pair_plan([np.diff(t.offsets), np.diff(u.offsets)], [0.5, 0.5], MAX_LEN, mix_total=30_000,
                         prefix_sharing=True)
     assert big.stats["mixture"]["sources"][0]["repeated"] > 0

@@ -186,9 +186,12 @@ def mix_pair_plan(doc_lengths: list, weights: list, max_len: int, *, strategy: s
     placed = []
     for s, x in enumerate(lens):
         keep_c, keep_r, too_long, dropped = pair_policy(x, max_len, long, prefix_sharing)
-        if long == "error" and too_long.any():  # plan_pairs says it, naming this source's row
-            plan_pairs(x.reshape(-1), max_len, long="error", prefix_sharing=prefix_sharing,
-                       row_ids=None if row_ids is None else row_ids[s])
+        if long == "error" and too_long.any():  # plan_pairs says it, naming the row; the source is named here
+            try:
+                plan_pairs(x.reshape(-1), max_len, long="error", prefix_sharing=prefix_sharing,
+                           row_ids=None if row_ids is None else row_ids[s])
+            except InputError as e:
+                raise e.located(file=names[s]) from None
         placed.append(np.where(dropped, 0, copies * x[:, 0] + keep_c + keep_r))
     measures = placed if mix["mix_by"] == "tokens" else [(p > 0).astype(np.int64) for p in placed]
     sel = select(measures, weights, mix_total=mix["mix_total"], mix_seed=mix["mix_seed"],
