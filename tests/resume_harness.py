@@ -14,13 +14,15 @@ import io
 import numpy as np
 
 KEYS = ("input_ids", "labels", "position_ids", "document_ids", "seq_lens")
+#: The arrays of a pack of preference pairs (``PackedPairs[i]``).
+PAIR_KEYS = KEYS + ("part_ids", "seq_pairs", "seq_parts")
 
 
-def same(a: list, b: list) -> bool:
+def same(a: list, b: list, keys=KEYS) -> bool:
     """Two lists of packs are equal, array for array."""
     if len(a) != len(b):
         return False
-    return all(np.array_equal(np.asarray(x[k]), np.asarray(y[k])) for x, y in zip(a, b) for k in KEYS)
+    return all(np.array_equal(np.asarray(x[k]), np.asarray(y[k])) for x, y in zip(a, b) for k in keys)
 
 
 def loader_packs(ds, num_workers, *, state=None, stop=None):
@@ -48,7 +50,7 @@ def checkpointed(state):
     return torch.load(buf, weights_only=True)
 
 
-def check_resume(make, stops, num_workers: int = 0, full=None) -> list:
+def check_resume(make, stops, num_workers: int = 0, full=None, keys=KEYS) -> list:
     """Assert that a stream from ``make()`` resumes exactly after each of ``stops`` packs.
 
     Args:
@@ -56,6 +58,7 @@ def check_resume(make, stops, num_workers: int = 0, full=None) -> list:
         stops: pack counts to stop after (each in ``1..len(stream)``).
         num_workers: DataLoader workers.
         full: the uninterrupted stream, if already known.
+        keys: the arrays compared (:data:`PAIR_KEYS` for preference pairs).
 
     Returns:
         The uninterrupted stream.
@@ -65,5 +68,5 @@ def check_resume(make, stops, num_workers: int = 0, full=None) -> list:
     for stop in stops:
         head, state = loader_packs(make(), num_workers, stop=stop)
         tail, _ = loader_packs(make(), num_workers, state=checkpointed(state))
-        assert same(head + tail, full), f"the stream resumed after {stop} packs differs"
+        assert same(head + tail, full, keys), f"the stream resumed after {stop} packs differs"
     return full

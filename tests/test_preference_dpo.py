@@ -66,7 +66,7 @@ def dpo(tmp_path_factory, qwen_dir):
                          processing_class=tok)
     patch.undo()
     yield {"trainer": trainer, "model": trainer.model, "ref": trainer.ref_model, "plain": plain, "packed": packed,
-           "lut": lut}
+           "lut": lut, "path": path}
 
 
 def _trl_batch(d):
@@ -114,6 +114,21 @@ def test_packed_logps_equal_unpacked(dpo):
     torch.testing.assert_close(chosen, want_c, rtol=0, atol=1e-5)
     torch.testing.assert_close(rejected, want_r, rtol=0, atol=1e-5)
     dpo["unpacked"] = (want_c, want_r)
+
+
+def test_streamed_pairs_give_the_unpacked_logps(dpo, qwen_dir):
+    """Pairs packed online (best fit, seeded order) batch and score as built packs do."""
+    ds = vecpack.StreamingPackedDataset(dpo["path"], qwen_dir, 1024, style="preference", buffer_size=3, n_jobs=1,
+                                        pad_id=dpo["packed"].pad_id)
+    batch = collate_preference(list(ds))
+    order = batch["pair_ids"].argsort()
+    assert batch["pair_ids"][order].tolist() == list(range(5)) and batch["pair_ids"].tolist() != list(range(5))
+    batch["input_ids"] = dpo["lut"][batch["input_ids"]]
+    with torch.no_grad():
+        chosen, rejected = (x[order] for x in pair_logps(_logps(dpo["plain"].eval(), batch), batch))
+    want_c, want_r = dpo.get("unpacked") or _unpacked_logps(dpo["plain"].eval(), dpo)
+    torch.testing.assert_close(chosen, want_c, rtol=0, atol=1e-5)
+    torch.testing.assert_close(rejected, want_r, rtol=0, atol=1e-5)
 
 
 

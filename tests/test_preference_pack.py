@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import base64
+import json
+
 import numpy as np
 import pytest
 
@@ -10,6 +13,8 @@ from vecpack.errors import InputError
 from vecpack.preference import _kernels
 from vecpack.preference.packed import PackedPairs, pack_pairs, plan_pairs
 from vecpack.testing import make_pairs
+
+torch = pytest.importorskip("torch")
 
 
 def reference_pack(tokens, offsets, plan, pad_id, ignore_index):
@@ -184,18 +189,77 @@ def test_save_load_and_the_cli(pairs_corpus, qwen_dir, cache_dir, tmp_path, caps
     assert np.array_equal(loaded.input_ids, direct.input_ids)
     assert main(["stats", str(out)]) == 0
     assert "700 pairs · " in capsys.readouterr().out
-    assert main(["inspect", str(out)]) != 0
-    assert "does not take preference pairs yet" in capsys.readouterr().err
+    # export: the rows collate as the packs do
+    assert main(["export", str(out), "--format", "parquet", "-o", str(tmp_path / "pairs.parquet")]) == 0
+    import pyarrow.parquet as pq
+
+    rows = pq.read_table(tmp_path / "pairs.parquet").to_pylist()
+    assert len(rows) == len(loaded)
+    want = vecpack.collate_preference([loaded[i] for i in range(3)])
+    got = vecpack.collate_preference(rows[:3])
+    assert all(torch.equal(got[k], v) if isinstance(v, torch.Tensor) else got[k] == v for k, v in want.items())
     plan_entry = loaded.build_info.plan_key
     again = vecpack.load(cache_dir / plan_entry)  # the cache's pair plan entry opens too
     assert np.array_equal(again.input_ids, direct.input_ids)
 
 
-def test_streaming_says_to_use_build(qwen_dir, tmp_path):
-    path = make_pairs(tmp_path / "p.jsonl", 3)
-    with pytest.raises(ValueError, match=r"does not stream preference pairs yet.*vecpack.build\(\.\.\., "
-                                         r"style='preference'\)"):
-        vecpack.StreamingPackedDataset(path, qwen_dir, 512, style="preference")
+def test_inspect_and_plot_pairs(tmp_path, capsys):
+    """``vecpack inspect`` shows a pack pair by pair (prompt once, both answers, trained tokens marked);
+    ``stats --plot`` draws pairs. Byte tokens, decoded by a 256-byte tiktoken file."""
+    from vecpack.cli import main
+
+    texts = [("What color is the sky? ", "Blue.", "Green, mostly."), ("2+2=", "4", "5"),
+             ("Name a fruit: ", "An apple, crisp and red and sweet", "A carrot")]
+    docs = [np.frombuffer(x.encode(), np.uint8).astype(np.int32) for pair in texts for x in pair]
+    offsets = np.concatenate([[0], np.cumsum([len(d) for d in docs])])
+    pp = pack_pairs(np.concatenate(docs), offsets, 48, strategy="greedy", pad_id=0)
+    assert pp.stats["truncated"] == 2
+    saved = vecpack.save(pp, tmp_path / "pp")
+    tok = tmp_path / "bytes"
+    tok.mkdir()
+    (tok / "tokenizer.model").write_text("".join(f"{base64.b64encode(bytes([b])).decode()} {b}\n" for b in range(256)))
+    assert main(["inspect", str(saved), "--pack", "1", "--tokenizer", str(tok), "--color", "never"]) == 0
+    assert capsys.readouterr().out.splitlines() == [
+        "pack 1 of 3 · 1 pair · 10/48 tokens (20.8%) · 2 trained",
+        "⟦pair 1 · prompt 4 tokens · chosen 1 · rejected 1⟧", "prompt   │ 2+2=", "chosen   │ «4»", "rejected │ «5»",
+        "⟦padding · 38 tokens⟧"]
+    assert main(["inspect", str(saved), "--pack", "-1", "--tokenizer", str(tok), "--color", "never"]) == 0
+    assert capsys.readouterr().out.splitlines()[1:] == [  # both answers cut to a common cap of 12
+        "⟦pair 2 · prompt 14 tokens · chosen 12 of 33 (cut) · rejected 8⟧", "prompt   │ Name a fruit: ",
+        "chosen   │ «An apple, cr»", "rejected │ «A carrot»"]
+    png = tmp_path / "pairs.png"
+    assert main(["stats", str(saved), "--plot", str(png)]) == 0
+    assert "3 pairs · " in capsys.readouterr().out and png.stat().st_size > 10_000
+
+
+@pytest.mark.parametrize("fmt", ["jsonl", "parquet", "hf"])
+def test_export_pairs_collates_as_the_packs(tmp_path, fmt):
+    from vecpack.integrations.export import PAIR_COLUMNS, export
+
+    rng = np.random.default_rng(3)
+    tokens, offsets = random_corpus(rng, 40)
+    for shared in (False, True):
+        pp = pack_pairs(tokens, offsets, 30, prefix_sharing=shared, pad_id=5)
+        path = export(pp, tmp_path / (f"{shared}-hf" if fmt == "hf" else f"{shared}.{fmt}"), fmt)
+        if fmt == "jsonl":
+            rows = [json.loads(line) for line in open(path, encoding="utf-8")]
+        elif fmt == "hf":
+            hf = pytest.importorskip("datasets").load_from_disk(str(path))
+            rows = [hf[i] for i in range(len(hf))]
+        else:
+            rows = pytest.importorskip("pyarrow.parquet").read_table(path).to_pylist()
+        assert len(rows) == len(pp) and set(PAIR_COLUMNS) <= set(rows[0])
+        for i in (0, len(pp) - 1):
+            pack, row = pp[i], rows[i]
+            n = int(pack["seq_lens"].sum())
+            assert row["input_ids"] == pack["input_ids"][:n].tolist()
+            assert row["seq_lengths"] == pack["seq_lens"].tolist()
+            assert row["completion_mask"] == (pack["labels"][:n] != -100).tolist()
+            assert row["is_chosen"] == (pack["seq_parts"] == 1).tolist()
+        want = vecpack.collate_preference([pp[i] for i in range(len(pp))])
+        got = vecpack.collate_preference(rows)
+        assert got.get("prefix_sharing", False) == shared
+        assert all(torch.equal(got[k], v) if isinstance(v, torch.Tensor) else got[k] == v for k, v in want.items())
 
 
 def test_prefix_sharing_through_build_and_the_cli(pairs_corpus, qwen_dir, cache_dir, tmp_path, capsys):

@@ -198,7 +198,7 @@ def cmd_pack(args) -> int:
     if out is not None:
         vecpack.save(packed, out)
     elapsed = time.perf_counter() - t0
-    if style == "preference":
+    if _is_pairs(packed):
         print(_pairs_report(packed, elapsed=elapsed, out=out, args=args))
     else:
         print(_pack_report(packed, elapsed=elapsed, out=out, args=args))
@@ -207,7 +207,9 @@ def cmd_pack(args) -> int:
 
 def _pairs_report(packed, *, elapsed: float, out: pathlib.Path | None, args) -> str:
     """``vecpack pack --style preference``: pairs, packs, what the long policy did, the cache."""
-    from vecpack.cli.report import pairs_text, plural
+    from vecpack.cli.mixture import mixture_lines
+    from vecpack.cli.pairs import pairs_text
+    from vecpack.cli.report import plural
 
     info = packed.build_info
     tstats = dict(info.tokenize_stats)
@@ -220,6 +222,10 @@ def _pairs_report(packed, *, elapsed: float, out: pathlib.Path | None, args) -> 
              + (" (--on-error skip)" if rejected else "")]
     lines += [f"  rejected: {' '.join(str(e).split())}" for e in list(tstats.get("rejected_examples") or [])[:3]]
     lines += ["  " + line for line in pairs_text(packed).splitlines()]
+    lines += ["  " + line for line in mixture_lines(packed.stats)]
+    for i, src in enumerate(info.sources or ()):
+        if src.get("corpus_key"):
+            lines.append(f"  cache src {i + 1} corpus {'hit' if src['corpus_hit'] else 'built'} · {src['corpus_key']}")
     if info.corpus_key is not None:
         lines.append(f"  cache         corpus {'hit' if info.corpus_hit else 'built'} · {info.corpus_key} · "
                      f"plan {'hit' if info.plan_hit else 'built'} · {info.plan_key}")
@@ -229,10 +235,8 @@ def _pairs_report(packed, *, elapsed: float, out: pathlib.Path | None, args) -> 
     return "\n".join(lines)
 
 
-def _no_pairs(packed, what: str) -> None:
-    if type(packed).__name__ == "PackedPairs":
-        raise ValueError(f"{what} does not take preference pairs yet; open them in Python with "
-                         f"vecpack.load(...) (a PackedPairs) and vecpack.collate_preference")
+def _is_pairs(packed) -> bool:
+    return type(packed).__name__ == "PackedPairs"  # vecpack.preference.packed (not imported here)
 
 
 # --------------------------------------------------------------------------- inspect / stats / export
@@ -264,7 +268,6 @@ def cmd_inspect(args) -> int:
     from vecpack.cli.report import TokenDecoder, plural, render_pack
 
     packed = _load(args.packed)
-    _no_pairs(packed, f"{PROG} inspect")
     if not len(packed):
         raise IndexError(f"{args.packed} has no packs")
     if not -len(packed) <= args.pack < len(packed):
@@ -273,7 +276,13 @@ def cmd_inspect(args) -> int:
     decoder = TokenDecoder(_tokenizer_dir(args, pathlib.Path(args.packed)))
     info = getattr(packed, "build_info", None)
     row_ids = None if info is None else info.row_ids
-    text = render_pack(packed, args.pack, decoder, color=_use_color(args.color, sys.stdout), row_ids=row_ids)
+    if _is_pairs(packed):
+        from vecpack.cli.pairs import render_pair_pack
+
+        render = render_pair_pack
+    else:
+        render = render_pack
+    text = render(packed, args.pack, decoder, color=_use_color(args.color, sys.stdout), row_ids=row_ids)
     print(text)
     return 0
 
@@ -290,16 +299,16 @@ def cmd_stats(args) -> int:
     packed = _load(args.packed)
     st = packed.stats
     title = f"{args.packed} · strategy {st.get('strategy', '?')} · long {st.get('long', '?')}"
-    if type(packed).__name__ == "PackedPairs":
-        from vecpack.cli.report import pairs_text
+    kw = {}
+    if _is_pairs(packed):
+        from vecpack.cli.pairs import pair_pack_stats, pairs_text
 
-        if plot is not None:
-            raise ValueError(f"{PROG} stats --plot does not draw preference pairs yet; drop --plot")
         print(pairs_text(packed, title=title))
-        return 0
-    print(stats_text(packed, title=title))
+        kw = {"stats": pair_pack_stats(packed), "unit": "pair"}
+    else:
+        print(stats_text(packed, title=title))
     if plot is not None:
-        plot_stats(packed, plot, title=title)
+        plot_stats(packed, plot, title=title, **kw)
         print(f"wrote {plot}")
     return 0
 
@@ -310,7 +319,6 @@ def cmd_export(args) -> int:
 
     src = pathlib.Path(args.packed)
     packed = _load(args.packed)
-    _no_pairs(packed, f"{PROG} export")
     if args.output:
         dest = pathlib.Path(args.output)
     else:

@@ -260,7 +260,8 @@ def stats_text(packed, *, title: str | None = None, width: int = 40) -> str:
     return "\n".join(lines)
 
 
-def plot_stats(packed, path: str | os.PathLike, *, title: str | None = None, dpi: int = 120) -> pathlib.Path:
+def plot_stats(packed, path: str | os.PathLike, *, title: str | None = None, dpi: int = 120,
+               stats: dict | None = None, unit: str = "document") -> pathlib.Path:
     """Write a PNG: document lengths, pack fill, the tokens each pack wastes on padding (and a mixture).
 
     The fill panel is a histogram over a fixed 0-100% axis with the
@@ -269,7 +270,8 @@ def plot_stats(packed, path: str | os.PathLike, *, title: str | None = None, dpi
     something at any fill (a 99.8% dataset is one tall bar of fill, and a
     spread of 0-40 wasted tokens). Counts are on log axes; labels sit beside
     the lines they name, never over the bars. Needs matplotlib
-    (``pip install "vecpack[plot]"``).
+    (``pip install "vecpack[plot]"``). ``stats`` and ``unit`` draw other
+    units than documents (preference pairs: :func:`vecpack.cli.pairs.pair_pack_stats`, ``"pair"``).
     """
     try:
         import matplotlib
@@ -279,7 +281,7 @@ def plot_stats(packed, path: str | os.PathLike, *, title: str | None = None, dpi
     import matplotlib.pyplot as plt
     import matplotlib.ticker
 
-    s = pack_stats(packed, trained=False)
+    s = pack_stats(packed, trained=False) if stats is None else stats
     max_len = s["max_len"]
     mixed = bool((packed.stats or {}).get("mixture"))
     fig, axes = plt.subplots(1, 4 if mixed else 3, figsize=(20 if mixed else 15, 4.4), dpi=dpi)
@@ -299,9 +301,9 @@ def plot_stats(packed, path: str | os.PathLike, *, title: str | None = None, dpi
     ax1.axvline(max_len, **mark)
     ax1.text(max_len, 0.98, f"max_len {max_len:,} ", transform=ax1.get_xaxis_transform(), color=mark["color"],
              ha="right", va="top", fontsize=8, rotation=90)
-    ax1.set_xlabel("document length (tokens)")
-    ax1.set_ylabel("documents")
-    ax1.set_title(f"{plural(s['num_documents'], 'document')} · {plural(s['source_tokens'], 'token')}", fontsize=10)
+    ax1.set_xlabel(f"{unit} length (tokens)")
+    ax1.set_ylabel(f"{unit}s")
+    ax1.set_title(f"{plural(s['num_documents'], unit)} · {plural(s['source_tokens'], 'token')}", fontsize=10)
 
     fill = 100 * s["pack_fill"]
     ax2.hist(fill, bins=np.linspace(0, 100, 101), color="#55A868")
@@ -440,6 +442,18 @@ def _runs(mask: np.ndarray):
         yield int(a), int(b), bool(mask[a])
 
 
+def decode_spans(ids, is_trained, decoder: TokenDecoder, *, color: bool = False) -> str:
+    """``ids`` decoded, the trained runs in green (``color``) or wrapped in ``«…»``, the rest dimmed or plain."""
+    out = []
+    for a, b, t in _runs(np.asarray(is_trained, bool)):
+        text = decoder.decode(ids[a:b])
+        if color:
+            out.append(f"{_TRAINED if t else _CONTEXT}{text}{_RESET}")
+        else:
+            out.append(f"«{text}»" if t else text)
+    return "".join(out)
+
+
 def render_pack(packed, index: int, decoder: TokenDecoder, *, color: bool = False,
                 row_ids=None) -> str:
     """Pack ``index`` decoded, with document boundaries and trained spans marked.
@@ -494,13 +508,7 @@ def render_pack(packed, index: int, decoder: TokenDecoder, *, color: bool = Fals
             header.append(f"tokens {start:,}-{start + length - 1:,} of {int(doc_full[doc]):,}")
         out.append(style("⟦" + " · ".join(header) + "⟧", _DOC) + "\n")
         ids = input_ids[pos:pos + length]
-        is_trained = labels[pos:pos + length] != packed.ignore_index
-        for a, b, t in _runs(is_trained):
-            text = decoder.decode(ids[a:b])
-            if color:
-                out.append(style(text, _TRAINED if t else _CONTEXT))
-            else:
-                out.append(f"«{text}»" if t else text)
+        out.append(decode_spans(ids, labels[pos:pos + length] != packed.ignore_index, decoder, color=color))
         if not out[-1].endswith("\n") and not out[-1].endswith("\n" + _RESET):
             out.append("\n")
         pos += length
@@ -508,32 +516,3 @@ def render_pack(packed, index: int, decoder: TokenDecoder, *, color: bool = Fals
         out.append(style(f"⟦padding · {packed.max_len - pos:,} tokens⟧", _PAD) + "\n")
     head, body = out[0], "".join(out[1:])
     return head + "\n" + body.rstrip("\n")
-
-
-def pairs_text(packed, *, title: str | None = None) -> str:
-    """The ``vecpack stats`` report of preference pairs (a :class:`~vecpack.preference.packed.PackedPairs`).
-
-    >>> import numpy as np
-    >>> from vecpack.preference.packed import pack_pairs
-    >>> print(pairs_text(pack_pairs(np.arange(1, 9, dtype=np.int32), np.array([0, 3, 5, 8]), max_len=12)))
-    1 pair · 2 sequences · 11 tokens (the prompt once per sequence) → 1 pack of 12 · fill 91.7%
-    long 'truncate': 0 pairs truncated (0 answer tokens cut) · 0 pairs dropped
-    trained tokens 5 · prompt tokens 6 (each prompt twice; prefix sharing would save 27.3%)
-    """
-    s = packed.stats
-    lens = np.diff(np.asarray(packed.offsets, np.int64)).reshape(-1, 3)
-    placed = lens[np.asarray(packed.plan.pair_index)]
-    lines = [title] if title else []
-    lines.append(f"{plural(s['num_pairs'], 'pair')} · {plural(s['num_sequences'], 'sequence')} · "
-                 f"{plural(s['input_tokens'], 'token')} (the prompt once per sequence) → "
-                 f"{plural(s['num_packs'], 'pack')} of {s['max_len']:,} · fill {_pct(s['fill'])}")
-    lines.append(f"long {s['long']!r}: {plural(s['truncated'], 'pair')} truncated "
-                 f"({plural(s['truncated_tokens'], 'answer token')} cut) · {plural(s['dropped'], 'pair')} dropped")
-    saved = int(placed[:, 0].sum())
-    if s.get("prefix_sharing"):
-        lines.append(f"trained tokens {s['trained_tokens']:,} · prefix sharing: each prompt stored once, "
-                     f"{saved:,} tokens saved ({_pct(saved / max(s['num_tokens'] + saved, 1))})")
-    else:
-        lines.append(f"trained tokens {s['trained_tokens']:,} · prompt tokens {2 * saved:,} (each prompt "
-                     f"twice; prefix sharing would save {_pct(saved / max(s['num_tokens'], 1))})")
-    return "\n".join(lines)

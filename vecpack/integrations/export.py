@@ -11,6 +11,20 @@ from ``seq_lengths``)::
     position_ids  list<int32>  restart at 0 at every document
     seq_lengths   list<int32>  the length of each document in the pack
 
+Packs of preference pairs (a :class:`~vecpack.preference.packed.PackedPairs`)
+get the same columns, ``seq_lengths`` being each pair's two sequences, plus
+the pair columns :func:`vecpack.collate_preference` and a DPO loss read::
+
+    document_ids     list<int32>  the corpus pair of each token
+    part_ids         list<int32>  0 prompt, 1 chosen, 2 rejected
+    completion_mask  list<bool>   the answer tokens that are scored (labels != -100)
+    seq_pairs        list<int32>  per sequence: its corpus pair (the two of a pair are side by side)
+    seq_parts        list<int32>  per sequence: 1 chosen, 2 rejected
+    is_chosen        list<bool>   per sequence: seq_parts == 1
+
+so ``collate_preference`` takes the exported rows as they are (prefix-shared
+packs included: their ``position_ids`` tell it).
+
 Formats: ``parquet`` (one file, a row group per block of packs), ``jsonl``
 (one JSON object per line) and ``hf`` (``datasets.Dataset.save_to_disk``;
 ``datasets.load_from_disk`` memory-maps it). TRL's ``SFTTrainer`` trains the
@@ -39,10 +53,39 @@ import numpy as np
 
 from vecpack.options import EXPORT_FORMATS, check_choice
 
-__all__ = ["COLUMNS", "FORMATS", "export", "iter_batches"]
+__all__ = ["COLUMNS", "FORMATS", "PAIR_COLUMNS", "export", "iter_batches"]
 
 COLUMNS = ("input_ids", "labels", "position_ids", "seq_lengths")
+#: The extra columns of preference pairs: per token, then per sequence.
+PAIR_COLUMNS = ("document_ids", "part_ids", "completion_mask", "seq_pairs", "seq_parts", "is_chosen")
 FORMATS = EXPORT_FORMATS
+_BOOL = ("completion_mask", "is_chosen")
+
+
+def _is_pairs(packed) -> bool:
+    return type(packed).__name__ == "PackedPairs"  # vecpack.preference.packed, not imported here
+
+
+def _layout(packed) -> tuple[tuple, tuple]:
+    """``(per-token columns, per-sequence columns)`` of ``packed``'s rows."""
+    if _is_pairs(packed):
+        return COLUMNS[:3] + PAIR_COLUMNS[:3], (COLUMNS[3],) + PAIR_COLUMNS[3:]
+    return COLUMNS[:3], COLUMNS[3:]
+
+
+def _rows(packed, start: int, stop: int) -> dict:
+    """Packs ``start:stop`` with ``seq_lens`` / ``seq_lens_offsets`` (and, for pairs, the pair columns)."""
+    rows = packed.rows(start, stop)
+    if not _is_pairs(packed):
+        return rows
+    po = np.asarray(packed.pack_offsets, np.int64)
+    seqs = packed._sequences(int(po[start]), int(po[stop]))
+    rows["completion_mask"] = rows["labels"] != packed.ignore_index
+    rows["seq_lens"] = seqs["seq_lens"]
+    rows["seq_lens_offsets"] = 2 * (po[start:stop + 1] - po[start])
+    rows["seq_pairs"], rows["seq_parts"] = seqs["seq_pairs"], seqs["seq_parts"]
+    rows["is_chosen"] = seqs["seq_parts"] == 1
+    return rows
 
 
 def _block(packed, block: int | None) -> int:
@@ -60,38 +103,43 @@ def iter_batches(packed, *, block: int | None = None):
     ``input_ids``, ``labels`` and ``position_ids`` to flat int32 arrays (the
     packs' tokens back to back, padding removed), ``seq_lengths`` to the flat
     int32 document lengths, and ``seq_offsets`` to int64 [B+1] offsets into it.
+    Pairs add their per-token and per-sequence columns (:data:`PAIR_COLUMNS`).
     """
     block = _block(packed, block)
     n = len(packed)
     positions = np.arange(packed.max_len, dtype=np.int64)
+    token_cols, seq_cols = _layout(packed)
     for start in range(0, n, block):
-        rows = packed.rows(start, min(start + block, n))
+        rows = _rows(packed, start, min(start + block, n))
         seq_lens = np.asarray(rows["seq_lens"], dtype=np.int32)
         seq_off = np.asarray(rows["seq_lens_offsets"], dtype=np.int64)
         cs = np.concatenate([[0], np.cumsum(seq_lens, dtype=np.int64)])
         lengths = cs[seq_off[1:]] - cs[seq_off[:-1]]
         keep = positions[None, :] < lengths[:, None]
-        columns = {c: np.ascontiguousarray(rows[c][keep], dtype=np.int32)
-                   for c in ("input_ids", "labels", "position_ids")}
+        columns = {c: np.ascontiguousarray(rows[c][keep], dtype=bool if c in _BOOL else np.int32)
+                   for c in token_cols}
         columns["seq_lengths"] = seq_lens
+        for c in seq_cols[1:]:
+            columns[c] = np.asarray(rows[c], dtype=bool if c in _BOOL else np.int32)
         columns["seq_offsets"] = seq_off
         yield lengths, columns
 
 
-def _arrow_batch(lengths, columns):
+def _arrow_batch(lengths, columns, layout):
     import pyarrow as pa
 
+    token_cols, seq_cols = layout
     offsets = pa.array(np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32))
-    arrays = [pa.ListArray.from_arrays(offsets, pa.array(columns[c])) for c in COLUMNS[:3]]
+    arrays = [pa.ListArray.from_arrays(offsets, pa.array(columns[c])) for c in token_cols]
     seq_offsets = pa.array(columns["seq_offsets"].astype(np.int32))
-    arrays.append(pa.ListArray.from_arrays(seq_offsets, pa.array(columns["seq_lengths"])))
-    return pa.RecordBatch.from_arrays(arrays, names=list(COLUMNS))
+    arrays += [pa.ListArray.from_arrays(seq_offsets, pa.array(columns[c])) for c in seq_cols]
+    return pa.RecordBatch.from_arrays(arrays, schema=_schema(layout))
 
 
-def _schema():
+def _schema(layout):
     import pyarrow as pa
 
-    return pa.schema([(c, pa.list_(pa.int32())) for c in COLUMNS])
+    return pa.schema([(c, pa.list_(pa.bool_() if c in _BOOL else pa.int32())) for c in layout[0] + layout[1]])
 
 
 def _write_parquet(packed, dest: pathlib.Path, block: int) -> None:
@@ -99,22 +147,23 @@ def _write_parquet(packed, dest: pathlib.Path, block: int) -> None:
         import pyarrow.parquet as pq
     except ImportError as e:
         raise ImportError('parquet export needs pyarrow: pip install "vecpack[parquet]"') from e
-    with pq.ParquetWriter(dest, _schema(), compression="zstd") as writer:
+    layout = _layout(packed)
+    with pq.ParquetWriter(dest, _schema(layout), compression="zstd") as writer:
         for lengths, columns in iter_batches(packed, block=block):
-            writer.write_batch(_arrow_batch(lengths, columns))
+            writer.write_batch(_arrow_batch(lengths, columns, layout))
 
 
 def _write_jsonl(packed, dest: pathlib.Path, block: int) -> None:
+    token_cols, seq_cols = _layout(packed)
     with open(dest, "w", encoding="utf-8") as f:
         for lengths, columns in iter_batches(packed, block=block):
             bounds = np.concatenate([[0], np.cumsum(lengths)])
-            lists = {c: columns[c].tolist() for c in COLUMNS[:3]}
-            seq = columns["seq_lengths"].tolist()
+            lists = {c: columns[c].tolist() for c in token_cols + seq_cols}
             so = columns["seq_offsets"]
             for i in range(len(lengths)):
                 a, b = int(bounds[i]), int(bounds[i + 1])
-                row = {c: lists[c][a:b] for c in COLUMNS[:3]}
-                row["seq_lengths"] = seq[so[i]:so[i + 1]]
+                row = {c: lists[c][a:b] for c in token_cols}
+                row.update({c: lists[c][so[i]:so[i + 1]] for c in seq_cols})
                 f.write(json.dumps(row, separators=(",", ":")))
                 f.write("\n")
 
@@ -127,9 +176,10 @@ def _write_hf(packed, dest: pathlib.Path, block: int) -> None:
         raise ImportError('hf export needs datasets: pip install "vecpack[hf]"') from e
     with tempfile.TemporaryDirectory(dir=dest.parent, prefix=f".{dest.name}.") as tmp:
         stream = pathlib.Path(tmp) / "packs.arrow"
-        with pa.OSFile(str(stream), "wb") as sink, pa.ipc.new_stream(sink, _schema()) as writer:
+        layout = _layout(packed)
+        with pa.OSFile(str(stream), "wb") as sink, pa.ipc.new_stream(sink, _schema(layout)) as writer:
             for lengths, columns in iter_batches(packed, block=block):
-                writer.write_batch(_arrow_batch(lengths, columns))
+                writer.write_batch(_arrow_batch(lengths, columns, layout))
         ds = datasets.Dataset.from_file(str(stream))  # memory-mapped, no copy
         bars = datasets.is_progress_bar_enabled()
         datasets.disable_progress_bars()
@@ -146,7 +196,8 @@ def export(packed, dest: str | os.PathLike, format: str = "parquet", *, overwrit
     """Write ``packed`` to ``dest`` as ``parquet``, ``jsonl`` or ``hf``; return ``dest``.
 
     Args:
-        packed: a :class:`vecpack.Packed` (e.g. from :func:`vecpack.load`).
+        packed: a :class:`vecpack.Packed` (e.g. from :func:`vecpack.load`), or
+            a :class:`~vecpack.preference.packed.PackedPairs` (pair columns added).
         dest: a file (parquet, jsonl) or a directory (hf).
         format: ``"parquet"``, ``"jsonl"`` or ``"hf"``.
         overwrite: replace ``dest`` if it exists (otherwise that is an error).

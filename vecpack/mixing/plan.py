@@ -30,7 +30,7 @@ from vecpack.mixing.select import select
 from vecpack.options import check_max_len, check_mix, check_options
 from vecpack.packing.plan import Plan, plan
 
-__all__ = ["mix_plan", "placed_tokens", "union_offsets"]
+__all__ = ["mix_pair_plan", "mix_plan", "placed_tokens", "union_offsets"]
 
 
 def placed_tokens(lengths: np.ndarray, max_len: int, long: str) -> np.ndarray:
@@ -113,22 +113,10 @@ def mix_plan(lengths: list, weights: list, max_len: int, *, strategy: str = "bfd
     doc_index = union[p.doc_index]
     doc_index.flags.writeable = False
     stats = dict(p.stats)
-    sources = []
-    tokens = np.array([int(pl[c].sum()) for pl, c in zip(placed, _chosen_by_source(sel, len(lengths)))])
-    rows = np.array([info["chosen"] for info in sel.per_source])
-    for s, (lens, pl, info, name) in enumerate(zip(lengths, placed, sel.per_source, names)):
+    sources = _source_stats(lengths, placed, sel, weights, names, mix["mix_by"])
+    for lens, pl in zip(lengths, placed):
         empty = int((lens == 0).sum())
         dropped = int(((pl == 0) & (lens > 0)).sum())
-        by = tokens if mix["mix_by"] == "tokens" else rows
-        sources.append({
-            "name": name, "documents": int(lens.shape[0]),
-            "usable": info["usable"], "empty": empty, "dropped": dropped,
-            "chosen": info["chosen"], "unique": info["unique"], "repeated": info["repeated"],
-            "sub_sampled": info["left_out"], "passes": info["passes"], "max_copies": info["max_copies"],
-            "tokens": int(tokens[s]), "rows": int(rows[s]), "target": info["target"],
-            "share_asked": float(weights[s]), "share": _share(by, s),
-            "share_tokens": _share(tokens, s), "share_rows": _share(rows, s),
-        })
         # the documents of the inputs that place nothing are counted as vecpack.plan counts them
         stats["num_documents"] += empty + dropped
         stats["empty"] += empty
@@ -139,6 +127,94 @@ def mix_plan(lengths: list, weights: list, max_len: int, *, strategy: str = "bfd
     stats["mixture"] = {**mix, "doc_offsets": doc_offsets.tolist(), "sources": sources}
     return Plan(doc_index=doc_index, doc_start=p.doc_start, doc_length=p.doc_length,
                 pack_offsets=p.pack_offsets, max_len=p.max_len, stats=stats)
+
+
+def _source_stats(lengths: list, placed: list, sel, weights, names, mix_by: str) -> list:
+    """One dict per source: its documents (pairs), what was chosen, the tokens placed, the shares."""
+    out = []
+    tokens = np.array([int(pl[c].sum()) for pl, c in zip(placed, _chosen_by_source(sel, len(lengths)))])
+    rows = np.array([info["chosen"] for info in sel.per_source])
+    by = tokens if mix_by == "tokens" else rows
+    for s, (lens, pl, info, name) in enumerate(zip(lengths, placed, sel.per_source, names)):
+        out.append({
+            "name": name, "documents": int(lens.shape[0]),
+            "usable": info["usable"], "empty": int((lens == 0).sum()), "dropped": int(((pl == 0) & (lens > 0)).sum()),
+            "chosen": info["chosen"], "unique": info["unique"], "repeated": info["repeated"],
+            "sub_sampled": info["left_out"], "passes": info["passes"], "max_copies": info["max_copies"],
+            "tokens": int(tokens[s]), "rows": int(rows[s]), "target": info["target"],
+            "share_asked": float(weights[s]), "share": _share(by, s),
+            "share_tokens": _share(tokens, s), "share_rows": _share(rows, s),
+        })
+    return out
+
+
+def mix_pair_plan(doc_lengths: list, weights: list, max_len: int, *, strategy: str = "bfd",
+                  long: str = "truncate", shuffle_seed: int | None = 0, prefix_sharing: bool = False,
+                  mix_by: str = "tokens", mix_total: int | None = None, mix_seed: int = 0, mix_repeat: bool = True,
+                  names: list | None = None, row_ids: list | None = None):
+    """Choose preference pairs of every source by weight and pack them together, a pair as one unit.
+
+    The pairs are chosen as :func:`mix_plan` chooses documents, measured by
+    the tokens each pair places after the pair ``long`` policy
+    (:func:`vecpack.preference.packed.pair_policy`) or by pairs
+    (``mix_by="rows"``), then packed by :func:`vecpack.preference.packed.plan_pairs`.
+
+    Args:
+        doc_lengths: per source, its corpus's document lengths (three per pair).
+        weights, max_len, strategy, shuffle_seed, mix_*, names, row_ids: as :func:`mix_plan`.
+        long, prefix_sharing: as :func:`~vecpack.preference.packed.plan_pairs`.
+
+    Returns:
+        A :class:`~vecpack.preference.packed.PairPlan` whose ``pair_index``
+        holds union pair ids (source ``s``'s pair ``j`` is
+        ``pair_offsets[s] + j``; a repeated pair appears in several entries),
+        with ``stats["mixture"]`` (``pair_offsets`` and one dict per source).
+
+    >>> a, b = [2, 1, 1] * 4, [1, 1, 1] * 6     # 4 pairs placing 6 tokens each (2 * 2 + 1 + 1), 6 placing 4
+    >>> p = mix_pair_plan([a, b], [0.5, 0.5], 12, strategy="greedy")
+    >>> p.pair_index.tolist(), [s["tokens"] for s in p.stats["mixture"]["sources"]]   # b's pairs are 4..9
+    ([4, 0, 5, 1, 6, 7, 2, 8, 3, 9], [24, 24])
+    """
+    from vecpack.preference.packed import PairPlan, pair_lengths, pair_policy, plan_pairs
+
+    max_len = check_max_len(max_len)
+    check_options(strategy=strategy, pair_long=long)
+    mix = check_mix(mix_by, mix_total, mix_seed, mix_repeat)
+    lens = [pair_lengths(x) for x in doc_lengths]
+    names = list(names) if names is not None else [f"source {i + 1}" for i in range(len(lens))]
+    copies = 1 if prefix_sharing else 2
+    placed = []
+    for s, x in enumerate(lens):
+        keep_c, keep_r, too_long, dropped = pair_policy(x, max_len, long, prefix_sharing)
+        if long == "error" and too_long.any():  # plan_pairs says it, naming the row; the source is named here
+            try:
+                plan_pairs(x.reshape(-1), max_len, long="error", prefix_sharing=prefix_sharing,
+                           row_ids=None if row_ids is None else row_ids[s])
+            except InputError as e:
+                raise e.located(file=names[s]) from None
+        placed.append(np.where(dropped, 0, copies * x[:, 0] + keep_c + keep_r))
+    measures = placed if mix["mix_by"] == "tokens" else [(p > 0).astype(np.int64) for p in placed]
+    sel = select(measures, weights, mix_total=mix["mix_total"], mix_seed=mix["mix_seed"],
+                 mix_repeat=mix["mix_repeat"], names=names, unit=mix["mix_by"])
+    pair_offsets = np.concatenate([[0], np.cumsum([x.shape[0] for x in lens])]).astype(np.int64)
+    union = pair_offsets[sel.source] + sel.local
+    all_lens = np.concatenate(lens) if lens else np.zeros((0, 3), np.int64)
+    p = plan_pairs(all_lens[union].reshape(-1), max_len, strategy=strategy, long=long, shuffle_seed=shuffle_seed,
+                   prefix_sharing=prefix_sharing)
+    pair_index = union[p.pair_index]
+    pair_index.flags.writeable = False
+    sources = _source_stats([x[:, 0] + x[:, 1] + x[:, 2] for x in lens], placed, sel, weights, names,
+                            mix["mix_by"])
+    stats = dict(p.stats, num_pairs=int(pair_offsets[-1]))
+    for pl, x in zip(placed, lens):  # pairs that place nothing were never chosen: count them as plan_pairs does
+        out = (pl == 0) & (x.sum(axis=1) > 0)
+        full = int((copies * x[:, 0] + x[:, 1] + x[:, 2])[out].sum())
+        stats["dropped"] += int(out.sum())
+        stats["dropped_tokens"] += full
+        stats["input_tokens"] += full
+    stats["mixture"] = {**mix, "pair_offsets": pair_offsets.tolist(), "sources": sources}
+    return PairPlan(pair_index=pair_index, pair_lens=p.pair_lens, pack_offsets=p.pack_offsets, max_len=max_len,
+                    stats=stats, prefix_sharing=bool(prefix_sharing))
 
 
 def _chosen_by_source(sel, n: int) -> list:

@@ -137,10 +137,13 @@ def as_sources(data_files, weights, *, style: str = "sharegpt", column: str | No
     out = [s._replace(style=s.style or style, column=s.column if s.column is not None else column,
                       masking=s.masking or masking, weight=w, name=name)
            for s, w, name in zip(sources, shares, names)]
-    for s in out:
-        if s.style == "preference":
-            raise ValueError(f"{s.name}: preference pairs cannot be mixed yet; build them alone with "
-                             f"vecpack.build(path, tokenizer, max_len, style='preference')")
+    pairs = [s for s in out if s.style == "preference"]
+    if pairs and len(pairs) < len(out):
+        chat = next(s for s in out if s.style != "preference")
+        raise ValueError(f"{chat.name} (style={chat.style!r}) cannot be mixed with preference pairs "
+                         f"({pairs[0].name}): a pair is three documents (prompt, chosen, rejected) packed as "
+                         f"one unit and trained with a DPO loss, a chat row one document trained with "
+                         f"cross-entropy; mix pairs with pairs only, and build the chat rows apart")
     return out
 
 

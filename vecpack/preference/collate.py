@@ -46,7 +46,8 @@ def collate_preference(packs: Sequence[Mapping[str, Any]], *, ignore_index: int 
 
     Args:
         packs: ``packed_pairs[i]`` dicts (they carry ``seq_lens``,
-            ``seq_pairs`` and ``seq_parts`` besides the token rows).
+            ``seq_pairs`` and ``seq_parts`` besides the token rows), streamed
+            packs, or rows of ``vecpack export`` (unpadded, ``seq_lengths``).
         ignore_index: label value that carries no loss.
 
     Returns:
@@ -54,8 +55,9 @@ def collate_preference(packs: Sequence[Mapping[str, Any]], *, ignore_index: int 
         ``position_ids``, ``seq_idx``, ``cu_seq_lens_q/k``, ``max_length_q/k``,
         ``use_cache``), plus ``completion_mask`` (bool ``[1, T]``: the answer
         tokens that are scored), ``is_chosen`` (bool ``[S]``), ``pair_index``
-        (long ``[S]``: the batch pair ``0 .. N-1`` of each sequence) and
-        ``pair_ids`` (long ``[N]``: the corpus's pair of each batch pair).
+        (long ``[S]``: the batch pair ``0 .. N-1`` of each sequence, in
+        batch order) and ``pair_ids`` (long ``[N]``: the corpus's pair of
+        each batch pair; a pair a mixture repeats may appear twice).
         Packs laid out with prefix sharing give no ``cu_seq_lens`` (one varlen
         call cannot let an answer skip the other) but ``document_ids`` and
         ``part_ids`` (``[1, T]``, for the mask), ``logit_index`` (``[1, T]``:
@@ -73,11 +75,18 @@ def collate_preference(packs: Sequence[Mapping[str, Any]], *, ignore_index: int 
     batch = _collate_shared(packs, ignore_index) if shared else collate_flash(packs, ignore_index=ignore_index)
     if pairs.size != batch["seq_idx"].max().item() + 1:
         raise ValueError(f"packs hold {batch['seq_idx'].max().item() + 1} sequences but {pairs.size} seq_pairs")
-    pair_ids, pair_index, counts = np.unique(pairs, return_inverse=True, return_counts=True)
+    # a pair's two sequences sit side by side, chosen first: pairs are found by position, so that a
+    # pair repeated by a mixture (mix_total) may appear twice in one batch
+    first, second = pairs[0::2], pairs[1::2]
+    m = min(first.size, second.size)
+    bad = np.flatnonzero((first[:m] != second[:m]) | (parts[0::2][:m] != 1) | (parts[1::2][:m] != 2))
+    if bad.size or first.size != second.size:
+        j = int(first[bad[0]] if bad.size else first[-1])
+        raise ValueError(f"every pair needs its chosen and its rejected sequence in the batch, side by side "
+                         f"(pair {j} has not)")
+    pair_ids = first
+    pair_index = np.repeat(np.arange(first.size, dtype=np.int64), 2)
     chosen = parts == 1
-    if (counts != 2).any() or np.bincount(pair_index[chosen], minlength=pair_ids.size).min(initial=1) != 1:
-        j = int(pair_ids[np.argmax(counts != 2)]) if (counts != 2).any() else -1
-        raise ValueError(f"every pair needs its chosen and its rejected sequence in the batch (pair {j} has not)")
     batch["completion_mask"] = batch["labels"] != ignore_index
     batch["is_chosen"] = torch.from_numpy(chosen)
     batch["pair_index"] = torch.from_numpy(pair_index.astype(np.int64))
@@ -85,11 +94,16 @@ def collate_preference(packs: Sequence[Mapping[str, Any]], *, ignore_index: int 
     return batch
 
 
+def _seq_lens(pack, i: int) -> np.ndarray:
+    """A pack's ``seq_lens``, or the ``seq_lengths`` of an exported row (``vecpack export``)."""
+    return _array(pack, "seq_lengths" if "seq_lens" not in pack and "seq_lengths" in pack else "seq_lens", i)
+
+
 def _shared(packs, parts) -> bool:
     """Whether the packs are laid out with prefix sharing: a rejected sequence starts past position 0."""
     firsts = []
     for i, p in enumerate(packs):
-        lens = _array(p, "seq_lens", i).astype(np.int64)
+        lens = _seq_lens(p, i).astype(np.int64)
         firsts.append(_array(p, "position_ids", i)[np.cumsum(lens) - lens])
     firsts = np.concatenate(firsts) if firsts else np.zeros(0, np.int64)
     return bool(((parts == 2) & (firsts > 0)).any())
@@ -98,7 +112,7 @@ def _shared(packs, parts) -> bool:
 def _collate_shared(packs, ignore_index: int) -> dict[str, Any]:
     """The flat batch of prefix-shared packs (see :func:`collate_preference`)."""
     keys = ("input_ids", "labels", "position_ids", "document_ids", "part_ids")
-    lens = [_array(p, "seq_lens", i).astype(np.int64) for i, p in enumerate(packs)]
+    lens = [_seq_lens(p, i).astype(np.int64) for i, p in enumerate(packs)]
     flat = {k: np.concatenate([_array(p, k, i)[:int(n.sum())] for i, (p, n) in enumerate(zip(packs, lens))])
             .astype(np.int64) for k in keys}
     all_lens = np.concatenate(lens)

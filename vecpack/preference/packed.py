@@ -54,7 +54,7 @@ from vecpack.options import check_index, check_int, check_max_len, check_options
 from vecpack.packing.packed import _check_offsets, _check_tokens
 from vecpack.packing.plan import _ro, plan
 
-__all__ = ["PairPlan", "PackedPairs", "pack_pairs", "plan_pairs"]
+__all__ = ["PairPlan", "PackedPairs", "lay_out_pack", "pack_pairs", "pair_policy", "pair_sequences", "plan_pairs"]
 
 _ARRAYS = ("input_ids", "labels", "position_ids", "document_ids", "part_ids")
 _PLAN_ERRORS = {
@@ -106,6 +106,90 @@ def pair_lengths(doc_lengths) -> np.ndarray:
     return lens.reshape(-1, 3)
 
 
+def pair_policy(lens, max_len: int, long: str, prefix_sharing: bool = False):
+    """The ``long`` policy, pair by pair: ``(keep_c, keep_r, too_long, dropped)`` for ``[pairs, 3]`` lengths.
+
+    ``keep_c`` / ``keep_r`` are the answer tokens kept (all of them unless
+    the pair is too long and ``long="truncate"``: then both are cut to one
+    common cap, see the module docstring); ``too_long`` marks the pairs over
+    ``max_len``, ``dropped`` those left out (``"drop"``, ``"error"``, or a
+    prompt that leaves no room for one token of each answer).
+    :func:`plan_pairs` and streaming (:mod:`vecpack.streaming.run`) both apply it.
+
+    >>> [a.tolist() for a in pair_policy(np.array([[3, 2, 6], [5, 1, 1]]), 10, "truncate")]
+    [[2, 0], [2, 0], [True, True], [False, True]]
+    """
+    lens = np.asarray(lens, np.int64).reshape(-1, 3)
+    prompt, chosen, rejected = lens[:, 0], lens[:, 1], lens[:, 2]
+    room = max_len - (1 if prefix_sharing else 2) * prompt
+    too_long = chosen + rejected > room
+    keep_c, keep_r = chosen.copy(), rejected.copy()
+    if long == "truncate":
+        lo = np.minimum(chosen, rejected)
+        cap = np.where(2 * lo <= room, room - lo, room // 2)   # the common cap b of the two answers
+        keep_c = np.where(too_long, np.minimum(chosen, cap), chosen)
+        keep_r = np.where(too_long, np.minimum(rejected, cap), rejected)
+        dropped = too_long & ((keep_c < np.minimum(chosen, 1)) | (keep_r < np.minimum(rejected, 1)) | (room < 0))
+    else:
+        dropped = too_long
+    return keep_c, keep_r, too_long, dropped
+
+
+def pair_sequences(pair_ids, pair_lens, prefix_sharing: bool) -> dict:
+    """``seq_lens``, ``seq_pairs`` and ``seq_parts`` (int32) of placed pairs: two sequences per pair.
+
+    >>> {k: v.tolist() for k, v in pair_sequences([7], [[3, 2, 1]], False).items()}
+    {'seq_lens': [5, 4], 'seq_pairs': [7, 7], 'seq_parts': [1, 2]}
+    """
+    lens = np.asarray(pair_lens, np.int64).reshape(-1, 3)
+    rejected = lens[:, 2] if prefix_sharing else lens[:, 0] + lens[:, 2]
+    seq_lens = np.stack([lens[:, 0] + lens[:, 1], rejected], axis=1).reshape(-1)
+    return {"seq_lens": seq_lens.astype(np.int32),
+            "seq_pairs": np.repeat(np.asarray(pair_ids, np.int64), 2).astype(np.int32),
+            "seq_parts": np.tile(np.array([1, 2], np.int32), lens.shape[0])}
+
+
+def lay_out_pack(tokens, doc_lengths, pair_ids, max_len: int, *, long: str = "truncate",
+                 prefix_sharing: bool = False, pad_id: int = 0, ignore_index: int = -100) -> dict:
+    """One pack of whole pairs, in order, laid out as ``PackedPairs[i]`` lays it out (the same kernel).
+
+    Streaming (:mod:`vecpack.streaming.run`) packs pairs online with this.
+
+    Args:
+        tokens: int32, the pairs' prompt, chosen and rejected tokens back to back.
+        doc_lengths: int64 ``[3 * pairs]``, their lengths (all of each document).
+        pair_ids: the id each pair gets in ``document_ids`` and ``seq_pairs``.
+        max_len, long, prefix_sharing: as :func:`plan_pairs`; the pairs
+            (after ``long``, which must keep them all) fit ``max_len``.
+        pad_id, ignore_index: as :class:`PackedPairs`.
+
+    >>> row = lay_out_pack(np.arange(1, 9, dtype=np.int32), [3, 2, 3], [5], 12)
+    >>> row["input_ids"].tolist(), row["document_ids"].tolist()[-2:], row["seq_pairs"].tolist()
+    ([1, 2, 3, 4, 5, 1, 2, 3, 6, 7, 8, 0], [5, -1], [5, 5])
+    """
+    lens = pair_lengths(doc_lengths)
+    keep_c, keep_r, _, dropped = pair_policy(lens, max_len, long, prefix_sharing)
+    if dropped.any():
+        raise ValueError(f"pair {int(np.argmax(dropped))} of the pack does not fit max_len={max_len}")
+    used = int(((1 if prefix_sharing else 2) * lens[:, 0] + keep_c + keep_r).sum())
+    if used > max_len:  # the kernel writes without bounds checks
+        raise ValueError(f"the pairs need {used} tokens, more than max_len={max_len}")
+    offsets = np.zeros(lens.size + 1, np.int64)
+    np.cumsum(lens.reshape(-1), out=offsets[1:])
+    pair_lens = _ro(np.stack([lens[:, 0], keep_c, keep_r], axis=1))
+    n = lens.shape[0]
+    out = {name: np.empty(max_len, np.int32) for name in _ARRAYS}
+    _kernels().fill_pair_pack(_ro(_check_tokens(tokens, "tokens")), _ro(offsets), _ro(np.arange(n, dtype=np.int64)),
+                              pair_lens, _ro(np.array([0, n], np.int64)), 0, bool(prefix_sharing),
+                              pad_id, ignore_index, *(out[name] for name in _ARRAYS))
+    ids = np.asarray(pair_ids, np.int64)
+    doc = out["document_ids"]
+    placed = doc >= 0
+    doc[placed] = ids[doc[placed]]
+    out.update(pair_sequences(ids, pair_lens, prefix_sharing))
+    return out
+
+
 def plan_pairs(doc_lengths, max_len: int, *, strategy: str = "bfd", long: str = "truncate",
                shuffle_seed: int | None = 0, row_ids=None, prefix_sharing: bool = False) -> PairPlan:
     """Assign pairs to packs, a pair as one unit of ``2 * prompt + chosen + rejected`` tokens.
@@ -144,8 +228,7 @@ def plan_pairs(doc_lengths, max_len: int, *, strategy: str = "bfd", long: str = 
     lens = pair_lengths(doc_lengths)
     prompt, chosen, rejected = lens[:, 0], lens[:, 1], lens[:, 2]
     copies = 1 if prefix_sharing else 2
-    room = max_len - copies * prompt
-    too_long = chosen + rejected > room
+    keep_c, keep_r, too_long, dropped = pair_policy(lens, max_len, long, prefix_sharing)
     if long == "error" and too_long.any():
         j = int(np.argmax(too_long))
         need = int(copies * prompt[j] + chosen[j] + rejected[j])
@@ -155,15 +238,6 @@ def plan_pairs(doc_lengths, max_len: int, *, strategy: str = "bfd", long: str = 
             f"rejected {int(rejected[j])}), more than max_len={max_len} ({int(too_long.sum())} such pairs); "
             f"pass long='truncate' or 'drop', or raise max_len",
             row=None if row_ids is None else int(np.asarray(row_ids)[3 * j]))
-    keep_c, keep_r = chosen.copy(), rejected.copy()
-    if long == "truncate":
-        lo = np.minimum(chosen, rejected)
-        cap = np.where(2 * lo <= room, room - lo, room // 2)   # the common cap b of the two answers
-        keep_c = np.where(too_long, np.minimum(chosen, cap), chosen)
-        keep_r = np.where(too_long, np.minimum(rejected, cap), rejected)
-        dropped = too_long & ((keep_c < np.minimum(chosen, 1)) | (keep_r < np.minimum(rejected, 1)) | (room < 0))
-    else:
-        dropped = too_long
     truncated = too_long & ~dropped
     unit = np.where(dropped, 0, copies * prompt + keep_c + keep_r)
     p = plan(unit, max_len, strategy=strategy, long="error", shuffle_seed=shuffle_seed)
@@ -275,12 +349,7 @@ class PackedPairs:
 
     def _sequences(self, a: int, b: int) -> dict:
         """``seq_lens``, ``seq_pairs``, ``seq_parts`` of entries ``a:b`` (two sequences per pair)."""
-        lens = self.plan.pair_lens[a:b]
-        rejected = lens[:, 2] if self.plan.prefix_sharing else lens[:, 0] + lens[:, 2]
-        seq_lens = np.stack([lens[:, 0] + lens[:, 1], rejected], axis=1).reshape(-1)
-        return {"seq_lens": seq_lens.astype(np.int32),
-                "seq_pairs": np.repeat(self.plan.pair_index[a:b], 2).astype(np.int32),
-                "seq_parts": np.tile(np.array([1, 2], np.int32), b - a)}
+        return pair_sequences(self.plan.pair_index[a:b], self.plan.pair_lens[a:b], self.plan.prefix_sharing)
 
     def __getitem__(self, i) -> dict:
         """Pack ``i`` (negative indices allowed) as a dict of fresh int32 arrays."""

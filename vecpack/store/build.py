@@ -200,14 +200,15 @@ def build(data_files, tokenizer=None, max_len: int | None = None, *, style: str 
                       progress=progress, backend=backend)
     if encoder is not None:
         tok_kwargs["encoder"] = encoder
-    if prefix_sharing and style != "preference":
+    mixture = is_mixture(data_files, weights)
+    if prefix_sharing and style != "preference" and not mixture:
         raise ValueError("prefix_sharing=True needs style='preference'")
-    if is_mixture(data_files, weights):  # pairs are refused there, naming the source
+    if mixture:  # pairs mix with pairs only (as_sources says why)
         mix = check_mix(mix_by, mix_total, mix_seed, mix_repeat)
         return _build_mixture(data_files, tokenizer, max_len, weights=weights, mix=mix, strategy=strategy,
                               long=long, shuffle_seed=shuffle_seed, pad_id=pad_id, ignore_index=ignore_index,
                               cache=cache, cache_dir=cache_dir, verify=verify, allow_useless=allow_useless,
-                              t0=t0, **tok_kwargs)
+                              t0=t0, prefix_sharing=bool(prefix_sharing), **tok_kwargs)
     if style == "preference":
         return _build_pairs(data_files, tokenizer, max_len, tok_kwargs, strategy=strategy, long=long,
                             shuffle_seed=shuffle_seed, pad_id=pad_id, ignore_index=ignore_index, cache=cache,
@@ -358,11 +359,18 @@ def corpus_entry(store: _cache.Cache, data_files, tokenizer, *, inputs: dict, de
 
 def _build_mixture(data_files, tokenizer, max_len, *, weights, mix, strategy, long, shuffle_seed, pad_id,
                    ignore_index, cache, cache_dir, verify, allow_useless, t0, style, column, masking,
-                   **run) -> Packed:
+                   prefix_sharing=False, **run) -> Packed:
     """:func:`build` of a mixture: one corpus per source (cached as a single build's), one mixed plan."""
     sources = as_sources(data_files, weights, style=style, column=column, masking=masking)
     if run.get("encoder") is not None:
         own_options(data_files, "encoder=")
+    if sources[0].style == "preference":
+        return _build_pair_mixture(sources, tokenizer, max_len, mix=mix, strategy=strategy, long=long,
+                                   shuffle_seed=shuffle_seed, pad_id=pad_id, ignore_index=ignore_index, cache=cache,
+                                   cache_dir=cache_dir, verify=verify, allow_useless=allow_useless, t0=t0,
+                                   prefix_sharing=prefix_sharing, **run)
+    if prefix_sharing:
+        raise ValueError("prefix_sharing=True needs style='preference'")
     names = [s.name for s in sources]
     shares = [s.weight for s in sources]
     plan_kw = dict(strategy=strategy, long=long, shuffle_seed=shuffle_seed, names=names, **mix)
@@ -426,6 +434,59 @@ def _build_mixture(data_files, tokenizer, max_len, *, weights, mix, strategy, lo
     packed.build_info = BuildInfo(store.root, None, mentry.key, None, mentry.path, hit, not mentry.built, tstats,
                                   _mixed.row_ids(corpora), seconds, described, _mixed.source_infos(sources, corpora))
     _log_mixture(packed, corpora, mentry, seconds)
+    return packed
+
+
+def _build_pair_mixture(sources, tokenizer, max_len, *, mix, strategy, long, shuffle_seed, pad_id, ignore_index,
+                        cache, cache_dir, verify, allow_useless, t0, prefix_sharing, **run):
+    """:func:`build` of a mixture of preference pairs: each source's corpus (cached as its own pair build's),
+    pairs chosen by weight and packed as units (:func:`vecpack.mixing.plan.mix_pair_plan`) into one
+    ``PackedPairs`` over the corpora joined. The plan is made anew each call (it is quick)."""
+    from vecpack.mixing.plan import mix_pair_plan
+    from vecpack.preference.packed import PackedPairs
+
+    check_options(pair_long=long)
+    names = [s.name for s in sources]
+    kw = [dict(style=s.style, column=s.column, masking=s.masking, **run) for s in sources]
+    described = {"data_files": [n for s in sources for n in describe(s.data, tokenizer, None)["data_files"]],
+                 "tokenizer": describe([], tokenizer, run.get("encoder"))["tokenizer"]}
+    if not cache:
+        ts = [_tokenize(s.data, tokenizer, **k) for s, k in zip(sources, kw)]
+        arrays = [{"tokens": t.tokens, "offsets": t.offsets, "row_ids": t.row_ids} for t in ts]
+        tstats = [dict(t.stats) for t in ts]
+        pad = default_pad_id(tokenizer, ts[0].encoder or run.get("encoder"))
+        corpora, root = [None] * len(sources), None
+    else:
+        store = _cache.Cache(cache_dir)
+        corpora = []
+        for s, k in zip(sources, kw):
+            inputs, desc = corpus_key_inputs(s.data, tokenizer, style=s.style, column=s.column, masking=s.masking,
+                                             on_error=run["on_error"], encoder=run.get("encoder"), root=store.root,
+                                             verify=verify)
+            corpora.append(corpus_entry(store, s.data, tokenizer, inputs=inputs, described=desc, verify=verify,
+                                        keep=[c.key for c in corpora], **k))
+        arrays = [c.arrays for c in corpora]
+        tstats = [dict(c.meta.get("stats") or {}) for c in corpora]
+        pad = int(corpora[0].meta.get("pad_id", 0) or 0)
+        root = store.root
+    row_ids = [a.get("row_ids") for a in arrays]
+    p = mix_pair_plan([np.diff(a["offsets"]) for a in arrays], [s.weight for s in sources], max_len,
+                      strategy=strategy, long=long, shuffle_seed=shuffle_seed, prefix_sharing=prefix_sharing,
+                      names=names, row_ids=row_ids, **mix)
+    p.stats.update(_mixed.with_sources(p.stats, sources))
+    merged = merge_stats(tstats, names)
+    _check_useful(dict(p.stats, num_documents=p.stats["num_pairs"]), merged, "assistant", allow_useless)
+    packed = PackedPairs(np.concatenate([np.asarray(a["tokens"]) for a in arrays]),
+                         union_offsets([a["offsets"] for a in arrays]), p,
+                         pad_id=pad if pad_id is None else pad_id, ignore_index=ignore_index)
+    infos = tuple({"name": s.name, "style": s.style, "column": s.column, "masking": s.masking, "weight": s.weight,
+                   "corpus_key": None if c is None else c.key, "corpus_path": None if c is None else c.path,
+                   "corpus_hit": c is not None and not c.built, "tokenize_stats": st}
+                  for s, c, st in zip(sources, corpora, tstats))
+    ids = None if any(r is None for r in row_ids) else np.concatenate([np.asarray(r, np.int64) for r in row_ids])
+    hit = cache and not any(c.built for c in corpora)
+    packed.build_info = BuildInfo(root, None, None, None, None, hit, False, merged, ids,
+                                  time.perf_counter() - t0, described, infos)
     return packed
 
 

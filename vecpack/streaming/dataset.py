@@ -94,7 +94,7 @@ from vecpack.options import STREAM_STRATEGIES, check_choice, check_int, check_ma
 from vecpack.streaming.mix import SOURCE_STATS, MixRun, mixture_stats, stream_sources
 from vecpack.streaming.readers import Layout
 from vecpack.streaming.run import STAT_KEYS, STATE_VERSION, Run, with_fill
-from vecpack.tokenizing.corpus import check_args
+from vecpack.tokenizing.corpus import check_args, encoder_class
 from vecpack.tokenizing.encoder import encoder_for
 from vecpack.tokenizing.spec import default_pad_id
 
@@ -145,6 +145,15 @@ class StreamingPackedDataset(IterableDataset):
         max_len: tokens per pack.
         style, column, masking: how rows become messages and which tokens
             carry loss (see :mod:`vecpack.chat.formats`, :mod:`vecpack.tokenizing.encoder`).
+            ``style="preference"`` streams preference pairs (docs/preference.md):
+            a pair is one entry of ``2 * prompt + chosen + rejected`` tokens,
+            never split from its partner, and each pack is what
+            ``PackedPairs[i]`` holds (``part_ids``, ``seq_pairs``,
+            ``seq_parts`` too; ``document_ids`` and ``seq_pairs`` are the
+            global row number), ready for :func:`vecpack.collate_preference`.
+        prefix_sharing: with ``style="preference"``, lay each pair out as
+            ``prompt + chosen + rejected`` (see
+            :func:`vecpack.preference.packed.plan_pairs`).
         buffer_size: documents the packer chooses from (>= 1). 1 is greedy
             packing in input order (torchtune's); 1000 fills >= 0.99 on
             chat data.
@@ -154,7 +163,9 @@ class StreamingPackedDataset(IterableDataset):
             first ``max_len`` tokens, ``"drop"`` leaves it out, ``"split"``
             cuts it into ``max_len`` chunks (each its own attention segment),
             ``"error"`` raises :class:`~vecpack.errors.InputError`. All are
-            counted in :attr:`stats`.
+            counted in :attr:`stats`. Pairs take ``"truncate"`` (both answers
+            cut to one common cap, as ``vecpack.build`` does), ``"drop"`` or
+            ``"error"``.
         pad_id: input_ids of padding; default: the encoder's ``pad_id``, else 0.
         ignore_index: labels of padding and of every entry's first token.
         on_error: a row that cannot be read or encoded: ``"raise"`` an
@@ -182,7 +193,10 @@ class StreamingPackedDataset(IterableDataset):
             ``num_rows`` read, ``num_documents`` placed, ``num_entries``,
             ``num_packs``, ``num_tokens``, ``fill``, ``empty``, ``rejected``,
             ``truncated``/``truncated_tokens``, ``dropped``/``dropped_tokens``,
-            ``split``/``split_chunks``, ``epoch``. Inside DataLoader workers
+            ``split``/``split_chunks``, ``epoch``. For pairs, a document is
+            a pair (``num_documents``: pairs placed), ``input_tokens`` counts
+            ``2 * prompt + chosen + rejected`` (the prompt once with prefix
+            sharing) and ``truncated_tokens`` the answer tokens cut. Inside DataLoader workers
             each worker's counters are in its state (see
             :meth:`stats_from_loader_state`).
     """
@@ -192,14 +206,20 @@ class StreamingPackedDataset(IterableDataset):
                  strategy: str = "bfd", long: str = "truncate", pad_id: int | None = None,
                  ignore_index: int = -100, on_error: str = "raise", n_jobs: int | None = None,
                  rank: int | None = None, world_size: int | None = None, batch_rows: int = 64,
-                 seed: int | None = 0, encoder=None, weights=None, mix_by: str = "tokens"):
+                 seed: int | None = 0, encoder=None, weights=None, mix_by: str = "tokens",
+                 prefix_sharing: bool = False):
         super().__init__()
         max_len = check_max_len(max_len)
-        check_options(style=style, masking=masking, strategy=strategy, long=long, on_error=on_error)
-        if style == "preference":
-            raise ValueError("StreamingPackedDataset does not stream preference pairs yet; pack them with "
-                             "vecpack.build(..., style='preference') (cached and memory-mapped, a pair per unit) "
-                             "and batch them with vecpack.collate_preference")
+        self.pairs = style == "preference"
+        check_options(style=style, masking=masking, strategy=strategy, on_error=on_error,
+                      **{"pair_long" if self.pairs else "long": long})
+        if prefix_sharing and not self.pairs:
+            raise ValueError("prefix_sharing=True needs style='preference'")
+        if self.pairs and encoder is not None and not getattr(encoder, "pairs", False):
+            raise ValueError(f"style='preference' needs a pair encoder (three documents per row: prompt, chosen, "
+                             f"rejected), such as vecpack.preference.encoder.PairEncoder; got "
+                             f"{type(encoder).__name__}")
+        self.prefix_sharing = bool(prefix_sharing)
         check_choice(strategy, "strategy", STREAM_STRATEGIES,
                      hint="ffd needs every length up front: use vecpack.build")
         buffer_size = check_int(buffer_size, "buffer_size", minimum=1)
@@ -230,7 +250,8 @@ class StreamingPackedDataset(IterableDataset):
                 if not reader(s.kind).streams:
                     raise reader(s.kind)._no_stream(s.name)
         if encoder is None:
-            encoder = encoder_for(tokenizer, style, column, masking, sample, defer=False)[1]
+            encoder = encoder_for(tokenizer, style, column, masking, sample, defer=False,
+                                  cls=encoder_class(style))[1]
         self.encoder = encoder
         self.max_len = int(max_len)
         self.buffer_size = 1 if strategy == "greedy" else int(buffer_size)
@@ -358,6 +379,8 @@ class StreamingPackedDataset(IterableDataset):
         config = {"max_len": self.max_len, "buffer_size": self.buffer_size, "long": self.long,
                   "strategy": self.strategy, "seed": self.seed,
                   "sources": [[s.name, s.kind, int(s.size)] for s in self._srcs]}
+        if self.pairs:  # only then, so that the states of chat streams stay as they were
+            config["pairs"] = {"prefix_sharing": self.prefix_sharing}
         if self._mix is not None:
             config["mixture"] = [[m.name, len(m.srcs), m.weight] for m in self._mix] + [self.mix_by]
         return config

@@ -38,8 +38,12 @@ def encoder_ready(enc_key: str, enc_path: str) -> int:
     return os.getpid()
 
 
-def documents(rows: Rows, n: int) -> tuple[list, dict]:
+def documents(rows: Rows, n: int, per_row: int = 1) -> tuple[list, dict]:
     """``rows`` of a batch of ``n`` payloads -> per payload ``(tokens, labels)`` (None if rejected), and the reasons.
+
+    With ``per_row > 1`` (a preference pair: prompt, chosen, rejected) a
+    payload's documents stay together as ``(tokens, labels, lengths)``, the
+    documents back to back and ``lengths`` their ``per_row`` int64 lengths.
 
     Copies, not views: a view would keep its whole batch array alive for as long as
     one short document of the batch waits in the buffer, and memory would then grow
@@ -47,6 +51,13 @@ def documents(rows: Rows, n: int) -> tuple[list, dict]:
     """
     out: list = [None] * n
     at = 0
+    if per_row != 1:
+        lengths = rows.lengths.reshape(-1, per_row)
+        for k, lens in zip(rows.rows[::per_row].tolist(), lengths):
+            b = at + int(lens.sum())
+            out[k] = (rows.tokens[at:b].copy(), rows.labels[at:b].copy(), lens.copy())
+            at = b
+        return out, dict(rows.rejected)
     for k, length in zip(rows.rows.tolist(), rows.lengths.tolist()):
         out[k] = (rows.tokens[at:at + length].copy(), rows.labels[at:at + length].copy())
         at += length

@@ -218,6 +218,10 @@ def stream_sources(data_files, weights, tokenizer, encoder, *, style: str, colum
 
     out, base = [], 0
     sources = as_sources(data_files, weights, style=style, column=column, masking=masking)
+    if sources and sources[0].style == "preference":
+        raise ValueError("StreamingPackedDataset does not stream mixtures of preference pairs yet; stream "
+                         "each pair set alone (style='preference'), or build the mixture with "
+                         "vecpack.build(sources, tokenizer, max_len, weights=..., style='preference')")
     if encoder is not None:
         own_options(data_files, "encoder=")
     for i, src in enumerate(sources):

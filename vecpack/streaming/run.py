@@ -4,9 +4,14 @@
 tokenized (:mod:`~vecpack.streaming.encoding`), applies the ``long`` policy,
 feeds the online packer (:mod:`vecpack.packing.online`) and lays out each
 emitted pack with the packing kernels, so a streamed pack has exactly the
-layout of ``Packed[i]``. Its state (:meth:`Run.state_dict`) is the read
-cursor, the position of every buffered document and of the open pack's, the
-counters and the epoch; a restore re-reads and re-encodes those documents.
+layout of ``Packed[i]``. Preference pairs (``style="preference"``) are one
+entry each, of ``2 * prompt + chosen + rejected`` tokens (``prompt + chosen +
+rejected`` with prefix sharing), after the pair ``long`` policy of
+:func:`vecpack.preference.packed.pair_policy`; a pack of them is laid out by
+:func:`vecpack.preference.packed.lay_out_pack`, as ``PackedPairs[i]``. Its
+state (:meth:`Run.state_dict`) is the read cursor, the position of every
+buffered document and of the open pack's, the counters and the epoch; a
+restore re-reads and re-encodes those documents.
 """
 
 from __future__ import annotations
@@ -42,13 +47,17 @@ def _docs_from_state(d: dict, rows: np.ndarray) -> list:
     idx = np.searchsorted(saved, rows)
     if (idx >= len(saved)).any() or not np.array_equal(saved[np.minimum(idx, len(saved) - 1)], rows):
         raise ValueError("state is missing the tokens of buffered documents")
+    if d.get("lens") is not None:  # preference pairs: each row's prompt, chosen, rejected lengths
+        lens = np.asarray(d["lens"], np.int64).reshape(len(saved), -1)
+        return [(tokens[off[j]:off[j + 1]], labels[off[j]:off[j + 1]], lens[j]) for j in idx]
     return [(tokens[off[j]:off[j + 1]], labels[off[j]:off[j + 1]]) for j in idx]
 
 
-def rows_of(enc: Encoding, reader: Reader, cursor, anchor) -> Iterator:
-    """``(batch, k, doc or None, reason)`` for every row the reader yields from ``cursor``, encoded."""
+def rows_of(enc: Encoding, reader: Reader, cursor, anchor, per_row: int = 1) -> Iterator:
+    """``(batch, k, doc or None, reason)`` for every row the reader yields from ``cursor``, encoded
+    (``per_row``: documents a row becomes, see :func:`~vecpack.streaming.encoding.documents`)."""
     for batch, rows in enc.map(reader.batches(cursor, anchor)):
-        docs, errors = documents(rows, len(batch.payloads))
+        docs, errors = documents(rows, len(batch.payloads), per_row)
         for k, doc in enumerate(docs):
             yield batch, k, doc, errors.get(k)
 
@@ -67,6 +76,8 @@ class Run:
         self.ds = ds
         self.shard, self.nshards = shard, nshards
         self.max_len = ds.max_len
+        self.pairs = getattr(ds, "pairs", False)   # preference pairs: three documents per row, one entry
+        self.per_row = 3 if self.pairs else 1
         self.packer = BufferPacker(ds.max_len, ds.buffer_size)
         cap = ds.buffer_size + 64
         self.meta = np.zeros((cap, _NCOL), np.int64)     # one row per entry slot
@@ -137,10 +148,13 @@ class Run:
         rows, first = np.unique(self.meta[slots, _ROW], return_index=True)
         docs = [self.docs[int(slots[j])] for j in first]
         lengths = [d[0].shape[0] for d in docs]
-        return {"rows": torch.from_numpy(rows.astype(np.int64)),
-                "offsets": torch.from_numpy(np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)),
-                "tokens": torch.from_numpy(np.concatenate([d[0] for d in docs] or [np.zeros(0, np.int32)])),
-                "labels": torch.from_numpy(np.concatenate([d[1] for d in docs] or [np.zeros(0, np.int32)]))}
+        out = {"rows": torch.from_numpy(rows.astype(np.int64)),
+               "offsets": torch.from_numpy(np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)),
+               "tokens": torch.from_numpy(np.concatenate([d[0] for d in docs] or [np.zeros(0, np.int32)])),
+               "labels": torch.from_numpy(np.concatenate([d[1] for d in docs] or [np.zeros(0, np.int32)]))}
+        if self.pairs:
+            out["lens"] = torch.from_numpy(np.concatenate([d[2] for d in docs] or [np.zeros(0, np.int64)]))
+        return out
 
     def stats_dict(self) -> dict:
         return with_fill(dict(self.stats), self.max_len, self.epoch)
@@ -195,7 +209,8 @@ class Run:
 
     def _rows(self) -> Iterator:
         """``(ref, doc or None, reason)`` per row from the cursor on; the cursor follows."""
-        for batch, k, doc, reason in rows_of(self._encodings[0], self._reader, self.cursor, self.anchor):
+        for batch, k, doc, reason in rows_of(self._encodings[0], self._reader, self.cursor, self.anchor,
+                                             self.per_row):
             # the cursor moves before the row is admitted: nothing reaches the caller in between
             self.cursor = batch.cursors[k]
             self.anchor = batch.anchor
@@ -209,7 +224,7 @@ class Run:
         """The documents at ``refs`` read and encoded again (a restore)."""
         docs = []
         for part in self._encodings[0].encode(self._reader.read_rows(refs), refs):
-            docs.extend(documents(part, part.records)[0])
+            docs.extend(documents(part, part.records, self.per_row)[0])
         return docs
 
     # ------------------------------------------------------------------ the pass
@@ -265,6 +280,8 @@ class Run:
 
     def _admit(self, ref, doc) -> None:
         """Long policy + buffer: one row becomes 0, 1 or several entries."""
+        if self.pairs:
+            return self._admit_pair(ref, doc)
         st = self.stats
         st["num_rows"] += 1
         tokens = doc[0]
@@ -297,15 +314,53 @@ class Run:
                              **self._where(ref))
         st["num_documents"] += 1
         for start, length in chunks:
-            s = self._slot()
-            m = self.meta[s]
-            m[_F], m[_POS], m[_LINE], m[_ROW] = ref[0], ref[1], ref[2], ref[3]
-            m[_START], m[_LEN], m[_DOCLEN] = start, length, n
-            self.docs[s] = doc
-            m[_SEQ] = self.packer.add(s, length)
+            self._buffer(ref, doc, start, length, n)
+
+    def _buffer(self, ref, doc, start: int, length: int, n: int) -> None:
+        """One entry of ``length`` tokens (from ``start`` of a row of ``n``) into a slot and the packer."""
+        s = self._slot()
+        m = self.meta[s]
+        m[_F], m[_POS], m[_LINE], m[_ROW] = ref[0], ref[1], ref[2], ref[3]
+        m[_START], m[_LEN], m[_DOCLEN] = start, length, n
+        self.docs[s] = doc
+        m[_SEQ] = self.packer.add(s, length)
+
+    def _admit_pair(self, ref, doc) -> None:
+        """A preference pair: one entry, after the pair ``long`` policy (never split from its partner)."""
+        from vecpack.preference.packed import pair_policy
+
+        st = self.stats
+        st["num_rows"] += 1
+        p, c, r = (int(x) for x in doc[2])
+        copies = 1 if self.ds.prefix_sharing else 2
+        full = copies * p + c + r
+        st["input_tokens"] += full
+        if full == 0:
+            st["empty"] += 1
+            return
+        M = self.max_len
+        keep_c, keep_r, too_long, dropped = (int(a[0]) for a in pair_policy(doc[2], M, self.ds.long,
+                                                                              self.ds.prefix_sharing))
+        if too_long and self.ds.long == "error":
+            raise InputError(f"preference pair needs {full} tokens (prompt {p}{' twice' if copies == 2 else ''}, "
+                             f"chosen {c}, rejected {r}), more than max_len={M}; pass long='truncate' or "
+                             "'drop', or raise max_len", **self._where(ref))
+        if dropped:
+            st["dropped"] += 1
+            st["dropped_tokens"] += full
+            return
+        if too_long:
+            st["truncated"] += 1
+            st["truncated_tokens"] += c + r - keep_c - keep_r
+        if ref[3] > INT32_MAX:
+            raise InputError(f"row number {int(ref[3])} does not fit int32 document_ids", **self._where(ref))
+        st["num_documents"] += 1
+        self._buffer(ref, doc, 0, copies * p + keep_c + keep_r, p + c + r)
 
     def _emit(self, slots: list) -> dict:
         """The pack of ``slots`` (laid out by the packing kernels, as ``Packed[i]``); frees them."""
+        if self.pairs:
+            return self._emit_pairs(slots)
         M = self.max_len
         ds = self.ds
         lengths = np.empty(len(slots), np.int64)
@@ -329,4 +384,24 @@ class Run:
         st["num_packs"] += 1
         st["num_entries"] += len(slots)
         st["num_tokens"] += int(lengths.sum())
+        return out
+
+    def _emit_pairs(self, slots: list) -> dict:
+        """The pack of the pairs in ``slots``, laid out as ``PackedPairs[i]``; frees them."""
+        from vecpack.preference.packed import lay_out_pack
+
+        ds = self.ds
+        docs = [self.docs[s] for s in slots]
+        rows = self.meta[slots, _ROW].copy()
+        used = int(self.meta[slots, _LEN].sum())
+        for s in slots:
+            self._release(s)
+        out = lay_out_pack(np.concatenate([d[0] for d in docs]), np.concatenate([d[2] for d in docs]), rows,
+                           self.max_len, long=ds.long, prefix_sharing=ds.prefix_sharing, pad_id=ds.pad_id,
+                           ignore_index=ds.ignore_index)
+        self.open = []
+        st = self.stats
+        st["num_packs"] += 1
+        st["num_entries"] += len(slots)
+        st["num_tokens"] += used
         return out
