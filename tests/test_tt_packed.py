@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import random
 import threading
+import warnings
 
 import numpy as np
 import pytest
@@ -20,6 +22,7 @@ from torchtune_helpers import Counting, Mixed, OnlyHere, Repeated, Samples, Slow
 
 from vecpack import PackedDataset  # noqa: E402
 from vecpack.errors import InputError  # noqa: E402
+from vecpack.tokenizing.forkpool import fork_refusal  # noqa: E402
 from vecpack.torchtune import corpus as tt_corpus  # noqa: E402
 from vecpack.torchtune._kernels import fill_pack, split_entries  # noqa: E402
 
@@ -248,14 +251,56 @@ def pool_always(monkeypatch):
     monkeypatch.setattr(ItemEncoder, "slow_to_load", False)
 
 
+needs_fork = pytest.mark.skipif(fork_refusal() is not None, reason="items are not read by forked workers here")
+
+
+def _forked_children() -> list[int]:
+    """Live children of this process that run this interpreter's command line (forked ones)."""
+    me = open("/proc/self/cmdline", "rb").read()
+    found = []
+    for task in os.listdir("/proc/self/task"):
+        for pid in open(f"/proc/self/task/{task}/children").read().split():
+            try:
+                if open(f"/proc/{pid}/cmdline", "rb").read() == me:
+                    found.append(int(pid))
+            except OSError:
+                pass
+    return found
+
+
+def _chunk_dirs() -> list[str]:
+    return [n for n in os.listdir("/dev/shm") if n.startswith(f"vecpack-chunks-{os.getpid()}-")]
+
+
 def test_this_process_works_beside_the_workers(tmp_path, monkeypatch):
-    """Loading a torchtune dataset takes a worker seconds: this process starts on the items at once."""
+    """Loading a torchtune dataset takes a spawned worker seconds: this process starts on the items at once."""
     monkeypatch.setattr(tt_corpus, "POOL_WORTH_SECONDS", 0.0)
+    monkeypatch.setenv("VECPACK_ITEMS_START", "spawn")
     log = tmp_path / "pids.log"
     p = packed(Slow(800, str(log)), max_seq_len=64, n_jobs=2)
     pids = {int(line.split()[1]) for line in log.read_text().splitlines()}
     assert len(pids) == 2 and len(log.read_text().splitlines()) == 800 + 9  # + the probe's items
     assert rows(p) == rows(packed(Repeated(3, 800), max_seq_len=64, n_jobs=1))
+
+
+@needs_fork
+def test_forked_workers_read_every_item(tmp_path, monkeypatch):
+    """On Linux the workers are forked: they inherit the dataset (never pickled: it holds a lock) and
+    read every item while this process waits; the pool ends with the call."""
+    monkeypatch.setattr(tt_corpus, "POOL_WORTH_SECONDS", 0.0)
+    log = tmp_path / "pids.log"
+    ds = Slow(300, str(log))
+    ds.lock = threading.Lock()  # cannot be pickled
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        p = packed(ds, max_seq_len=64, n_jobs=2)
+    lines = [line.split() for line in log.read_text().splitlines()]
+    workers = {int(pid) for i, pid in lines[9:]}  # after the probe's 9 items, read here
+    assert len(lines) == 300 + 9 and {int(pid) for _, pid in lines[:9]} == {os.getpid()}
+    assert len(workers) == 2 and os.getpid() not in workers
+    assert p.stats["backend"] == "items" and p.corpus.stats["n_jobs"] == 2
+    assert rows(p) == rows(packed(Repeated(3, 300), max_seq_len=64, n_jobs=1))
+    assert not _forked_children() and not _chunk_dirs()
 
 
 def test_workers_give_the_same_packs(pool_always):
@@ -272,6 +317,7 @@ def test_workers_give_the_same_packs(pool_always):
 def test_bad_items_are_located_or_skipped(pool_always, caplog):
     with pytest.raises(InputError, match=r"^<Mixed> row 2345: 'labels' has \d+ entries but 'tokens' has \d+$"):
         packed(Mixed(3000, bad=2345), max_seq_len=64, n_jobs=2)
+    assert not _forked_children() and not _chunk_dirs()  # the workers are gone, their chunks removed
     with caplog.at_level(logging.WARNING, logger="vecpack"):
         p = packed(Mixed(3000, bad=2345), max_seq_len=64, n_jobs=2, on_error="skip")
     assert p.stats["rejected"] == 1 and p.stats["rows"] == 3000 and p.stats["num_documents"] == 2999
@@ -286,7 +332,8 @@ def test_bad_items_are_located_or_skipped(pool_always, caplog):
         packed(iter([]), max_seq_len=4)
 
 
-def test_datasets_that_cannot_travel_are_packed_here(pool_always):
+def test_datasets_that_cannot_travel_are_packed_here(pool_always, monkeypatch):
+    monkeypatch.setenv("VECPACK_ITEMS_START", "spawn")  # (forked workers need no pickle)
     class Local(Repeated):  # a class of this function: cloudpickle sends it by value
         lock = None
 
@@ -295,8 +342,6 @@ def test_datasets_that_cannot_travel_are_packed_here(pool_always):
     local.lock = threading.Lock()  # cannot be pickled at all
     with pytest.warns(RuntimeWarning, match="cannot be sent to worker processes"):
         assert len(packed(local, max_seq_len=9, n_jobs=2)) == 67
-    import os
-
     with pytest.warns(RuntimeWarning, match="a worker process could not load"):
         assert len(packed(OnlyHere(os.getpid()), max_seq_len=9, n_jobs=2)) == 167
 

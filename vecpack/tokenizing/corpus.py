@@ -153,7 +153,7 @@ def _tokenize(sources, scratch, tokenizer, encoder, style, column, masking, n_jo
         sources = prepare(sources, scratch, n_jobs)
     estimate = _estimate_output_bytes(sources)
     tasks = plan_chunks(sources, chunk_bytes=chunk_bytes)
-    if pool and len(tasks) > 1:
+    if pool and len(tasks) > 1 and getattr(encoder, "pool", None) is None:  # (a forked pool is up already)
         # one task runs here: starting workers would only take CPU from it
         _pool.warm(n_jobs - 1 if getattr(encoder, "slow_to_load", False) else n_jobs, tokenizer)
     key, texts = None, None

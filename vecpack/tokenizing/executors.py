@@ -15,6 +15,11 @@ inline     here, one after the other (``n_jobs=1``, or     a callback per task
 loky       on the persistent pool (:mod:`~vecpack.tokenizing.pool`)  a shared ``int64`` file of slots
 ray        as Ray tasks (:mod:`~vecpack.tokenizing.ray`)   finished tasks; pending ones cancelled
 =========  ==============================================  =================================
+
+An encoder with a ``pool`` (:class:`~vecpack.tokenizing.forkpool.ForkPool`:
+workers forked with the encoder already in them, for the items of an
+in-memory dataset) runs on that pool instead of loky's, with the same tasks,
+slots and errors.
 """
 
 from __future__ import annotations
@@ -65,8 +70,9 @@ def execute(tasks: list[ChunkTask], encoder, out_dir: str, *, executor: str = "l
         elif n_jobs <= 1 or len(tasks) <= 1:
             _execute_inline(run, encoder, on_error)
         else:
+            forked = getattr(encoder, "pool", None)  # a ForkPool whose workers already hold the encoder
             _execute_pool(run, encoder, on_error, min(n_jobs, len(tasks)),
-                          driver=bool(getattr(encoder, "slow_to_load", False)))
+                          driver=forked is None and bool(getattr(encoder, "slow_to_load", False)), forked=forked)
         run.bar.close(final=sum(m.records for m in run.metas))
         return run.metas  # type: ignore[return-value]
     except ChunkError as e:
@@ -130,16 +136,24 @@ def _execute_inline(run: _Execution, encoder, on_error: str) -> None:
         _run_here(run, task, encoder, on_error, last)
 
 
-def _execute_pool(run: _Execution, encoder, on_error: str, n_jobs: int, driver: bool = False) -> None:
-    """The tasks on ``n_jobs`` workers; with ``driver``, on ``n_jobs - 1`` workers and this process."""
-    from joblib.externals.loky.process_executor import BrokenProcessPool
+def _execute_pool(run: _Execution, encoder, on_error: str, n_jobs: int, driver: bool = False,
+                  forked=None) -> None:
+    """The tasks on ``n_jobs`` workers; with ``driver``, on ``n_jobs - 1`` workers and this process.
 
-    key, blob = _pool._pickled(encoder)
-    enc_path = os.path.join(run.out_dir, "encoder.pkl")
-    with open(enc_path, "wb") as f:
-        f.write(blob)
+    ``forked``: a :class:`~vecpack.tokenizing.forkpool.ForkPool` whose workers
+    inherited the encoder (nothing is pickled); else the persistent loky pool.
+    """
+    from concurrent.futures.process import BrokenProcessPool  # loky's is a subclass
+
     workers = n_jobs - 1 if driver else n_jobs
-    ex = _pool._executor(workers)
+    if forked is not None:
+        key, enc_path, ex = forked.key, "", forked
+    else:
+        key, blob = _pool._pickled(encoder)
+        enc_path = os.path.join(run.out_dir, "encoder.pkl")
+        with open(enc_path, "wb") as f:
+            f.write(blob)
+        ex = _pool._executor(workers)
     slots, futures = run.slots, {}
     queue = list(reversed(run.tasks))  # next task last
     last = [time.monotonic()]
