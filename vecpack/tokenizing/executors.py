@@ -113,8 +113,12 @@ class _Execution:
         del self.slots
 
 
-def _run_here(run: _Execution, task: ChunkTask, encoder, on_error: str, last: list) -> None:
-    """One task in this process, its progress in the shared slots (and the bar, every 0.1 s)."""
+def _run_here(run: _Execution, task: ChunkTask, encoder, on_error: str, last: list, feed=None) -> None:
+    """One task in this process, its progress in the shared slots (and the bar, every 0.1 s).
+
+    ``feed()``, if given, runs at every progress check (every 16 rows): it
+    hands the next tasks to workers that became free meanwhile.
+    """
     slots = run.slots
 
     def progress(done, _slot=1 + task.index):
@@ -125,6 +129,11 @@ def _run_here(run: _Execution, task: ChunkTask, encoder, on_error: str, last: li
             run.bar.update(slots)
         if slots[0]:
             raise _pool.Aborted()
+        if feed is not None:
+            try:
+                feed()
+            except Exception:  # (a broken pool): the driver's loop submits again and reports it
+                pass
 
     run.done(task, tokenize_chunk(task, encoder, run.out_dir, on_error=on_error, progress=progress,
                                   direct=run.direct))
@@ -160,17 +169,23 @@ def _execute_pool(run: _Execution, encoder, on_error: str, n_jobs: int, driver: 
     try:
         pending: set = set()
         error: BaseException | None = None
-        while queue or pending:
-            # every task to the workers; with driver, one each once they are up, the rest here
-            while queue and error is None and (not driver or (len(pending) < workers and _pool.warmed())):
+
+        def feed() -> None:
+            # every task to the workers; with driver, one to each worker that is up and idle (checked
+            # between the driver's own rows too, so no worker waits for the driver's task to end)
+            while queue and error is None and (
+                    not driver or (sum(not f.done() for f in pending) < workers and _pool.warmed())):
                 task = queue.pop()
                 fut = ex.submit(_pool.run_chunk, task, key, enc_path, run.out_dir, on_error,
                                 run.progress_path, len(slots), run.direct)
                 futures[fut] = task
                 pending.add(fut)
+
+        while queue or pending:
+            feed()
             if driver and queue and error is None:
                 try:
-                    _run_here(run, queue.pop(), encoder, on_error, last)
+                    _run_here(run, queue.pop(), encoder, on_error, last, feed)
                 except _pool.Aborted:
                     queue = []
                 except ChunkError as exc:
