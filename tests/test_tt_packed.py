@@ -6,6 +6,7 @@ import logging
 import math
 import os
 import random
+import signal
 import threading
 import warnings
 
@@ -21,7 +22,7 @@ from torchtune.datasets import PackedDataset as TorchtunePacked  # noqa: E402
 from torchtune_helpers import Counting, Mixed, OnlyHere, Repeated, Samples, Slow, WordTokenizer  # noqa: E402
 
 from vecpack import PackedDataset  # noqa: E402
-from vecpack.errors import InputError  # noqa: E402
+from vecpack.errors import InputError, WorkerDiedError  # noqa: E402
 from vecpack.tokenizing.forkpool import fork_refusal  # noqa: E402
 from vecpack.torchtune import corpus as tt_corpus  # noqa: E402
 from vecpack.torchtune._kernels import fill_pack, split_entries  # noqa: E402
@@ -300,6 +301,24 @@ def test_forked_workers_read_every_item(tmp_path, monkeypatch):
     assert len(workers) == 2 and os.getpid() not in workers
     assert p.stats["backend"] == "items" and p.corpus.stats["n_jobs"] == 2
     assert rows(p) == rows(packed(Repeated(3, 300), max_seq_len=64, n_jobs=1))
+    assert not _forked_children() and not _chunk_dirs()
+
+
+class _DiesInAWorker(Repeated):
+    def __init__(self, parent: int):
+        super().__init__(3, 400)
+        self.parent = parent
+
+    def __getitem__(self, i):
+        if i == 150 and os.getpid() != self.parent:
+            os.kill(os.getpid(), signal.SIGKILL)  # as the out-of-memory killer would
+        return super().__getitem__(i)
+
+
+@needs_fork
+def test_a_forked_worker_that_dies(pool_always):
+    with pytest.raises(WorkerDiedError, match="worker process died"):
+        packed(_DiesInAWorker(os.getpid()), max_seq_len=9, n_jobs=2)
     assert not _forked_children() and not _chunk_dirs()
 
 
