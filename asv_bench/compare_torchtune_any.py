@@ -42,6 +42,7 @@ import json
 import os
 import pathlib
 import resource
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -196,7 +197,7 @@ def main(argv=None) -> int:
                             gt_rate) / gt_rate)
         if gv["packs"] != gt["packs"]:
             print(f"  !! pack counts differ: torchtune {gt['packs']}, vecpack {gv['packs']}")
-    generic = sorted(ratios)[len(ratios) // 2]
+    generic = statistics.median(ratios)
     print(f"generic path: {generic:.2f}x torchtune (median of {len(ratios)}: "
           f"{', '.join(f'{r:.2f}' for r in ratios)}); target >= 1.7x on {args.n_jobs} workers: "
           f"{'met' if generic >= 1.7 else 'NOT met'}")
