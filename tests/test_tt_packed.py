@@ -351,6 +351,19 @@ def test_bad_items_are_located_or_skipped(pool_always, caplog):
         packed(iter([]), max_seq_len=4)
 
 
+@pytest.mark.parametrize("bad", [5, 2345])
+def test_bad_items_with_loky_workers_beside_this_process(monkeypatch, bad):
+    """The spawn path: this process reads ranges too, workers get theirs between its rows; the first
+    bad item in index order is reported wherever it was read, and its chunk files are removed."""
+    monkeypatch.setattr(tt_corpus, "POOL_WORTH_SECONDS", 0.0)
+    monkeypatch.setenv("VECPACK_ITEMS_START", "spawn")
+    with pytest.raises(InputError, match=rf"^<Mixed> row {bad}: 'labels' has"):
+        packed(Mixed(3000, bad=bad), max_seq_len=64, n_jobs=2)
+    assert not _chunk_dirs()
+    ds = Mixed(3000, seed=4)
+    assert rows(packed(ds, max_seq_len=64, n_jobs=2)) == rows(packed(ds, max_seq_len=64, n_jobs=1))
+
+
 def test_datasets_that_cannot_travel_are_packed_here(pool_always, monkeypatch):
     monkeypatch.setenv("VECPACK_ITEMS_START", "spawn")  # (forked workers need no pickle)
     class Local(Repeated):  # a class of this function: cloudpickle sends it by value
