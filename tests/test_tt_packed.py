@@ -304,6 +304,32 @@ def test_forked_workers_read_every_item(tmp_path, monkeypatch):
     assert not _forked_children() and not _chunk_dirs()
 
 
+def test_when_items_are_not_forked(monkeypatch):
+    """Forking is refused off Linux, without a fork start method, in a daemonic process, or when asked;
+    the loky path then runs (tested above with VECPACK_ITEMS_START=spawn)."""
+    import multiprocessing
+    import sys
+
+    from vecpack.tokenizing import forkpool
+
+    monkeypatch.setenv("VECPACK_ITEMS_START", "spawn")
+    assert fork_refusal() == "VECPACK_ITEMS_START=spawn"
+    monkeypatch.setenv("VECPACK_ITEMS_START", "thread")
+    with pytest.raises(ValueError, match=r"unknown VECPACK_ITEMS_START 'thread'.*\['auto', 'fork', 'spawn'\]"):
+        packed(Repeated(3, 50), max_seq_len=9, n_jobs=2)
+    monkeypatch.delenv("VECPACK_ITEMS_START")
+    monkeypatch.setattr(forkpool.sys, "platform", "darwin")
+    assert fork_refusal() in ("not Linux", "no fork start method")
+    monkeypatch.setenv("VECPACK_ITEMS_START", "fork")  # asked for: any platform with fork
+    assert fork_refusal() in (None, "no fork start method")
+    monkeypatch.setattr(multiprocessing, "get_all_start_methods", lambda: ["spawn"])
+    assert fork_refusal() == "no fork start method"
+    monkeypatch.undo()
+    if sys.platform.startswith("linux"):
+        monkeypatch.setattr(multiprocessing.current_process(), "_config", {"daemon": True})
+        assert fork_refusal() == "a daemonic multiprocessing process cannot have children"
+
+
 class _DiesInAWorker(Repeated):
     def __init__(self, parent: int):
         super().__init__(3, 400)
