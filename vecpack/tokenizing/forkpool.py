@@ -37,6 +37,7 @@ import multiprocessing
 import os
 import sys
 import uuid
+import warnings
 
 from vecpack.options import ITEMS_START_ENV, items_start_method
 from vecpack.tokenizing import pool as _pool
@@ -103,7 +104,9 @@ class ForkPool:
         self.size = n
         _pool._WORKER_ENCODERS[self.key] = encoder  # what run_chunk finds in the children
         try:
-            with _fork_env(), _pool._sigint_blocked():
+            with _fork_env(), _pool._sigint_blocked(), warnings.catch_warnings():
+                # Python >= 3.12 warns on any fork of a process with threads; the precautions are above
+                warnings.filterwarnings("ignore", r".*multi-threaded.*fork", DeprecationWarning)
                 self._ex = ProcessPoolExecutor(n, mp_context=multiprocessing.get_context("fork"),
                                                initializer=_child_init, initargs=(os.getpid(),))
                 self._ex.submit(os.getpid)  # with fork, the first submit starts every worker, here
@@ -128,13 +131,20 @@ class ForkPool:
 def forked_workers(encoder, n: int):
     """``encoder.pool``: a :class:`ForkPool` of ``n`` workers for the ``with`` block, then stopped.
 
-    Yields the pool, or None (and nothing forks) for ``n < 2`` or when
-    :func:`fork_refusal` says no.
+    Yields the pool, or None (and nothing forks) for ``n < 2``, when
+    :func:`fork_refusal` says no, or when the fork fails (``OSError``, with a
+    warning): the caller then runs its loky path.
     """
     if n < 2 or fork_refusal() is not None:
         yield None
         return
-    fp = ForkPool(encoder, n)
+    try:
+        fp = ForkPool(encoder, n)
+    except OSError as e:  # no memory or no process left for a fork: the caller's loky path
+        warnings.warn(f"vecpack: cannot fork item workers ({e}); using loky workers", RuntimeWarning,
+                      stacklevel=3)
+        yield None
+        return
     encoder.pool = fp
     try:
         yield fp
