@@ -110,6 +110,10 @@ class ForkPool:
                 self._ex = ProcessPoolExecutor(n, mp_context=multiprocessing.get_context("fork"),
                                                initializer=_child_init, initargs=(os.getpid(),))
                 self._ex.submit(os.getpid)  # with fork, the first submit starts every worker, here
+        except BaseException:  # (a fork that failed half-way): stop the workers already there
+            if hasattr(self, "_ex"):
+                self.shutdown(wait=True, kill_workers=True)
+            raise
         finally:
             _pool._WORKER_ENCODERS.pop(self.key, None)
 
