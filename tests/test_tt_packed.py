@@ -357,6 +357,9 @@ def test_workers_give_the_same_packs(pool_always):
                                                                            b.corpus.offsets)):
         assert np.array_equal(x, y)
     assert rows(a) == rows(b)
+    c = packed(ds, max_seq_len=64, n_jobs=3)  # (forked on Linux: three workers on two cores)
+    assert all(np.array_equal(x, y) for x, y in zip((a.corpus.tokens, a.corpus.labels, a.corpus.offsets),
+                                                    (c.corpus.tokens, c.corpus.labels, c.corpus.offsets)))
 
 
 def test_bad_items_are_located_or_skipped(pool_always, caplog):
