@@ -33,6 +33,7 @@ True
 from __future__ import annotations
 
 import contextlib
+import gc
 import multiprocessing
 import os
 import sys
@@ -103,6 +104,11 @@ class ForkPool:
         self.key = f"fork-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         self.size = n
         _pool._WORKER_ENCODERS[self.key] = encoder  # what run_chunk finds in the children
+        # the children's collector never walks (nor writes to, so copies) the inherited heap
+        # (Python's advice for fork without exec); left alone if the caller froze objects itself
+        freeze = gc.get_freeze_count() == 0
+        if freeze:
+            gc.freeze()
         try:
             with _fork_env(), _pool._sigint_blocked(), warnings.catch_warnings():
                 # Python >= 3.12 warns on any fork of a process with threads; the precautions are above
@@ -115,6 +121,8 @@ class ForkPool:
                 self.shutdown(wait=True, kill_workers=True)
             raise
         finally:
+            if freeze:
+                gc.unfreeze()  # this process collects as before
             _pool._WORKER_ENCODERS.pop(self.key, None)
 
     def submit(self, fn, *args):
