@@ -300,6 +300,7 @@ def test_forked_workers_read_every_item(tmp_path, monkeypatch):
     assert len(lines) == 300 + 9 and {int(pid) for _, pid in lines[:9]} == {os.getpid()}
     assert len(workers) == 2 and os.getpid() not in workers
     assert p.stats["backend"] == "items" and p.corpus.stats["n_jobs"] == 2
+    assert p.corpus.stats["chunks"] == math.ceil(300 / 64)  # 4 ms items: tasks of 64 (TASK_SECONDS's floor)
     assert rows(p) == rows(packed(Repeated(3, 300), max_seq_len=64, n_jobs=1))
     assert not _forked_children() and not _chunk_dirs()
 
@@ -352,7 +353,8 @@ def test_workers_give_the_same_packs(pool_always):
     ds = Mixed(3000, seed=2)
     a = packed(ds, max_seq_len=64, n_jobs=1)
     b = packed(ds, max_seq_len=64, n_jobs=2)
-    assert b.stats["rows"] == 3000 and a.corpus.stats["n_jobs"] == 1 and b.corpus.stats["chunks"] > 1
+    assert b.stats["rows"] == 3000 and a.corpus.stats["n_jobs"] == 1
+    assert b.corpus.stats["chunks"] == math.ceil(3000 / (3000 // 16))  # quick items: 8 tasks per worker
     for x, y in zip((a.corpus.tokens, a.corpus.labels, a.corpus.offsets), (b.corpus.tokens, b.corpus.labels,
                                                                            b.corpus.offsets)):
         assert np.array_equal(x, y)

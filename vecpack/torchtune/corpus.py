@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from vecpack._state import memo
-from vecpack.inputs.items import DatasetNotShippable, ItemEncoder, Items
+from vecpack.inputs.items import BYTES_PER_ITEM, DatasetNotShippable, ItemEncoder, Items
 from vecpack.options import items_start_method
 from vecpack.tokenizing.forkpool import fork_refusal, forked_workers
 from vecpack.tokenizing.pool import effective_n_jobs, warm
@@ -40,6 +40,9 @@ log = logging.getLogger("vecpack")
 #: starting the workers and sending them the dataset would cost more.
 POOL_WORTH_SECONDS = 3.0
 _PROBE_ITEMS = 8
+#: What one task of items should take (seconds of ``ds[i]``, as the probe measured them): short
+#: tasks end the run evenly, while a task's own cost (a few ms) stays under 1% of it.
+TASK_SECONDS = 0.25
 _SAID = memo("torchtune corpus notices", 64)
 
 
@@ -141,11 +144,13 @@ def _modules_of(ds) -> tuple:
     return tuple(sorted(n for n in names if n and n not in ("__main__", "builtins")))
 
 
-def _workers(items: Items, encoder: ItemEncoder, n_jobs: int, shared: bool = False) -> tuple[int, bool]:
-    """How many processes read the items, and whether they are forked from this one.
+def _workers(items: Items, encoder: ItemEncoder, n_jobs: int,
+             shared: bool = False) -> tuple[int, bool, int | None]:
+    """How many processes read the items, whether they are forked from this one, items per task.
 
-    ``(1, False)`` when reading the items here is cheaper than starting
-    workers, or when they cannot be sent. Forked workers (Linux, see
+    ``(1, False, None)`` when reading the items here is cheaper than starting
+    workers, or when they cannot be sent. Tasks hold about :data:`TASK_SECONDS`
+    of items as the probe timed them (at least 64, and 8 tasks per worker). Forked workers (Linux, see
     :func:`~vecpack.tokenizing.forkpool.fork_refusal`) inherit the dataset:
     nothing is pickled or imported, so they do all the work and this process
     waits. Otherwise loky workers are warmed (importing the dataset's
@@ -158,7 +163,7 @@ def _workers(items: Items, encoder: ItemEncoder, n_jobs: int, shared: bool = Fal
     if shared and isinstance(n_jobs, int) and n_jobs < 0:
         n = max(1, n // _local_ranks())
     if n <= 1 or len(items) < 2:
-        return 1, False
+        return 1, False, None
     k = min(len(items) - 1, _PROBE_ITEMS)
     try:
         items.ds[items.start]  # the first item pays for lazy imports and cold caches: not timed
@@ -166,11 +171,14 @@ def _workers(items: Items, encoder: ItemEncoder, n_jobs: int, shared: bool = Fal
         for i in range(items.start + 1, items.start + 1 + k):
             items.ds[i]
     except Exception:  # the real run reports it, at its index
-        return 1, False
-    if (time.perf_counter() - t0) / k * len(items) < POOL_WORTH_SECONDS:
-        return 1, False
+        return 1, False, None
+    per_item = (time.perf_counter() - t0) / k
+    if per_item * len(items) < POOL_WORTH_SECONDS:
+        return 1, False, None
+    # tasks of about TASK_SECONDS each (at least 64 items), and at least 8 per worker
+    size = max(64, min(int(TASK_SECONDS / max(per_item, 1e-9)), len(items) // (8 * n)))
     if fork_refusal() is None:
-        return n, True
+        return n, True, size
     # the workers start (and import what the dataset's classes need) while the dataset is pickled
     warm(n - 1 if encoder.slow_to_load else n, modules=_modules_of(items.ds))
     try:
@@ -178,8 +186,8 @@ def _workers(items: Items, encoder: ItemEncoder, n_jobs: int, shared: bool = Fal
     except Exception as e:
         warnings.warn(f"vecpack: {items.name} cannot be sent to worker processes ({type(e).__name__}: {e}); "
                       "reading its items in this process", RuntimeWarning, stacklevel=4)
-        return 1, False
-    return n, False
+        return 1, False, None
+    return n, False, size
 
 
 def items_corpus(ds, *, start: int = 0, stop: int | None = None, fingerprint: str | None = None,
@@ -199,12 +207,13 @@ def items_corpus(ds, *, start: int = 0, stop: int | None = None, fingerprint: st
     keyed = cache and fingerprint is not None and key_data is not None
 
     def read(data, _tokenizer=None, *, encoder, n_jobs, **run):
-        jobs, fork = _workers(data, encoder, n_jobs, shared=not keyed)
+        jobs, fork, size = _workers(data, encoder, n_jobs, shared=not keyed)
         with forked_workers(encoder, jobs if fork else 0):
             if before is not None:  # after the fork: no thread of its own is copied into the workers
                 before()
+            chunk = None if jobs <= 1 or size is None else size * BYTES_PER_ITEM  # tasks of ~TASK_SECONDS
             try:
-                return tokenize(data, encoder=encoder, n_jobs=jobs, **run)
+                return tokenize(data, encoder=encoder, n_jobs=jobs, chunk_bytes=chunk, **run)
             except DatasetNotShippable as e:
                 warnings.warn(f"vecpack: a worker process could not load {data.name} ({e}); reading its "
                               "items in this process", RuntimeWarning, stacklevel=2)
