@@ -206,3 +206,47 @@ def test_after_ctrl_c_only_lokys_manager_thread_is_silenced(monkeypatch):
         t.start()
         t.join()
     assert seen == ["other"]
+
+
+def test_forked_item_workers_end_with_ctrl_c_and_with_their_parent(tmp_path):
+    """PackedDataset's generic path forks its workers (Linux): Ctrl-C stops them, and a SIGKILLed
+    driver takes them along (PR_SET_PDEATHSIG): no orphan reads items on."""
+    from vecpack.tokenizing.forkpool import fork_refusal
+
+    if fork_refusal() is not None:
+        pytest.skip(f"no forked workers here: {fork_refusal()}")
+    runs = {}
+    for how in ("SIGINT", "SIGKILL"):
+        log = tmp_path / f"{how}.log"
+        code = (f"import sys; sys.path.insert(0, {str(REPO / 'tests')!r}); from torchtune_helpers import Slow; "
+                "from vecpack.torchtune import corpus; corpus.POOL_WORTH_SECONDS = 0.0; "  # (no torch import)
+                f"corpus.items_corpus(Slow(4000, {str(log)!r}), cache=False, n_jobs=2, progress=False)")
+        tag = uuid.uuid4().hex
+        runs[how] = (_start([], tag, code=code), tag, log)
+    deadline = time.monotonic() + 90
+    def workers_busy(proc, log) -> bool:  # items logged by a process other than the driver
+        return log.exists() and any(line.split()[1] != str(proc.pid) for line in log.read_text().splitlines()
+                                    if len(line.split()) == 2)
+
+    for how, (proc, tag, log) in runs.items():
+        while not workers_busy(proc, log):
+            if proc.poll() is not None or time.monotonic() > deadline:
+                os.killpg(proc.pid, signal.SIGKILL)
+                pytest.fail(f"the workers never started: {proc.communicate()[1][-2000:]}")
+            time.sleep(0.05)
+        if how == "SIGINT":
+            os.killpg(proc.pid, signal.SIGINT)  # a terminal's Ctrl-C: the whole process group
+            rc, err = _finish(proc, tag, time.monotonic())
+            assert rc != 0 and "KeyboardInterrupt" in err, err[-3000:]
+        else:
+            os.kill(proc.pid, signal.SIGKILL)  # the driver alone
+            proc.communicate(timeout=10)
+            until = time.monotonic() + 3
+            while _tagged(tag) and time.monotonic() < until:
+                time.sleep(0.1)
+            assert not _tagged(tag), f"orphans left behind: {_tagged(tag)}"
+            for name in _shm(proc.pid):  # what the next run would sweep
+                shutil.rmtree(f"/dev/shm/{name}", ignore_errors=True)
+        lines = len(log.read_text().splitlines())
+        time.sleep(0.3)
+        assert len(log.read_text().splitlines()) == lines  # nobody reads items any more

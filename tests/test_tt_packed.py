@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import random
+import signal
 import threading
+import warnings
 
 import numpy as np
 import pytest
@@ -19,7 +22,8 @@ from torchtune.datasets import PackedDataset as TorchtunePacked  # noqa: E402
 from torchtune_helpers import Counting, Mixed, OnlyHere, Repeated, Samples, Slow, WordTokenizer  # noqa: E402
 
 from vecpack import PackedDataset  # noqa: E402
-from vecpack.errors import InputError  # noqa: E402
+from vecpack.errors import InputError, WorkerDiedError  # noqa: E402
+from vecpack.tokenizing.forkpool import fork_refusal  # noqa: E402
 from vecpack.torchtune import corpus as tt_corpus  # noqa: E402
 from vecpack.torchtune._kernels import fill_pack, split_entries  # noqa: E402
 
@@ -248,9 +252,31 @@ def pool_always(monkeypatch):
     monkeypatch.setattr(ItemEncoder, "slow_to_load", False)
 
 
+needs_fork = pytest.mark.skipif(fork_refusal() is not None, reason="items are not read by forked workers here")
+
+
+def _forked_children() -> list[int]:
+    """Live children of this process that run this interpreter's command line (forked ones)."""
+    me = open("/proc/self/cmdline", "rb").read()
+    found = []
+    for task in os.listdir("/proc/self/task"):
+        for pid in open(f"/proc/self/task/{task}/children").read().split():
+            try:
+                if open(f"/proc/{pid}/cmdline", "rb").read() == me:
+                    found.append(int(pid))
+            except OSError:
+                pass
+    return found
+
+
+def _chunk_dirs() -> list[str]:
+    return [n for n in os.listdir("/dev/shm") if n.startswith(f"vecpack-chunks-{os.getpid()}-")]
+
+
 def test_this_process_works_beside_the_workers(tmp_path, monkeypatch):
-    """Loading a torchtune dataset takes a worker seconds: this process starts on the items at once."""
+    """Loading a torchtune dataset takes a spawned worker seconds: this process starts on the items at once."""
     monkeypatch.setattr(tt_corpus, "POOL_WORTH_SECONDS", 0.0)
+    monkeypatch.setenv("VECPACK_ITEMS_START", "spawn")
     log = tmp_path / "pids.log"
     p = packed(Slow(800, str(log)), max_seq_len=64, n_jobs=2)
     pids = {int(line.split()[1]) for line in log.read_text().splitlines()}
@@ -258,20 +284,90 @@ def test_this_process_works_beside_the_workers(tmp_path, monkeypatch):
     assert rows(p) == rows(packed(Repeated(3, 800), max_seq_len=64, n_jobs=1))
 
 
+@needs_fork
+def test_forked_workers_read_every_item(tmp_path, monkeypatch):
+    """On Linux the workers are forked: they inherit the dataset (never pickled: it holds a lock) and
+    read every item while this process waits; the pool ends with the call."""
+    monkeypatch.setattr(tt_corpus, "POOL_WORTH_SECONDS", 0.0)
+    log = tmp_path / "pids.log"
+    ds = Slow(300, str(log))
+    ds.lock = threading.Lock()  # cannot be pickled
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        p = packed(ds, max_seq_len=64, n_jobs=2)
+    lines = [line.split() for line in log.read_text().splitlines()]
+    workers = {int(pid) for i, pid in lines[9:]}  # after the probe's 9 items, read here
+    assert len(lines) == 300 + 9 and {int(pid) for _, pid in lines[:9]} == {os.getpid()}
+    assert len(workers) == 2 and os.getpid() not in workers
+    assert p.stats["backend"] == "items" and p.corpus.stats["n_jobs"] == 2
+    assert p.corpus.stats["chunks"] == math.ceil(300 / 64)  # 4 ms items: tasks of 64 (TASK_SECONDS's floor)
+    assert rows(p) == rows(packed(Repeated(3, 300), max_seq_len=64, n_jobs=1))
+    assert not _forked_children() and not _chunk_dirs()
+
+
+def test_when_items_are_not_forked(monkeypatch):
+    """Forking is refused off Linux, without a fork start method, in a daemonic process, or when asked;
+    the loky path then runs (tested above with VECPACK_ITEMS_START=spawn)."""
+    import multiprocessing
+    import sys
+
+    from vecpack.tokenizing import forkpool
+
+    monkeypatch.setenv("VECPACK_ITEMS_START", "spawn")
+    assert fork_refusal() == "VECPACK_ITEMS_START=spawn"
+    monkeypatch.setenv("VECPACK_ITEMS_START", "thread")
+    with pytest.raises(ValueError, match=r"unknown VECPACK_ITEMS_START 'thread'.*\['auto', 'fork', 'spawn'\]"):
+        packed(Repeated(3, 50), max_seq_len=9, n_jobs=2)
+    monkeypatch.delenv("VECPACK_ITEMS_START")
+    monkeypatch.setattr(forkpool.sys, "platform", "darwin")
+    assert fork_refusal() in ("not Linux", "no fork start method")
+    monkeypatch.setenv("VECPACK_ITEMS_START", "fork")  # asked for: any platform with fork
+    assert fork_refusal() in (None, "no fork start method")
+    monkeypatch.setattr(multiprocessing, "get_all_start_methods", lambda: ["spawn"])
+    assert fork_refusal() == "no fork start method"
+    monkeypatch.undo()
+    if sys.platform.startswith("linux"):
+        monkeypatch.setattr(multiprocessing.current_process(), "_config", {"daemon": True})
+        assert fork_refusal() == "a daemonic multiprocessing process cannot have children"
+
+
+class _DiesInAWorker(Repeated):
+    def __init__(self, parent: int):
+        super().__init__(3, 400)
+        self.parent = parent
+
+    def __getitem__(self, i):
+        if i == 150 and os.getpid() != self.parent:
+            os.kill(os.getpid(), signal.SIGKILL)  # as the out-of-memory killer would
+        return super().__getitem__(i)
+
+
+@needs_fork
+def test_a_forked_worker_that_dies(pool_always):
+    with pytest.raises(WorkerDiedError, match="worker process died"):
+        packed(_DiesInAWorker(os.getpid()), max_seq_len=9, n_jobs=2)
+    assert not _forked_children() and not _chunk_dirs()
+
+
 def test_workers_give_the_same_packs(pool_always):
     ds = Mixed(3000, seed=2)
     a = packed(ds, max_seq_len=64, n_jobs=1)
     b = packed(ds, max_seq_len=64, n_jobs=2)
-    assert b.stats["rows"] == 3000 and a.corpus.stats["n_jobs"] == 1 and b.corpus.stats["chunks"] > 1
+    assert b.stats["rows"] == 3000 and a.corpus.stats["n_jobs"] == 1
+    assert b.corpus.stats["chunks"] == math.ceil(3000 / (3000 // 16))  # quick items: 8 tasks per worker
     for x, y in zip((a.corpus.tokens, a.corpus.labels, a.corpus.offsets), (b.corpus.tokens, b.corpus.labels,
                                                                            b.corpus.offsets)):
         assert np.array_equal(x, y)
     assert rows(a) == rows(b)
+    c = packed(ds, max_seq_len=64, n_jobs=3)  # (forked on Linux: three workers on two cores)
+    assert all(np.array_equal(x, y) for x, y in zip((a.corpus.tokens, a.corpus.labels, a.corpus.offsets),
+                                                    (c.corpus.tokens, c.corpus.labels, c.corpus.offsets)))
 
 
 def test_bad_items_are_located_or_skipped(pool_always, caplog):
     with pytest.raises(InputError, match=r"^<Mixed> row 2345: 'labels' has \d+ entries but 'tokens' has \d+$"):
         packed(Mixed(3000, bad=2345), max_seq_len=64, n_jobs=2)
+    assert not _forked_children() and not _chunk_dirs()  # the workers are gone, their chunks removed
     with caplog.at_level(logging.WARNING, logger="vecpack"):
         p = packed(Mixed(3000, bad=2345), max_seq_len=64, n_jobs=2, on_error="skip")
     assert p.stats["rejected"] == 1 and p.stats["rows"] == 3000 and p.stats["num_documents"] == 2999
@@ -286,7 +382,21 @@ def test_bad_items_are_located_or_skipped(pool_always, caplog):
         packed(iter([]), max_seq_len=4)
 
 
-def test_datasets_that_cannot_travel_are_packed_here(pool_always):
+@pytest.mark.parametrize("bad", [5, 2345])
+def test_bad_items_with_loky_workers_beside_this_process(monkeypatch, bad):
+    """The spawn path: this process reads ranges too, workers get theirs between its rows; the first
+    bad item in index order is reported wherever it was read, and its chunk files are removed."""
+    monkeypatch.setattr(tt_corpus, "POOL_WORTH_SECONDS", 0.0)
+    monkeypatch.setenv("VECPACK_ITEMS_START", "spawn")
+    with pytest.raises(InputError, match=rf"^<Mixed> row {bad}: 'labels' has"):
+        packed(Mixed(3000, bad=bad), max_seq_len=64, n_jobs=2)
+    assert not _chunk_dirs()
+    ds = Mixed(3000, seed=4)
+    assert rows(packed(ds, max_seq_len=64, n_jobs=2)) == rows(packed(ds, max_seq_len=64, n_jobs=1))
+
+
+def test_datasets_that_cannot_travel_are_packed_here(pool_always, monkeypatch):
+    monkeypatch.setenv("VECPACK_ITEMS_START", "spawn")  # (forked workers need no pickle)
     class Local(Repeated):  # a class of this function: cloudpickle sends it by value
         lock = None
 
@@ -295,8 +405,6 @@ def test_datasets_that_cannot_travel_are_packed_here(pool_always):
     local.lock = threading.Lock()  # cannot be pickled at all
     with pytest.warns(RuntimeWarning, match="cannot be sent to worker processes"):
         assert len(packed(local, max_seq_len=9, n_jobs=2)) == 67
-    import os
-
     with pytest.warns(RuntimeWarning, match="a worker process could not load"):
         assert len(packed(OnlyHere(os.getpid()), max_seq_len=9, n_jobs=2)) == 167
 

@@ -160,7 +160,7 @@ def _tokenize(sources, feed, tokenizer, encoder, style, column, masking, n_jobs,
     else:
         tasks = plan_chunks(sources, chunk_bytes=chunk_bytes)
         many = len(tasks) > 1
-        if pool and many:
+        if pool and many and getattr(encoder, "pool", None) is None:  # (a forked pool is up already)
             # one task runs here: starting workers would only take CPU from it
             _pool.warm(n_jobs - 1 if getattr(encoder, "slow_to_load", False) else n_jobs, tokenizer)
     key, texts = None, None

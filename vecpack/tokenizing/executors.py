@@ -15,6 +15,11 @@ inline     here, one after the other (``n_jobs=1``, or     a callback per task
 loky       on the persistent pool (:mod:`~vecpack.tokenizing.pool`)  a shared ``int64`` file of slots
 ray        as Ray tasks (:mod:`~vecpack.tokenizing.ray`)   finished tasks; pending ones cancelled
 =========  ==============================================  =================================
+
+An encoder with a ``pool`` (:class:`~vecpack.tokenizing.forkpool.ForkPool`:
+workers forked with the encoder already in them, for the items of an
+in-memory dataset) runs on that pool instead of loky's, with the same tasks,
+slots and errors.
 """
 
 from __future__ import annotations
@@ -77,8 +82,9 @@ def execute(tasks: list[ChunkTask] | TaskFeed, encoder, out_dir: str, *, executo
         elif n_jobs <= 1 or (feed.finished and len(feed.tasks) <= 1):
             _execute_inline(run, encoder, on_error)
         else:
+            forked = getattr(encoder, "pool", None)  # a ForkPool whose workers already hold the encoder
             _execute_pool(run, encoder, on_error, min(n_jobs, len(feed.tasks)) if feed.finished else n_jobs,
-                          driver=bool(getattr(encoder, "slow_to_load", False)))
+                          driver=forked is None and bool(getattr(encoder, "slow_to_load", False)), forked=forked)
         run.bar.close(final=sum(m.records for m in run.metas))
         return run.metas  # type: ignore[return-value]
     except ChunkError as e:
@@ -165,8 +171,12 @@ class _Execution:
         del self.slots
 
 
-def _run_here(run: _Execution, task: ChunkTask, encoder, on_error: str, last: list) -> None:
-    """One task in this process, its progress in the shared slots (and the bar, every 0.1 s)."""
+def _run_here(run: _Execution, task: ChunkTask, encoder, on_error: str, last: list, feed=None) -> None:
+    """One task in this process, its progress in the shared slots (and the bar, every 0.1 s).
+
+    ``feed()``, if given, runs at every progress check (every 16 rows): it
+    hands the next tasks to workers that became free meanwhile.
+    """
     slots = run.slots
 
     def progress(done, _slot=1 + task.index):
@@ -177,6 +187,11 @@ def _run_here(run: _Execution, task: ChunkTask, encoder, on_error: str, last: li
             run.bar.update(slots)
         if slots[0]:
             raise _pool.Aborted()
+        if feed is not None:
+            try:
+                feed()
+            except Exception:  # (a broken pool): the driver's loop submits again and reports it
+                pass
 
     run.done(task, tokenize_chunk(task, encoder, run.out_dir, on_error=on_error, progress=progress,
                                   direct=run.direct))
@@ -193,16 +208,24 @@ def _execute_inline(run: _Execution, encoder, on_error: str) -> None:
         i += 1
 
 
-def _execute_pool(run: _Execution, encoder, on_error: str, n_jobs: int, driver: bool = False) -> None:
-    """The tasks on ``n_jobs`` workers; with ``driver``, on ``n_jobs - 1`` workers and this process."""
-    from joblib.externals.loky.process_executor import BrokenProcessPool
+def _execute_pool(run: _Execution, encoder, on_error: str, n_jobs: int, driver: bool = False,
+                  forked=None) -> None:
+    """The tasks on ``n_jobs`` workers; with ``driver``, on ``n_jobs - 1`` workers and this process.
 
-    key, blob = _pool._pickled(encoder)
-    enc_path = os.path.join(run.out_dir, "encoder.pkl")
-    with open(enc_path, "wb") as f:
-        f.write(blob)
+    ``forked``: a :class:`~vecpack.tokenizing.forkpool.ForkPool` whose workers
+    inherited the encoder (nothing is pickled); else the persistent loky pool.
+    """
+    from concurrent.futures.process import BrokenProcessPool  # loky's is a subclass
+
     workers = n_jobs - 1 if driver else n_jobs
-    ex = _pool._executor(workers)
+    if forked is not None:
+        key, enc_path, ex = forked.key, "", forked
+    else:
+        key, blob = _pool._pickled(encoder)
+        enc_path = os.path.join(run.out_dir, "encoder.pkl")
+        with open(enc_path, "wb") as f:
+            f.write(blob)
+        ex = _pool._executor(workers)
     futures: dict = {}
     queue = deque(run.tasks)  # taken, not submitted yet
     last = [time.monotonic()]
@@ -210,6 +233,18 @@ def _execute_pool(run: _Execution, encoder, on_error: str, n_jobs: int, driver: 
         pending: set = set()
         error: BaseException | None = None
         feeding = not run.all_taken
+
+        def feed() -> None:
+            # every task to the workers; with driver, one to each worker that is up and idle (checked
+            # between the driver's own rows too, so no worker waits for the driver's task to end)
+            while queue and error is None and (
+                    not driver or (sum(not f.done() for f in pending) < workers and _pool.warmed())):
+                task = queue.popleft()
+                fut = ex.submit(_pool.run_chunk, task, key, enc_path, run.out_dir, on_error,
+                                run.progress_path, len(run.slots), run.direct)
+                futures[fut] = task
+                pending.add(fut)
+
         while queue or pending or feeding:
             changed = run.feed.changed() if feeding else None
             if feeding:   # tasks of inputs still decompressing, as their ranges are on disk
@@ -221,16 +256,10 @@ def _execute_pool(run: _Execution, encoder, on_error: str, n_jobs: int, driver: 
                     error = exc if error is None or earlier(exc, error) else error
                     run.failed, queue = True, deque()
                     run.slots[0] = 1
-            # every task to the workers; with driver, one each once they are up, the rest here
-            while queue and error is None and (not driver or (len(pending) < workers and _pool.warmed())):
-                task = queue.popleft()
-                fut = ex.submit(_pool.run_chunk, task, key, enc_path, run.out_dir, on_error,
-                                run.progress_path, len(run.slots), run.direct)
-                futures[fut] = task
-                pending.add(fut)
+            feed()
             if driver and queue and error is None:
                 try:
-                    _run_here(run, queue.popleft(), encoder, on_error, last)
+                    _run_here(run, queue.popleft(), encoder, on_error, last, feed)
                 except _pool.Aborted:
                     queue, feeding = deque(), False
                 except ChunkError as exc:

@@ -77,8 +77,9 @@ def _allow_engine_memory() -> None:
     is 157 MB, tiktoken 57 MB, plus a chunk's arrays, so a worker whose first
     task was the warm-up would be restarted (and reload everything) mid-run.
     """
-    from joblib.externals.loky import process_executor
-
+    process_executor = sys.modules.get("joblib.externals.loky.process_executor")
+    if process_executor is None:  # not a loky worker (a forked one): nothing restarts it
+        return
     if getattr(process_executor, "_MAX_MEMORY_LEAK_SIZE", 0) < _WORKER_GROWTH_BYTES:
         process_executor._MAX_MEMORY_LEAK_SIZE = _WORKER_GROWTH_BYTES
 
@@ -480,7 +481,8 @@ def _died(exc: BaseException) -> BaseException:
     from joblib.externals.loky.process_executor import TerminatedWorkerError
 
     text = str(exc)
-    if not isinstance(exc, TerminatedWorkerError):  # e.g. a task that failed to unpickle
+    abrupt = "terminated abruptly" in text  # a forked worker (concurrent.futures) that died
+    if not isinstance(exc, TerminatedWorkerError) and not abrupt:  # e.g. a task that failed to unpickle
         return RuntimeError(f"the worker pool broke: {text.strip()}")
     m = re.search(r"exit codes of the workers are \{([^}]*)\}", text)
     codes = m.group(1) if m else "unknown"

@@ -11,7 +11,9 @@ Both go through :func:`vecpack.tokenize` (the worker pool, one progress
 bar, ``on_error``, located errors) and, when keyed, through the cache entry
 that :func:`vecpack.build` uses for a corpus (:func:`~vecpack.store.build.corpus_entry`).
 The generic path runs in this process when the items are quick (measured on
-a few of them) or when the dataset cannot be sent to worker processes.
+a few of them) or when the dataset cannot be sent to worker processes; on
+Linux its workers are forked (:mod:`vecpack.tokenizing.forkpool`), elsewhere
+they are loky's, loading the pickled dataset.
 """
 
 from __future__ import annotations
@@ -25,7 +27,9 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from vecpack._state import memo
-from vecpack.inputs.items import DatasetNotShippable, ItemEncoder, Items
+from vecpack.inputs.items import BYTES_PER_ITEM, DatasetNotShippable, ItemEncoder, Items
+from vecpack.options import items_start_method
+from vecpack.tokenizing.forkpool import fork_refusal, forked_workers
 from vecpack.tokenizing.pool import effective_n_jobs, warm
 
 __all__ = ["Corpus", "items_corpus", "rows_corpus"]
@@ -36,6 +40,9 @@ log = logging.getLogger("vecpack")
 #: starting the workers and sending them the dataset would cost more.
 POOL_WORTH_SECONDS = 3.0
 _PROBE_ITEMS = 8
+#: What one task of items should take (seconds of ``ds[i]``, as the probe measured them): short
+#: tasks end the run evenly, while a task's own cost (a few ms) stays under 1% of it.
+TASK_SECONDS = 0.25
 _SAID = memo("torchtune corpus notices", 64)
 
 
@@ -137,8 +144,17 @@ def _modules_of(ds) -> tuple:
     return tuple(sorted(n for n in names if n and n not in ("__main__", "builtins")))
 
 
-def _workers(items: Items, encoder: ItemEncoder, n_jobs: int, shared: bool = False) -> int:
-    """1 when reading the items here is cheaper than starting workers, or when they cannot be sent.
+def _workers(items: Items, encoder: ItemEncoder, n_jobs: int,
+             shared: bool = False) -> tuple[int, bool, int | None]:
+    """How many processes read the items, whether they are forked from this one, items per task.
+
+    ``(1, False, None)`` when reading the items here is cheaper than starting
+    workers, or when they cannot be sent. Tasks hold about :data:`TASK_SECONDS`
+    of items as the probe timed them (at least 64, and 8 tasks per worker). Forked workers (Linux, see
+    :func:`~vecpack.tokenizing.forkpool.fork_refusal`) inherit the dataset:
+    nothing is pickled or imported, so they do all the work and this process
+    waits. Otherwise loky workers are warmed (importing the dataset's
+    modules) while the dataset is pickled, and this process works beside them.
 
     ``shared``: every rank of the machine builds the same packs at once (no
     cache to wait on), so each takes its share of the cores.
@@ -147,7 +163,7 @@ def _workers(items: Items, encoder: ItemEncoder, n_jobs: int, shared: bool = Fal
     if shared and isinstance(n_jobs, int) and n_jobs < 0:
         n = max(1, n // _local_ranks())
     if n <= 1 or len(items) < 2:
-        return 1
+        return 1, False, None
     k = min(len(items) - 1, _PROBE_ITEMS)
     try:
         items.ds[items.start]  # the first item pays for lazy imports and cold caches: not timed
@@ -155,9 +171,14 @@ def _workers(items: Items, encoder: ItemEncoder, n_jobs: int, shared: bool = Fal
         for i in range(items.start + 1, items.start + 1 + k):
             items.ds[i]
     except Exception:  # the real run reports it, at its index
-        return 1
-    if (time.perf_counter() - t0) / k * len(items) < POOL_WORTH_SECONDS:
-        return 1
+        return 1, False, None
+    per_item = (time.perf_counter() - t0) / k
+    if per_item * len(items) < POOL_WORTH_SECONDS:
+        return 1, False, None
+    # tasks of about TASK_SECONDS each (at least 64 items), and at least 8 per worker
+    size = max(64, min(int(TASK_SECONDS / max(per_item, 1e-9)), len(items) // (8 * n)))
+    if fork_refusal() is None:
+        return n, True, size
     # the workers start (and import what the dataset's classes need) while the dataset is pickled
     warm(n - 1 if encoder.slow_to_load else n, modules=_modules_of(items.ds))
     try:
@@ -165,8 +186,8 @@ def _workers(items: Items, encoder: ItemEncoder, n_jobs: int, shared: bool = Fal
     except Exception as e:
         warnings.warn(f"vecpack: {items.name} cannot be sent to worker processes ({type(e).__name__}: {e}); "
                       "reading its items in this process", RuntimeWarning, stacklevel=4)
-        return 1
-    return n
+        return 1, False, None
+    return n, False, size
 
 
 def items_corpus(ds, *, start: int = 0, stop: int | None = None, fingerprint: str | None = None,
@@ -180,29 +201,32 @@ def items_corpus(ds, *, start: int = 0, stop: int | None = None, fingerprint: st
     """
     from vecpack.tokenizing.corpus import tokenize
 
+    items_start_method()  # a bad VECPACK_ITEMS_START is an error however the items end up being read
     items = Items(ds, start, stop)
     encoder = ItemEncoder(ds, fingerprint)
     keyed = cache and fingerprint is not None and key_data is not None
 
     def read(data, _tokenizer=None, *, encoder, n_jobs, **run):
-        jobs = _workers(data, encoder, n_jobs, shared=not keyed)
-        try:
-            return tokenize(data, encoder=encoder, n_jobs=jobs, **run)
-        except DatasetNotShippable as e:
-            warnings.warn(f"vecpack: a worker process could not load {data.name} ({e}); reading its "
-                          "items in this process", RuntimeWarning, stacklevel=2)
-            return tokenize(data, encoder=encoder, n_jobs=1, **run)
+        jobs, fork, size = _workers(data, encoder, n_jobs, shared=not keyed)
+        with forked_workers(encoder, jobs if fork else 0):
+            if before is not None:  # after the fork: no thread of its own is copied into the workers
+                before()
+            chunk = None if jobs <= 1 or size is None else size * BYTES_PER_ITEM  # tasks of ~TASK_SECONDS
+            try:
+                return tokenize(data, encoder=encoder, n_jobs=jobs, chunk_bytes=chunk, **run)
+            except DatasetNotShippable as e:
+                warnings.warn(f"vecpack: a worker process could not load {data.name} ({e}); reading its "
+                              "items in this process", RuntimeWarning, stacklevel=2)
+                return tokenize(data, encoder=encoder, n_jobs=1, **run)
 
     run = dict(n_jobs=n_jobs, on_error=on_error, progress=progress)
     if keyed:
-        return _keyed(key_data, encoder, items, cache_dir=cache_dir, run=run, tokenize=read, before=before)
+        return _keyed(key_data, encoder, items, cache_dir=cache_dir, run=run, tokenize=read)
     if cache:
         _say_once(f"nocache:{type(ds).__qualname__}",
                   "vecpack: %s has no content fingerprint (vecpack keys only torchtune's own datasets, "
                   "transforms and tokenizers over a datasets.Dataset), so its packs are built without "
                   "the cache, every time", items.name)
-    if before is not None:
-        before()
     corpus = Corpus.of(read(items, encoder=encoder, **run))
     corpus.row_ids = corpus.row_ids + items.start  # tokenize numbers the rows of its input from 0
     return corpus

@@ -282,7 +282,7 @@ class PackedDataset(_TorchtunePackedDataset):
             return self._read_rounds(ds, **run), name
         fp = items_fingerprint(ds) if cache else None
         return items_corpus(ds, fingerprint=fp, key_data=getattr(ds, "_data", None), cache=cache,
-                            cache_dir=cache_dir, **run), name
+                            cache_dir=cache_dir, before=warm_layout, **run), name
 
     def _read_rounds(self, ds, **run) -> Corpus:
         """``max_packs``: read items in growing rounds until torchtune would have stopped (not cached)."""
