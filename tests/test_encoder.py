@@ -539,6 +539,9 @@ def _warm_runtime(enc):
 
     rt = Runtime(enc.runtime.path, "fastokens", warm_start=True)
     assert rt.fast is None and not rt.batch and rt.core is not None  # serving with tiktoken at once
+    time.sleep(0.2)
+    assert rt.candidate is None and not rt.candidate_failed  # fastokens is built only when asked
+    rt.start_candidate()  # (a call large enough to repay it: see runtime.warm_start)
     deadline = time.monotonic() + 120
     while rt.candidate is None and not rt.candidate_failed and time.monotonic() < deadline:
         time.sleep(0.05)

@@ -51,6 +51,17 @@ def test_matches_apply_chat_template_through_the_pool(sharegpt_file, qwen_dir, h
     assert s["seconds"] > 0 and s["rejected_examples"] == []
 
 
+def test_workers_that_build_fastokens_mid_call_give_the_same_arrays(sharegpt_file, qwen_dir, ref, monkeypatch):
+    # any call now counts as large: the workers serve with tiktoken and switch to fastokens when it
+    # is built and checked, whichever chunk that happens at
+    from vecpack.tokenizing import corpus
+
+    monkeypatch.setattr(corpus, "FASTOKENS_WORTH_BYTES", 0)
+    for _ in range(2):
+        t = vecpack.tokenize(sharegpt_file, qwen_dir, n_jobs=2, chunk_bytes=50_000, progress=False)
+        assert same(t, ref) and t.stats["backend"] == "fastokens"
+
+
 @pytest.mark.parametrize("n_jobs", [4])
 def test_n_jobs_4_is_byte_identical(sharegpt_file, qwen_dir, ref, n_jobs):
     t = vecpack.tokenize(sharegpt_file, qwen_dir, n_jobs=n_jobs, chunk_bytes=50_000, progress=False)

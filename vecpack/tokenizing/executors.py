@@ -45,7 +45,7 @@ __all__ = ["earlier", "execute"]
 
 def execute(tasks: list[ChunkTask] | TaskFeed, encoder, out_dir: str, *, executor: str = "loky",
             n_jobs: int = 1, on_error: str = "raise", progress: bool = True, desc: str = "tokenize",
-            merger: ChunkMerger | None = None) -> list[ChunkMeta]:
+            merger: ChunkMerger | None = None, build_fast: bool = False) -> list[ChunkMeta]:
     """Run every task and return the metas in input order.
 
     ``executor="loky"`` runs them in this process (``n_jobs <= 1`` or a single
@@ -57,6 +57,9 @@ def execute(tasks: list[ChunkTask] | TaskFeed, encoder, out_dir: str, *, executo
     ``tasks`` may be a :class:`~vecpack.tokenizing.feed.TaskFeed`: its tasks
     are run as they become known (compressed inputs still decompressing);
     Ray waits for all of them.
+
+    ``build_fast``: the call is large enough for pool workers to build
+    fastokens (:func:`~vecpack.tokenizing.runtime.warm_start`).
 
     Every executor reports failures the same way. On a bad record
     (``on_error="raise"``), an encoder bug, a dead worker, an unreadable
@@ -84,7 +87,8 @@ def execute(tasks: list[ChunkTask] | TaskFeed, encoder, out_dir: str, *, executo
         else:
             forked = getattr(encoder, "pool", None)  # a ForkPool whose workers already hold the encoder
             _execute_pool(run, encoder, on_error, min(n_jobs, len(feed.tasks)) if feed.finished else n_jobs,
-                          driver=forked is None and bool(getattr(encoder, "slow_to_load", False)), forked=forked)
+                          driver=forked is None and bool(getattr(encoder, "slow_to_load", False)), forked=forked,
+                          build_fast=build_fast)
         run.bar.close(final=sum(m.records for m in run.metas))
         return run.metas  # type: ignore[return-value]
     except ChunkError as e:
@@ -209,7 +213,7 @@ def _execute_inline(run: _Execution, encoder, on_error: str) -> None:
 
 
 def _execute_pool(run: _Execution, encoder, on_error: str, n_jobs: int, driver: bool = False,
-                  forked=None) -> None:
+                  forked=None, build_fast: bool = False) -> None:
     """The tasks on ``n_jobs`` workers; with ``driver``, on ``n_jobs - 1`` workers and this process.
 
     ``forked``: a :class:`~vecpack.tokenizing.forkpool.ForkPool` whose workers
@@ -241,7 +245,7 @@ def _execute_pool(run: _Execution, encoder, on_error: str, n_jobs: int, driver: 
                     not driver or (sum(not f.done() for f in pending) < workers and _pool.warmed())):
                 task = queue.popleft()
                 fut = ex.submit(_pool.run_chunk, task, key, enc_path, run.out_dir, on_error,
-                                run.progress_path, len(run.slots), run.direct)
+                                run.progress_path, len(run.slots), run.direct, build_fast)
                 futures[fut] = task
                 pending.add(fut)
 

@@ -84,16 +84,20 @@ def _allow_engine_memory() -> None:
         process_executor._MAX_MEMORY_LEAK_SIZE = _WORKER_GROWTH_BYTES
 
 
-def _worker_setup() -> None:
-    """What a pool worker sets before it builds an engine: its memory allowance, the engines' warm start."""
+def _worker_setup(build_fast: bool = False) -> None:
+    """What a pool worker sets before it builds an engine: its memory allowance, the engines' warm start.
+
+    ``build_fast``: this call is large enough to repay building fastokens (see
+    :func:`~vecpack.tokenizing.runtime.warm_start`).
+    """
     _allow_engine_memory()
-    warm_start()
+    warm_start(build_fast)
 
 
 def run_chunk(task: ChunkTask, enc_key: str, enc_path: str, out_dir: str, on_error: str,
-              progress_path: str, n_slots: int, direct=None) -> ChunkMeta:
+              progress_path: str, n_slots: int, direct=None, build_fast: bool = False) -> ChunkMeta:
     """The function loky workers run: one task, with progress and abort through a shared array."""
-    _worker_setup()
+    _worker_setup(build_fast)
     slots = np.memmap(progress_path, dtype=np.int64, mode="r+", shape=(n_slots,))
     if slots[0]:
         raise Aborted()
@@ -118,9 +122,9 @@ def _engine_ids(path: str, backend: str, texts):
     return engine_ids(path, backend, texts)
 
 
-def _warm(tokenizer_path: str | None = None, modules: tuple = ()) -> int:
+def _warm(tokenizer_path: str | None = None, modules: tuple = (), build_fast: bool = False) -> int:
     """Start a worker; with a tokenizer directory, also build its fast engine now; import ``modules``."""
-    _worker_setup()
+    _worker_setup(build_fast)
     for name in modules:  # what the encoder will need (a dataset's classes import torch...)
         try:
             importlib.import_module(name)
@@ -314,12 +318,13 @@ def tokenizer_dir(tokenizer) -> str | None:
     return path if os.path.isfile(os.path.join(path, "tokenizer.json")) else None
 
 
-def warm(n_jobs: int, tokenizer=None, modules: tuple = ()):
+def warm(n_jobs: int, tokenizer=None, modules: tuple = (), build_fast: bool = False):
     """Start ``n_jobs`` worker processes now (returns at once; they start in the background).
 
     With a tokenizer directory, each worker also builds its tokenizer engine
-    while the driver is busy elsewhere (reading the template); each imports
-    ``modules`` (names) too. Importing loky and launching the processes
+    while the driver is busy elsewhere (reading the template): tiktoken's for a
+    fastokens tokenizer, and fastokens in a thread too with ``build_fast`` (a
+    call large enough to repay it); each imports ``modules`` (names) too. Importing loky and launching the processes
     blocks for about 0.2 s, so the one background starter thread does it.
     Returns its future (None for ``n_jobs < 1``).
     """
@@ -333,7 +338,7 @@ def warm(n_jobs: int, tokenizer=None, modules: tuple = ()):
         with _POOL.lock:  # the exit hook waits for this (or this sees `closing` and stops)
             ex = _executor(n_jobs)
             if not _POOL.warming:  # else already warming
-                _POOL.warming = [ex.submit(_warm, path, tuple(modules)) for _ in range(n_jobs)]
+                _POOL.warming = [ex.submit(_warm, path, tuple(modules), build_fast) for _ in range(n_jobs)]
 
     _stop_at_exit()  # before the start: the exit hook must exist before a pool can
     fut = _in_background(start)

@@ -45,8 +45,8 @@ from vecpack.tokenizing.spec import (
     write_memo,
 )
 
-__all__ = ["PATHOLOGICAL", "PROBES", "PROBE_TEXTS", "Runtime", "engine_ids", "fast_engine", "flat", "hf_facts",
-           "runtime", "warm_start"]
+__all__ = ["FASTOKENS_WORTH_BYTES", "PATHOLOGICAL", "PROBES", "PROBE_TEXTS", "Runtime", "engine_ids", "fast_engine",
+           "flat", "hf_facts", "runtime", "warm_start"]
 
 _PREFIX_CACHE_MAX = 1024        # cached conversation prefixes per process
 # tiktoken's regex engine overflows its backtracking stack on a run of ~1M non-newline
@@ -134,6 +134,7 @@ class Runtime:
         self.path, self.backend = path, backend
         self.candidate = None        # warm start: a built fastokens engine not yet serving
         self.candidate_failed = ""   # why it never will (empty while building or serving)
+        self._pattern = None         # warm start: what start_candidate builds fastokens from
         self.tk = None
         self.core = None
         self.fast = None
@@ -160,12 +161,10 @@ class Runtime:
             if not warm_start:
                 self.fast = self._new_fastokens(pattern)
                 return
-            # serve with tiktoken (built in ~0.2 s) while fastokens (~1.3 s) is built beside it
+            # serve with tiktoken (built in ~0.2 s); fastokens (~1.3 s) is built beside it once a
+            # call is large enough to repay it (start_candidate)
             self.batch = False
-            # not a daemon: the interpreter's exit waits for it (a daemon thread still inside
-            # fastokens' native code when the interpreter finalizes aborts the process)
-            threading.Thread(target=self._build_candidate, args=(pattern,), daemon=False,
-                             name="vecpack-fastokens").start()
+            self._pattern = pattern
         import tiktoken
 
         enc = tiktoken.Encoding(f"vecpack-{path.name}", pat_str=pattern, mergeable_ranks=ranks,
@@ -183,6 +182,17 @@ class Runtime:
 
         return fastokens.Tokenizer.from_tiktoken(str(tiktoken_file(self.path)), pattern=pattern,
                                                  special_tokens=self.added)
+
+    def start_candidate(self) -> None:
+        """Warm start: begin building fastokens in a thread (once; nothing for other runtimes)."""
+        pattern = getattr(self, "_pattern", None)
+        if pattern is None or self.fast is not None:
+            return
+        self._pattern = None
+        # not a daemon: the interpreter's exit waits for it (a daemon thread still inside
+        # fastokens' native code when the interpreter finalizes aborts the process)
+        threading.Thread(target=self._build_candidate, args=(pattern,), daemon=False,
+                         name="vecpack-fastokens").start()
 
     def _build_candidate(self, pattern: str) -> None:
         """Warm start, in a thread (fastokens' construction releases the GIL): build fastokens, probe it.
@@ -317,18 +327,29 @@ def flat(pieces: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
 
 
 _RUNTIMES = memo("tokenizer engines", 4)
-_WARM_START = [False]  # pool workers: fastokens runtimes start on tiktoken (see :func:`warm_start`)
+_WARM_START = [False, False]  # pool workers: [serve with tiktoken first, build fastokens now]
+
+#: Input bytes per worker from which a call builds fastokens (about 1.3 s of CPU) in its
+#: workers: tiktoken costs about 0.08 µs more per byte of chat JSON, so ~16 MB repays it.
+FASTOKENS_WORTH_BYTES = 16 << 20
 
 
-def warm_start() -> None:
+def warm_start(build: bool = False) -> None:
     """From now on, this process's fastokens runtimes serve with tiktoken until fastokens is built.
 
     Pool workers call it: their first chunks then start in ~0.2 s rather than
-    after fastokens' ~1.3 s construction, which runs in a thread beside them.
-    Both engines are exact on the same tables; fastokens takes over only after
-    it gives tiktoken's ids on the probe texts and on the next texts to encode.
+    after fastokens' ~1.3 s construction. ``build``: a call large enough to
+    repay that construction (:data:`FASTOKENS_WORTH_BYTES` per worker) came,
+    so fastokens is built now, in a thread beside the work, and from then on
+    as runtimes are made. Both engines are exact on the same tables;
+    fastokens takes over only after it gives tiktoken's ids on the probe
+    texts and on the next texts to encode.
     """
     _WARM_START[0] = True
+    if build and not _WARM_START[1]:
+        _WARM_START[1] = True
+        for rt in list(_RUNTIMES.values()):
+            rt.start_candidate()
 
 
 def runtime(path: str, backend: str) -> Runtime:
@@ -339,6 +360,8 @@ def runtime(path: str, backend: str) -> Runtime:
     rt = _RUNTIMES.get(key)
     if rt is None:
         rt = _RUNTIMES[key] = Runtime(p, backend, warm_start=_WARM_START[0])
+        if _WARM_START[1]:
+            rt.start_candidate()
     return rt
 
 
