@@ -62,12 +62,15 @@ def verdict(texts, ours, theirs, where=None, backend: str = "fastokens") -> str:
     """``""`` if ``ours[i] == theirs[i]`` for every text, else where they first differ.
 
     ``where(text, i)`` gives the character offset of token ``i`` (for the message).
+    ``ours[i]`` is ``None`` for a text the engine leaves to HF tokenizers (not compared).
 
-    >>> verdict(["ab"], [[1, 2]], [[1, 3]], lambda text, i: i)
+    >>> verdict(["ab", "cd"], [[1, 2], None], [[1, 3], [4]], lambda text, i: i)
     "fastokens and HF tokenizers differ on a sample at token 1 (text near 'ab')"
+    >>> verdict(["cd"], [None], [[4]])
+    ''
     """
     for text, mine, hf in zip(texts, ours, theirs):
-        if list(mine) != list(hf):
+        if mine is not None and list(mine) != list(hf):
             i = next((k for k, (a, b) in enumerate(zip(mine, hf)) if a != b), min(len(mine), len(hf)))
             at = where(text, i) if where is not None else 0
             return (f"{backend} and HF tokenizers differ on a sample at token {i} "

@@ -77,11 +77,16 @@ def fast_engine(path) -> tuple[str, str]:
     return "fastokens", ""
 
 
-def engine_ids(path: str, backend: str, texts) -> list[list[int]] | str:
-    """The ids ``backend``'s runtime gives each of ``texts`` (a parity check's engine side), or why none."""
+def engine_ids(path: str, backend: str, texts) -> list[list[int] | None] | str:
+    """The ids ``backend``'s runtime gives each of ``texts`` (a parity check's engine side), or why none.
+
+    ``None`` for a text the engine does not take (:meth:`Runtime.exact`): HF
+    tokenizers encodes such a text whenever it occurs, so there is nothing to
+    compare, and loading HF tokenizers here (a second or more) is not needed.
+    """
     try:
         rt = runtime(path, backend)
-        return [rt.ids(text).tolist() for text in texts]
+        return [rt.encode(text).tolist() if rt.exact(text) else None for text in texts]
     except Unsupported as e:
         return str(e)
     except Exception as e:  # an engine that fails on a sample is not trusted
