@@ -114,14 +114,17 @@ class Pending:
         self._reason: str | None = None if check is not None else ""
 
     @classmethod
-    def start(cls, encoder, texts, key, workers: int) -> "Pending":
+    def start(cls, encoder, texts, key, workers: int, build_fast: bool = False) -> "Pending":
         if texts is None or getattr(encoder, "backend", None) not in FAST_ENGINES:
             return cls()
-        digest = _digest(key if key is not None else encoder.path, texts)
+        # pool workers serve a fastokens encoder with tiktoken unless the call is large (build_fast):
+        # a sample that passed with one engine has not passed with the other
+        serving = "tiktoken" if workers > 1 and not build_fast else encoder.backend
+        digest = _digest((key if key is not None else encoder.path, serving), texts)
         if digest in _PASSED:  # these very rows passed with this tokenizer in this process
             encoder.pending_check = None
             return cls()
-        return cls(_pool.start_check(encoder, texts, workers), digest, encoder)
+        return cls(_pool.start_check(encoder, texts, workers, build_fast), digest, encoder)
 
     def known(self) -> str:
         """The verdict if it is already known (the engine cannot be built, the check cannot run)."""

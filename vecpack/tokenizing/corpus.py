@@ -183,7 +183,7 @@ def _tokenize(sources, feed, tokenizer, encoder, style, column, masking, n_jobs,
     # thrown away and the rows are tokenized again with HF tokenizers. One task is tokenized
     # here and its check's tiktoken side computed here afterwards, with this process's engine.
     workers = n_jobs if backend == "loky" and many else 1
-    check = Pending.start(encoder, texts, key, workers)
+    check = Pending.start(encoder, texts, key, workers, build_fast)
     early = check.known()
     if early:  # known before anything ran (the engine cannot be built, or the check cannot run)
         encoder = fall_back(encoder, early)

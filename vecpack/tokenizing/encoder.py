@@ -61,7 +61,7 @@ from vecpack.errors import InputError
 from vecpack.options import ENGINES, check_choice, check_options
 from vecpack.tokenizing import backend as _backend
 from vecpack.tokenizing.labels import label_runs, labels_from_parts, part_sizes
-from vecpack.tokenizing.runtime import Runtime, flat, hf_facts, runtime
+from vecpack.tokenizing.runtime import Runtime, hf_facts, runtime
 from vecpack.tokenizing.spec import SPEC_VERSION, materialize, read_dir
 
 __all__ = ["BACKENDS", "ChatEncoder", "ChunkSink", "encoder_for"]
@@ -409,7 +409,6 @@ class ChunkSink:
         self.enc = encoder
         self.rt = rt = encoder.runtime
         self.batch = rt.batch            # one engine per chunk (a warm-started worker switches between two)
-        self.adopting = rt.candidate is not None  # texts kept too: a built fastokens checks them
         self.heads: list = []            # fast rows: cached prefix ids (or None)
         self.texts: list[str] = []       # fast rows: the text after the prefix (batch engines)
         self.ids: list[np.ndarray] = []  # fast rows: its ids (engines that encode text by text)
@@ -460,8 +459,6 @@ class ChunkSink:
             self.texts.append(rest)
         else:
             self.ids.append(rt.encode(rest, rt.allowed if layout is None else self.enc._allowed(layout, parts)))
-            if self.adopting:
-                self.texts.append(rest)
         self.heads.append(head if k else None)
         self.sizes.extend(sizes)
         self.train.extend(train)
@@ -482,8 +479,6 @@ class ChunkSink:
         else:
             pieces = self.ids
             lengths = np.fromiter(map(len, pieces), np.int64, len(pieces))
-            if self.adopting and self.texts:
-                rt.adopt(self.texts, *flat(pieces))
         if pieces is not None:  # cached prefixes go in front of their rows
             heads = self.heads
             lengths = lengths + np.fromiter((0 if h is None else len(h) for h in heads), np.int64, len(heads))

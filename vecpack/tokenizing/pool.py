@@ -116,9 +116,9 @@ def run_chunk(task: ChunkTask, enc_key: str, enc_path: str, out_dir: str, on_err
         del slots, progress  # unmap the progress file now, not at the next collection
 
 
-def _engine_ids(path: str, backend: str, texts):
-    """A parity check's engine side, on a worker (with the engine the worker's chunks use)."""
-    _worker_setup()
+def _engine_ids(path: str, backend: str, texts, build_fast: bool = False):
+    """A parity check's engine side, on a worker set up as the call's chunks set it up (the same engine)."""
+    _worker_setup(build_fast)
     return engine_ids(path, backend, texts)
 
 
@@ -372,7 +372,7 @@ def _in_background(fn):
         return _POOL.starter.submit(fn)
 
 
-def start_check(encoder, texts, n_jobs: int):
+def start_check(encoder, texts, n_jobs: int, build_fast: bool = False):
     """Check ``encoder``'s fast engine (fastokens or tiktoken) against HF tokenizers on ``texts``.
 
     Returns a :class:`vecpack.tokenizing.parity.Check` (``result()``: ``""`` for
@@ -392,10 +392,10 @@ def start_check(encoder, texts, n_jobs: int):
 
     def on_a_worker(all_texts):
         try:
-            return _executor(n_jobs).submit(_engine_ids, path, backend, all_texts)
+            return _executor(n_jobs).submit(_engine_ids, path, backend, all_texts, build_fast)
         except RuntimeError:  # the pool just broke or was shut down: a fresh one
             _shutdown_existing()
-            return _executor(n_jobs).submit(_engine_ids, path, backend, all_texts)
+            return _executor(n_jobs).submit(_engine_ids, path, backend, all_texts, build_fast)
 
     return parity.start(path, texts, backend, on_a_worker)
 

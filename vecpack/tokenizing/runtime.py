@@ -28,7 +28,6 @@ import os
 import pathlib
 import pickle
 import re
-import threading
 import unicodedata
 
 import numpy as np
@@ -137,9 +136,7 @@ class Runtime:
 
     def __init__(self, path: pathlib.Path, backend: str, warm_start: bool = False):
         self.path, self.backend = path, backend
-        self.candidate = None        # warm start: a built fastokens engine not yet serving
-        self.candidate_failed = ""   # why it never will (empty while building or serving)
-        self._pattern = None         # warm start: what start_candidate builds fastokens from
+        self._pattern = None         # warm start: what build_fastokens builds fastokens from
         self.tk = None
         self.core = None
         self.fast = None
@@ -166,8 +163,8 @@ class Runtime:
             if not warm_start:
                 self.fast = self._new_fastokens(pattern)
                 return
-            # serve with tiktoken (built in ~0.2 s); fastokens (~1.3 s) is built beside it once a
-            # call is large enough to repay it (start_candidate)
+            # serve with tiktoken (built in ~0.2 s); fastokens (~1.3 s) is built once a call is
+            # large enough to repay it (build_fastokens)
             self.batch = False
             self._pattern = pattern
         import tiktoken
@@ -188,53 +185,21 @@ class Runtime:
         return fastokens.Tokenizer.from_tiktoken(str(tiktoken_file(self.path)), pattern=pattern,
                                                  special_tokens=self.added)
 
-    def start_candidate(self) -> None:
-        """Warm start: begin building fastokens in a thread (once; nothing for other runtimes)."""
-        pattern = getattr(self, "_pattern", None)
+    def build_fastokens(self) -> None:
+        """Warm start: build fastokens now and serve with it from the next encode on (once).
+
+        Called between two encodes, never during one, so a chunk is always
+        encoded by one engine. If fastokens cannot be built, tiktoken serves on
+        (exact, only slower).
+        """
+        pattern, self._pattern = self._pattern, None
         if pattern is None or self.fast is not None:
             return
-        self._pattern = None
-        # not a daemon: the interpreter's exit waits for it (a daemon thread still inside
-        # fastokens' native code when the interpreter finalizes aborts the process)
-        threading.Thread(target=self._build_candidate, args=(pattern,), daemon=False,
-                         name="vecpack-fastokens").start()
-
-    def _build_candidate(self, pattern: str) -> None:
-        """Warm start, in a thread (fastokens' construction releases the GIL): build fastokens, probe it.
-
-        It must give tiktoken's ids on :data:`PROBE_TEXTS` (awkward and
-        pathological strings and the added tokens) before it may serve; it
-        then also checks the first texts it would take (:meth:`adopt`).
-        """
         try:
-            fast = self._new_fastokens(pattern)
-            texts = [t for t in (*PROBE_TEXTS, *self.added) if self.exact(t)]
-            ids, offsets = fast.encode_batch_flat(texts)
-            ids, offsets = np.frombuffer(ids, np.int32), np.frombuffer(offsets, np.int64)
-            for j, t in enumerate(texts):
-                if not np.array_equal(ids[offsets[j]:offsets[j + 1]], self.encode(t)):
-                    self.candidate_failed = f"fastokens and tiktoken differ on {t[:40]!r}"
-                    return
-            self.candidate = fast
-        except Exception as e:  # tiktoken keeps serving: exact, only slower
-            self.candidate_failed = f"fastokens could not be built ({type(e).__name__}: {e})"
-
-    def adopt(self, texts: list[str], ids: np.ndarray, offsets: np.ndarray) -> bool:
-        """Warm start: let the built fastokens serve from now on if it gives ``ids`` (tiktoken's) for ``texts``.
-
-        Called on this process's main thread between two encodes, never during
-        one, so a chunk is always encoded by one engine. Returns whether it did.
-        """
-        fast, self.candidate = self.candidate, None
-        if fast is None:
-            return False
-        mine, my_offsets = fast.encode_batch_flat(texts)
-        if not (np.array_equal(np.frombuffer(my_offsets, np.int64), offsets)
-                and np.array_equal(np.frombuffer(mine, np.int32), ids)):
-            self.candidate_failed = "fastokens and tiktoken differ on a chunk's text"
-            return False
-        self.fast, self.batch = fast, True
-        return True
+            self.fast = self._new_fastokens(pattern)
+        except Exception:  # pragma: no cover - the same tables built tiktoken; it serves on
+            return
+        self.batch = True
 
     def hf(self):
         """HF tokenizers for this tokenizer (loaded on first use)."""
@@ -285,10 +250,6 @@ class Runtime:
             slow = [i for i, t in enumerate(texts) if not self.exact(t)]
             if self.batch and not slow:
                 return self.encode_batch(texts) if n else (np.zeros(0, np.int32), np.zeros(1, np.int64))
-            if self.candidate is not None and not slow and n:
-                ids, offsets = self._encode_each(texts)
-                self.adopt(texts, ids, offsets)
-                return ids, offsets
             skip = set(slow)
             fast = [t for i, t in enumerate(texts) if i not in skip]
             if self.batch and fast:
@@ -298,10 +259,6 @@ class Runtime:
                 fast_ids = iter([self.encode(t) for t in fast])
             pieces = [self.hf_ids(t) if i in skip else next(fast_ids) for i, t in enumerate(texts)]
         return flat(pieces)
-
-    def _encode_each(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
-        """:meth:`encode` of each text, back to back: ``(ids, offsets)``."""
-        return flat([self.encode(t) for t in texts])
 
     def ids(self, text: str) -> np.ndarray:
         """HF tokenizers' ids of any ``text``: the fast engine's when :meth:`exact`, else HF's own."""
@@ -342,19 +299,20 @@ FASTOKENS_WORTH_BYTES = 16 << 20
 def warm_start(build: bool = False) -> None:
     """From now on, this process's fastokens runtimes serve with tiktoken until fastokens is built.
 
-    Pool workers call it: their first chunks then start in ~0.2 s rather than
-    after fastokens' ~1.3 s construction. ``build``: a call large enough to
-    repay that construction (:data:`FASTOKENS_WORTH_BYTES` per worker) came,
-    so fastokens is built now, in a thread beside the work, and from then on
-    as runtimes are made. Both engines are exact on the same tables;
-    fastokens takes over only after it gives tiktoken's ids on the probe
-    texts and on the next texts to encode.
+    Pool workers call it: a small call then starts in ~0.2 s rather than
+    after fastokens' ~1.3 s construction. ``build``: this call is large
+    enough to repay that construction (:data:`FASTOKENS_WORTH_BYTES` per
+    worker), so fastokens is built now (before the call's first chunk: built
+    beside tiktoken, it slowed both down more than it saved) and from then on
+    as runtimes are made. Both engines are exact on the same tables, and the
+    call's parity check runs on a worker set up the same way, so it compares
+    HF tokenizers with the engine the call's chunks use.
     """
     _WARM_START[0] = True
     if build and not _WARM_START[1]:
         _WARM_START[1] = True
         for rt in list(_RUNTIMES.values()):
-            rt.start_candidate()
+            rt.build_fastokens()
 
 
 def runtime(path: str, backend: str) -> Runtime:
@@ -366,7 +324,7 @@ def runtime(path: str, backend: str) -> Runtime:
     if rt is None:
         rt = _RUNTIMES[key] = Runtime(p, backend, warm_start=_WARM_START[0])
         if _WARM_START[1]:
-            rt.start_candidate()
+            rt.build_fastokens()
     return rt
 
 
