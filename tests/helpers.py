@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pathlib
 import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from typing import Callable
 
@@ -106,3 +108,15 @@ def flex_eager_attention(module, query, key, value, attention_mask, scaling=None
         out = flex_attention(query, key, value, block_mask=attention_mask, scale=scaling,
                              enable_gqa=query.shape[1] != key.shape[1])
     return out.transpose(1, 2).contiguous(), None
+
+
+@contextlib.contextmanager
+def sigint_after(seconds: float):
+    """Send this thread SIGINT (what Ctrl-C does) after ``seconds``, unless the block ended first."""
+    main = threading.get_ident()
+    timer = threading.Timer(seconds, lambda: signal.pthread_kill(main, signal.SIGINT))
+    timer.start()
+    try:
+        yield
+    finally:
+        timer.cancel()

@@ -234,20 +234,15 @@ def _rerun_after_a_failed_check(forms, ref, monkeypatch):
 
 
 def test_ctrl_c_while_decompressing_stops_the_thread_and_cleans_up(forms, monkeypatch):
-    import signal
     import threading
     import time
 
+    from helpers import sigint_after
+
     _slow_codec(monkeypatch, pause=0.01)                     # ~1 s of decompression
-    main = threading.get_ident()
-    timer = threading.Timer(0.4, lambda: signal.pthread_kill(main, signal.SIGINT))
-    timer.start()
     t0 = time.monotonic()
-    try:
-        with pytest.raises(KeyboardInterrupt):
-            vecpack.tokenize(str(forms["gzip"][0]), TOKENIZER, n_jobs=2, progress=False, chunk_bytes=20_000)
-    finally:
-        timer.cancel()
+    with sigint_after(0.4), pytest.raises(KeyboardInterrupt):
+        vecpack.tokenize(str(forms["gzip"][0]), TOKENIZER, n_jobs=2, progress=False, chunk_bytes=20_000)
     assert time.monotonic() - t0 < 5
     assert not any(t.name == "vecpack-decompress" for t in threading.enumerate())
     leftover = [n for n in os.listdir("/dev/shm") if n.startswith(f"vecpack-chunks-{os.getpid()}-")] \

@@ -14,6 +14,7 @@ import time
 
 import numpy as np
 import pytest
+from helpers import sigint_after
 
 import vecpack
 from vecpack.chat.formats import to_messages
@@ -250,16 +251,9 @@ def test_dead_worker_raises_quickly_and_leaves_nothing(tmp_path):
 def test_ctrl_c_stops_workers_and_cleans_up(tmp_path):
     rows = [conv(i, "SLOW " * (i % 3)) for i in range(300)]
     path = write_jsonl(tmp_path / "slow.jsonl", rows)
-    main = threading.get_ident()
-    timer = threading.Timer(1.5, lambda: signal.pthread_kill(main, signal.SIGINT))
-    timer.start()
     t0 = time.monotonic()
-    try:
-        with pytest.raises(KeyboardInterrupt):
-            vecpack.tokenize(path, encoder=SlowEncoder(), n_jobs=2, chunk_bytes=2000,
-                             progress=False)
-    finally:
-        timer.cancel()
+    with sigint_after(1.5), pytest.raises(KeyboardInterrupt):
+        vecpack.tokenize(path, encoder=SlowEncoder(), n_jobs=2, chunk_bytes=2000, progress=False)
     assert time.monotonic() - t0 < 15
     assert not leftovers()
     assert len(vecpack.tokenize(path, encoder=ByteEncoder(), n_jobs=2, progress=False)) == 300
