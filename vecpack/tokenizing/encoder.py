@@ -407,8 +407,7 @@ class ChunkSink:
 
     def __init__(self, encoder: ChatEncoder):
         self.enc = encoder
-        self.rt = rt = encoder.runtime
-        self.batch = rt.batch            # one engine per chunk (a warm-started worker switches between two)
+        self.rt = encoder.runtime
         self.heads: list = []            # fast rows: cached prefix ids (or None)
         self.texts: list[str] = []       # fast rows: the text after the prefix (batch engines)
         self.ids: list[np.ndarray] = []  # fast rows: its ids (engines that encode text by text)
@@ -455,7 +454,7 @@ class ChunkSink:
             self.slow[self.rows] = self.enc._encode_tokenizers(parts, train)
             self.rows += 1
             return
-        if self.batch:
+        if rt.batch:
             self.texts.append(rest)
         else:
             self.ids.append(rt.encode(rest, rt.allowed if layout is None else self.enc._allowed(layout, parts)))
@@ -470,7 +469,7 @@ class ChunkSink:
         ``self.trainable`` is then the number of trained tokens.
         """
         rt = self.rt
-        if self.batch:
+        if rt.batch:
             ids, offsets = rt.encode_batch(self.texts) if self.texts else (np.zeros(0, np.int32),
                                                                            np.zeros(1, np.int64))
             lengths = np.diff(offsets)

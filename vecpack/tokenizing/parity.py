@@ -43,12 +43,39 @@ import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 
 from vecpack.tokenizing import _hf_server
-from vecpack.tokenizing.runtime import PATHOLOGICAL, PROBES, engine_ids
+from vecpack.tokenizing.runtime import engine_ids
 from vecpack.tokenizing.spec import Unsupported, tiktoken_spec
 
 __all__ = ["PATHOLOGICAL", "PROBES", "Check", "HFProcessExited", "preload", "probes", "reason", "shutdown", "start",
            "verdict"]
 
+PROBES = (
+    "Hello world! It's 2024-06-01, isn't it? I'LL SEE you'RE 123456789 times.",
+    "  leading spaces\n\n\ntrailing   \t\n  \r\n\r\n x",
+    "ação, coração, São Paulo — «citações» ¿qué? naïve café 日本語のテキスト 한국어 Ελληνικά",
+    "emoji 🤖🚀👩‍💻 flags 🇧🇷 combining e\u0301 a\u0300 \u212b Å",
+    "def f(x):\n    return x**2  # comment\n\tindent = {'a': [1, 2]}\n",
+    "1 12 123 1234 12345 3.14159 1,000,000 ½ ² ٣",
+    "\u00a0nbsp\u2003em\u3000ideographic \u200b zero\u200dwidth",
+    "Cafe\u0301 re\u0301sume\u0301 \u1100\u1161\u11a8 \u0915\u094d\u0937 \ufb01 \u2460 \uff21 x\u0338",
+)
+
+
+def _pathological() -> tuple[str, ...]:
+    """Long runs that regex engines and BPE find hard, a few thousand characters each (fixed)."""
+    import random
+
+    rng = random.Random(0)
+    b64 = "".join(rng.choice("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/")
+                  for _ in range(3000))
+    runs = (" " * 3000, "".join(rng.choice(" \t\n") for _ in range(3000)), "a" * 3000, "7" * 3000, b64,
+            "".join(chr(rng.randrange(0x4E00, 0x9FA5)) for _ in range(1500)), "\U0001F600\U0001F680" * 500,
+            "\u3000" * 500, "\t" * 500 + "x")
+    return (*runs, *(f"Look: {r} ok." for r in runs))
+
+
+#: Long runs of one kind: every check compares them too.
+PATHOLOGICAL = _pathological()
 _TIMEOUT = 600.0  # seconds a check may take before it counts as failed (HF then runs)
 
 

@@ -322,10 +322,11 @@ def warm(n_jobs: int, tokenizer=None, modules: tuple = (), build_fast: bool = Fa
     """Start ``n_jobs`` worker processes now (returns at once; they start in the background).
 
     With a tokenizer directory, each worker also builds its tokenizer engine
-    while the driver is busy elsewhere (reading the template): tiktoken's for a
-    fastokens tokenizer, and fastokens in a thread too with ``build_fast`` (a
-    call large enough to repay it); each imports ``modules`` (names) too. Importing loky and launching the processes
-    blocks for about 0.2 s, so the one background starter thread does it.
+    while the driver is busy elsewhere (reading the template): tiktoken for a
+    fastokens tokenizer, and fastokens as well with ``build_fast`` (a call
+    large enough to repay it); each imports ``modules`` (names) too. Importing
+    loky and launching the processes blocks for about 0.2 s, so the one
+    background starter thread does it.
     Returns its future (None for ``n_jobs < 1``).
     """
     if n_jobs < 1:

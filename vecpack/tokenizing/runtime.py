@@ -44,8 +44,7 @@ from vecpack.tokenizing.spec import (
     write_memo,
 )
 
-__all__ = ["FASTOKENS_WORTH_BYTES", "PATHOLOGICAL", "PROBES", "PROBE_TEXTS", "Runtime", "engine_ids", "fast_engine",
-           "flat", "hf_facts", "runtime", "warm_start"]
+__all__ = ["FASTOKENS_WORTH_BYTES", "Runtime", "engine_ids", "fast_engine", "hf_facts", "runtime", "warm_start"]
 
 _PREFIX_CACHE_MAX = 1024        # cached conversation prefixes per process
 # tiktoken's regex engine overflows its backtracking stack on a run of ~1M non-newline
@@ -90,37 +89,6 @@ def engine_ids(path: str, backend: str, texts) -> list[list[int] | None] | str:
         return str(e)
     except Exception as e:  # an engine that fails on a sample is not trusted
         return f"{backend} failed on a sample ({type(e).__name__}: {e})"
-
-
-PROBES = (
-    "Hello world! It's 2024-06-01, isn't it? I'LL SEE you'RE 123456789 times.",
-    "  leading spaces\n\n\ntrailing   \t\n  \r\n\r\n x",
-    "ação, coração, São Paulo — «citações» ¿qué? naïve café 日本語のテキスト 한국어 Ελληνικά",
-    "emoji 🤖🚀👩‍💻 flags 🇧🇷 combining e\u0301 a\u0300 \u212b Å",
-    "def f(x):\n    return x**2  # comment\n\tindent = {'a': [1, 2]}\n",
-    "1 12 123 1234 12345 3.14159 1,000,000 ½ ² ٣",
-    "\u00a0nbsp\u2003em\u3000ideographic \u200b zero\u200dwidth",
-    "Cafe\u0301 re\u0301sume\u0301 \u1100\u1161\u11a8 \u0915\u094d\u0937 \ufb01 \u2460 \uff21 x\u0338",
-)
-
-
-def _pathological() -> tuple[str, ...]:
-    """Long runs that regex engines and BPE find hard, a few thousand characters each (fixed)."""
-    import random
-
-    rng = random.Random(0)
-    b64 = "".join(rng.choice("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/")
-                  for _ in range(3000))
-    runs = (" " * 3000, "".join(rng.choice(" \t\n") for _ in range(3000)), "a" * 3000, "7" * 3000, b64,
-            "".join(chr(rng.randrange(0x4E00, 0x9FA5)) for _ in range(1500)), "\U0001F600\U0001F680" * 500,
-            "\u3000" * 500, "\t" * 500 + "x")
-    return (*runs, *(f"Look: {r} ok." for r in runs))
-
-
-#: Long runs of one kind: every parity check compares them too.
-PATHOLOGICAL = _pathological()
-#: What a warm-started fastokens must encode as tiktoken does before it serves.
-PROBE_TEXTS = (*PROBES, *PATHOLOGICAL)
 
 
 class Runtime:
@@ -258,7 +226,10 @@ class Runtime:
             else:
                 fast_ids = iter([self.encode(t) for t in fast])
             pieces = [self.hf_ids(t) if i in skip else next(fast_ids) for i, t in enumerate(texts)]
-        return flat(pieces)
+        offsets = np.zeros(n + 1, np.int64)
+        np.cumsum(np.fromiter(map(len, pieces), np.int64, n), out=offsets[1:])
+        ids = np.concatenate(pieces).astype(np.int32, copy=False) if n else np.zeros(0, np.int32)
+        return ids, offsets
 
     def ids(self, text: str) -> np.ndarray:
         """HF tokenizers' ids of any ``text``: the fast engine's when :meth:`exact`, else HF's own."""
@@ -277,15 +248,6 @@ class Runtime:
         for m in self.special_re.finditer(prefix) if self.special_re is not None else ():
             k = m.end()
         return k, self.ids(prefix[:k]).astype(np.int32, copy=True)
-
-
-def flat(pieces: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
-    """``(ids int32, offsets int64 [len(pieces) + 1])`` of id arrays put back to back."""
-    n = len(pieces)
-    offsets = np.zeros(n + 1, np.int64)
-    np.cumsum(np.fromiter(map(len, pieces), np.int64, n), out=offsets[1:])
-    ids = np.concatenate(pieces).astype(np.int32, copy=False) if n else np.zeros(0, np.int32)
-    return ids, offsets
 
 
 _RUNTIMES = memo("tokenizer engines", 4)
