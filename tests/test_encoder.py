@@ -561,3 +561,54 @@ def _sink_arrays(enc, rows):
     for r in rows:
         sink.add(r)
     return [a.tolist() for a in sink.finish()]
+
+
+def test_chunk_with_several_cached_prefixes_equals_hf(qwen_dir):
+    """Rows with different system prompts (and none) interleaved: each row gets its own prefix's ids."""
+    systems = [None, "You are helpful.", "Você é o assistente jurídico.", "你是一个有用的助手。", None]
+    rows = []
+    for i in range(60):
+        conv = [] if systems[i % 5] is None else [{"from": "system", "value": systems[i % 5]}]
+        conv += [{"from": "human", "value": f"pergunta {i} ação"}, {"from": "gpt", "value": f"resposta {i}" * (i % 4)}]
+        rows.append({"conversations": conv})
+    enc = ChatEncoder.from_tokenizer(qwen_dir)
+    enc.runtime.prefix_cache.clear()
+    sink = enc.chunk_sink()
+    for r in rows:
+        sink.add(r)
+    tokens, labels, lengths = sink.finish()
+    assert sum(h is not None for h in sink.heads) > 30 and len(enc.runtime.prefix_cache) >= 3
+    hf = ChatEncoder.from_tokenizer(qwen_dir, backend="tokenizers")
+    want = [hf.encode_row(r) for r in rows]
+    assert lengths.tolist() == [len(t) for t, _ in want]
+    assert tokens.tolist() == np.concatenate([t for t, _ in want]).tolist()
+    assert labels.tolist() == np.concatenate([lab for _, lab in want]).tolist()
+
+
+@hypothesis.settings(max_examples=200, deadline=None, derandomize=True)
+@hypothesis.given(st.lists(st.tuples(st.integers(-1, 3), st.integers(0, 5)), max_size=30))
+def test_with_heads_equals_prepending_row_by_row(rows):
+    """The vectorised prefix splice vs putting each row's prefix in front of it, one row at a time."""
+    from vecpack.tokenizing.encoder import _with_heads
+
+    table = [np.arange(100 * (h + 1), 100 * (h + 1) + h + 1, dtype=np.int32) for h in range(4)]
+    heads = [None if h < 0 else table[h] for h, _ in rows]
+    rests = [np.arange(1000 * i, 1000 * i + n, dtype=np.int32) for i, (_, n) in enumerate(rows)]
+    ids = np.concatenate(rests) if rests else np.zeros(0, np.int32)
+    lengths = np.array([len(r) for r in rests], np.int64)
+    out, out_lengths = _with_heads(ids, lengths, heads)
+    want = [np.concatenate([h, r]) if h is not None else r for h, r in zip(heads, rests)]
+    assert out.tolist() == (np.concatenate(want).tolist() if want else [])
+    assert out_lengths.tolist() == [len(w) for w in want]
+    assert out.dtype == np.int32
+
+
+def test_latin1_text_is_nfc():
+    """is_nfc's shortcut: no Latin-1 character decomposes, combines, or composes with the one before."""
+    from vecpack.tokenizing.runtime import is_nfc
+
+    latin1 = [chr(c) for c in range(256)]
+    assert all(unicodedata.combining(c) == 0 and unicodedata.is_normalized("NFC", c) for c in latin1)
+    assert all(unicodedata.is_normalized("NFC", a + b) for a in latin1 for b in latin1)
+    for text in ("Você é", "e\u0301", "\u212b", "日本語", "A\u030a", "ñ" * 50 + "\u0303", "x"):
+        assert is_nfc(text) == unicodedata.is_normalized("NFC", text)

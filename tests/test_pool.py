@@ -440,7 +440,7 @@ def test_a_multiprocessing_child_that_used_the_pool_exits_promptly(data, tmp_pat
 
 
 def _leak_limit_after_warm():
-    from joblib.externals.loky import process_executor
+    from loky import process_executor
 
     pool._warm()  # every task of ours starts like this (tokenize_chunk's _run_chunk too)
     return process_executor._MAX_MEMORY_LEAK_SIZE

@@ -10,8 +10,8 @@ This module is the public API. Where each piece lives is in
 >>> len(packed), packed[0]["input_ids"].tolist()
 (2, [1, 2, 3, 0])
 
-Names that need torch or the tokenizers (collators, datasets, ``tokenize``) are
-imported on first use, so ``import vecpack`` stays light.
+Every name but the errors is imported on first use, so ``import vecpack`` stays
+light (and a tokenizer worker loads only what it runs).
 """
 
 from vecpack._version import __version__ as __version__
@@ -20,17 +20,18 @@ from vecpack.errors import InputError as InputError
 from vecpack.errors import UselessOutputError as UselessOutputError
 from vecpack.errors import VecpackError as VecpackError
 from vecpack.errors import WorkerDiedError as WorkerDiedError
-from vecpack.mixing.source import Source as Source
-from vecpack.packing.packed import Packed as Packed
-from vecpack.packing.packed import pack as pack
-from vecpack.packing.plan import Plan as Plan
-from vecpack.packing.plan import plan as plan
-from vecpack.store.build import build as build
-from vecpack.store.saved import load as load
-from vecpack.store.saved import save as save
 
-# name -> the module that defines it, imported on first use
+# name -> the module that defines it, imported on first use (a tokenizer worker, which
+# imports vecpack.tokenizing, then loads neither the packer nor the cache)
 _LAZY = {
+    "Packed": "vecpack.packing.packed",
+    "Plan": "vecpack.packing.plan",
+    "Source": "vecpack.mixing.source",
+    "build": "vecpack.store.build",
+    "load": "vecpack.store.saved",
+    "pack": "vecpack.packing.packed",
+    "plan": "vecpack.packing.plan",
+    "save": "vecpack.store.saved",
     "DocumentMeanLoss": "vecpack.integrations.loss",
     "FlexBatch": "vecpack.integrations.collate",
     "PackedChatDataset": "vecpack.torchtune.chat",

@@ -48,9 +48,7 @@ import hashlib
 import itertools
 import os
 import pathlib
-import unicodedata
 import warnings
-from array import array
 
 import numpy as np
 
@@ -61,7 +59,7 @@ from vecpack.errors import InputError
 from vecpack.options import ENGINES, check_choice, check_options
 from vecpack.tokenizing import backend as _backend
 from vecpack.tokenizing.labels import label_runs, labels_from_parts, part_sizes
-from vecpack.tokenizing.runtime import Runtime, hf_facts, runtime
+from vecpack.tokenizing.runtime import Runtime, hf_facts, is_nfc, runtime
 from vecpack.tokenizing.spec import SPEC_VERSION, materialize, read_dir
 
 __all__ = ["BACKENDS", "ChatEncoder", "ChunkSink", "encoder_for"]
@@ -349,8 +347,7 @@ class ChatEncoder:
             raise InputError(f"HF tokenizers cannot encode this row: {e}") from None
         if self.masking == "all":
             return tokens, tokens.copy()
-        if rt.bytelen is not None and not (rt.nfc and not text.isascii()
-                                           and not unicodedata.is_normalized("NFC", text)):
+        if rt.bytelen is not None and not (rt.nfc and not is_nfc(text)):
             done = labels_from_parts(tokens, rt.bytelen, part_sizes(parts), train, bytelen32=rt.bytelen32)
             if done is not None:  # byte-level BPE: the tokens spell the text
                 return tokens, done[0]
@@ -394,12 +391,14 @@ def _literal_specials(layout, rt: "Runtime"):
 class ChunkSink:
     """The rows of one chunk, encoded with the fast engine and labelled in one pass.
 
-    Per row, :meth:`add` renders the conversation and notes the UTF-8 size and
-    trainability of each piece; a prefix holding only template text and the
-    system prompt (the same in many rows) is tokenized once per process. With
-    fastokens every row's text is encoded in one ``encode_batch_flat`` call at
-    :meth:`finish`; with tiktoken, row by row as it comes. :meth:`finish`
-    concatenates the tokens and labels the whole chunk with
+    Per row, :meth:`add` renders the conversation and keeps its text and the
+    UTF-8 size and trainability of each piece (references only: they are
+    flattened once, at :meth:`finish`). A prefix holding only template text and
+    the system prompt (the same in many rows) is tokenized once per process,
+    and its ids are spliced in front of the rows that start with it, all rows
+    at once. With fastokens every row's text is encoded in one
+    ``encode_batch_flat`` call at :meth:`finish`; with tiktoken, row by row as
+    it comes. :meth:`finish` labels the whole chunk with
     :func:`~vecpack.tokenizing.labels.labels_from_parts`. A row the fast engine
     cannot take exactly (see :meth:`~vecpack.tokenizing.runtime.Runtime.exact`)
     is encoded by HF tokenizers on its own and slotted in at its place.
@@ -411,8 +410,8 @@ class ChunkSink:
         self.heads: list = []            # fast rows: cached prefix ids (or None)
         self.texts: list[str] = []       # fast rows: the text after the prefix (batch engines)
         self.ids: list[np.ndarray] = []  # fast rows: its ids (engines that encode text by text)
-        self.sizes = array("q")          # UTF-8 sizes of every piece of every fast row
-        self.train = array("b")          # and whether it is trained
+        self.sizes: list = []            # fast rows: the UTF-8 size of each piece
+        self.train: list = []            # fast rows: whether each piece is trained
         self.slow: dict[int, tuple] = {}  # row index -> (tokens, labels) of a row HF encoded
         self.rows = 0
 
@@ -434,7 +433,7 @@ class ChunkSink:
         except UnicodeEncodeError:
             raise InputError("text contains a lone surrogate (invalid Unicode)") from None
         text = rest = "".join(parts)
-        k, head, exact = 0, None, None
+        head, exact = None, None
         if n_cache:
             c = sum(map(len, parts[:n_cache])) if n_cache > 1 else len(parts[0])
             if 0 < c <= _PREFIX_MAX_CHARS:
@@ -443,9 +442,9 @@ class ChunkSink:
                 if hit is None:
                     k, ids = rt.cache_prefix(key)
                     hit = rt.prefix_cache[key] = (k, ids, rt.exact(key[:k]))
-                k, head, prefix_exact = hit
+                k, ids, prefix_exact = hit
                 if k:
-                    rest = text[k:]
+                    head, rest = ids, text[k:]
                     # an exact prefix and an exact rest that starts with an ASCII character make an exact
                     # whole (nothing composes or reorders across that boundary): the prefix is not re-scanned
                     if prefix_exact and rest[:1].isascii():
@@ -458,9 +457,9 @@ class ChunkSink:
             self.texts.append(rest)
         else:
             self.ids.append(rt.encode(rest, rt.allowed if layout is None else self.enc._allowed(layout, parts)))
-        self.heads.append(head if k else None)
-        self.sizes.extend(sizes)
-        self.train.extend(train)
+        self.heads.append(head)
+        self.sizes.append(sizes)
+        self.train.append(train)
         self.rows += 1
 
     def finish(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -473,21 +472,17 @@ class ChunkSink:
             ids, offsets = rt.encode_batch(self.texts) if self.texts else (np.zeros(0, np.int32),
                                                                            np.zeros(1, np.int64))
             lengths = np.diff(offsets)
-            pieces = None if not any(h is not None for h in self.heads) else \
-                [ids[offsets[j]:offsets[j + 1]] for j in range(len(self.texts))]
         else:
-            pieces = self.ids
-            lengths = np.fromiter(map(len, pieces), np.int64, len(pieces))
-        if pieces is not None:  # cached prefixes go in front of their rows
-            heads = self.heads
-            lengths = lengths + np.fromiter((0 if h is None else len(h) for h in heads), np.int64, len(heads))
-            pieces = [x for h, p in zip(heads, pieces) for x in ((h, p) if h is not None else (p,))]
-            ids = np.concatenate(pieces) if pieces else np.zeros(0, np.int32)
-        done = labels_from_parts(ids, rt.bytelen, np.frombuffer(self.sizes, np.int64),
-                                 np.frombuffer(self.train, np.int8), masking_all=self.enc.masking == "all",
+            lengths = np.fromiter(map(len, self.ids), np.int64, len(self.ids))
+            ids = np.concatenate(self.ids) if self.ids else np.zeros(0, np.int32)
+        ids, lengths = _with_heads(ids, lengths, self.heads)
+        chain = itertools.chain.from_iterable
+        sizes = np.fromiter(chain(self.sizes), np.int64)
+        train = np.fromiter(chain(self.train), np.int8, len(sizes))
+        done = labels_from_parts(ids, rt.bytelen, sizes, train, masking_all=self.enc.masking == "all",
                                  bytelen32=rt.bytelen32)
         if done is None:  # pragma: no cover - the engine's tokens do not spell the text
-            raise RuntimeError(f"the tokens of a chunk cover other bytes than its text's {sum(self.sizes)}")
+            raise RuntimeError(f"the tokens of a chunk cover other bytes than its text's {int(sizes.sum())}")
         labels, self.trainable = done
         if not self.slow:
             return ids, labels, lengths
@@ -510,6 +505,39 @@ class ChunkSink:
             lens.append(len(t))
         return (np.concatenate(toks).astype(np.int32, copy=False), np.concatenate(labs).astype(np.int32, copy=False),
                 np.asarray(lens, np.int64))
+
+
+def _with_heads(ids: np.ndarray, lengths: np.ndarray, heads: list) -> tuple[np.ndarray, np.ndarray]:
+    """``(ids, lengths)`` with each row's cached prefix ids (``heads[i]``, or ``None``) in front of it.
+
+    ``ids`` holds the rows' other tokens back to back, ``lengths[i]`` row i's
+    count of them. All rows at once: one pass per distinct prefix, then the
+    rest fills the positions no prefix took, in order.
+
+    >>> ids, lengths = _with_heads(np.array([7, 8, 9], np.int32), np.array([1, 2]),
+    ...                            [np.array([1, 2], np.int32), None])
+    >>> ids.tolist(), lengths.tolist()
+    ([1, 2, 7, 8, 9], [3, 2])
+    """
+    keys = np.fromiter(map(id, heads), np.int64, len(heads))
+    if not len(keys) or (keys == id(None)).all():
+        return ids, lengths
+    distinct, rows_of = np.unique(keys, return_inverse=True)
+    table = {id(h): h for h in heads if h is not None}
+    head_len = np.array([0 if k == id(None) else len(table[k]) for k in distinct.tolist()], np.int64)[rows_of]
+    lengths = lengths + head_len
+    starts = np.cumsum(lengths) - lengths
+    out = np.empty(int(lengths.sum()), np.int32)
+    rest = np.ones(len(out), bool)
+    for d, key in enumerate(distinct.tolist()):
+        if key == id(None):
+            continue
+        h = table[key]
+        at = starts[rows_of == d][:, None] + np.arange(len(h))  # [rows with this prefix, its length]
+        out[at] = h
+        rest[at] = False
+    out[rest] = ids
+    return out, lengths
 
 
 # --------------------------------------------------------------------------- one encoder per process

@@ -77,7 +77,7 @@ def _allow_engine_memory() -> None:
     is 157 MB, tiktoken 57 MB, plus a chunk's arrays, so a worker whose first
     task was the warm-up would be restarted (and reload everything) mid-run.
     """
-    process_executor = sys.modules.get("joblib.externals.loky.process_executor")
+    process_executor = sys.modules.get("loky.process_executor")
     if process_executor is None:  # not a loky worker (a forked one): nothing restarts it
         return
     if getattr(process_executor, "_MAX_MEMORY_LEAK_SIZE", 0) < _WORKER_GROWTH_BYTES:
@@ -204,7 +204,7 @@ def _executor(n_jobs: int):
         # loky at once can deadlock) and launching the workers; we need them anyway
         wait([starting], timeout=60)
         _POOL.starting = None
-    from joblib.externals.loky import get_reusable_executor
+    from loky import get_reusable_executor
 
     with _POOL.lock:  # warm() may be starting the pool in its thread right now
         if _POOL.closing:
@@ -297,7 +297,7 @@ def _before_thread_join() -> None:
 
 def _shutdown_existing() -> None:
     # loky not imported (or its import still under way in the starter thread): there is no pool
-    reusable_executor = sys.modules.get("joblib.externals.loky.reusable_executor")
+    reusable_executor = sys.modules.get("loky.reusable_executor")
     if reusable_executor is None:
         return
     held = _POOL.lock.acquire(timeout=10)  # let a pool that warm() is starting finish starting
@@ -334,7 +334,7 @@ def warm(n_jobs: int, tokenizer=None, modules: tuple = (), build_fast: bool = Fa
     path = tokenizer_dir(tokenizer)
 
     def start():
-        from joblib.externals.loky import get_reusable_executor  # noqa: F401 - outside the lock
+        from loky import get_reusable_executor  # noqa: F401 - outside the lock
 
         with _POOL.lock:  # the exit hook waits for this (or this sees `closing` and stops)
             ex = _executor(n_jobs)
@@ -484,7 +484,7 @@ def _pickled(encoder) -> tuple[str, bytes]:
 
 
 def _died(exc: BaseException) -> BaseException:
-    from joblib.externals.loky.process_executor import TerminatedWorkerError
+    from loky.process_executor import TerminatedWorkerError
 
     text = str(exc)
     abrupt = "terminated abruptly" in text  # a forked worker (concurrent.futures) that died

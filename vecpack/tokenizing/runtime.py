@@ -44,12 +44,29 @@ from vecpack.tokenizing.spec import (
     write_memo,
 )
 
-__all__ = ["FASTOKENS_WORTH_BYTES", "Runtime", "engine_ids", "fast_engine", "hf_facts", "runtime", "warm_start"]
+__all__ = ["FASTOKENS_WORTH_BYTES", "Runtime", "engine_ids", "fast_engine", "hf_facts", "is_nfc", "runtime",
+           "warm_start"]
 
 _PREFIX_CACHE_MAX = 1024        # cached conversation prefixes per process
 # tiktoken's regex engine overflows its backtracking stack on a run of ~1M non-newline
 # spaces; such a text (any run this long, to be safe) goes to HF tokenizers instead
 _LONG_WS = re.compile(r"\s{100000}")
+
+
+def is_nfc(text: str) -> bool:
+    """Whether ``text`` is in Unicode normalization form C (``unicodedata.is_normalized("NFC", text)``).
+
+    Text of Latin-1 characters only is NFC: none of U+0000-U+00FF decomposes,
+    has a combining class, or composes with the character before it, in every
+    Unicode version. Telling so is a copy (``encode("latin-1")``), about 7x
+    faster than the general check, which the rest still get.
+
+    >>> is_nfc("Você é"), is_nfc("Voce\u0302"), is_nfc("日本")
+    (True, False, True)
+    """
+    if text.isascii() or len(text.encode("latin-1", "ignore")) == len(text):
+        return True
+    return unicodedata.is_normalized("NFC", text)
 
 
 def fast_engine(path) -> tuple[str, str]:
@@ -179,7 +196,7 @@ class Runtime:
 
     def exact(self, text: str) -> bool:
         """Whether this fast engine gives ``text`` HF's ids (else HF tokenizers must encode it)."""
-        if self.nfc and not text.isascii() and not unicodedata.is_normalized("NFC", text):
+        if self.nfc and not is_nfc(text):
             return False
         return self.core is None or len(text) < 100_000 or _LONG_WS.search(text) is None
 

@@ -21,6 +21,7 @@ import numpy as np
 
 from vecpack._state import memo
 from vecpack.errors import InputError
+from vecpack.tokenizing.runtime import is_nfc
 from vecpack.torchtune.messages import Msg
 
 __all__ = ["ENGINES", "QwenEngine", "engine", "split_long_runs", "tokenizer_state"]
@@ -88,7 +89,7 @@ class QwenEngine(_Engine):
     def encode(self, text: str) -> list[int]:
         # torchtune Qwen2Tokenizer.encode(text, add_bos=False, add_eos=False): NFC, then special
         # tokens split out of the text, then BPE (encode_ordinary skips tiktoken's special scan)
-        if not unicodedata.is_normalized("NFC", text):
+        if not is_nfc(text):
             text = unicodedata.normalize("NFC", text)
         if self._has_special is not None and self._has_special(text):
             return self.enc.encode(text, allowed_special="all", disallowed_special=())
