@@ -247,3 +247,29 @@ def test_pickle_round_trip_keeps_data_not_views():
     again = pickle.loads(blob)
     assert all(np.array_equal(before[k], again[3][k]) for k in before)
     assert np.array_equal(again.labels, packed.labels)
+
+
+def test_large_fills_get_their_own_pages(monkeypatch):
+    """Arrays from _MMAP_FROM bytes on live in anonymous mappings: same values, read-only once
+    materialized, and they pickle as data."""
+    import pickle
+
+    from vecpack.packing import packed as packed_mod
+
+    rng = np.random.default_rng(5)
+    lengths = rng.integers(1, 40, 300)
+    tokens = rng.integers(1, 1000, int(lengths.sum())).astype(np.int32)
+    offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+    want = pack(tokens, offsets, 64)
+    want_arrays = {n: getattr(want, n).copy() for n in ("input_ids", "labels", "position_ids", "document_ids")}
+    monkeypatch.setattr(packed_mod, "_MMAP_FROM", 0)
+    got = pack(tokens, offsets, 64)
+    for name, a in want_arrays.items():
+        b = getattr(got, name)
+        root = b
+        while isinstance(root, np.ndarray):
+            root = root.base
+        assert isinstance(root, memoryview) and type(root.obj).__name__ == "mmap" and not b.flags.writeable
+        np.testing.assert_array_equal(a, b)
+    np.testing.assert_array_equal(pickle.loads(pickle.dumps(got.input_ids)), want_arrays["input_ids"])
+    np.testing.assert_array_equal(got.rows(3, 9)["labels"], want_arrays["labels"][3:9])

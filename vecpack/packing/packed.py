@@ -319,7 +319,7 @@ class Packed:
     # -- all packs --------------------------------------------------------
     def _fill(self, start: int, stop: int) -> dict:
         shape = (stop - start, self.max_len)
-        out = {name: np.empty(shape, np.int32) for name in _ARRAYS}
+        out = {name: _empty(shape) for name in _ARRAYS}
         if stop > start and len(self._parts) == 1:
             _kernels.fill_packs(self._tokens, self._labels, self._offsets, self._doc_index,
                                 self._doc_start, self._doc_length, self._pack_offsets, start,
@@ -374,6 +374,28 @@ class Packed:
     def document_ids(self) -> np.ndarray:
         """[P, max_len] int32 source document index of each token, -1 on padding."""
         return self._materialize()["document_ids"]
+
+
+_MMAP_FROM = 64 << 20  # bytes from which a filled array gets pages of its own (see _empty)
+
+
+def _empty(shape: tuple[int, int]) -> np.ndarray:
+    """An uninitialised int32 array; a large one in anonymous memory of its own.
+
+    numpy asks the kernel for transparent huge pages for every large array;
+    where the machine only gives them on request (``madvise``, as on most
+    distributions) and memory is fragmented, each first touch of such an array
+    can wait for the kernel to compact memory: materializing 2.6 GB of packs
+    took 5.6 s that way against 4.0 s with plain pages, after tokenizing
+    1M rows on the 2-core dev machine. A private anonymous mapping gets
+    plain pages and is unmapped when the array is freed.
+    """
+    nbytes = int(np.prod(shape)) * 4
+    if nbytes < _MMAP_FROM:
+        return np.empty(shape, np.int32)
+    import mmap
+
+    return np.frombuffer(mmap.mmap(-1, nbytes), np.int32).reshape(shape)
 
 
 def pack(tokens, offsets, max_len: int, *, labels=None, strategy: str = "bfd", pad_id: int = 0,
