@@ -260,7 +260,11 @@ def _forked_children() -> list[int]:
     me = open("/proc/self/cmdline", "rb").read()
     found = []
     for task in os.listdir("/proc/self/task"):
-        for pid in open(f"/proc/self/task/{task}/children").read().split():
+        try:  # a thread may end between the listing and the read
+            children = open(f"/proc/self/task/{task}/children").read().split()
+        except OSError:
+            continue
+        for pid in children:
             try:
                 if open(f"/proc/{pid}/cmdline", "rb").read() == me:
                     found.append(int(pid))
