@@ -46,7 +46,8 @@ from __future__ import annotations
 from vecpack.errors import InputError
 from vecpack.options import CHAT_STYLES, check_choice
 
-__all__ = ["CHAT_STYLES", "DEFAULT_COLUMNS", "OPENAI_ROLES", "SHAREGPT_ROLES", "roles_contents", "to_messages"]
+__all__ = ["CHAT_STYLES", "DEFAULT_COLUMNS", "MESSAGE_SHAPES", "OPENAI_ROLES", "SHAREGPT_ROLES", "roles_contents",
+           "to_messages"]
 
 
 #: The column each style reads unless ``column`` renames it.
@@ -112,7 +113,7 @@ def roles_contents(row, style: str, column: str | None = None) -> tuple[tuple[st
     >>> roles_contents({"conversations": [{"from": "human", "value": "Hi"}]}, "sharegpt")
     (('user',), ['Hi'])
     """
-    fast = _FAST.get(style)
+    fast = MESSAGE_SHAPES.get(style)
     if fast is not None:
         roles, key, value = fast
         try:
@@ -251,4 +252,6 @@ def _text(row: dict, column: str) -> list[dict]:
 
 
 _CONVERTERS = {"sharegpt": _sharegpt, "openai": _openai, "alpaca": _alpaca, "text": _text}
-_FAST = {"sharegpt": (SHAREGPT_ROLES, "from", "value"), "openai": (OPENAI_ROLES, "role", "content")}
+#: style -> (role names, role key, text key) of the plain message shape that
+#: :func:`roles_contents` (and the compiled row lane) read without validating each field
+MESSAGE_SHAPES = {"sharegpt": (SHAREGPT_ROLES, "from", "value"), "openai": (OPENAI_ROLES, "role", "content")}

@@ -326,16 +326,22 @@ class ChatTemplate:
         ``add_generation_prompt`` renders the template's generation prompt
         after the last message (a layout of its own per role sequence).
         """
+        layout = self.layout(roles, add_generation_prompt)
+        if self.mode == "compiled" and type(layout) is _Layout and not self._tripped_contents(contents):
+            return layout.fill(contents), layout.train, layout.n_cacheable, layout
+        return self._located([{"role": r, "content": c} for r, c in zip(roles, contents)], layout,
+                             add_generation_prompt)
+
+    def layout(self, roles: tuple, add_generation_prompt: bool = False):
+        """The compiled :class:`_Layout` of this role sequence (made once), or what stands for none:
+        ``None`` (Jinja renders such rows) or the template's error."""
         key = (roles, True) if add_generation_prompt else roles
         layout = self._layouts.get(key, False)
         if layout is False:
             if len(self._layouts) >= _MAX_LAYOUTS:
                 self._layouts.clear()
             layout = self._layouts[key] = self._compile(roles, add_generation_prompt)
-        if self.mode == "compiled" and type(layout) is _Layout and not self._tripped_contents(contents):
-            return layout.fill(contents), layout.train, layout.n_cacheable, layout
-        return self._located([{"role": r, "content": c} for r, c in zip(roles, contents)], layout,
-                             add_generation_prompt)
+        return layout
 
     def _tripped(self, messages) -> bool:
         """Whether a message holds a string the template tests for (so the layout may not apply)."""
@@ -505,11 +511,7 @@ class ChatTemplate:
                 continue
             if self._tripped(messages):
                 continue  # rendered by Jinja anyway
-            roles = tuple(m["role"] for m in messages)
-            key = (roles, True) if gen else roles
-            layout = self._layouts.get(key, False)
-            if layout is False:
-                layout = self._layouts[key] = self._compile(roles, gen)
+            layout = self.layout(tuple(m["role"] for m in messages), gen)
             if type(layout) is _Layout and "".join(layout.fill([m["content"] for m in messages])) != text:
                 bad += 1
         if bad:

@@ -225,6 +225,7 @@ class ChatEncoder:
     def __getstate__(self):
         state = self.__dict__.copy()
         state["_rt"] = None
+        state.pop("_lane", None)  # the row lane's tables: rebuilt where they are used
         state["pending_check"] = None  # the driver runs it; workers never do
         return state
 
@@ -511,8 +512,7 @@ def _with_heads(ids: np.ndarray, lengths: np.ndarray, heads: list) -> tuple[np.n
     """``(ids, lengths)`` with each row's cached prefix ids (``heads[i]``, or ``None``) in front of it.
 
     ``ids`` holds the rows' other tokens back to back, ``lengths[i]`` row i's
-    count of them. All rows at once: one pass per distinct prefix, then the
-    rest fills the positions no prefix took, in order.
+    count of them.
 
     >>> ids, lengths = _with_heads(np.array([7, 8, 9], np.int32), np.array([1, 2]),
     ...                            [np.array([1, 2], np.int32), None])
@@ -522,18 +522,35 @@ def _with_heads(ids: np.ndarray, lengths: np.ndarray, heads: list) -> tuple[np.n
     keys = np.fromiter(map(id, heads), np.int64, len(heads))
     if not len(keys) or (keys == id(None)).all():
         return ids, lengths
-    distinct, rows_of = np.unique(keys, return_inverse=True)
-    table = {id(h): h for h in heads if h is not None}
-    head_len = np.array([0 if k == id(None) else len(table[k]) for k in distinct.tolist()], np.int64)[rows_of]
+    distinct, head_of = np.unique(keys, return_inverse=True)
+    by_id = {id(h): h for h in heads if h is not None}
+    table = [by_id.get(key) for key in distinct.tolist()]
+    head_of = head_of.reshape(-1).astype(np.int64)
+    none = next((d for d, h in enumerate(table) if h is None), -1)
+    if none >= 0:  # rows without a prefix: index -1
+        head_of[head_of == none] = -1
+    return _splice_heads(ids, lengths, head_of, table)
+
+
+def _splice_heads(ids: np.ndarray, lengths: np.ndarray, head_of: np.ndarray, table: list
+                  ) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`_with_heads` with row i's prefix given as ``table[head_of[i]]`` (-1: none).
+
+    All rows at once: one pass per distinct prefix, then the rest fills the
+    positions no prefix took, in order.
+    """
+    if not len(head_of) or (head_of < 0).all():
+        return ids, lengths
+    head_len = np.array([len(h) if h is not None else 0 for h in table] + [0], np.int64)[head_of]
     lengths = lengths + head_len
     starts = np.cumsum(lengths) - lengths
     out = np.empty(int(lengths.sum()), np.int32)
     rest = np.ones(len(out), bool)
-    for d, key in enumerate(distinct.tolist()):
-        if key == id(None):
+    for d, h in enumerate(table):
+        rows = head_of == d
+        if h is None or not rows.any():
             continue
-        h = table[key]
-        at = starts[rows_of == d][:, None] + np.arange(len(h))  # [rows with this prefix, its length]
+        at = starts[rows][:, None] + np.arange(len(h))  # [rows with this prefix, its length]
         out[at] = h
         rest[at] = False
     out[rest] = ids

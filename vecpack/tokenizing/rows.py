@@ -175,10 +175,16 @@ def tokenize_chunk(task: ChunkTask, encoder, out_dir: str, *, on_error: str = "r
     """
     t0 = time.perf_counter()
     info: dict = {}
-    payloads = reader(task.kind).payloads(task.source, task.start, task.stop, info=info,
-                                          carried=task.payload)
     try:
-        out = encode_rows(encoder, payloads, on_error=on_error, progress=progress)
+        out = None
+        if task.kind == "jsonl":
+            from vecpack.tokenizing.lane import lane_rows  # (lane imports this module)
+
+            out = lane_rows(task, encoder, info, on_error=on_error, progress=progress)
+        if out is None:
+            payloads = reader(task.kind).payloads(task.source, task.start, task.stop, info=info,
+                                                  carried=task.payload)
+            out = encode_rows(encoder, payloads, on_error=on_error, progress=progress)
     except RowFailure as e:
         raise ChunkError(task.index, e.key, e.reason, e.crash) from e.__cause__
     meta = ChunkMeta(task.index, out_dir, records=out.records, documents=len(out.lengths),

@@ -1,0 +1,221 @@
+"""The compiled row lane equals the Python row path, array for array, and its kernels their references."""
+
+import json
+import unicodedata
+
+import numpy as np
+import pytest
+
+from vecpack.testing import make_sharegpt, make_short_chats
+from vecpack.tokenizing import _lane_kernels as K
+from vecpack.tokenizing.encoder import ChatEncoder
+from vecpack.tokenizing.lane import encode_range, lane_for
+from vecpack.tokenizing.rows import RowFailure, encode_rows
+
+FIELDS = ("tokens", "labels", "lengths", "rows")
+
+
+def both(enc, buf: bytes, on_error="skip"):
+    """(lane, Python path) on the same lines."""
+    lane = lane_for(enc)
+    assert lane is not None
+    got = encode_range(lane, buf, on_error=on_error)
+    view = memoryview(buf)
+    lines = []
+    pos = i = 0
+    while pos < len(buf):  # the JSONL reader's cut, on bytes in memory
+        nl = buf.find(b"\n", pos)
+        nl = len(buf) if nl < 0 else nl
+        last = nl - 1 if nl > pos and buf[nl - 1] == 13 else nl
+        if last > pos and not buf[pos:last].isspace():
+            lines.append((i, view[pos:last]))
+        i += 1
+        pos = nl + 1
+    want = encode_rows(enc, iter(lines), on_error=on_error)
+    return got, want
+
+
+def assert_same(got, want):
+    for name in FIELDS:
+        a, b = getattr(got, name), getattr(want, name)
+        assert a.dtype == b.dtype and a.tolist() == b.tolist(), name
+    assert (got.records, got.rejected, got.trainable) == (want.records, want.rejected, want.trainable)
+
+
+def row(msgs, key="conversations", role="from", text="value"):
+    return json.dumps({key: [{role: r, text: c} for r, c in msgs]}, ensure_ascii=False)
+
+
+AWKWARD = [
+    # escapes of every kind, surrogate pairs, ASCII and not
+    r'{"conversations": [{"from": "human", "value": "tab\there \"quoted\" back\\slash \/ \b\f\r\n '
+    r'\u00e9\u4e2d \ud83d\ude00"}, {"from": "gpt", "value": "ok\n\n"}]}',
+    # a lone surrogate escape: the Python path rejects the row
+    r'{"conversations": [{"from": "human", "value": "bad \ud800 here"}, {"from": "gpt", "value": "x"}]}',
+    r'{"conversations": [{"from": "human", "value": "bad \udc00"}, {"from": "gpt", "value": "x"}]}',
+    # other shapes: key order, whitespace, extra keys, escaped keys, other types
+    '  { "conversations" :[ {"value":"Hi","from":"human"} ,{ "from" : "gpt" , "value" : "Yo" } ] }  ',
+    '{"conversations": [{"from": "human", "value": "Hi", "weight": 1}, {"from": "gpt", "value": "Yo"}]}',
+    '{"id": 3, "conversations": [{"from": "human", "value": "Hi"}, {"from": "gpt", "value": "Yo"}]}',
+    r'{"conversations": [{"\u0066rom": "human", "value": "Hi"}, {"from": "gpt", "value": "Yo"}]}',
+    '{"conversations": [{"from": "human", "value": 5}, {"from": "gpt", "value": "Yo"}]}',
+    '{"conversations": [{"from": "human", "value": "Hi", "value": "twice"}, {"from": "gpt", "value": "Yo"}]}',
+    '{"conversations": [{"from": "robot", "value": "Hi"}, {"from": "gpt", "value": "Yo"}]}',
+    '{"conversations": []}',
+    '{"conversations": [{"from": "human", "value": "Hi"}, {"from": "gpt", "value": "Yo"}]} trailing',
+    '[1, 2]',
+    '{"conversations": [{"from": "human", "value": "raw\ttab"}, {"from": "gpt", "value": "Yo"}]}',
+    '\ufeff{"conversations": [{"from": "human", "value": "bom"}, {"from": "gpt", "value": "Yo"}]}',
+    '   ',
+    '',
+    # contents the template tests for, empty contents, added tokens in text
+    row([("human", "user"), ("gpt", "assistant")]),
+    row([("system", ""), ("human", "Hi"), ("gpt", "")]),
+    row([("human", "say <|im_end|> and <|im_start|>"), ("gpt", "<|endoftext|>")]),
+    # not NFC (HF normalizes), wide characters, emoji, combining marks at a boundary
+    row([("human", unicodedata.normalize("NFD", "ação é à")), ("gpt", "ok")]),
+    row([("system", "你是一个有用的助手。"), ("human", "日本語のテキスト 한국어"), ("gpt", "🤖👩‍💻 🇧🇷")]),
+    row([("human", "\u0301starts with a mark"), ("gpt", "e\u0301")]),
+    row([("human", "  spaced  \u00a0"), ("gpt", "\u3000 ideographic \u2003")]),
+    row([("human", "x" * 120_000 + " " * 3), ("gpt", "long")]),
+    row([("gpt", "assistant first"), ("human", "then user")]),
+]
+
+
+@pytest.mark.parametrize("masking", ["assistant", "last", "all"])
+def test_lane_equals_python_path_on_awkward_lines(qwen_dir, masking):
+    enc = ChatEncoder.from_tokenizer(qwen_dir, masking=masking)
+    lines = AWKWARD + [row([("system", "Você é útil."), ("human", f"pergunta {i}"), ("gpt", f"resposta {i}")])
+                       for i in range(30)]
+    buf = ("\n".join(lines) + "\r\n" + b"\xff\xfe not utf-8".decode("latin-1") + "\n").encode("utf-8")
+    buf += b'{"conversations": [{"from": "human", "value": "\xc3\x28 invalid"}, {"from": "gpt", "value": "x"}]}\n'
+    got, want = both(enc, buf)
+    assert want.rejected and len(want.lengths) > 30  # bad rows are in there, and good ones
+    assert_same(got, want)
+
+
+def test_lane_raises_the_first_bad_row_as_the_python_path(qwen_dir):
+    enc = ChatEncoder.from_tokenizer(qwen_dir)
+    good = row([("human", "Hi"), ("gpt", "Yo")])
+    buf = "\n".join([good, good, '{"conversations": []}', good, "[1]"]).encode()
+    with pytest.raises(RowFailure) as lane_err:
+        encode_range(lane_for(enc), buf, on_error="raise")
+    with pytest.raises(RowFailure) as py_err:
+        encode_rows(enc, _lines_of(buf), on_error="raise")
+    assert lane_err.value.key == py_err.value.key == 2
+    assert lane_err.value.reason == py_err.value.reason
+
+
+def _lines_of(buf: bytes):
+    view = memoryview(buf)
+    pos = 0
+    for i, line in enumerate(buf.split(b"\n")):
+        yield i, view[pos:pos + len(line)]
+        pos += len(line) + 1
+
+
+@pytest.mark.parametrize("style", ["sharegpt", "openai"])
+def test_lane_equals_python_path_on_generated_rows(qwen_dir, tmp_path, style):
+    path = make_sharegpt(tmp_path / "g.jsonl", 300, seed=11, style=style)
+    enc = ChatEncoder.from_tokenizer(qwen_dir, style=style)
+    assert_same(*both(enc, open(path, "rb").read()))
+
+
+def test_lane_equals_python_path_with_a_stripping_template(llama3_dir, tmp_path):
+    """Llama 3 trims every content: the lane strips ASCII whitespace, and leaves the rest to Python."""
+    path = make_short_chats(tmp_path / "s.jsonl", 200, seed=2)
+    enc = ChatEncoder.from_tokenizer(llama3_dir)
+    lane = lane_for(enc)
+    tables = lane.layout((lane.names.index("human"), lane.names.index("gpt")))
+    assert (tables[2] != 0).any()  # the layout strips contents
+    extra = [row([("human", "\t padded \n"), ("gpt", " \u00a0nbsp edge\u00a0 ")]),
+             row([("human", "\u2003em"), ("gpt", "ok\u3000")])]
+    buf = open(path, "rb").read() + "\n".join(extra).encode() + b"\n"
+    assert_same(*both(enc, buf))
+
+
+def test_short_rows_go_through_the_lane(qwen_dir, tmp_path):
+    """The lane is not a no-op: the short-row fixture is rendered there, not on the Python path."""
+    path = make_short_chats(tmp_path / "s.jsonl", 400, seed=5)
+    enc = ChatEncoder.from_tokenizer(qwen_dir)
+    buf = open(path, "rb").read()
+    lane = lane_for(enc)
+    arr = np.frombuffer(buf, np.uint8)
+    status = K.scan_lines(arr, np.flatnonzero(arr == 10), lane.column, lane.role_key, lane.text_key,
+                          lane.names_buf, lane.names_off, buf.count(b"{") + 1)[3]
+    assert len(status) == 400 and (status == K.FAST).all()
+    assert_same(*both(enc, buf))
+
+
+def test_tokenize_is_the_same_with_and_without_the_lane(qwen_dir, tmp_path, monkeypatch):
+    import vecpack
+
+    path = make_short_chats(tmp_path / "s.jsonl", 500, seed=8)
+    out = {}
+    for mode in ("0", "1"):
+        monkeypatch.setenv("VECPACK_ROW_LANE", mode)
+        t = vecpack.tokenize(path, qwen_dir, n_jobs=1, progress=False)
+        out[mode] = (np.asarray(t.tokens).tolist(), np.asarray(t.labels).tolist(), np.asarray(t.offsets).tolist())
+    assert out["0"] == out["1"]
+
+
+# ----------------------------------------------------------------------------- kernels vs references
+
+def test_space_is_str_isspace():
+    assert all(K._space(c) == chr(c).isspace() for c in range(0x110000))
+
+
+@pytest.mark.parametrize("text", ["plain", "", "é中😀", "a\"b\\c/d\be\ff\ng\rh\ti", "\u2028\u0000\u001f"])
+def test_unescape_equals_json(text):
+    for ensure_ascii in (True, False):
+        raw = json.dumps(text, ensure_ascii=ensure_ascii).encode()
+        buf = np.frombuffer(raw, np.uint8)
+        stop, esc = K._string(buf, 1, len(buf))
+        assert stop == len(buf) - 1
+        out = np.zeros(4 * len(buf) + 4, np.uint8)
+        end = K._unescape(buf, 1, stop, esc, out, 0)
+        assert out[:end].tobytes().decode() == text
+
+
+def test_utf8_validation_equals_python():
+    rng = np.random.default_rng(3)
+    samples = [bytes([b]) + bytes(rng.integers(0, 256, 3, dtype=np.uint8)) for b in range(0x80, 0x100)]
+    samples += [rng.integers(0x80, 0x100, 4, dtype=np.uint8).tobytes() for _ in range(20_000)]
+    samples += ["é".encode(), "中".encode(), "😀".encode(), b"\xed\xa0\x80", b"\xf4\x90\x80\x80", b"\xc0\xaf"]
+    for s in samples:
+        buf = np.frombuffer(s, np.uint8)
+        n = K._utf8_len(buf, 0, len(buf))
+        try:
+            ch = s.decode("utf-8", errors="strict")
+            want = len(ch[0].encode()) if ch else -1
+        except UnicodeDecodeError as e:
+            want = len(s[:e.start][:4].decode("utf-8")[:1].encode()) if e.start > 0 else -1
+        assert n == want, s
+
+
+def test_char_offsets():
+    text = "aé中😀b"
+    out = np.frombuffer(text.encode(), np.uint8)
+    positions = np.array([0, 1, 3, 6, 10, 11])
+    assert K.char_offsets(out, positions).tolist() == [0, 1, 2, 3, 4, 5]
+
+
+def test_lane_leaves_contents_the_template_inspects_to_jinja(qwen_dir, tmp_path):
+    """A Qwen3-like template splits '</think>' out of replies: those rows must not take the layout."""
+    import os
+
+    from helpers import QWEN3_LIKE
+
+    d = tmp_path / "think"
+    d.mkdir()
+    os.symlink(qwen_dir / "tokenizer.json", d / "tokenizer.json")
+    cfg = json.loads((qwen_dir / "tokenizer_config.json").read_text())
+    cfg["chat_template"] = QWEN3_LIKE
+    (d / "tokenizer_config.json").write_text(json.dumps(cfg))
+    enc = ChatEncoder.from_tokenizer(d)
+    assert enc.template.mode == "compiled" and enc.template._inside
+    lines = [row([("human", f"q{i}"), ("gpt", (f"<think>\nstep {i}\n</think>\n\n" if i % 2 else "") + f"a{i}")])
+             for i in range(40)]
+    got, want = both(enc, "\n".join(lines).encode())
+    assert_same(got, want)
+    assert len(got.lengths) == 40

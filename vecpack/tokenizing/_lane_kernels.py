@@ -1,0 +1,556 @@
+"""numba kernels of the compiled row lane: JSONL bytes -> rendered chat texts, no Python per row.
+
+No Python glue here: see :mod:`vecpack.tokenizing.lane`. Every kernel works on
+``uint8`` views of the bytes and flat ``int64`` tables, and is compiled once
+(``cache=True``).
+
+``scan_lines``: the lines of a range, each parsed by a strict JSON scanner
+that knows one shape only (``{"<column>": [{"<role key>": "...", "<text key>":
+"..."}, ...]}``, any whitespace, either key order). A line of any other shape,
+with a byte that is not valid UTF-8, a raw control character in a string, a
+duplicate or unknown key, or a role outside the table, is marked ``SLOW``: the
+Python path reads it (and words its error, if it has one).
+
+``render_rows``: each fast line through its role sequence's template layout
+(literals and content slots), JSON escapes decoded, contents stripped where the
+layout says, into one UTF-8 buffer, with every piece's size and trainability.
+A row whose contents the template tests for (:meth:`ChatTemplate._tripped_contents`),
+that holds a lone surrogate escape, or whose stripped content ends in a
+non-ASCII character is marked ``SLOW`` too.
+"""
+
+import numpy as np
+from numba import njit
+
+FAST = 0
+SLOW = 1
+
+# render_rows flags
+F_WIDE = 1       # a byte >= 0xC4: a character from U+0100 on (the text may not be NFC)
+F_LONG = 2       # 100,000 bytes or more
+
+
+@njit(cache=True)
+def _ws(b):
+    return b == 32 or b == 9 or b == 10 or b == 13
+
+
+@njit(cache=True)
+def _skip_ws(buf, i, end):
+    while i < end and _ws(buf[i]):
+        i += 1
+    return i
+
+
+@njit(cache=True)
+def _utf8_len(buf, i, end):
+    """Length of the valid UTF-8 sequence at ``buf[i]`` (a byte >= 0x80), else -1 (what orjson refuses)."""
+    b = buf[i]
+    if 0xC2 <= b <= 0xDF:
+        n = 2
+    elif 0xE0 <= b <= 0xEF:
+        n = 3
+    elif 0xF0 <= b <= 0xF4:
+        n = 4
+    else:
+        return -1
+    if i + n > end:
+        return -1
+    for k in range(1, n):
+        if buf[i + k] & 0xC0 != 0x80:
+            return -1
+    c1 = buf[i + 1]
+    if b == 0xE0 and c1 < 0xA0:
+        return -1  # overlong
+    if b == 0xED and c1 >= 0xA0:
+        return -1  # a surrogate
+    if b == 0xF0 and c1 < 0x90:
+        return -1  # overlong
+    if b == 0xF4 and c1 >= 0x90:
+        return -1  # beyond U+10FFFF
+    return n
+
+
+@njit(cache=True)
+def _string(buf, i, end):
+    """``(stop, escaped)`` of the JSON string whose opening quote is at ``i - 1``; ``stop`` is its
+    closing quote, -1 if the string is malformed for the lane."""
+    escaped = False
+    while i < end:
+        b = buf[i]
+        if 35 <= b < 128 and b != 92:  # most bytes: plain ASCII
+            i += 1
+            continue
+        if b == 34:  # "
+            return i, escaped
+        if b == 92:  # backslash
+            if i + 1 >= end:
+                return -1, escaped
+            e = buf[i + 1]
+            escaped = True
+            if e == 117:  # \uXXXX
+                if i + 6 > end:
+                    return -1, escaped
+                for k in range(i + 2, i + 6):
+                    h = buf[k]
+                    if not ((48 <= h <= 57) or (65 <= h <= 70) or (97 <= h <= 102)):
+                        return -1, escaped
+                i += 6
+                continue
+            if e == 34 or e == 92 or e == 47 or e == 98 or e == 102 or e == 110 or e == 114 or e == 116:
+                i += 2
+                continue
+            return -1, escaped
+        if b < 32:
+            return -1, escaped
+        if b >= 128:
+            n = _utf8_len(buf, i, end)
+            if n < 0:
+                return -1, escaped
+            i += n
+            continue
+        i += 1
+    return -1, escaped
+
+
+@njit(cache=True)
+def _equals(buf, a, b, word):
+    if b - a != word.shape[0]:
+        return False
+    for k in range(word.shape[0]):
+        if buf[a + k] != word[k]:
+            return False
+    return True
+
+
+@njit(cache=True)
+def _role(buf, a, b, names, names_off):
+    for r in range(names_off.shape[0] - 1):
+        if _equals(buf, a, b, names[names_off[r]:names_off[r + 1]]):
+            return r
+    return -1
+
+
+@njit(cache=True)
+def _scan_line(buf, i, end, column, role_key, text_key, names, names_off, m_role, m_start, m_stop,
+               m_esc, m):
+    """Parse one line from ``i``; fill messages from index ``m``. Returns the next message index,
+    or -1 (the line is SLOW)."""
+    i = _skip_ws(buf, i, end)
+    if i >= end or buf[i] != 123:  # {
+        return -1
+    i = _skip_ws(buf, i + 1, end)
+    if i >= end or buf[i] != 34:
+        return -1
+    stop, esc = _string(buf, i + 1, end)
+    if stop < 0 or esc or not _equals(buf, i + 1, stop, column):
+        return -1
+    i = _skip_ws(buf, stop + 1, end)
+    if i >= end or buf[i] != 58:  # :
+        return -1
+    i = _skip_ws(buf, i + 1, end)
+    if i >= end or buf[i] != 91:  # [
+        return -1
+    i = _skip_ws(buf, i + 1, end)
+    first = m
+    while True:
+        if i >= end or buf[i] != 123:
+            return -1
+        i += 1
+        role, t0, t1, tesc = -1, -1, -1, False
+        while True:
+            i = _skip_ws(buf, i, end)
+            if i >= end or buf[i] != 34:
+                return -1
+            kstop, kesc = _string(buf, i + 1, end)
+            if kstop < 0 or kesc:
+                return -1
+            ka = i + 1
+            i = _skip_ws(buf, kstop + 1, end)
+            if i >= end or buf[i] != 58:
+                return -1
+            i = _skip_ws(buf, i + 1, end)
+            if i >= end or buf[i] != 34:
+                return -1
+            vstop, vesc = _string(buf, i + 1, end)
+            if vstop < 0:
+                return -1
+            if _equals(buf, ka, kstop, role_key):
+                if role >= 0 or vesc:
+                    return -1
+                role = _role(buf, i + 1, vstop, names, names_off)
+                if role < 0:
+                    return -1
+            elif _equals(buf, ka, kstop, text_key):
+                if t0 >= 0:
+                    return -1
+                t0, t1, tesc = i + 1, vstop, vesc
+            else:
+                return -1
+            i = _skip_ws(buf, vstop + 1, end)
+            if i < end and buf[i] == 44:  # ,
+                i += 1
+                continue
+            if i < end and buf[i] == 125:  # }
+                i += 1
+                break
+            return -1
+        if role < 0 or t0 < 0 or m >= m_role.shape[0]:
+            return -1
+        m_role[m], m_start[m], m_stop[m], m_esc[m] = role, t0, t1, tesc
+        m += 1
+        i = _skip_ws(buf, i, end)
+        if i < end and buf[i] == 44:
+            i = _skip_ws(buf, i + 1, end)
+            continue
+        if i < end and buf[i] == 93:  # ]
+            break
+        return -1
+    i = _skip_ws(buf, i + 1, end)
+    if i >= end or buf[i] != 125:
+        return -1
+    i = _skip_ws(buf, i + 1, end)
+    if i != end or m == first:
+        return -1
+    return m
+
+
+@njit(cache=True)
+def scan_lines(buf, newlines, column, role_key, text_key, names, names_off, max_messages):
+    """Lines of ``buf`` (as the JSONL reader cuts them: blank ones skipped, ``\\r\\n`` allowed),
+    each scanned for the one shape. ``newlines``: the positions of ``buf``'s ``\\n`` bytes.
+
+    Returns ``(line_key, line_start, line_stop, status, msg_first, msg_count, m_role, m_start,
+    m_stop, m_esc)``: per non-blank line its local line index, byte range and status; for a FAST
+    line its messages' role codes (indices into ``names``) and text spans in ``buf``
+    (between the quotes, escapes not decoded).
+    """
+    end = buf.shape[0]
+    max_lines = newlines.shape[0] + 1
+    line_key = np.empty(max_lines, np.int64)
+    line_start = np.empty(max_lines, np.int64)
+    line_stop = np.empty(max_lines, np.int64)
+    status = np.empty(max_lines, np.int8)
+    msg_first = np.zeros(max_lines, np.int64)
+    msg_count = np.zeros(max_lines, np.int64)
+    m_role = np.empty(max_messages, np.int64)
+    m_start = np.empty(max_messages, np.int64)
+    m_stop = np.empty(max_messages, np.int64)
+    m_esc = np.empty(max_messages, np.bool_)
+    n = 0
+    m = 0
+    pos = 0
+    k = 0
+    while pos < end:
+        nl = newlines[k] if k < newlines.shape[0] else end
+        last = nl - 1 if nl > pos and buf[nl - 1] == 13 else nl
+        blank = True
+        for j in range(pos, last):
+            b = buf[j]
+            if not (b == 32 or b == 9 or b == 10 or b == 13 or b == 11 or b == 12):
+                blank = False
+                break
+        if last > pos and not blank:
+            line_key[n], line_start[n], line_stop[n] = k, pos, last
+            got = _scan_line(buf, pos, last, column, role_key, text_key, names, names_off, m_role,
+                             m_start, m_stop, m_esc, m)
+            if got < 0:
+                status[n] = SLOW
+            else:
+                status[n] = FAST
+                msg_first[n], msg_count[n] = m, got - m
+                m = got
+            n += 1
+        k += 1
+        pos = nl + 1
+    return (line_key[:n], line_start[:n], line_stop[:n], status[:n], msg_first[:n], msg_count[:n],
+            m_role[:m], m_start[:m], m_stop[:m], m_esc[:m])
+
+
+@njit(cache=True)
+def _hex(b):
+    if b <= 57:
+        return b - 48
+    if b <= 70:
+        return b - 55
+    return b - 87
+
+
+@njit(cache=True)
+def _put(out, o, cp):
+    """Write code point ``cp`` as UTF-8 at ``out[o]``; returns the new position."""
+    if cp < 0x80:
+        out[o] = cp
+        return o + 1
+    if cp < 0x800:
+        out[o] = 0xC0 | (cp >> 6)
+        out[o + 1] = 0x80 | (cp & 0x3F)
+        return o + 2
+    if cp < 0x10000:
+        out[o] = 0xE0 | (cp >> 12)
+        out[o + 1] = 0x80 | ((cp >> 6) & 0x3F)
+        out[o + 2] = 0x80 | (cp & 0x3F)
+        return o + 3
+    out[o] = 0xF0 | (cp >> 18)
+    out[o + 1] = 0x80 | ((cp >> 12) & 0x3F)
+    out[o + 2] = 0x80 | ((cp >> 6) & 0x3F)
+    out[o + 3] = 0x80 | (cp & 0x3F)
+    return o + 4
+
+
+@njit(cache=True)
+def _unescape(buf, a, b, esc, out, o):
+    """Decode the JSON string ``buf[a:b]`` into ``out`` from ``o``; returns the end, or -1 for a
+    lone surrogate (the Python path rejects that row)."""
+    if not esc:
+        for x in range(a, b):
+            out[o] = buf[x]
+            o += 1
+        return o
+    i = a
+    while i < b:
+        c = buf[i]
+        if c != 92:
+            out[o] = c
+            o += 1
+            i += 1
+            continue
+        e = buf[i + 1]
+        if e == 117:
+            cp = (_hex(buf[i + 2]) << 12) | (_hex(buf[i + 3]) << 8) | (_hex(buf[i + 4]) << 4) | _hex(buf[i + 5])
+            i += 6
+            if 0xD800 <= cp <= 0xDBFF:
+                if i + 6 <= b and buf[i] == 92 and buf[i + 1] == 117:
+                    lo = (_hex(buf[i + 2]) << 12) | (_hex(buf[i + 3]) << 8) | (_hex(buf[i + 4]) << 4) | _hex(buf[i + 5])
+                    if 0xDC00 <= lo <= 0xDFFF:
+                        cp = 0x10000 + ((cp - 0xD800) << 10) + (lo - 0xDC00)
+                        i += 6
+                        o = _put(out, o, cp)
+                        continue
+                return -1
+            if 0xDC00 <= cp <= 0xDFFF:
+                return -1
+            o = _put(out, o, cp)
+            continue
+        if e == 110:
+            out[o] = 10
+        elif e == 116:
+            out[o] = 9
+        elif e == 114:
+            out[o] = 13
+        elif e == 98:
+            out[o] = 8
+        elif e == 102:
+            out[o] = 12
+        else:  # " \ /
+            out[o] = e
+        o += 1
+        i += 2
+    return o
+
+
+@njit(cache=True)
+def _code_point(out, i):
+    """``(code point, length)`` of the valid UTF-8 sequence starting at ``out[i]``."""
+    b = out[i]
+    if b < 0x80:
+        return b, 1
+    if b < 0xE0:
+        return ((b & 0x1F) << 6) | (out[i + 1] & 0x3F), 2
+    if b < 0xF0:
+        return ((b & 0x0F) << 12) | ((out[i + 1] & 0x3F) << 6) | (out[i + 2] & 0x3F), 3
+    return (((b & 0x07) << 18) | ((out[i + 1] & 0x3F) << 12) | ((out[i + 2] & 0x3F) << 6)
+            | (out[i + 3] & 0x3F)), 4
+
+
+@njit(cache=True)
+def _last_start(out, a, b):
+    """Start of the last character of ``out[a:b]`` (b > a)."""
+    i = b - 1
+    while i > a and out[i] & 0xC0 == 0x80:
+        i -= 1
+    return i
+
+
+@njit(cache=True)
+def _space(cp):
+    """``chr(cp).isspace()``."""
+    return ((9 <= cp <= 13) or (28 <= cp <= 32) or cp == 0x85 or cp == 0xA0 or cp == 0x1680
+            or (0x2000 <= cp <= 0x200A) or cp == 0x2028 or cp == 0x2029 or cp == 0x202F
+            or cp == 0x205F or cp == 0x3000)
+
+
+@njit(cache=True)
+def _equal_any(out, a, b, words, words_off):
+    """Whether ``out[a:b]`` equals one of ``words``."""
+    for w in range(words_off.shape[0] - 1):
+        if _equals(out, a, b, words[words_off[w]:words_off[w + 1]]):
+            return True
+    return False
+
+
+@njit(cache=True)
+def _contains_any(out, a, b, words, words_off):
+    """Whether ``out[a:b]`` contains one of ``words`` (none empty)."""
+    for w in range(words_off.shape[0] - 1):
+        w0, w1 = words_off[w], words_off[w + 1]
+        n = w1 - w0
+        for s in range(a, b - n + 1):
+            if out[s] == words[w0]:
+                same = True
+                for x in range(1, n):
+                    if out[s + x] != words[w0 + x]:
+                        same = False
+                        break
+                if same:
+                    return True
+    return False
+
+
+@njit(cache=True)
+def _edge_any(out, a, b, words, words_off):
+    """Whether ``out[a:b]`` (not empty) starts or ends with one of ``words``, each one character
+    (a valid UTF-8 sequence is its own boundary)."""
+    z = _last_start(out, a, b)
+    for w in range(words_off.shape[0] - 1):
+        word = words[words_off[w]:words_off[w + 1]]
+        if a + word.shape[0] <= b and _equals(out, a, a + word.shape[0], word):
+            return True
+        if _equals(out, z, b, word):
+            return True
+    return False
+
+
+@njit(cache=True)
+def render_rows(buf, rows, layout_of, msg_first, msg_count, m_start, m_stop, m_esc,
+                part_off, part_kind, part_msg, part_strip, part_train, lit, lit_off, n_cache,
+                equal, equal_off, inside, inside_off, edges, edges_off, scratch, out, sizes, train):
+    """Render the FAST lines ``rows`` (their layouts in ``layout_of``) into ``out``.
+
+    Layout ``L`` has parts ``part_off[L]:part_off[L + 1]``: a literal (``part_kind`` 0, its
+    bytes ``lit[lit_off[p]:lit_off[p + 1]]``) or message ``part_msg[p]``'s content
+    (``part_kind`` 1), stripped on the left (``part_strip`` bit 1) or right (bit 2).
+    ``sizes``/``train`` receive each rendered part's UTF-8 size and flag, row after row.
+
+    Returns ``(ok, text_start, text_stop, prefix_stop, prefix_hash, flags, parts_stop)`` per row,
+    then the bytes of ``out`` used:
+    ``ok`` False for a row left to the Python path (nothing of it kept); the row's text is
+    ``out[text_start:text_stop]``, its cacheable prefix ``out[text_start:prefix_stop]``
+    (FNV-1a ``prefix_hash``), its parts end at ``parts_stop`` in ``sizes``.
+    """
+    n = rows.shape[0]
+    ok = np.zeros(n, np.bool_)
+    t0 = np.zeros(n, np.int64)
+    t1 = np.zeros(n, np.int64)
+    p1 = np.zeros(n, np.int64)
+    ph = np.zeros(n, np.int64)
+    flags = np.zeros(n, np.int64)
+    q1 = np.zeros(n, np.int64)
+    o = 0
+    q = 0
+    cs = np.empty(64, np.int64)  # content spans in scratch, per message
+    ce = np.empty(64, np.int64)
+    for j in range(n):
+        r = rows[j]
+        L = layout_of[j]
+        m0 = msg_first[r]
+        nm = msg_count[r]
+        good = L >= 0 and nm <= 64
+        # decode every message into scratch, check what the template tests for
+        s = 0
+        for k in range(nm if good else 0):
+            mi = m0 + k
+            e = _unescape(buf, m_start[mi], m_stop[mi], m_esc[mi], scratch, s)
+            if e < 0:
+                good = False
+                break
+            if (_equal_any(scratch, s, e, equal, equal_off) or _contains_any(scratch, s, e, inside, inside_off)
+                    or (e > s and _edge_any(scratch, s, e, edges, edges_off))):
+                good = False
+                break
+            cs[k], ce[k] = s, e
+            s = e
+        if not good:
+            t0[j] = t1[j] = p1[j] = o
+            q1[j] = q
+            continue
+        start, q_start = o, q
+        wide = False
+        h = -3750763034362895579  # FNV-1a 64 offset basis (as int64; products wrap)
+        prefix_stop = o
+        for p in range(part_off[L], part_off[L + 1]):
+            if part_kind[p] == 0:
+                a, b = lit_off[p], lit_off[p + 1]
+                for x in range(a, b):
+                    out[o] = lit[x]
+                    o += 1
+                sizes[q] = b - a
+            else:
+                k = part_msg[p]
+                a, b = cs[k], ce[k]
+                if part_strip[p] & 1:
+                    while a < b and scratch[a] < 0x80 and _space(scratch[a]):
+                        a += 1
+                    if a < b and scratch[a] >= 0x80 and _space(_code_point(scratch, a)[0]):
+                        good = False
+                        break
+                if part_strip[p] & 2:
+                    while b > a and scratch[b - 1] < 0x80 and _space(scratch[b - 1]):
+                        b -= 1
+                    if b > a and scratch[b - 1] >= 0x80:
+                        z = _last_start(scratch, a, b)
+                        if _space(_code_point(scratch, z)[0]):
+                            good = False
+                            break
+                for x in range(a, b):
+                    if scratch[x] >= 0xC4:
+                        wide = True
+                        break
+                for x in range(a, b):
+                    out[o] = scratch[x]
+                    o += 1
+                sizes[q] = b - a
+            train[q] = part_train[p]
+            q += 1
+            if p - part_off[L] < n_cache[L]:
+                prefix_stop = o
+        if not good:
+            o, q = start, q_start
+            t0[j] = t1[j] = p1[j] = o
+            q1[j] = q
+            continue
+        for x in range(start, prefix_stop):
+            h = (h ^ out[x]) * 1099511628211
+        ok[j] = True
+        t0[j], t1[j], p1[j], ph[j], q1[j] = start, o, prefix_stop, h, q
+        flags[j] = (F_WIDE if wide else 0) | (F_LONG if o - start >= 100_000 else 0)
+    return ok, t0, t1, p1, ph, flags, q1, o
+
+
+@njit(cache=True)
+def same_prefix(out, starts, n, rep):
+    """Whether ``out[starts[i]:starts[i] + n]`` equals ``out[rep:rep + n]``, for each ``i``."""
+    same = np.ones(starts.shape[0], np.bool_)
+    for i in range(starts.shape[0]):
+        s = starts[i]
+        for x in range(n):
+            if out[s + x] != out[rep + x]:
+                same[i] = False
+                break
+    return same
+
+
+@njit(cache=True)
+def char_offsets(out, positions):
+    """The character index of each byte position of the UTF-8 text ``out`` (``positions`` sorted)."""
+    res = np.empty(positions.shape[0], np.int64)
+    chars = 0
+    at = 0
+    for i in range(positions.shape[0]):
+        p = positions[i]
+        while at < p:
+            if out[at] & 0xC0 != 0x80:
+                chars += 1
+            at += 1
+        res[i] = chars
+    return res

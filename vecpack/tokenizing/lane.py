@@ -1,0 +1,289 @@
+"""The compiled row lane: a JSONL range of chat rows -> tokens and labels, with no Python per row.
+
+For the common case, plain ShareGPT or OpenAI rows rendered by a compiled
+template and encoded by fastokens, a worker spends most of its time in Python
+per row (the JSON objects, the message lists, the pieces). The lane does that
+part in numba kernels (:mod:`vecpack.tokenizing._lane_kernels`) over the range's
+bytes, then makes one ``str`` per row for fastokens' batch call::
+
+    range bytes ──scan_lines──▶ per line: FAST (roles, text spans) or SLOW
+         FAST ──render_rows (each role sequence's template layout)──▶ texts, piece sizes, flags
+              ──fastokens, cached prefixes spliced, labels──────────▶ tokens, labels
+         SLOW ──the Python path (encode_rows), at their places────▶ tokens, labels, or bad rows
+
+Nothing changes in what comes out: a line the lane is unsure of (another
+shape, an escape it does not decode, a content the template tests for, a text
+that may not be NFC and is not...) goes to the Python path, which also words
+every error. :func:`encode_range` equals :func:`~vecpack.tokenizing.rows.encode_rows`
+on the same lines, array for array (tests compare both).
+
+A pool worker takes the lane only for a call that builds fastokens (large
+calls, see :data:`~vecpack.tokenizing.runtime.FASTOKENS_WORTH_BYTES`): then
+loading numba (about 0.4 s per worker) pays off, and only for ranges of 1 MB
+or more. ``VECPACK_ROW_LANE=0`` turns it off (see :func:`lane_rows`).
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+from vecpack.chat.formats import DEFAULT_COLUMNS, MESSAGE_SHAPES
+from vecpack.tokenizing.labels import labels_from_parts
+from vecpack.tokenizing.rows import Rows, encode_rows
+
+__all__ = ["encode_range", "lane_for", "lane_rows"]
+
+_STRIP = {None: 0, str.lstrip: 1, str.rstrip: 2, str.strip: 3}
+_PREFIX_MAX_BYTES = 32_768
+
+
+def _bytes_table(words) -> tuple[np.ndarray, np.ndarray]:
+    enc = [w.encode("utf-8") for w in words]
+    off = np.zeros(len(enc) + 1, np.int64)
+    np.cumsum([len(b) for b in enc], out=off[1:])
+    return np.frombuffer(b"".join(enc), np.uint8).copy() if enc else np.zeros(0, np.uint8), off
+
+
+#: Range bytes from which the lane takes a task (below, numba's start-up is not worth it).
+LANE_MIN_BYTES = 1 << 20
+
+
+def lane_rows(task, encoder, info: dict, *, on_error: str = "raise", progress=None) -> Rows | None:
+    """A JSONL task's :class:`Rows` through the lane, or ``None`` where the lane does not apply.
+
+    ``VECPACK_ROW_LANE``: ``0`` never, ``1`` for every range, unset for
+    ranges of :data:`LANE_MIN_BYTES` or more.
+    """
+    mode = os.environ.get("VECPACK_ROW_LANE", "")
+    if mode == "0" or (mode != "1" and task.stop - task.start < LANE_MIN_BYTES):
+        return None
+    lane = lane_for(encoder)
+    if lane is None:
+        return None
+    with open(task.source, "rb") as f:
+        f.seek(task.start)
+        buf = f.read(task.stop - task.start)
+    info["newlines"] = buf.count(b"\n")
+    return encode_range(lane, buf, on_error=on_error, progress=progress)
+
+
+def lane_for(encoder) -> "_Lane | None":
+    """The lane of ``encoder`` in this process, or ``None`` where it does not apply."""
+    from vecpack.tokenizing.encoder import ChatEncoder
+
+    if (type(encoder) is not ChatEncoder or encoder.style not in MESSAGE_SHAPES or encoder.template is None
+            or encoder.template.mode != "compiled"):
+        return None
+    rt = encoder.runtime
+    if not rt.batch or rt.bytelen is None:
+        return None
+    lane = encoder.__dict__.get("_lane")
+    if lane is None or lane.rt is not rt:
+        lane = encoder.__dict__["_lane"] = _Lane(encoder)
+    return lane
+
+
+class _Lane:
+    """One encoder's tables for the kernels: row shape, role names, each layout's parts."""
+
+    def __init__(self, encoder):
+        from vecpack.tokenizing import _lane_kernels  # numba: loaded only where the lane runs
+
+        self.k = _lane_kernels
+        self.enc, self.rt, self.template = encoder, encoder.runtime, encoder.template
+        roles, role_key, text_key = MESSAGE_SHAPES[encoder.style]
+        self.names = list(roles)
+        self.canonical = [roles[n] for n in self.names]
+        self.names_buf, self.names_off = _bytes_table(self.names)
+        self.column = np.frombuffer((encoder.column or DEFAULT_COLUMNS[encoder.style]).encode(), np.uint8)
+        self.role_key = np.frombuffer(role_key.encode(), np.uint8)
+        self.text_key = np.frombuffer(text_key.encode(), np.uint8)
+        self.layouts: dict[tuple, tuple | None] = {}
+
+    def layout(self, codes: tuple):
+        """Kernel tables of the layout for these role codes, or ``None`` (the Python path renders)."""
+        hit = self.layouts.get(codes, False)
+        if hit is not False:
+            return hit
+        from vecpack.chat.template import _Layout
+
+        roles = tuple(self.canonical[c] for c in codes)
+        layout = self.template.layout(roles)
+        out = None
+        if type(layout) is _Layout and len(roles) <= 64:
+            kind, msg, strip, lits = [], [], [], []
+            slots = {pos: (i, fn) for pos, i, fn in layout.slots}
+            for pos, p in enumerate(layout.parts):
+                if pos in slots:
+                    i, fn = slots[pos]
+                    kind.append(1), msg.append(i), strip.append(_STRIP[fn]), lits.append("")
+                else:
+                    kind.append(0), msg.append(-1), strip.append(0), lits.append(p)
+            lit = "".join(lits)
+            dup = max([sum(1 for i, _ in slots.values() if i == m) for m in range(len(roles))] or [1])
+            out = (np.array(kind, np.int8), np.array(msg, np.int64), np.array(strip, np.int8),
+                   np.array(layout.train, np.bool_), [x.encode("utf-8") for x in lits], layout.n_cacheable,
+                   max(dup, 1), len(lit.encode("utf-8")), not all(ord(ch) < 0x100 for ch in lit))
+        self.layouts[codes] = out
+        return out
+
+
+def encode_range(lane: _Lane, buf: bytes, *, on_error: str = "raise", progress=None) -> Rows:
+    """:func:`~vecpack.tokenizing.rows.encode_rows` of the JSONL lines of ``buf`` (a task's range)."""
+    k, rt, enc = lane.k, lane.rt, lane.enc
+    arr = np.frombuffer(buf, np.uint8).copy()  # writable, as every array the kernels take: one specialization each
+    (key, l0, l1, status, m_first, m_count, m_role, m_start, m_stop,
+     m_esc) = k.scan_lines(arr, np.flatnonzero(arr == 10), lane.column, lane.role_key, lane.text_key,
+                           lane.names_buf, lane.names_off, buf.count(b"{") + 1)
+    n = len(key)
+    fast = np.flatnonzero(status == k.FAST)
+    layout_of = np.full(len(fast), -1, np.int64)
+    chunk_layouts: list = []
+    if len(fast):
+        # group the rows by role sequence (exactly: codes compared, not only hashed)
+        width = int(m_count[fast].max())
+        codes = np.full((len(fast), width), -1, np.int64)
+        col = np.arange(width)
+        present = col[None, :] < m_count[fast][:, None]
+        codes[present] = m_role[(m_first[fast][:, None] + col[None, :])[present]]
+        base = len(lane.names) + 1
+        if base ** width < 2 ** 62:  # each sequence as one number: a fast unique
+            seq = (codes + 1) @ (base ** np.arange(width, dtype=np.int64))
+            _, first, inverse = np.unique(seq, return_index=True, return_inverse=True)
+            distinct = codes[first]
+        else:
+            distinct, inverse = np.unique(codes, axis=0, return_inverse=True)
+        inverse = inverse.reshape(-1)
+        for g, row in enumerate(distinct.tolist()):
+            tables = lane.layout(tuple(c for c in row if c >= 0))
+            if tables is not None:
+                layout_of[inverse == g] = len(chunk_layouts)
+                chunk_layouts.append(tables)
+    fast_rows = np.flatnonzero(layout_of >= 0)
+    rows_idx = fast[fast_rows]
+    lay = layout_of[fast_rows]
+    ok = np.zeros(0, bool)
+    if len(rows_idx):
+        t = lane.template
+        equal_b, equal_off = _bytes_table(sorted(t._equal))
+        inside_b, inside_off = _bytes_table(t._inside)
+        edges_b, edges_off = _bytes_table(sorted(t._edges))
+        part_off = np.zeros(len(chunk_layouts) + 1, np.int64)
+        np.cumsum([len(x[0]) for x in chunk_layouts], out=part_off[1:])
+        cat = lambda i, dt: np.concatenate([x[i] for x in chunk_layouts]).astype(dt, copy=False)  # noqa: E731
+        lits = [b for x in chunk_layouts for b in x[4]]
+        lit_off = np.zeros(len(lits) + 1, np.int64)
+        np.cumsum([len(b) for b in lits], out=lit_off[1:])
+        lit = np.frombuffer(b"".join(lits), np.uint8) if lit_off[-1] else np.zeros(1, np.uint8)
+        n_cache = np.array([x[5] for x in chunk_layouts], np.int64)
+        line_len = l1[rows_idx] - l0[rows_idx]
+        dup = np.array([x[6] for x in chunk_layouts], np.int64)[lay]
+        lit_bytes = np.array([x[7] for x in chunk_layouts], np.int64)[lay]
+        out = np.empty(int((line_len * dup + lit_bytes).sum()) + 1, np.uint8)
+        nparts = (part_off[1:] - part_off[:-1])[lay]
+        sizes = np.empty(int(nparts.sum()), np.int64)
+        train = np.empty(len(sizes), np.bool_)
+        scratch = np.empty(int(line_len.max()) + 1, np.uint8)
+        ok, t0, t1, p1, ph, flags, q1, _ = k.render_rows(
+            arr, rows_idx, lay, m_first, m_count, m_start, m_stop, m_esc, part_off, cat(0, np.int8),
+            cat(1, np.int64), cat(2, np.int8), cat(3, np.bool_), lit, lit_off, n_cache, equal_b, equal_off,
+            inside_b, inside_off, edges_b, edges_off, scratch, out, sizes, train)
+        wide_layout = np.array([x[8] for x in chunk_layouts], bool)[lay]
+        text = out.tobytes()  # one copy: rows are sliced from it as bytes, then decoded
+        # a text that may not be NFC (or is long, for tiktoken's regex) is checked as the Python path does
+        check = np.flatnonzero(ok & (((flags & k.F_WIDE) != 0) | wide_layout | ((flags & k.F_LONG) != 0)))
+        for j in check.tolist():
+            if not rt.exact(text[t0[j]:t1[j]].decode("utf-8")):
+                ok[j] = False
+    slow = np.ones(n, bool)
+    fast_tokens = None
+    if ok.any():
+        good = np.flatnonzero(ok)
+        slow[rows_idx[good]] = False
+        starts, stops = t0[good], t1[good]
+        head_of, table, rest_from = _prefixes(lane, text, out, starts, p1[good], ph[good])
+        # one decode of the chunk, then each row's text is a slice of it
+        bounds = k.char_offsets(out, np.stack([rest_from, stops], axis=1).reshape(-1))
+        whole = text[:int(stops[-1])].decode("utf-8")
+        texts = [whole[a:b] for a, b in zip(bounds[0::2].tolist(), bounds[1::2].tolist())]
+        ids, offsets = rt.encode_batch(texts)
+        from vecpack.tokenizing.encoder import _splice_heads
+
+        ids, lengths = _splice_heads(ids, np.diff(offsets), head_of, table)
+        q0 = np.concatenate([[0], q1[:-1]])
+        keep = np.zeros(len(sizes), bool)
+        counts = (q1 - q0)[good]
+        within = np.arange(counts.sum()) - np.repeat(np.cumsum(counts) - counts, counts)
+        keep[np.repeat(q0[good], counts) + within] = True
+        done = labels_from_parts(ids, rt.bytelen, sizes[keep], train[keep].astype(np.int8),
+                                 masking_all=enc.masking == "all", bytelen32=rt.bytelen32)
+        if done is None:  # pragma: no cover - the engine's tokens do not spell the text
+            raise RuntimeError("the lane's tokens cover other bytes than its texts")
+        labels, trainable = done
+        fast_tokens = (rows_idx[good], ids, labels, lengths, trainable)
+    slow_idx = np.flatnonzero(slow)
+    view = memoryview(buf)
+    rest = encode_rows(enc, ((int(key[i]), view[l0[i]:l1[i]]) for i in slow_idx.tolist()), on_error=on_error)
+    if progress is not None:
+        progress(n)
+    return _merge(n, fast_tokens, rest, slow_idx)
+
+
+def _prefixes(lane, text: bytes, out: np.ndarray, starts, prefix_stop, prefix_hash):
+    """``(head_of, table, rest_from)``: each row's cached prefix (an index into ``table``, the
+    prefixes' ids, or -1) and where the text left to encode starts."""
+    rt, k = lane.rt, lane.k
+    head_of = np.full(len(starts), -1, np.int64)
+    table: list[np.ndarray] = []
+    rest_from = starts.copy()
+    plen = prefix_stop - starts
+    idx = np.flatnonzero((plen > 0) & (plen <= _PREFIX_MAX_BYTES))
+    if not len(idx):
+        return head_of, table, rest_from
+    _, inverse = np.unique(prefix_hash[idx], return_inverse=True)
+    inverse = inverse.reshape(-1)
+    for g in range(int(inverse.max()) + 1):
+        members = idx[inverse == g]
+        rep = int(members[0])
+        n = int(plen[rep])
+        members = members[plen[members] == n]
+        key = text[starts[rep]:starts[rep] + n].decode("utf-8")
+        hit = rt.prefix_cache.get(key)
+        if hit is None:
+            k_chars, ids = rt.cache_prefix(key)
+            hit = rt.prefix_cache[key] = (k_chars, ids, rt.exact(key[:k_chars]))
+        k_chars, ids, _ = hit
+        if not k_chars:
+            continue
+        members = members[k.same_prefix(out, starts[members], n, int(starts[rep]))]  # hashes may collide
+        head_of[members] = len(table)
+        rest_from[members] += len(key[:k_chars].encode("utf-8"))
+        table.append(ids)
+    return head_of, table, rest_from
+
+
+def _merge(n: int, fast, rest: Rows, slow_idx: np.ndarray) -> Rows:
+    """The lane's rows and the Python path's, back in input order, as one :class:`Rows`."""
+    if fast is None:
+        rest.rows = slow_idx[rest.rows] if len(rest.rows) else rest.rows
+        rest.records = n
+        return rest
+    rows_f, ids, labels, lengths, trainable = fast
+    if not len(rest.lengths):
+        return Rows(ids, labels, lengths.astype(np.int64), rows_f.astype(np.int64), n, rest.rejected, trainable)
+    rows_s = slow_idx[rest.rows]
+    order = np.argsort(np.concatenate([rows_f, rows_s]), kind="stable")
+    starts = np.concatenate([np.cumsum(lengths) - lengths, np.cumsum(rest.lengths) - rest.lengths])
+    all_len = np.concatenate([lengths, rest.lengths])
+    src = [ids, rest.tokens], [labels, rest.labels]
+    nf = len(rows_f)
+    toks, labs = [], []
+    for o in order.tolist():
+        s, a, b = (0, starts[o], starts[o] + all_len[o]) if o < nf else (1, starts[o], starts[o] + all_len[o])
+        toks.append(src[0][s][a:b])
+        labs.append(src[1][s][a:b])
+    return Rows(np.concatenate(toks), np.concatenate(labs), all_len[order].astype(np.int64),
+                np.concatenate([rows_f, rows_s])[order].astype(np.int64), n, rest.rejected,
+                trainable + rest.trainable)
