@@ -59,6 +59,7 @@ from vecpack.errors import InputError
 from vecpack.options import ENGINES, check_choice, check_options
 from vecpack.tokenizing import backend as _backend
 from vecpack.tokenizing.labels import label_runs, labels_from_parts, part_sizes
+from vecpack.tokenizing.lane import lane_for, splice_heads
 from vecpack.tokenizing.runtime import Runtime, hf_facts, is_nfc, runtime
 from vecpack.tokenizing.spec import SPEC_VERSION, materialize, read_dir
 
@@ -328,6 +329,11 @@ class ChatEncoder:
                             return rt.allowed
         return memo
 
+    def row_lane(self, nbytes: int | None = None):
+        """The compiled row lane (:mod:`vecpack.tokenizing.lane`) for a JSONL range of ``nbytes``,
+        or ``None`` where it does not apply (then :meth:`chunk_sink` / :meth:`encode_row`)."""
+        return lane_for(self, nbytes) if type(self) is ChatEncoder else None
+
     def chunk_sink(self) -> "ChunkSink | None":
         """A collector that encodes many rows at once and labels them in one vectorized pass.
 
@@ -529,32 +535,7 @@ def _with_heads(ids: np.ndarray, lengths: np.ndarray, heads: list) -> tuple[np.n
     none = next((d for d, h in enumerate(table) if h is None), -1)
     if none >= 0:  # rows without a prefix: index -1
         head_of[head_of == none] = -1
-    return _splice_heads(ids, lengths, head_of, table)
-
-
-def _splice_heads(ids: np.ndarray, lengths: np.ndarray, head_of: np.ndarray, table: list
-                  ) -> tuple[np.ndarray, np.ndarray]:
-    """:func:`_with_heads` with row i's prefix given as ``table[head_of[i]]`` (-1: none).
-
-    All rows at once: one pass per distinct prefix, then the rest fills the
-    positions no prefix took, in order.
-    """
-    if not len(head_of) or (head_of < 0).all():
-        return ids, lengths
-    head_len = np.array([len(h) if h is not None else 0 for h in table] + [0], np.int64)[head_of]
-    lengths = lengths + head_len
-    starts = np.cumsum(lengths) - lengths
-    out = np.empty(int(lengths.sum()), np.int32)
-    rest = np.ones(len(out), bool)
-    for d, h in enumerate(table):
-        rows = head_of == d
-        if h is None or not rows.any():
-            continue
-        at = starts[rows][:, None] + np.arange(len(h))  # [rows with this prefix, its length]
-        out[at] = h
-        rest[at] = False
-    out[rest] = ids
-    return out, lengths
+    return splice_heads(ids, lengths, head_of, table)
 
 
 # --------------------------------------------------------------------------- one encoder per process

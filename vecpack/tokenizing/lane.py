@@ -20,7 +20,7 @@ on the same lines, array for array (tests compare both).
 A pool worker takes the lane only for a call that builds fastokens (large
 calls, see :data:`~vecpack.tokenizing.runtime.FASTOKENS_WORTH_BYTES`): then
 loading numba (about 0.4 s per worker) pays off, and only for ranges of 1 MB
-or more. ``VECPACK_ROW_LANE=0`` turns it off (see :func:`lane_rows`).
+or more. ``VECPACK_ROW_LANE=0`` turns it off (see :func:`lane_for`).
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from vecpack.chat.formats import DEFAULT_COLUMNS, MESSAGE_SHAPES
 from vecpack.tokenizing.labels import labels_from_parts
 from vecpack.tokenizing.rows import Rows, encode_rows
 
-__all__ = ["encode_range", "lane_for", "lane_rows"]
+__all__ = ["LANE_MIN_BYTES", "encode_range", "lane_for", "splice_heads"]
 
 _STRIP = {None: 0, str.lstrip: 1, str.rstrip: 2, str.strip: 3}
 _PREFIX_MAX_BYTES = 32_768
@@ -50,30 +50,17 @@ def _bytes_table(words) -> tuple[np.ndarray, np.ndarray]:
 LANE_MIN_BYTES = 1 << 20
 
 
-def lane_rows(task, encoder, info: dict, *, on_error: str = "raise", progress=None) -> Rows | None:
-    """A JSONL task's :class:`Rows` through the lane, or ``None`` where the lane does not apply.
+def lane_for(encoder, nbytes: int | None = None) -> "_Lane | None":
+    """The lane of a :class:`~vecpack.tokenizing.encoder.ChatEncoder` in this process, for a range
+    of ``nbytes``, or ``None`` where it does not apply (use ``encoder.row_lane``).
 
     ``VECPACK_ROW_LANE``: ``0`` never, ``1`` for every range, unset for
     ranges of :data:`LANE_MIN_BYTES` or more.
     """
     mode = os.environ.get("VECPACK_ROW_LANE", "")
-    if mode == "0" or (mode != "1" and task.stop - task.start < LANE_MIN_BYTES):
+    if mode == "0" or (mode != "1" and nbytes is not None and nbytes < LANE_MIN_BYTES):
         return None
-    lane = lane_for(encoder)
-    if lane is None:
-        return None
-    with open(task.source, "rb") as f:
-        f.seek(task.start)
-        buf = f.read(task.stop - task.start)
-    info["newlines"] = buf.count(b"\n")
-    return encode_range(lane, buf, on_error=on_error, progress=progress)
-
-
-def lane_for(encoder) -> "_Lane | None":
-    """The lane of ``encoder`` in this process, or ``None`` where it does not apply."""
-    from vecpack.tokenizing.encoder import ChatEncoder
-
-    if (type(encoder) is not ChatEncoder or encoder.style not in MESSAGE_SHAPES or encoder.template is None
+    if (encoder.style not in MESSAGE_SHAPES or encoder.template is None
             or encoder.template.mode != "compiled"):
         return None
     rt = encoder.runtime
@@ -101,6 +88,15 @@ class _Lane:
         self.role_key = np.frombuffer(role_key.encode(), np.uint8)
         self.text_key = np.frombuffer(text_key.encode(), np.uint8)
         self.layouts: dict[tuple, tuple | None] = {}
+
+    def encode_file(self, path: str, start: int, stop: int, info: dict, *, on_error: str = "raise",
+                    progress=None) -> Rows:
+        """:func:`encode_range` of the bytes ``[start, stop)`` of the JSONL file ``path``."""
+        with open(path, "rb") as f:
+            f.seek(start)
+            buf = f.read(stop - start)
+        info["newlines"] = buf.count(b"\n")
+        return encode_range(self, buf, on_error=on_error, progress=progress)
 
     def layout(self, codes: tuple):
         """Kernel tables of the layout for these role codes, or ``None`` (the Python path renders)."""
@@ -209,9 +205,7 @@ def encode_range(lane: _Lane, buf: bytes, *, on_error: str = "raise", progress=N
         whole = text[:int(stops[-1])].decode("utf-8")
         texts = [whole[a:b] for a, b in zip(bounds[0::2].tolist(), bounds[1::2].tolist())]
         ids, offsets = rt.encode_batch(texts)
-        from vecpack.tokenizing.encoder import _splice_heads
-
-        ids, lengths = _splice_heads(ids, np.diff(offsets), head_of, table)
+        ids, lengths = splice_heads(ids, np.diff(offsets), head_of, table)
         q0 = np.concatenate([[0], q1[:-1]])
         keep = np.zeros(len(sizes), bool)
         counts = (q1 - q0)[good]
@@ -287,3 +281,34 @@ def _merge(n: int, fast, rest: Rows, slow_idx: np.ndarray) -> Rows:
     return Rows(np.concatenate(toks), np.concatenate(labs), all_len[order].astype(np.int64),
                 np.concatenate([rows_f, rows_s])[order].astype(np.int64), n, rest.rejected,
                 trainable + rest.trainable)
+
+
+def splice_heads(ids: np.ndarray, lengths: np.ndarray, head_of: np.ndarray, table: list
+                 ) -> tuple[np.ndarray, np.ndarray]:
+    """``(ids, lengths)`` with row i's cached prefix ids ``table[head_of[i]]`` (-1: none) in front.
+
+    ``ids`` holds the rows' other tokens back to back, ``lengths[i]`` row i's
+    count of them. All rows at once: one pass per distinct prefix, then the
+    rest fills the positions no prefix took, in order.
+
+    >>> ids, lengths = splice_heads(np.array([7, 8, 9], np.int32), np.array([1, 2]), np.array([0, -1]),
+    ...                             [np.array([1, 2], np.int32)])
+    >>> ids.tolist(), lengths.tolist()
+    ([1, 2, 7, 8, 9], [3, 2])
+    """
+    if not len(head_of) or (head_of < 0).all():
+        return ids, lengths
+    head_len = np.array([len(h) if h is not None else 0 for h in table] + [0], np.int64)[head_of]
+    lengths = lengths + head_len
+    starts = np.cumsum(lengths) - lengths
+    out = np.empty(int(lengths.sum()), np.int32)
+    rest = np.ones(len(out), bool)
+    for d, h in enumerate(table):
+        rows = head_of == d
+        if h is None or not rows.any():
+            continue
+        at = starts[rows][:, None] + np.arange(len(h))  # [rows with this prefix, its length]
+        out[at] = h
+        rest[at] = False
+    out[rest] = ids
+    return out, lengths

@@ -176,12 +176,12 @@ def tokenize_chunk(task: ChunkTask, encoder, out_dir: str, *, on_error: str = "r
     t0 = time.perf_counter()
     info: dict = {}
     try:
-        out = None
-        if task.kind == "jsonl":
-            from vecpack.tokenizing.lane import lane_rows  # (lane imports this module)
-
-            out = lane_rows(task, encoder, info, on_error=on_error, progress=progress)
-        if out is None:
+        lane = encoder.row_lane(task.stop - task.start) if task.kind == "jsonl" and hasattr(
+            encoder, "row_lane") else None
+        if lane is not None:  # the compiled row lane (vecpack.tokenizing.lane)
+            out = lane.encode_file(task.source, task.start, task.stop, info, on_error=on_error,
+                                   progress=progress)
+        else:
             payloads = reader(task.kind).payloads(task.source, task.start, task.stop, info=info,
                                                   carried=task.payload)
             out = encode_rows(encoder, payloads, on_error=on_error, progress=progress)
