@@ -219,3 +219,18 @@ def test_lane_leaves_contents_the_template_inspects_to_jinja(qwen_dir, tmp_path)
     got, want = both(enc, "\n".join(lines).encode())
     assert_same(got, want)
     assert len(got.lengths) == 40
+
+
+def test_a_process_loads_the_lane_only_after_64_mb(qwen_dir, monkeypatch):
+    from vecpack.tokenizing import lane as lane_mod
+
+    monkeypatch.delenv("VECPACK_ROW_LANE", raising=False)
+    monkeypatch.setattr(lane_mod, "_READ", [0])
+    enc = ChatEncoder.from_tokenizer(qwen_dir)
+    assert enc.row_lane(4 << 20) is None  # the first 64 MB go through the Python path
+    for _ in range(15):
+        assert enc.row_lane(4 << 20) is None
+    assert enc.row_lane(4 << 20) is not None  # 68 MB read: from now on, the lane
+    assert enc.row_lane(1000) is None  # a small range never
+    monkeypatch.setenv("VECPACK_ROW_LANE", "0")
+    assert enc.row_lane(8 << 20) is None

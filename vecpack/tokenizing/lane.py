@@ -17,10 +17,11 @@ that may not be NFC and is not...) goes to the Python path, which also words
 every error. :func:`encode_range` equals :func:`~vecpack.tokenizing.rows.encode_rows`
 on the same lines, array for array (tests compare both).
 
-A pool worker takes the lane only for a call that builds fastokens (large
-calls, see :data:`~vecpack.tokenizing.runtime.FASTOKENS_WORTH_BYTES`): then
-loading numba (about 0.4 s per worker) pays off, and only for ranges of 1 MB
-or more. ``VECPACK_ROW_LANE=0`` turns it off (see :func:`lane_for`).
+A pool worker takes the lane only while it serves with fastokens (large
+calls, see :data:`~vecpack.tokenizing.runtime.FASTOKENS_WORTH_BYTES`), for
+ranges of 1 MB or more, and once it has read 64 MB of JSONL: loading numba
+(about 0.5 s of CPU per worker) then pays off. ``VECPACK_ROW_LANE=0`` turns it
+off (see :func:`lane_for`).
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from vecpack.chat.formats import DEFAULT_COLUMNS, MESSAGE_SHAPES
 from vecpack.tokenizing.labels import labels_from_parts
 from vecpack.tokenizing.rows import Rows, encode_rows
 
-__all__ = ["LANE_MIN_BYTES", "encode_range", "lane_for", "splice_heads"]
+__all__ = ["LANE_AFTER_BYTES", "LANE_MIN_BYTES", "encode_range", "lane_for", "splice_heads"]
 
 _STRIP = {None: 0, str.lstrip: 1, str.rstrip: 2, str.strip: 3}
 _PREFIX_MAX_BYTES = 32_768
@@ -46,8 +47,12 @@ def _bytes_table(words) -> tuple[np.ndarray, np.ndarray]:
     return np.frombuffer(b"".join(enc), np.uint8).copy() if enc else np.zeros(0, np.uint8), off
 
 
-#: Range bytes from which the lane takes a task (below, numba's start-up is not worth it).
+#: Range bytes from which the lane takes a task.
 LANE_MIN_BYTES = 1 << 20
+#: JSONL bytes a process reads on the Python path before it loads the lane (numba and the
+#: kernels, about 0.5 s of CPU; the lane saves about 5 µs a row, so ~100k short rows repay it).
+LANE_AFTER_BYTES = 64 << 20
+_READ = [0]  # JSONL bytes this process has been asked to encode (lane_for's nbytes)
 
 
 def lane_for(encoder, nbytes: int | None = None) -> "_Lane | None":
@@ -55,11 +60,17 @@ def lane_for(encoder, nbytes: int | None = None) -> "_Lane | None":
     of ``nbytes``, or ``None`` where it does not apply (use ``encoder.row_lane``).
 
     ``VECPACK_ROW_LANE``: ``0`` never, ``1`` for every range, unset for
-    ranges of :data:`LANE_MIN_BYTES` or more.
+    ranges of :data:`LANE_MIN_BYTES` or more once the process has read
+    :data:`LANE_AFTER_BYTES` of JSONL (so a small call never loads numba).
+    ``nbytes=None`` skips both size rules.
     """
     mode = os.environ.get("VECPACK_ROW_LANE", "")
-    if mode == "0" or (mode != "1" and nbytes is not None and nbytes < LANE_MIN_BYTES):
+    if mode == "0":
         return None
+    if mode != "1" and nbytes is not None:
+        _READ[0] += nbytes
+        if nbytes < LANE_MIN_BYTES or _READ[0] <= LANE_AFTER_BYTES:
+            return None
     if (encoder.style not in MESSAGE_SHAPES or encoder.template is None
             or encoder.template.mode != "compiled"):
         return None
