@@ -2,10 +2,13 @@
 """Per-row cost of vecpack's row path against the raw engines on the same rendered text, one core.
 
     python asv_bench/encode_rows.py 5000          # or: python asv_bench/encode_rows.py 5000 llama3
+    python asv_bench/encode_rows.py 20000 qwen2.5 short   # make_short_chats rows (~160 tokens)
 
-Three numbers, CPU time of one process, best of 5 interleaved runs:
+Four numbers, CPU time of one process, best of 5 interleaved runs:
 
-* ``chunk``: what a worker does per row: ``ChatEncoder.chunk_sink()`` fed the
+* ``lane``: what a worker that serves with fastokens does per row of a JSONL
+  range: the compiled row lane (:mod:`vecpack.tokenizing.lane`) over the bytes;
+* ``chunk``: the Python path: ``ChatEncoder.chunk_sink()`` fed the
   JSON lines (parse, render, encode the chunk in one batch, labels in one pass);
 * ``fastokens``: ``encode_batch_flat`` of the rendered strings alone;
 * ``tiktoken``: ``Encoding.encode(text, allowed_special="all")`` of the same strings.
@@ -30,7 +33,7 @@ from vecpack.tokenizing.encoder import ChatEncoder  # noqa: E402
 from vecpack.tokenizing.spec import tiktoken_spec  # noqa: E402
 
 
-def benchmark(n: int = 5000, name: str = "qwen2.5", repeats: int = 5) -> dict:
+def benchmark(n: int = 5000, name: str = "qwen2.5", repeats: int = 5, kind: str = "sharegpt") -> dict:
     """µs per row of the chunk path and of the raw engines on the same rendered text (one core)."""
     import tempfile
     import time
@@ -38,13 +41,16 @@ def benchmark(n: int = 5000, name: str = "qwen2.5", repeats: int = 5) -> dict:
     import fastokens
     import tiktoken
 
-    from vecpack.testing import cached_tokenizer_dir, make_sharegpt
+    from vecpack.testing import cached_tokenizer_dir, make_sharegpt, make_short_chats
+    from vecpack.tokenizing.lane import encode_range, lane_for
     from vecpack.tokenizing.spec import tiktoken_file
 
+    make = {"sharegpt": lambda p: make_sharegpt(p, n, seed=11), "short": lambda p: make_short_chats(p, n, seed=11)}
     with tempfile.TemporaryDirectory() as tmp:
-        path = make_sharegpt(os.path.join(tmp, "rows.jsonl"), n, seed=11)
+        path = make[kind](os.path.join(tmp, "rows.jsonl"))
         with open(path, "rb") as f:
-            lines = f.read().splitlines()
+            data = f.read()
+    lines = data.splitlines()
     rows = [json.loads(x) for x in lines]
     enc = ChatEncoder.from_tokenizer(cached_tokenizer_dir(name), sample_rows=rows[:64])
     texts = [enc.template.render(to_messages(r, enc.style, enc.column)) for r in rows]
@@ -67,7 +73,13 @@ def benchmark(n: int = 5000, name: str = "qwen2.5", repeats: int = 5) -> dict:
             sink.add(json.loads(line))
         sink.finish()
 
-    runs = {"tiktoken": run_tiktoken, "fastokens": run_fastokens, "chunk": run_chunk}
+    lane = lane_for(enc)
+
+    def run_lane():
+        encode_range(lane, data)
+
+    runs = {"tiktoken": run_tiktoken, "fastokens": run_fastokens, "chunk": run_chunk, "lane": run_lane}
+    run_lane()  # load (or compile) the lane's kernels
     best = dict.fromkeys(runs, float("inf"))
     run_chunk()  # warm the layouts and the prefix cache
     for _ in range(repeats):  # interleaved, best CPU time of each: the machine is shared
@@ -80,11 +92,13 @@ def benchmark(n: int = 5000, name: str = "qwen2.5", repeats: int = 5) -> dict:
     return out
 
 
-if __name__ == "__main__":  # python asv_bench/encode_rows.py [rows] [qwen2.5|llama3]
+if __name__ == "__main__":  # python asv_bench/encode_rows.py [rows] [qwen2.5|llama3] [sharegpt|short]
     import sys
 
-    r = benchmark(int(sys.argv[1]) if len(sys.argv) > 1 else 5000, *(sys.argv[2:3] or ["qwen2.5"]))
+    r = benchmark(int(sys.argv[1]) if len(sys.argv) > 1 else 5000, *(sys.argv[2:3] or ["qwen2.5"]),
+                  kind=sys.argv[3] if len(sys.argv) > 3 else "sharegpt")
     print(f"{r['rows']:,} rows, {r['tokens_per_row']:.0f} tokens a row, engine {r['backend']}: "
+          f"lane {r['lane_us']:.1f} µs/row | "
           f"chunk path {r['chunk_us']:.1f} µs/row | raw fastokens {r['fastokens_us']:.1f} µs/row | "
           f"raw tiktoken {r['tiktoken_us']:.1f} µs/row | tiktoken / chunk "
           f"{r['tiktoken_us'] / r['chunk_us']:.2f}x")
