@@ -6,6 +6,7 @@ import unicodedata
 import numpy as np
 import pytest
 
+from vecpack.inputs.jsonl import buffer_lines
 from vecpack.testing import make_sharegpt, make_short_chats
 from vecpack.tokenizing import _lane_kernels as K
 from vecpack.tokenizing.encoder import ChatEncoder
@@ -20,18 +21,7 @@ def both(enc, buf: bytes, on_error="skip"):
     lane = lane_for(enc)
     assert lane is not None
     got = encode_range(lane, buf, on_error=on_error)
-    view = memoryview(buf)
-    lines = []
-    pos = i = 0
-    while pos < len(buf):  # the JSONL reader's cut, on bytes in memory
-        nl = buf.find(b"\n", pos)
-        nl = len(buf) if nl < 0 else nl
-        last = nl - 1 if nl > pos and buf[nl - 1] == 13 else nl
-        if last > pos and not buf[pos:last].isspace():
-            lines.append((i, view[pos:last]))
-        i += 1
-        pos = nl + 1
-    want = encode_rows(enc, iter(lines), on_error=on_error)
+    want = encode_rows(enc, buffer_lines(buf), on_error=on_error)
     return got, want
 
 
@@ -234,3 +224,25 @@ def test_a_process_loads_the_lane_only_after_64_mb(qwen_dir, monkeypatch):
     assert enc.row_lane(1000) is None  # a small range never
     monkeypatch.setenv("VECPACK_ROW_LANE", "0")
     assert enc.row_lane(8 << 20) is None
+
+
+def test_ranges_of_long_lines_take_the_python_path(qwen_dir, tmp_path, monkeypatch):
+    """orjson parses long rows faster than the lane: encode_file sends them to encode_rows."""
+    from vecpack.tokenizing import lane as lane_mod
+
+    monkeypatch.delenv("VECPACK_ROW_LANE", raising=False)
+    enc = ChatEncoder.from_tokenizer(qwen_dir)
+    lane = lane_for(enc)
+    calls = []
+    real = lane_mod.encode_range
+    monkeypatch.setattr(lane_mod, "encode_range", lambda *a, **k: calls.append(1) or real(*a, **k))
+    long_rows = make_sharegpt(tmp_path / "long.jsonl", 60, seed=4, median_user=800, median_assistant=1500)
+    short_rows = make_short_chats(tmp_path / "short.jsonl", 60, seed=4)
+    for path, lane_used in ((long_rows, False), (short_rows, True)):
+        data = open(path, "rb").read()
+        assert (len(data) / data.count(b"\n") > lane_mod.LANE_MAX_LINE_BYTES) != lane_used
+        info = {}
+        got = lane.encode_file(str(path), 0, len(data), info)
+        assert bool(calls) == lane_used and info["newlines"] == 60
+        assert_same(got, encode_rows(enc, buffer_lines(data)))
+        calls.clear()

@@ -73,13 +73,23 @@ def count_newlines(path: str, stop: int, start: int = 0) -> int:
     return n
 
 
-def _lines(path: str, start: int, stop: int, info: dict | None = None) -> Iterator[tuple[int, memoryview]]:
-    """``(local line, view of the line)`` of the non-blank lines of ``[start, stop)``."""
+def read_range(path: str, start: int, stop: int, info: dict | None = None) -> bytes:
+    """The bytes ``[start, stop)`` of ``path``; ``info["newlines"]`` counts their ``\\n``."""
     with open(path, "rb") as f:
         f.seek(start)
         buf = f.read(stop - start)
     if info is not None:
         info["newlines"] = buf.count(b"\n")
+    return buf
+
+
+def _lines(path: str, start: int, stop: int, info: dict | None = None) -> Iterator[tuple[int, memoryview]]:
+    """``(local line, view of the line)`` of the non-blank lines of ``[start, stop)``."""
+    return buffer_lines(read_range(path, start, stop, info))
+
+
+def buffer_lines(buf: bytes) -> Iterator[tuple[int, memoryview]]:
+    """``(local line, view of the line)`` of the non-blank lines of ``buf`` (a range's bytes)."""
     # lines as views of the range (no copy of each line, as bytes.split would make)
     view, find, end = memoryview(buf), buf.find, len(buf)
     pos = i = 0

@@ -31,10 +31,11 @@ import os
 import numpy as np
 
 from vecpack.chat.formats import DEFAULT_COLUMNS, MESSAGE_SHAPES
+from vecpack.inputs.jsonl import buffer_lines, read_range
 from vecpack.tokenizing.labels import labels_from_parts
 from vecpack.tokenizing.rows import Rows, encode_rows
 
-__all__ = ["LANE_AFTER_BYTES", "LANE_MIN_BYTES", "encode_range", "lane_for", "splice_heads"]
+__all__ = ["LANE_AFTER_BYTES", "LANE_MAX_LINE_BYTES", "LANE_MIN_BYTES", "encode_range", "lane_for", "splice_heads"]
 
 _STRIP = {None: 0, str.lstrip: 1, str.rstrip: 2, str.strip: 3}
 _PREFIX_MAX_BYTES = 32_768
@@ -53,6 +54,10 @@ LANE_MIN_BYTES = 1 << 20
 #: kernels, about 0.5 s of CPU; the lane saves about 5 µs a row, so ~100k short rows repay it).
 LANE_AFTER_BYTES = 64 << 20
 _READ = [0]  # JSONL bytes this process has been asked to encode (lane_for's nbytes)
+#: Mean line length above which a range takes the Python path: orjson parses a long row
+#: faster than the lane's scanner (583-token rows: 43 against 58 µs; 164-token rows: 20
+#: against 13 µs, ``asv_bench/encode_rows.py``).
+LANE_MAX_LINE_BYTES = 1024
 
 
 def lane_for(encoder, nbytes: int | None = None) -> "_Lane | None":
@@ -87,9 +92,6 @@ class _Lane:
     """One encoder's tables for the kernels: row shape, role names, each layout's parts."""
 
     def __init__(self, encoder):
-        from vecpack.tokenizing import _lane_kernels  # numba: loaded only where the lane runs
-
-        self.k = _lane_kernels
         self.enc, self.rt, self.template = encoder, encoder.runtime, encoder.template
         roles, role_key, text_key = MESSAGE_SHAPES[encoder.style]
         self.names = list(roles)
@@ -100,13 +102,20 @@ class _Lane:
         self.text_key = np.frombuffer(text_key.encode(), np.uint8)
         self.layouts: dict[tuple, tuple | None] = {}
 
+    @property
+    def k(self):
+        """The kernels module (numba): loaded on the lane's first range, not before."""
+        from vecpack.tokenizing import _lane_kernels
+
+        return _lane_kernels
+
     def encode_file(self, path: str, start: int, stop: int, info: dict, *, on_error: str = "raise",
                     progress=None) -> Rows:
-        """:func:`encode_range` of the bytes ``[start, stop)`` of the JSONL file ``path``."""
-        with open(path, "rb") as f:
-            f.seek(start)
-            buf = f.read(stop - start)
-        info["newlines"] = buf.count(b"\n")
+        """The :class:`Rows` of the bytes ``[start, stop)`` of the JSONL file ``path``: through the
+        lane, unless its lines are long (then the Python path, which parses long rows faster)."""
+        buf = read_range(path, start, stop, info)
+        if len(buf) > LANE_MAX_LINE_BYTES * (info["newlines"] + 1) and os.environ.get("VECPACK_ROW_LANE") != "1":
+            return encode_rows(self.enc, buffer_lines(buf), on_error=on_error, progress=progress)
         return encode_range(self, buf, on_error=on_error, progress=progress)
 
     def layout(self, codes: tuple):
