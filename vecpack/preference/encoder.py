@@ -255,11 +255,7 @@ class PairSink:
                 shared = min(common_prefix(text_p, text_c), common_prefix(text_p, text_r))
             if 0 < cacheable <= min(shared, _PREFIX_MAX_CHARS):
                 key = text_p[:cacheable]
-                hit = rt.prefix_cache.get(key)
-                if hit is None:
-                    k0, ids = rt.cache_prefix(key)
-                    hit = rt.prefix_cache[key] = (k0, ids, rt.exact(key[:k0]))
-                k0, ids, exact = hit
+                k0, ids, exact = rt.cache_prefix(key)
                 if k0 and exact:
                     head = ids
                 else:

@@ -445,11 +445,7 @@ class ChunkSink:
             c = sum(map(len, parts[:n_cache])) if n_cache > 1 else len(parts[0])
             if 0 < c <= _PREFIX_MAX_CHARS:
                 key = text[:c]
-                hit = rt.prefix_cache.get(key)
-                if hit is None:
-                    k, ids = rt.cache_prefix(key)
-                    hit = rt.prefix_cache[key] = (k, ids, rt.exact(key[:k]))
-                k, ids, prefix_exact = hit
+                k, ids, prefix_exact = rt.cache_prefix(key)
                 if k:
                     head, rest = ids, text[k:]
                     # an exact prefix and an exact rest that starts with an ASCII character make an exact

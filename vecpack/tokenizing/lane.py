@@ -27,6 +27,7 @@ off (see :func:`lane_for`).
 from __future__ import annotations
 
 import os
+from typing import NamedTuple
 
 import numpy as np
 
@@ -38,6 +39,21 @@ from vecpack.tokenizing.rows import Rows, encode_rows
 __all__ = ["LANE_AFTER_BYTES", "LANE_MAX_LINE_BYTES", "LANE_MIN_BYTES", "encode_range", "lane_for", "splice_heads"]
 
 _STRIP = {None: 0, str.lstrip: 1, str.rstrip: 2, str.strip: 3}
+
+
+class _Tables(NamedTuple):
+    """One layout as the kernels take it: per part its kind (0 literal, 1 content), message,
+    strip bits and trainability, and its literal bytes; per layout the rest."""
+
+    kind: np.ndarray
+    msg: np.ndarray
+    strip: np.ndarray
+    train: np.ndarray
+    literals: list
+    n_cache: int
+    dup: int          # most slots one message fills (its content is written that many times)
+    lit_bytes: int    # UTF-8 bytes of all literals
+    wide: bool        # a literal character from U+0100 on (texts then get the NFC check)
 _PREFIX_MAX_BYTES = 32_768
 
 
@@ -60,6 +76,11 @@ _READ = [0]  # JSONL bytes this process has been asked to encode (lane_for's nby
 LANE_MAX_LINE_BYTES = 1024
 
 
+def _mode() -> str:
+    """``VECPACK_ROW_LANE``: ``"0"`` (never), ``"1"`` (every range, whatever its size or lines) or ``""``."""
+    return os.environ.get("VECPACK_ROW_LANE", "")
+
+
 def lane_for(encoder, nbytes: int | None = None) -> "_Lane | None":
     """The lane of a :class:`~vecpack.tokenizing.encoder.ChatEncoder` in this process, for a range
     of ``nbytes``, or ``None`` where it does not apply (use ``encoder.row_lane``).
@@ -69,7 +90,7 @@ def lane_for(encoder, nbytes: int | None = None) -> "_Lane | None":
     :data:`LANE_AFTER_BYTES` of JSONL (so a small call never loads numba).
     ``nbytes=None`` skips both size rules.
     """
-    mode = os.environ.get("VECPACK_ROW_LANE", "")
+    mode = _mode()
     if mode == "0":
         return None
     if mode != "1" and nbytes is not None:
@@ -114,7 +135,7 @@ class _Lane:
         """The :class:`Rows` of the bytes ``[start, stop)`` of the JSONL file ``path``: through the
         lane, unless its lines are long (then the Python path, which parses long rows faster)."""
         buf = read_range(path, start, stop, info)
-        if len(buf) > LANE_MAX_LINE_BYTES * (info["newlines"] + 1) and os.environ.get("VECPACK_ROW_LANE") != "1":
+        if len(buf) > LANE_MAX_LINE_BYTES * (info["newlines"] + 1) and _mode() != "1":
             return encode_rows(self.enc, buffer_lines(buf), on_error=on_error, progress=progress)
         return encode_range(self, buf, on_error=on_error, progress=progress)
 
@@ -138,10 +159,10 @@ class _Lane:
                 else:
                     kind.append(0), msg.append(-1), strip.append(0), lits.append(p)
             lit = "".join(lits)
-            dup = max([sum(1 for i, _ in slots.values() if i == m) for m in range(len(roles))] or [1])
-            out = (np.array(kind, np.int8), np.array(msg, np.int64), np.array(strip, np.int8),
-                   np.array(layout.train, np.bool_), [x.encode("utf-8") for x in lits], layout.n_cacheable,
-                   max(dup, 1), len(lit.encode("utf-8")), not all(ord(ch) < 0x100 for ch in lit))
+            dup = max([sum(1 for i, _ in slots.values() if i == m) for m in range(len(roles))] + [1])
+            out = _Tables(np.array(kind, np.int8), np.array(msg, np.int64), np.array(strip, np.int8),
+                          np.array(layout.train, np.bool_), [x.encode("utf-8") for x in lits],
+                          layout.n_cacheable, dup, len(lit.encode("utf-8")), not all(ord(ch) < 0x100 for ch in lit))
         self.layouts[codes] = out
         return out
 
@@ -187,26 +208,27 @@ def encode_range(lane: _Lane, buf: bytes, *, on_error: str = "raise", progress=N
         inside_b, inside_off = _bytes_table(t._inside)
         edges_b, edges_off = _bytes_table(sorted(t._edges))
         part_off = np.zeros(len(chunk_layouts) + 1, np.int64)
-        np.cumsum([len(x[0]) for x in chunk_layouts], out=part_off[1:])
-        cat = lambda i, dt: np.concatenate([x[i] for x in chunk_layouts]).astype(dt, copy=False)  # noqa: E731
-        lits = [b for x in chunk_layouts for b in x[4]]
+        np.cumsum([len(x.kind) for x in chunk_layouts], out=part_off[1:])
+        cat = lambda name, dt: np.concatenate([getattr(x, name) for x in chunk_layouts]).astype(dt, copy=False)  # noqa: E731
+        lits = [b for x in chunk_layouts for b in x.literals]
         lit_off = np.zeros(len(lits) + 1, np.int64)
         np.cumsum([len(b) for b in lits], out=lit_off[1:])
         lit = np.frombuffer(b"".join(lits), np.uint8) if lit_off[-1] else np.zeros(1, np.uint8)
-        n_cache = np.array([x[5] for x in chunk_layouts], np.int64)
+        n_cache = np.array([x.n_cache for x in chunk_layouts], np.int64)
         line_len = l1[rows_idx] - l0[rows_idx]
-        dup = np.array([x[6] for x in chunk_layouts], np.int64)[lay]
-        lit_bytes = np.array([x[7] for x in chunk_layouts], np.int64)[lay]
+        dup = np.array([x.dup for x in chunk_layouts], np.int64)[lay]
+        lit_bytes = np.array([x.lit_bytes for x in chunk_layouts], np.int64)[lay]
         out = np.empty(int((line_len * dup + lit_bytes).sum()) + 1, np.uint8)
         nparts = (part_off[1:] - part_off[:-1])[lay]
         sizes = np.empty(int(nparts.sum()), np.int64)
         train = np.empty(len(sizes), np.bool_)
         scratch = np.empty(int(line_len.max()) + 1, np.uint8)
         ok, t0, t1, p1, ph, flags, q1, _ = k.render_rows(
-            arr, rows_idx, lay, m_first, m_count, m_start, m_stop, m_esc, part_off, cat(0, np.int8),
-            cat(1, np.int64), cat(2, np.int8), cat(3, np.bool_), lit, lit_off, n_cache, equal_b, equal_off,
-            inside_b, inside_off, edges_b, edges_off, scratch, out, sizes, train)
-        wide_layout = np.array([x[8] for x in chunk_layouts], bool)[lay]
+            arr, rows_idx, lay, m_first, m_count, m_start, m_stop, m_esc, part_off,
+            cat("kind", np.int8), cat("msg", np.int64), cat("strip", np.int8), cat("train", np.bool_),
+            lit, lit_off, n_cache, equal_b, equal_off, inside_b, inside_off, edges_b, edges_off,
+            scratch, out, sizes, train)
+        wide_layout = np.array([x.wide for x in chunk_layouts], bool)[lay]
         text = out.tobytes()  # one copy: rows are sliced from it as bytes, then decoded
         # a text that may not be NFC (or is long, for tiktoken's regex) is checked as the Python path does
         check = np.flatnonzero(ok & (((flags & k.F_WIDE) != 0) | wide_layout | ((flags & k.F_LONG) != 0)))
@@ -264,11 +286,7 @@ def _prefixes(lane, text: bytes, out: np.ndarray, starts, prefix_stop, prefix_ha
         n = int(plen[rep])
         members = members[plen[members] == n]
         key = text[starts[rep]:starts[rep] + n].decode("utf-8")
-        hit = rt.prefix_cache.get(key)
-        if hit is None:
-            k_chars, ids = rt.cache_prefix(key)
-            hit = rt.prefix_cache[key] = (k_chars, ids, rt.exact(key[:k_chars]))
-        k_chars, ids, _ = hit
+        k_chars, ids, _ = rt.cache_prefix(key)
         if not k_chars:
             continue
         members = members[k.same_prefix(out, starts[members], n, int(starts[rep]))]  # hashes may collide
@@ -291,13 +309,13 @@ def _merge(n: int, fast, rest: Rows, slow_idx: np.ndarray) -> Rows:
     order = np.argsort(np.concatenate([rows_f, rows_s]), kind="stable")
     starts = np.concatenate([np.cumsum(lengths) - lengths, np.cumsum(rest.lengths) - rest.lengths])
     all_len = np.concatenate([lengths, rest.lengths])
-    src = [ids, rest.tokens], [labels, rest.labels]
     nf = len(rows_f)
     toks, labs = [], []
     for o in order.tolist():
-        s, a, b = (0, starts[o], starts[o] + all_len[o]) if o < nf else (1, starts[o], starts[o] + all_len[o])
-        toks.append(src[0][s][a:b])
-        labs.append(src[1][s][a:b])
+        tokens, labs_of = (ids, labels) if o < nf else (rest.tokens, rest.labels)
+        a, b = starts[o], starts[o] + all_len[o]
+        toks.append(tokens[a:b])
+        labs.append(labs_of[a:b])
     return Rows(np.concatenate(toks), np.concatenate(labs), all_len[order].astype(np.int64),
                 np.concatenate([rows_f, rows_s])[order].astype(np.int64), n, rest.rejected,
                 trainable + rest.trainable)

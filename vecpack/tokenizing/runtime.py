@@ -254,17 +254,23 @@ class Runtime:
             return self.encode(text)
         return self.hf_ids(text)
 
-    def cache_prefix(self, prefix: str) -> tuple[int, np.ndarray]:
-        """``(k, ids)``: ``prefix[:k]`` ends right after its last added token, ``ids`` its tokens.
+    def cache_prefix(self, prefix: str) -> tuple[int, np.ndarray, bool]:
+        """``(k, ids, exact)``: ``prefix[:k]`` ends right after its last added token, ``ids`` are its
+        tokens, ``exact`` whether the fast engine takes ``prefix[:k]`` exactly; made once per
+        ``prefix`` in this process (:attr:`prefix_cache`).
 
         Text after an added token tokenizes independently of what precedes
         it, so ``ids + encode(text[k:]) == encode(text)`` for any ``text``
         starting with ``prefix[:k]``.
         """
-        k = 0
-        for m in self.special_re.finditer(prefix) if self.special_re is not None else ():
-            k = m.end()
-        return k, self.ids(prefix[:k]).astype(np.int32, copy=True)
+        hit = self.prefix_cache.get(prefix)
+        if hit is None:
+            k = 0
+            for m in self.special_re.finditer(prefix) if self.special_re is not None else ():
+                k = m.end()
+            hit = self.prefix_cache[prefix] = (k, self.ids(prefix[:k]).astype(np.int32, copy=True),
+                                               self.exact(prefix[:k]))
+        return hit
 
 
 _RUNTIMES = memo("tokenizer engines", 4)
