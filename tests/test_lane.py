@@ -9,8 +9,9 @@ import pytest
 from vecpack.inputs.jsonl import buffer_lines
 from vecpack.testing import make_sharegpt, make_short_chats
 from vecpack.tokenizing import _lane_kernels as K
+from vecpack.tokenizing import _token_kernels as TK
 from vecpack.tokenizing.encoder import ChatEncoder
-from vecpack.tokenizing.lane import encode_range, lane_for
+from vecpack.tokenizing.lane import byte_views, encode_range, lane_for
 from vecpack.tokenizing.rows import RowFailure, encode_rows
 
 FIELDS = ("tokens", "labels", "lengths", "rows")
@@ -130,8 +131,8 @@ def test_short_rows_go_through_the_lane(qwen_dir, tmp_path):
     enc = ChatEncoder.from_tokenizer(qwen_dir)
     buf = open(path, "rb").read()
     lane = lane_for(enc)
-    arr = np.frombuffer(buf, np.uint8)
-    status = K.scan_lines(arr, np.flatnonzero(arr == 10), lane.column, lane.role_key, lane.text_key,
+    arr, words = byte_views(buf)
+    status = K.scan_lines(arr, words, np.flatnonzero(arr == 10), lane.column, lane.role_key, lane.text_key,
                           lane.names_buf, lane.names_off, buf.count(b"{") + 1)[3]
     assert len(status) == 400 and (status == K.FAST).all()
     assert_same(*both(enc, buf))
@@ -159,12 +160,57 @@ def test_space_is_str_isspace():
 def test_unescape_equals_json(text):
     for ensure_ascii in (True, False):
         raw = json.dumps(text, ensure_ascii=ensure_ascii).encode()
-        buf = np.frombuffer(raw, np.uint8)
-        stop, esc = K._string(buf, 1, len(buf))
+        buf, words = byte_views(raw)
+        stop, esc = K._string(buf, words, 1, len(buf))
         assert stop == len(buf) - 1
         out = np.zeros(4 * len(buf) + 4, np.uint8)
         end = K._unescape(buf, 1, stop, esc, out, 0)
         assert out[:end].tobytes().decode() == text
+
+
+
+def _string_reference(b: bytes, i: int):
+    """Plain Python: where the JSON string from ``i`` closes, and whether it has escapes (-1: not for the lane)."""
+    esc = False
+    while i < len(b):
+        c = b[i]
+        if c == 34:
+            return i, esc
+        if c == 92:
+            esc, e = True, b[i + 1:i + 2]
+            if e == b"u":
+                if not all(chr(h) in "0123456789abcdefABCDEF" for h in b[i + 2:i + 6]) or i + 6 > len(b):
+                    return -1, esc
+                i += 6
+            elif e and e in b'"\\/bfnrt':
+                i += 2
+            else:
+                return -1, esc
+            continue
+        if c < 32:
+            return -1, esc
+        if c >= 128:
+            n = 2 if 0xC2 <= c <= 0xDF else 3 if 0xE0 <= c <= 0xEF else 4 if 0xF0 <= c <= 0xF4 else 0
+            try:
+                b[i:i + n].decode("utf-8") if n and i + n <= len(b) else b"\xff".decode("utf-8")
+            except UnicodeDecodeError:
+                return -1, esc
+            i += n
+            continue
+        i += 1
+    return -1, esc
+
+
+@pytest.mark.parametrize("odd", [b'"', b"\\n", b"\\u00e9", b"\\q", b"\n", b"\x1f", b" ", b"!", b"#",
+                                 "é".encode(), "😀".encode(), b"\xff", b"\xed\xa0\x80", b"\x7f"])
+def test_string_scan_8_bytes_at_a_time_equals_the_reference(odd):
+    """Every alignment of the string's start and of the odd bytes inside a word, against the reference."""
+    for start in range(1, 17):
+        for at in range(0, 26):
+            body = b"a" * at + odd + b"b" * (26 - at)
+            raw = b"x" * (start - 1) + b'"' + body + b'" tail'
+            buf, words = byte_views(raw)
+            assert K._string(buf, words, start, len(raw)) == _string_reference(raw, start), (start, at)
 
 
 def test_utf8_validation_equals_python():
@@ -189,6 +235,62 @@ def test_char_offsets():
     positions = np.array([0, 1, 3, 6, 10, 11])
     assert K.char_offsets(out, positions).tolist() == [0, 1, 2, 3, 4, 5]
 
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_label_tokens_equals_labels_from_parts(seed):
+    """The lane's one-pass labels against the vectorised reference: empty pieces and tokens of
+    zero bytes, runs that touch, rows that start trained, masking "all" and tokens that do not spell."""
+    from vecpack.tokenizing.labels import labels_from_parts
+
+    rng = np.random.default_rng(seed)
+    bytelen = rng.integers(0 if seed % 4 == 0 else 1, 5, 50).astype(np.int32)
+    rows, sizes, train, ids = [], [], [], []
+    for _ in range(int(rng.integers(0, 6))):
+        lo = len(sizes)
+        for _ in range(int(rng.integers(1, 8))):
+            piece = rng.integers(0, 50, int(rng.integers(0, 5)))  # tokens of this piece
+            ids += piece.tolist()
+            sizes.append(int(bytelen[piece].sum()))
+            train.append(bool(rng.random() < 0.5))
+        rows.append((lo, len(sizes)))
+    ids = np.array(ids, np.int32)
+    sizes, train = np.array(sizes, np.int64), np.array(train, np.bool_)
+    # rows' parts out of a larger table, as render_rows leaves them (other rows' parts between)
+    junk = int(rng.integers(0, 3))
+    big_sizes = np.concatenate([np.full(junk, 7, np.int64), sizes])
+    big_train = np.concatenate([np.ones(junk, np.bool_), train])
+    lo = np.array([a + junk for a, _ in rows], np.int64)
+    hi = np.array([b + junk for _, b in rows], np.int64)
+    for masking_all in (False, True):
+        want = labels_from_parts(ids, bytelen.astype(np.int64), sizes, train, masking_all=masking_all)
+        labels, trained, ok = TK.label_tokens(ids, bytelen, big_sizes, big_train, lo, hi, masking_all, -100)
+        assert ok and (labels.tolist(), trained) == (want[0].tolist(), want[1])
+    if len(ids):
+        bad = ids.copy()
+        bad[-1] = 50  # an id outside the table
+        assert not TK.label_tokens(bad, bytelen, big_sizes, big_train, lo, hi, False, -100)[2]
+        if sizes.sum():
+            short = big_sizes.copy()
+            short[hi[-1] - 1] += 1  # the pieces hold a byte the tokens do not spell
+            assert not TK.label_tokens(ids, bytelen, short, big_train, lo, hi, False, -100)[2]
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_splice_heads_kernel_equals_splice_heads(seed):
+    from vecpack.tokenizing.lane import splice_heads
+
+    rng = np.random.default_rng(seed)
+    table = [rng.integers(0, 1000, int(rng.integers(0, 6))).astype(np.int32) for _ in range(int(rng.integers(1, 4)))]
+    n = int(rng.integers(0, 30))
+    lengths = rng.integers(0, 5, n).astype(np.int64)
+    head_of = rng.integers(-1, len(table), n).astype(np.int64)
+    ids = rng.integers(0, 1000, int(lengths.sum())).astype(np.int32)
+    want = splice_heads(ids, lengths, head_of, table)
+    heads_off = np.zeros(len(table) + 1, np.int64)
+    np.cumsum([len(h) for h in table], out=heads_off[1:])
+    got = TK.splice_heads(ids, lengths, head_of, np.concatenate(table), heads_off)
+    assert got[0].tolist() == want[0].tolist() and got[1].tolist() == want[1].tolist()
 
 def test_lane_leaves_contents_the_template_inspects_to_jinja(qwen_dir, tmp_path):
     """A Qwen3-like template splits '</think>' out of replies: those rows must not take the layout."""
@@ -225,6 +327,25 @@ def test_a_process_loads_the_lane_only_after_64_mb(qwen_dir, monkeypatch):
     monkeypatch.setenv("VECPACK_ROW_LANE", "0")
     assert enc.row_lane(8 << 20) is None
 
+
+
+def test_a_call_that_gives_a_worker_64_mb_gets_the_lane_from_its_first_range(qwen_dir, monkeypatch):
+    """pool.set_up_for: the call's share per worker decides fastokens and the lane, in one place."""
+    from vecpack.tokenizing import lane as lane_mod
+    from vecpack.tokenizing import pool as pool_mod
+
+    monkeypatch.delenv("VECPACK_ROW_LANE", raising=False)
+    monkeypatch.setattr(lane_mod, "_READ", [0])
+    built = []
+    monkeypatch.setattr(pool_mod, "warm_start", built.append)  # (not this process's real engines)
+    enc = ChatEncoder.from_tokenizer(qwen_dir)
+    pool_mod.set_up_for(1 << 20)
+    pool_mod.set_up_for(16 << 20)  # fastokens repays its construction; the lane's load not yet
+    assert built == [False, True]
+    assert enc.row_lane(4 << 20) is None
+    pool_mod.set_up_for(64 << 20)
+    assert enc.row_lane(4 << 20) is not None  # the call's first range already
+    assert enc.row_lane(1000) is None  # a small range never
 
 def test_ranges_of_long_lines_take_the_python_path(qwen_dir, tmp_path, monkeypatch):
     """orjson parses long rows faster than the lane: encode_file sends them to encode_rows."""

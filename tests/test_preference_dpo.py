@@ -172,7 +172,8 @@ def test_dpo_loss_and_gradients_equal_trl(dpo):
         ref_logps = _logps(ref, batch)
     loss, metrics = dpo_loss(_logps(model, batch), ref_logps, batch, beta=BETA)
     loss.backward()
-    assert abs(loss.item() - trl_loss.item()) < 1e-6, (loss.item(), trl_loss.item())
+    # TRL sums each sequence's fp32 log-probs in another order than the packed rows: ~1e-6 apart
+    assert abs(loss.item() - trl_loss.item()) < 1e-5, (loss.item(), trl_loss.item())
     assert abs(loss.item() - np.log(2)) > 1e-4  # the policy differs from the reference
     for n, p in model.named_parameters():
         # fp32, another summation order (TRL's fused head, padded rows): equal to ~1e-5 of each tensor's scale

@@ -56,7 +56,7 @@ def test_workers_that_build_fastokens_mid_call_give_the_same_arrays(sharegpt_fil
     # is built and checked, whichever chunk that happens at
     from vecpack.tokenizing import corpus
 
-    monkeypatch.setattr(corpus, "FASTOKENS_WORTH_BYTES", 0)
+    monkeypatch.setattr(corpus, "worker_share", lambda sources, n_jobs: 1 << 40)
     for _ in range(2):
         t = vecpack.tokenize(sharegpt_file, qwen_dir, n_jobs=2, chunk_bytes=50_000, progress=False)
         assert same(t, ref) and t.stats["backend"] == "fastokens"

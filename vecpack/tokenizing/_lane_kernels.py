@@ -25,6 +25,13 @@ from numba import njit
 FAST = 0
 SLOW = 1
 
+# 8 bytes at a time (SWAR): a word of plain string bytes has no byte >= 0x80, '"', '\\' or < 0x20
+_HI = np.uint64(0x8080808080808080)
+_ONES = np.uint64(0x0101010101010101)
+_QUOTES = np.uint64(0x2222222222222222)
+_SLASHES = np.uint64(0x5C5C5C5C5C5C5C5C)
+_SPACES = np.uint64(0x2020202020202020)
+
 # render_rows flags
 F_WIDE = 1       # a byte >= 0xC4: a character from U+0100 on (the text may not be NFC)
 F_LONG = 2       # 100,000 bytes or more
@@ -72,13 +79,32 @@ def _utf8_len(buf, i, end):
 
 
 @njit(cache=True)
-def _string(buf, i, end):
+def _plain_word(w):
+    """Whether none of the 8 bytes of ``w`` ends or escapes a string, or needs a check (the
+    zero-byte tests are exact as booleans: no false answer either way)."""
+    if w & _HI:
+        return False
+    q = w ^ _QUOTES
+    if (q - _ONES) & ~q & _HI:
+        return False
+    s = w ^ _SLASHES
+    if (s - _ONES) & ~s & _HI:
+        return False
+    return not ((w - _SPACES) & ~w & _HI)  # a byte below 0x20
+
+
+@njit(cache=True)
+def _string(buf, words, i, end):
     """``(stop, escaped)`` of the JSON string whose opening quote is at ``i - 1``; ``stop`` is its
-    closing quote, -1 if the string is malformed for the lane."""
+    closing quote, -1 if the string is malformed for the lane. ``words``: ``buf`` as ``uint64``
+    (its length rounded down), read 8 plain bytes at a time."""
     escaped = False
     while i < end:
+        if (i & 7) == 0 and i + 8 <= end and _plain_word(words[i >> 3]):
+            i += 8
+            continue
         b = buf[i]
-        if 35 <= b < 128 and b != 92:  # most bytes: plain ASCII
+        if 32 <= b < 128 and b != 34 and b != 92:  # plain ASCII
             i += 1
             continue
         if b == 34:  # "
@@ -132,7 +158,7 @@ def _role(buf, a, b, names, names_off):
 
 
 @njit(cache=True)
-def _scan_line(buf, i, end, column, role_key, text_key, names, names_off, m_role, m_start, m_stop,
+def _scan_line(buf, words, i, end, column, role_key, text_key, names, names_off, m_role, m_start, m_stop,
                m_esc, m):
     """Parse one line from ``i``; fill messages from index ``m``. Returns the next message index,
     or -1 (the line is SLOW)."""
@@ -142,7 +168,7 @@ def _scan_line(buf, i, end, column, role_key, text_key, names, names_off, m_role
     i = _skip_ws(buf, i + 1, end)
     if i >= end or buf[i] != 34:
         return -1
-    stop, esc = _string(buf, i + 1, end)
+    stop, esc = _string(buf, words, i + 1, end)
     if stop < 0 or esc or not _equals(buf, i + 1, stop, column):
         return -1
     i = _skip_ws(buf, stop + 1, end)
@@ -162,7 +188,7 @@ def _scan_line(buf, i, end, column, role_key, text_key, names, names_off, m_role
             i = _skip_ws(buf, i, end)
             if i >= end or buf[i] != 34:
                 return -1
-            kstop, kesc = _string(buf, i + 1, end)
+            kstop, kesc = _string(buf, words, i + 1, end)
             if kstop < 0 or kesc:
                 return -1
             ka = i + 1
@@ -172,7 +198,7 @@ def _scan_line(buf, i, end, column, role_key, text_key, names, names_off, m_role
             i = _skip_ws(buf, i + 1, end)
             if i >= end or buf[i] != 34:
                 return -1
-            vstop, vesc = _string(buf, i + 1, end)
+            vstop, vesc = _string(buf, words, i + 1, end)
             if vstop < 0:
                 return -1
             if _equals(buf, ka, kstop, role_key):
@@ -216,9 +242,10 @@ def _scan_line(buf, i, end, column, role_key, text_key, names, names_off, m_role
 
 
 @njit(cache=True)
-def scan_lines(buf, newlines, column, role_key, text_key, names, names_off, max_messages):
+def scan_lines(buf, words, newlines, column, role_key, text_key, names, names_off, max_messages):
     """Lines of ``buf`` (as the JSONL reader cuts them: blank ones skipped, ``\\r\\n`` allowed),
-    each scanned for the one shape. ``newlines``: the positions of ``buf``'s ``\\n`` bytes.
+    each scanned for the one shape. ``words``: ``buf``'s memory as ``uint64`` (whole words only,
+    :func:`~vecpack.tokenizing.lane.byte_views`); ``newlines``: the positions of its ``\\n`` bytes.
 
     Returns ``(line_key, line_start, line_stop, status, msg_first, msg_count, m_role, m_start,
     m_stop, m_esc)``: per non-blank line its local line index, byte range and status; for a FAST
@@ -252,7 +279,7 @@ def scan_lines(buf, newlines, column, role_key, text_key, names, names_off, max_
                 break
         if last > pos and not blank:
             line_key[n], line_start[n], line_stop[n] = k, pos, last
-            got = _scan_line(buf, pos, last, column, role_key, text_key, names, names_off, m_role,
+            got = _scan_line(buf, words, pos, last, column, role_key, text_key, names, names_off, m_role,
                              m_start, m_stop, m_esc, m)
             if got < 0:
                 status[n] = SLOW
@@ -303,10 +330,8 @@ def _unescape(buf, a, b, esc, out, o):
     """Decode the JSON string ``buf[a:b]`` into ``out`` from ``o``; returns the end, or -1 for a
     lone surrogate (the Python path rejects that row)."""
     if not esc:
-        for x in range(a, b):
-            out[o] = buf[x]
-            o += 1
-        return o
+        out[o:o + b - a] = buf[a:b]
+        return o + b - a
     i = a
     while i < b:
         c = buf[i]
@@ -481,9 +506,8 @@ def render_rows(buf, rows, layout_of, msg_first, msg_count, m_start, m_stop, m_e
         for p in range(part_off[L], part_off[L + 1]):
             if part_kind[p] == 0:
                 a, b = lit_off[p], lit_off[p + 1]
-                for x in range(a, b):
-                    out[o] = lit[x]
-                    o += 1
+                out[o:o + b - a] = lit[a:b]
+                o += b - a
                 sizes[q] = b - a
             else:
                 k = part_msg[p]
@@ -502,13 +526,13 @@ def render_rows(buf, rows, layout_of, msg_first, msg_count, m_start, m_stop, m_e
                         if _space(_code_point(scratch, z)[0]):
                             good = False
                             break
-                for x in range(a, b):
-                    if scratch[x] >= 0xC4:
-                        wide = True
-                        break
-                for x in range(a, b):
-                    out[o] = scratch[x]
-                    o += 1
+                if not wide:
+                    for x in range(a, b):
+                        if scratch[x] >= 0xC4:
+                            wide = True
+                            break
+                out[o:o + b - a] = scratch[a:b]
+                o += b - a
                 sizes[q] = b - a
             train[q] = part_train[p]
             q += 1

@@ -28,7 +28,7 @@ from vecpack._state import memo
 from vecpack.options import FAST_ENGINES
 from vecpack.tokenizing import parity
 from vecpack.tokenizing import pool as _pool
-from vecpack.tokenizing.runtime import fast_engine
+from vecpack.tokenizing.runtime import fast_engine, worth_fastokens
 
 __all__ = ["Pending", "check_now", "decide", "fall_back", "preload"]
 
@@ -114,17 +114,17 @@ class Pending:
         self._reason: str | None = None if check is not None else ""
 
     @classmethod
-    def start(cls, encoder, texts, key, workers: int, build_fast: bool = False) -> "Pending":
+    def start(cls, encoder, texts, key, workers: int, share: int = 0) -> "Pending":
         if texts is None or getattr(encoder, "backend", None) not in FAST_ENGINES:
             return cls()
-        # pool workers serve a fastokens encoder with tiktoken unless the call is large (build_fast):
+        # pool workers serve a fastokens encoder with tiktoken unless the call's share repays fastokens:
         # a sample that passed with one engine has not passed with the other
-        serving = "tiktoken" if workers > 1 and not build_fast else encoder.backend
+        serving = "tiktoken" if workers > 1 and not worth_fastokens(share) else encoder.backend
         digest = _digest((key if key is not None else encoder.path, serving), texts)
         if digest in _PASSED:  # these very rows passed with this tokenizer in this process
             encoder.pending_check = None
             return cls()
-        return cls(_pool.start_check(encoder, texts, workers, build_fast), digest, encoder)
+        return cls(_pool.start_check(encoder, texts, workers, share), digest, encoder)
 
     def known(self) -> str:
         """The verdict if it is already known (the engine cannot be built, the check cannot run)."""

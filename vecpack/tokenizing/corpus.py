@@ -36,11 +36,10 @@ from vecpack.tokenizing.backend import Pending, fall_back
 from vecpack.tokenizing.encoder import encoder_for, remember
 from vecpack.tokenizing.feed import TaskFeed
 from vecpack.tokenizing.merge import ChunkMerger
-from vecpack.tokenizing.runtime import FASTOKENS_WORTH_BYTES
 from vecpack.tokenizing.tasks import default_chunk_bytes, plan_chunks, rejected_examples
 from vecpack.tokenizing.tokenized import Tokenized, merge_stats
 
-__all__ = ["Tokenized", "check_args", "encoder_class", "tokenize"]
+__all__ = ["Tokenized", "check_args", "encoder_class", "tokenize", "worker_share"]
 
 
 def encoder_class(style: str):
@@ -68,6 +67,12 @@ def check_args(style, masking, on_error, backend, tokenizer, encoder) -> None:
 def _estimate_output_bytes(sources) -> int:
     # ~4 bytes of text per token, 8 bytes (token + label) per token, plus slack
     return int(sum(reader(s.kind).output_estimate(s) for s in sources) * 2.5)
+
+
+def worker_share(sources, n_jobs: int) -> int:
+    """Input bytes each worker gets in a call: what a worker builds for it follows
+    (:func:`~vecpack.tokenizing.pool.set_up_for`)."""
+    return sum(reader(s.kind).output_estimate(s) for s in sources) // max(1, n_jobs)
 
 
 def tokenize(data_files, tokenizer=None, *, style: str = "sharegpt", column: str | None = None,
@@ -133,12 +138,11 @@ def tokenize(data_files, tokenizer=None, *, style: str = "sharegpt", column: str
         text_bytes = sum(reader(s.kind).output_estimate(s) for s in sources if reader(s.kind).text)
         chunk_bytes = default_chunk_bytes(text_bytes or _estimate_output_bytes(sources) // 3, n_jobs)
     pool = backend == "loky" and n_jobs > 1
-    # a call this large repays building fastokens in each worker (else they serve with tiktoken)
-    build_fast = sum(reader(s.kind).output_estimate(s) for s in sources) >= FASTOKENS_WORTH_BYTES * n_jobs
+    share = worker_share(sources, n_jobs)
     scratch = feed = None
     if any(s.kind == "compressed" for s in sources):
         if pool and _estimate_output_bytes(sources) > 2.5 * chunk_bytes:  # more than one task, likely
-            _pool.warm(n_jobs, tokenizer, build_fast=build_fast)   # they start while the inputs decompress
+            _pool.warm(n_jobs, tokenizer, share=share)   # they start while the inputs decompress
         # decompressed in background threads, several files at once, into plain files that the
         # workers range-read as their lines land (Ray: once complete; see TaskFeed)
         scratch = _pool.chunk_dir(_estimate_output_bytes(sources) // 2, out_dir,
@@ -147,7 +151,7 @@ def tokenize(data_files, tokenizer=None, *, style: str = "sharegpt", column: str
         if scratch is not None:
             feed = TaskFeed(sources, chunk_bytes, scratch, n_jobs, pipelined=backend != "ray")
         return _tokenize(sources, feed, tokenizer, encoder, style, column, masking, n_jobs, on_error,
-                         progress, out_dir, backend, chunk_bytes, pool, t0, build_fast)
+                         progress, out_dir, backend, chunk_bytes, pool, t0, share)
     finally:
         if feed is not None:
             feed.close()   # its threads end before their directory goes
@@ -156,7 +160,7 @@ def tokenize(data_files, tokenizer=None, *, style: str = "sharegpt", column: str
 
 
 def _tokenize(sources, feed, tokenizer, encoder, style, column, masking, n_jobs, on_error, progress,
-              out_dir, backend, chunk_bytes, pool, t0, build_fast=False) -> Tokenized:
+              out_dir, backend, chunk_bytes, pool, t0, share=0) -> Tokenized:
     estimate = _estimate_output_bytes(sources)
     if feed is not None:   # compressed inputs: tasks as their text is decompressed
         tasks, many = feed, estimate > 2.5 * chunk_bytes   # (the pool was warmed for many)
@@ -166,7 +170,7 @@ def _tokenize(sources, feed, tokenizer, encoder, style, column, masking, n_jobs,
         if pool and many and getattr(encoder, "pool", None) is None:  # (a forked pool is up already)
             # one task runs here: starting workers would only take CPU from it
             _pool.warm(n_jobs - 1 if getattr(encoder, "slow_to_load", False) else n_jobs, tokenizer,
-                       build_fast=build_fast)
+                       share=share)
     key, texts = None, None
     if encoder is None:
         key, encoder = encoder_for(tokenizer, style, column, masking, sources, cls=encoder_class(style))
@@ -183,13 +187,13 @@ def _tokenize(sources, feed, tokenizer, encoder, style, column, masking, n_jobs,
     # thrown away and the rows are tokenized again with HF tokenizers. One task is tokenized
     # here and its check's tiktoken side computed here afterwards, with this process's engine.
     workers = n_jobs if backend == "loky" and many else 1
-    check = Pending.start(encoder, texts, key, workers, build_fast)
+    check = Pending.start(encoder, texts, key, workers, share)
     early = check.known()
     if early:  # known before anything ran (the engine cannot be built, or the check cannot run)
         encoder = fall_back(encoder, early)
         remember(key, encoder, tokenizer)
         check = Pending()
-    run = dict(executor=backend, n_jobs=n_jobs, on_error=on_error, progress=progress, build_fast=build_fast)
+    run = dict(executor=backend, n_jobs=n_jobs, on_error=on_error, progress=progress, share=share)
     try:
         result, metas = _run(tasks, encoder, out_dir, estimate, chunk_bytes, check, run)
     except _RetryWithFallback:

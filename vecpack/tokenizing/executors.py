@@ -45,7 +45,7 @@ __all__ = ["earlier", "execute"]
 
 def execute(tasks: list[ChunkTask] | TaskFeed, encoder, out_dir: str, *, executor: str = "loky",
             n_jobs: int = 1, on_error: str = "raise", progress: bool = True, desc: str = "tokenize",
-            merger: ChunkMerger | None = None, build_fast: bool = False) -> list[ChunkMeta]:
+            merger: ChunkMerger | None = None, share: int = 0) -> list[ChunkMeta]:
     """Run every task and return the metas in input order.
 
     ``executor="loky"`` runs them in this process (``n_jobs <= 1`` or a single
@@ -58,8 +58,8 @@ def execute(tasks: list[ChunkTask] | TaskFeed, encoder, out_dir: str, *, executo
     are run as they become known (compressed inputs still decompressing);
     Ray waits for all of them.
 
-    ``build_fast``: the call is large enough for pool workers to build
-    fastokens (:func:`~vecpack.tokenizing.runtime.warm_start`).
+    ``share``: the call's input bytes per worker, which decides what pool
+    workers set up for it (:func:`~vecpack.tokenizing.pool.set_up_for`).
 
     Every executor reports failures the same way. On a bad record
     (``on_error="raise"``), an encoder bug, a dead worker, an unreadable
@@ -88,7 +88,7 @@ def execute(tasks: list[ChunkTask] | TaskFeed, encoder, out_dir: str, *, executo
             forked = getattr(encoder, "pool", None)  # a ForkPool whose workers already hold the encoder
             _execute_pool(run, encoder, on_error, min(n_jobs, len(feed.tasks)) if feed.finished else n_jobs,
                           driver=forked is None and bool(getattr(encoder, "slow_to_load", False)), forked=forked,
-                          build_fast=build_fast)
+                          share=share)
         run.bar.close(final=sum(m.records for m in run.metas))
         return run.metas  # type: ignore[return-value]
     except ChunkError as e:
@@ -213,7 +213,7 @@ def _execute_inline(run: _Execution, encoder, on_error: str) -> None:
 
 
 def _execute_pool(run: _Execution, encoder, on_error: str, n_jobs: int, driver: bool = False,
-                  forked=None, build_fast: bool = False) -> None:
+                  forked=None, share: int = 0) -> None:
     """The tasks on ``n_jobs`` workers; with ``driver``, on ``n_jobs - 1`` workers and this process.
 
     ``forked``: a :class:`~vecpack.tokenizing.forkpool.ForkPool` whose workers
@@ -245,7 +245,7 @@ def _execute_pool(run: _Execution, encoder, on_error: str, n_jobs: int, driver: 
                     not driver or (sum(not f.done() for f in pending) < workers and _pool.warmed())):
                 task = queue.popleft()
                 fut = ex.submit(_pool.run_chunk, task, key, enc_path, run.out_dir, on_error,
-                                run.progress_path, len(run.slots), run.direct, build_fast)
+                                run.progress_path, len(run.slots), run.direct, share)
                 futures[fut] = task
                 pending.add(fut)
 

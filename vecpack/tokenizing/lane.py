@@ -19,8 +19,10 @@ on the same lines, array for array (tests compare both).
 
 A pool worker takes the lane only while it serves with fastokens (large
 calls, see :data:`~vecpack.tokenizing.runtime.FASTOKENS_WORTH_BYTES`), for
-ranges of 1 MB or more, and once it has read 64 MB of JSONL: loading numba
-(about 0.5 s of CPU per worker) then pays off. ``VECPACK_ROW_LANE=0`` turns it
+ranges of 1 MB or more, once it has read 64 MB of JSONL or from the first
+range of a call that gives it 64 MB (:func:`expect_bytes`): loading numba
+(about 0.5 s of CPU per worker) then pays off. Labels and the cached
+prefixes' splice are kernels too (:mod:`vecpack.tokenizing._token_kernels`). ``VECPACK_ROW_LANE=0`` turns it
 off (see :func:`lane_for`).
 """
 
@@ -33,10 +35,11 @@ import numpy as np
 
 from vecpack.chat.formats import DEFAULT_COLUMNS, MESSAGE_SHAPES
 from vecpack.inputs.jsonl import buffer_lines, read_range
-from vecpack.tokenizing.labels import labels_from_parts
+from vecpack.options import IGNORE_INDEX
 from vecpack.tokenizing.rows import Rows, encode_rows
 
-__all__ = ["LANE_AFTER_BYTES", "LANE_MAX_LINE_BYTES", "LANE_MIN_BYTES", "encode_range", "lane_for", "splice_heads"]
+__all__ = ["LANE_AFTER_BYTES", "LANE_MAX_LINE_BYTES", "LANE_MIN_BYTES", "encode_range", "expect_bytes", "lane_for",
+           "splice_heads"]
 
 _STRIP = {None: 0, str.lstrip: 1, str.rstrip: 2, str.strip: 3}
 
@@ -67,9 +70,27 @@ def _bytes_table(words) -> tuple[np.ndarray, np.ndarray]:
 #: Range bytes from which the lane takes a task.
 LANE_MIN_BYTES = 1 << 20
 #: JSONL bytes a process reads on the Python path before it loads the lane (numba and the
-#: kernels, about 0.5 s of CPU; the lane saves about 5 µs a row, so ~100k short rows repay it).
+#: kernels, about 0.5 s of CPU; the lane saves about 7 µs a short row, so ~70k of them repay
+#: it), unless a call announces that many first (:func:`expect_bytes`).
 LANE_AFTER_BYTES = 64 << 20
-_READ = [0]  # JSONL bytes this process has been asked to encode (lane_for's nbytes)
+_READ = [0]  # JSONL bytes this process has been asked to encode (lane_for's nbytes), or announced
+
+
+def expect_bytes(nbytes: int) -> None:
+    """A call will give this process about ``nbytes`` of input: from :data:`LANE_AFTER_BYTES`,
+    the lane serves its ranges from the first one on (the kernels' load is repaid within the call).
+
+    >>> saved = _READ[0]; _READ[0] = 0
+    >>> expect_bytes(1 << 20); _READ[0]          # a small call: the Python path until 64 MB are read
+    0
+    >>> expect_bytes(1 << 30); _READ[0] == LANE_AFTER_BYTES   # the next range of 1 MB or more: the lane
+    True
+    >>> _READ[0] = saved
+    """
+    if nbytes >= LANE_AFTER_BYTES:
+        _READ[0] = max(_READ[0], LANE_AFTER_BYTES)
+
+
 #: Mean line length above which a range takes the Python path: orjson parses a long row
 #: faster than the lane's scanner (583-token rows: 43 against 58 µs; 164-token rows: 20
 #: against 13 µs, ``asv_bench/encode_rows.py``).
@@ -130,6 +151,13 @@ class _Lane:
 
         return _lane_kernels
 
+    @property
+    def tk(self):
+        """The kernels over token ids (numba), loaded with :attr:`k`."""
+        from vecpack.tokenizing import _token_kernels
+
+        return _token_kernels
+
     def encode_file(self, path: str, start: int, stop: int, info: dict, *, on_error: str = "raise",
                     progress=None) -> Rows:
         """The :class:`Rows` of the bytes ``[start, stop)`` of the JSONL file ``path``: through the
@@ -167,12 +195,27 @@ class _Lane:
         return out
 
 
+
+def byte_views(buf: bytes) -> tuple[np.ndarray, np.ndarray]:
+    """``buf`` copied into one writable ``uint8`` array (every array the kernels take is writable:
+    one specialization each), and the same memory as the ``uint64`` words that lie wholly inside it.
+
+    >>> arr, words = byte_views(b"0123456789")
+    >>> bytes(arr), len(words), bool(words[0] == np.frombuffer(b"01234567", np.uint64)[0])
+    (b'0123456789', 1, True)
+    """
+    words = np.empty((len(buf) + 7) // 8, np.uint64)
+    arr = words.view(np.uint8)[:len(buf)]
+    arr[:] = np.frombuffer(buf, np.uint8)
+    return arr, words[:len(buf) // 8]
+
+
 def encode_range(lane: _Lane, buf: bytes, *, on_error: str = "raise", progress=None) -> Rows:
     """:func:`~vecpack.tokenizing.rows.encode_rows` of the JSONL lines of ``buf`` (a task's range)."""
     k, rt, enc = lane.k, lane.rt, lane.enc
-    arr = np.frombuffer(buf, np.uint8).copy()  # writable, as every array the kernels take: one specialization each
+    arr, words = byte_views(buf)
     (key, l0, l1, status, m_first, m_count, m_role, m_start, m_stop,
-     m_esc) = k.scan_lines(arr, np.flatnonzero(arr == 10), lane.column, lane.role_key, lane.text_key,
+     m_esc) = k.scan_lines(arr, words, np.flatnonzero(arr == 10), lane.column, lane.role_key, lane.text_key,
                            lane.names_buf, lane.names_off, buf.count(b"{") + 1)
     n = len(key)
     fast = np.flatnonzero(status == k.FAST)
@@ -247,17 +290,18 @@ def encode_range(lane: _Lane, buf: bytes, *, on_error: str = "raise", progress=N
         whole = text[:int(stops[-1])].decode("utf-8")
         texts = [whole[a:b] for a, b in zip(bounds[0::2].tolist(), bounds[1::2].tolist())]
         ids, offsets = rt.encode_batch(texts)
-        ids, lengths = splice_heads(ids, np.diff(offsets), head_of, table)
+        tk = lane.tk
+        if table:  # the cached prefixes in front (the kernel of splice_heads)
+            heads_off = np.zeros(len(table) + 1, np.int64)
+            np.cumsum([len(h) for h in table], out=heads_off[1:])
+            ids, lengths = tk.splice_heads(ids, np.diff(offsets), head_of, np.concatenate(table), heads_off)
+        else:
+            lengths = np.diff(offsets)
         q0 = np.concatenate([[0], q1[:-1]])
-        keep = np.zeros(len(sizes), bool)
-        counts = (q1 - q0)[good]
-        within = np.arange(counts.sum()) - np.repeat(np.cumsum(counts) - counts, counts)
-        keep[np.repeat(q0[good], counts) + within] = True
-        done = labels_from_parts(ids, rt.bytelen, sizes[keep], train[keep].astype(np.int8),
-                                 masking_all=enc.masking == "all", bytelen32=rt.bytelen32)
-        if done is None:  # pragma: no cover - the engine's tokens do not spell the text
+        labels, trainable, spelled = tk.label_tokens(ids, rt.bytelen32, sizes, train, q0[good], q1[good],
+                                                    enc.masking == "all", IGNORE_INDEX)
+        if not spelled:  # pragma: no cover - the engine's tokens do not spell the text
             raise RuntimeError("the lane's tokens cover other bytes than its texts")
-        labels, trainable = done
         fast_tokens = (rows_idx[good], ids, labels, lengths, trainable)
     slow_idx = np.flatnonzero(slow)
     view = memoryview(buf)

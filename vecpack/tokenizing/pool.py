@@ -38,8 +38,9 @@ from vecpack._state import memo
 from vecpack.errors import WorkerDiedError
 from vecpack.options import FAST_ENGINES
 from vecpack.tokenizing import parity
+from vecpack.tokenizing.lane import expect_bytes
 from vecpack.tokenizing.rows import tokenize_chunk
-from vecpack.tokenizing.runtime import engine_ids, fast_engine, runtime, warm_start
+from vecpack.tokenizing.runtime import engine_ids, fast_engine, runtime, warm_start, worth_fastokens
 from vecpack.tokenizing.tasks import ChunkMeta, ChunkTask
 
 __all__ = ["chunk_dir", "effective_n_jobs", "ready", "shutdown", "start_check", "warm", "warmed"]
@@ -84,20 +85,31 @@ def _allow_engine_memory() -> None:
         process_executor._MAX_MEMORY_LEAK_SIZE = _WORKER_GROWTH_BYTES
 
 
-def _worker_setup(build_fast: bool = False) -> None:
-    """What a pool worker sets before it builds an engine: its memory allowance, the engines' warm start.
-
-    ``build_fast``: this call is large enough to repay building fastokens (see
-    :func:`~vecpack.tokenizing.runtime.warm_start`).
-    """
+def _worker_setup(share: int = 0) -> None:
+    """What a pool worker sets before it builds an engine: its memory allowance, then :func:`set_up_for`."""
     _allow_engine_memory()
-    warm_start(build_fast)
+    set_up_for(share)
+
+
+def set_up_for(share: int) -> None:
+    """Set this process up for a call that gives it about ``share`` bytes of input.
+
+    The one place where a call's size decides what a worker builds: fastokens
+    from :data:`~vecpack.tokenizing.runtime.FASTOKENS_WORTH_BYTES` (before
+    that, tiktoken serves: :func:`~vecpack.tokenizing.runtime.warm_start`),
+    the compiled row lane from :data:`~vecpack.tokenizing.lane.LANE_AFTER_BYTES`
+    (:func:`~vecpack.tokenizing.lane.expect_bytes`). The driver computes ``share``
+    (:func:`~vecpack.tokenizing.corpus.tokenize`); the parity check's
+    engine side is set up the same way, so it checks the engine the chunks use.
+    """
+    warm_start(worth_fastokens(share))
+    expect_bytes(share)
 
 
 def run_chunk(task: ChunkTask, enc_key: str, enc_path: str, out_dir: str, on_error: str,
-              progress_path: str, n_slots: int, direct=None, build_fast: bool = False) -> ChunkMeta:
+              progress_path: str, n_slots: int, direct=None, share: int = 0) -> ChunkMeta:
     """The function loky workers run: one task, with progress and abort through a shared array."""
-    _worker_setup(build_fast)
+    _worker_setup(share)
     slots = np.memmap(progress_path, dtype=np.int64, mode="r+", shape=(n_slots,))
     if slots[0]:
         raise Aborted()
@@ -116,15 +128,15 @@ def run_chunk(task: ChunkTask, enc_key: str, enc_path: str, out_dir: str, on_err
         del slots, progress  # unmap the progress file now, not at the next collection
 
 
-def _engine_ids(path: str, backend: str, texts, build_fast: bool = False):
+def _engine_ids(path: str, backend: str, texts, share: int = 0):
     """A parity check's engine side, on a worker set up as the call's chunks set it up (the same engine)."""
-    _worker_setup(build_fast)
+    _worker_setup(share)
     return engine_ids(path, backend, texts)
 
 
-def _warm(tokenizer_path: str | None = None, modules: tuple = (), build_fast: bool = False) -> int:
+def _warm(tokenizer_path: str | None = None, modules: tuple = (), share: int = 0) -> int:
     """Start a worker; with a tokenizer directory, also build its fast engine now; import ``modules``."""
-    _worker_setup(build_fast)
+    _worker_setup(share)
     for name in modules:  # what the encoder will need (a dataset's classes import torch...)
         try:
             importlib.import_module(name)
@@ -318,13 +330,13 @@ def tokenizer_dir(tokenizer) -> str | None:
     return path if os.path.isfile(os.path.join(path, "tokenizer.json")) else None
 
 
-def warm(n_jobs: int, tokenizer=None, modules: tuple = (), build_fast: bool = False):
+def warm(n_jobs: int, tokenizer=None, modules: tuple = (), share: int = 0):
     """Start ``n_jobs`` worker processes now (returns at once; they start in the background).
 
     With a tokenizer directory, each worker also builds its tokenizer engine
     while the driver is busy elsewhere (reading the template): tiktoken for a
-    fastokens tokenizer, and fastokens as well with ``build_fast`` (a call
-    large enough to repay it); each imports ``modules`` (names) too. Importing
+    fastokens tokenizer, and fastokens as well when ``share`` (the call's input bytes
+    per worker) repays it (:func:`set_up_for`); each imports ``modules`` (names) too. Importing
     loky and launching the processes blocks for about 0.2 s, so the one
     background starter thread does it.
     Returns its future (None for ``n_jobs < 1``).
@@ -339,7 +351,7 @@ def warm(n_jobs: int, tokenizer=None, modules: tuple = (), build_fast: bool = Fa
         with _POOL.lock:  # the exit hook waits for this (or this sees `closing` and stops)
             ex = _executor(n_jobs)
             if not _POOL.warming:  # else already warming
-                _POOL.warming = [ex.submit(_warm, path, tuple(modules), build_fast) for _ in range(n_jobs)]
+                _POOL.warming = [ex.submit(_warm, path, tuple(modules), share) for _ in range(n_jobs)]
 
     _stop_at_exit()  # before the start: the exit hook must exist before a pool can
     fut = _in_background(start)
@@ -373,7 +385,7 @@ def _in_background(fn):
         return _POOL.starter.submit(fn)
 
 
-def start_check(encoder, texts, n_jobs: int, build_fast: bool = False):
+def start_check(encoder, texts, n_jobs: int, share: int = 0):
     """Check ``encoder``'s fast engine (fastokens or tiktoken) against HF tokenizers on ``texts``.
 
     Returns a :class:`vecpack.tokenizing.parity.Check` (``result()``: ``""`` for
@@ -393,10 +405,10 @@ def start_check(encoder, texts, n_jobs: int, build_fast: bool = False):
 
     def on_a_worker(all_texts):
         try:
-            return _executor(n_jobs).submit(_engine_ids, path, backend, all_texts, build_fast)
+            return _executor(n_jobs).submit(_engine_ids, path, backend, all_texts, share)
         except RuntimeError:  # the pool just broke or was shut down: a fresh one
             _shutdown_existing()
-            return _executor(n_jobs).submit(_engine_ids, path, backend, all_texts, build_fast)
+            return _executor(n_jobs).submit(_engine_ids, path, backend, all_texts, share)
 
     return parity.start(path, texts, backend, on_a_worker)
 

@@ -45,7 +45,7 @@ from vecpack.tokenizing.spec import (
 )
 
 __all__ = ["FASTOKENS_WORTH_BYTES", "Runtime", "engine_ids", "fast_engine", "hf_facts", "is_nfc", "runtime",
-           "warm_start"]
+           "warm_start", "worth_fastokens"]
 
 _PREFIX_CACHE_MAX = 1024        # cached conversation prefixes per process
 # tiktoken's regex engine overflows its backtracking stack on a run of ~1M non-newline
@@ -279,6 +279,11 @@ _WARM_START = [False, False]  # pool workers: [serve with tiktoken first, build 
 #: Input bytes per worker from which a call builds fastokens (about 1.3 s of CPU) in its
 #: workers: tiktoken costs about 0.08 µs more per byte of chat JSON, so ~16 MB repays it.
 FASTOKENS_WORTH_BYTES = 16 << 20
+
+
+def worth_fastokens(share: int) -> bool:
+    """Whether a call that gives a worker ``share`` bytes of input repays building fastokens there."""
+    return share >= FASTOKENS_WORTH_BYTES
 
 
 def warm_start(build: bool = False) -> None:

@@ -1,0 +1,101 @@
+"""numba kernels over a range's token ids, for the compiled row lane (:mod:`vecpack.tokenizing.lane`).
+
+Each is the one-pass form of a vectorised NumPy function that stays the reference
+(and serves the Python path, which does not load numba): ``label_tokens`` of
+:func:`~vecpack.tokenizing.labels.labels_from_parts`, ``splice_heads`` of
+:func:`~vecpack.tokenizing.lane.splice_heads`. ``tests/test_lane.py`` compares each
+with its reference.
+"""
+
+import numpy as np
+from numba import njit
+
+
+@njit(cache=True)
+def label_tokens(ids, bytelen, sizes, train, part_lo, part_hi, masking_all, ignore_index):
+    """``(labels, trained, ok)`` of rows' tokens that spell their pieces: the rule and result of
+    :func:`~vecpack.tokenizing.labels.labels_from_parts` in one pass, without its temporaries.
+
+    Row ``r``'s pieces are ``sizes[part_lo[r]:part_hi[r]]`` (UTF-8 bytes) and ``train[...]``;
+    the rows' pieces, laid end to end, are what ``ids`` spell. A token is trained when its
+    bytes meet a trained span (a run of trained pieces; an empty run is no span). ``ok`` is
+    False when an id is outside ``bytelen`` or the tokens spell another number of bytes (the
+    labels are then meaningless).
+    """
+    n = ids.shape[0]
+    labels = np.empty(n, np.int32)
+    n_parts = 0
+    for r in range(part_lo.shape[0]):
+        n_parts += part_hi[r] - part_lo[r]
+    run_s = np.empty(n_parts + 1, np.int64)
+    run_e = np.empty(n_parts + 1, np.int64)
+    runs = 0
+    pos = 0
+    inside = False
+    for r in range(part_lo.shape[0]):
+        for q in range(part_lo[r], part_hi[r]):
+            if train[q] and not inside:
+                run_s[runs] = pos
+                inside = True
+            elif not train[q] and inside:
+                run_e[runs] = pos
+                inside = False
+                if run_e[runs] > run_s[runs]:
+                    runs += 1
+            pos += sizes[q]
+    if inside:
+        run_e[runs] = pos
+        if run_e[runs] > run_s[runs]:
+            runs += 1
+    total = pos
+    trained = 0
+    k = 0
+    end = 0
+    nb = bytelen.shape[0]
+    for t in range(n):
+        tok = ids[t]
+        if tok < 0 or tok >= nb:
+            return labels, 0, False
+        start = end
+        end += bytelen[tok]
+        if masking_all:
+            labels[t] = tok
+            continue
+        while k < runs and run_e[k] <= start:
+            k += 1
+        if k < runs and run_s[k] < end and (start < run_e[k]):
+            labels[t] = tok
+            trained += 1
+        else:
+            labels[t] = ignore_index
+    if end != total:
+        return labels, 0, False
+    return labels, n if masking_all else trained, True
+
+
+@njit(cache=True)
+def splice_heads(ids, lengths, head_of, heads, heads_off):
+    """:func:`vecpack.tokenizing.lane.splice_heads` in one pass: row ``i``'s cached prefix
+    ``heads[heads_off[h]:heads_off[h + 1]]`` (``h = head_of[i]``, -1: none) in front of its
+    ``lengths[i]`` ids. Returns ``(ids, lengths)``."""
+    n = lengths.shape[0]
+    new_len = np.empty(n, np.int64)
+    total = 0
+    for i in range(n):
+        h = head_of[i]
+        new_len[i] = lengths[i] + (heads_off[h + 1] - heads_off[h] if h >= 0 else 0)
+        total += new_len[i]
+    out = np.empty(total, np.int32)
+    o = 0
+    s = 0
+    for i in range(n):
+        h = head_of[i]
+        if h >= 0:
+            for x in range(heads_off[h], heads_off[h + 1]):
+                out[o] = heads[x]
+                o += 1
+        for _ in range(lengths[i]):
+            out[o] = ids[s]
+            o += 1
+            s += 1
+    return out, new_len
