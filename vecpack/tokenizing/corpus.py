@@ -64,15 +64,20 @@ def check_args(style, masking, on_error, backend, tokenizer, encoder) -> None:
         raise TypeError(f"encoder must have an encode_row(row) method, got {type(encoder).__name__}")
 
 
+def _input_bytes(sources) -> int:
+    """The sources' text bytes, as their readers estimate them."""
+    return sum(reader(s.kind).output_estimate(s) for s in sources)
+
+
 def _estimate_output_bytes(sources) -> int:
     # ~4 bytes of text per token, 8 bytes (token + label) per token, plus slack
-    return int(sum(reader(s.kind).output_estimate(s) for s in sources) * 2.5)
+    return int(_input_bytes(sources) * 2.5)
 
 
 def worker_share(sources, n_jobs: int) -> int:
     """Input bytes each worker gets in a call: what a worker builds for it follows
     (:func:`~vecpack.tokenizing.pool.set_up_for`)."""
-    return sum(reader(s.kind).output_estimate(s) for s in sources) // max(1, n_jobs)
+    return _input_bytes(sources) // max(1, n_jobs)
 
 
 def tokenize(data_files, tokenizer=None, *, style: str = "sharegpt", column: str | None = None,

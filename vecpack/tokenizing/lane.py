@@ -153,7 +153,7 @@ class _Lane:
 
     @property
     def tk(self):
-        """The kernels over token ids (numba), loaded with :attr:`k`."""
+        """The kernels over token ids (numba): loaded on the lane's first range, as :attr:`k`."""
         from vecpack.tokenizing import _token_kernels
 
         return _token_kernels
