@@ -31,6 +31,7 @@ _ONES = np.uint64(0x0101010101010101)
 _QUOTES = np.uint64(0x2222222222222222)
 _SLASHES = np.uint64(0x5C5C5C5C5C5C5C5C)
 _SPACES = np.uint64(0x2020202020202020)
+_NEWLINES = np.uint64(0x0A0A0A0A0A0A0A0A)
 
 # render_rows flags
 F_WIDE = 1       # a byte >= 0xC4: a character from U+0100 on (the text may not be NFC)
@@ -242,10 +243,38 @@ def _scan_line(buf, words, i, end, column, role_key, text_key, names, names_off,
 
 
 @njit(cache=True)
-def scan_lines(buf, words, newlines, column, role_key, text_key, names, names_off, max_messages):
+def _next_newline(buf, words, i, end):
+    """Position of the first ``\\n`` at or after ``i``, or ``end``; 8 bytes at a time (the
+    zero-byte test of :func:`_plain_word`)."""
+    while i < end:
+        if (i & 7) == 0 and i + 8 <= end:
+            x = words[i >> 3] ^ _NEWLINES
+            if not ((x - _ONES) & ~x & _HI):
+                i += 8
+                continue
+        if buf[i] == 10:
+            return i
+        i += 1
+    return end
+
+
+@njit(cache=True)
+def count_newlines(buf, words):
+    """How many ``\\n`` bytes ``buf`` holds (``words``: as in :func:`scan_lines`)."""
+    n = 0
+    end = buf.shape[0]
+    i = _next_newline(buf, words, 0, end)
+    while i < end:
+        n += 1
+        i = _next_newline(buf, words, i + 1, end)
+    return n
+
+
+@njit(cache=True)
+def scan_lines(buf, words, column, role_key, text_key, names, names_off):
     """Lines of ``buf`` (as the JSONL reader cuts them: blank ones skipped, ``\\r\\n`` allowed),
     each scanned for the one shape. ``words``: ``buf``'s memory as ``uint64`` (whole words only,
-    :func:`~vecpack.tokenizing.lane.byte_views`); ``newlines``: the positions of its ``\\n`` bytes.
+    :func:`~vecpack.tokenizing.lane.byte_views`).
 
     Returns ``(line_key, line_start, line_stop, status, msg_first, msg_count, m_role, m_start,
     m_stop, m_esc)``: per non-blank line its local line index, byte range and status; for a FAST
@@ -253,7 +282,10 @@ def scan_lines(buf, words, newlines, column, role_key, text_key, names, names_of
     (between the quotes, escapes not decoded).
     """
     end = buf.shape[0]
-    max_lines = newlines.shape[0] + 1
+    max_lines = count_newlines(buf, words) + 1
+    # a message takes 12 bytes and its keys at least ({"<role key>":"","<text key>":""}); the
+    # scanner also refuses a message beyond the arrays, so the bound is not load-bearing
+    max_messages = end // (role_key.shape[0] + text_key.shape[0] + 12) + 1
     line_key = np.empty(max_lines, np.int64)
     line_start = np.empty(max_lines, np.int64)
     line_stop = np.empty(max_lines, np.int64)
@@ -269,7 +301,7 @@ def scan_lines(buf, words, newlines, column, role_key, text_key, names, names_of
     pos = 0
     k = 0
     while pos < end:
-        nl = newlines[k] if k < newlines.shape[0] else end
+        nl = _next_newline(buf, words, pos, end)
         last = nl - 1 if nl > pos and buf[nl - 1] == 13 else nl
         blank = True
         for j in range(pos, last):

@@ -34,7 +34,7 @@ from typing import NamedTuple
 import numpy as np
 
 from vecpack.chat.formats import DEFAULT_COLUMNS, MESSAGE_SHAPES
-from vecpack.inputs.jsonl import buffer_lines, read_range
+from vecpack.inputs.jsonl import buffer_lines
 from vecpack.options import IGNORE_INDEX
 from vecpack.tokenizing.rows import Rows, encode_rows
 
@@ -162,10 +162,11 @@ class _Lane:
                     progress=None) -> Rows:
         """The :class:`Rows` of the bytes ``[start, stop)`` of the JSONL file ``path``: through the
         lane, unless its lines are long (then the Python path, which parses long rows faster)."""
-        buf = read_range(path, start, stop, info)
-        if len(buf) > LANE_MAX_LINE_BYTES * (info["newlines"] + 1) and _mode() != "1":
-            return encode_rows(self.enc, buffer_lines(buf), on_error=on_error, progress=progress)
-        return encode_range(self, buf, on_error=on_error, progress=progress)
+        views = read_views(path, start, stop)
+        info["newlines"] = lines = int(self.k.count_newlines(*views))
+        if len(views[0]) > LANE_MAX_LINE_BYTES * (lines + 1) and _mode() != "1":
+            return encode_rows(self.enc, buffer_lines(views[0].tobytes()), on_error=on_error, progress=progress)
+        return encode_range(self, views, on_error=on_error, progress=progress)
 
     def layout(self, codes: tuple):
         """Kernel tables of the layout for these role codes, or ``None`` (the Python path renders)."""
@@ -210,13 +211,29 @@ def byte_views(buf: bytes) -> tuple[np.ndarray, np.ndarray]:
     return arr, words[:len(buf) // 8]
 
 
-def encode_range(lane: _Lane, buf: bytes, *, on_error: str = "raise", progress=None) -> Rows:
-    """:func:`~vecpack.tokenizing.rows.encode_rows` of the JSONL lines of ``buf`` (a task's range)."""
+def read_views(path: str, start: int, stop: int) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`byte_views` of the bytes ``[start, stop)`` of ``path``, read straight into them."""
+    words = np.empty((stop - start + 7) // 8, np.uint64)
+    arr = words.view(np.uint8)[:stop - start]
+    with open(path, "rb", buffering=0) as f:
+        f.seek(start)
+        view, done = memoryview(arr), 0
+        while done < len(arr):
+            got = f.readinto(view[done:])
+            if not got:
+                raise EOFError(f"{path}: ends before byte {stop} (the file changed while it was read)")
+            done += got
+    return arr, words[:len(arr) // 8]
+
+
+def encode_range(lane: _Lane, buf, *, on_error: str = "raise", progress=None) -> Rows:
+    """:func:`~vecpack.tokenizing.rows.encode_rows` of the JSONL lines of ``buf`` (a task's range):
+    its bytes, or their :func:`byte_views`."""
     k, rt, enc = lane.k, lane.rt, lane.enc
-    arr, words = byte_views(buf)
+    arr, words = buf if isinstance(buf, tuple) else byte_views(buf)
     (key, l0, l1, status, m_first, m_count, m_role, m_start, m_stop,
-     m_esc) = k.scan_lines(arr, words, np.flatnonzero(arr == 10), lane.column, lane.role_key, lane.text_key,
-                           lane.names_buf, lane.names_off, buf.count(b"{") + 1)
+     m_esc) = k.scan_lines(arr, words, lane.column, lane.role_key, lane.text_key, lane.names_buf,
+                           lane.names_off)
     n = len(key)
     fast = np.flatnonzero(status == k.FAST)
     layout_of = np.full(len(fast), -1, np.int64)
@@ -304,7 +321,7 @@ def encode_range(lane: _Lane, buf: bytes, *, on_error: str = "raise", progress=N
             raise RuntimeError("the lane's tokens cover other bytes than its texts")
         fast_tokens = (rows_idx[good], ids, labels, lengths, trainable)
     slow_idx = np.flatnonzero(slow)
-    view = memoryview(buf)
+    view = memoryview(arr)
     rest = encode_rows(enc, ((int(key[i]), view[l0[i]:l1[i]]) for i in slow_idx.tolist()), on_error=on_error)
     if progress is not None:
         progress(n)
