@@ -227,6 +227,24 @@ def test_newline_search_8_bytes_at_a_time_equals_the_reference():
                 assert K._next_newline(buf, words, start, n) == (n if want < 0 else want), (raw, start)
 
 
+def test_wide_check_8_bytes_at_a_time_equals_the_reference():
+    """``_wide``: a byte >= 0xC4 anywhere in ``buf[:n]``, at every position and length, with the
+    bytes on either side of the bound (0xC3, 0xC4) and the carries of the 7-bit sum (0x7F, 0xBC)."""
+    rng = np.random.default_rng(5)
+    for n in range(0, 33):
+        for _ in range(20):
+            raw = bytes(rng.choice([0x41, 0x7F, 0x80, 0xBC, 0xC3, 0xC4, 0xFF], n,
+                                   p=[0.5, 0.1, 0.1, 0.1, 0.14, 0.03, 0.03]).astype(np.uint8)) + b"\xff" * 8
+            buf, words = byte_views(raw)
+            assert K._wide(buf, words, n) == any(b >= 0xC4 for b in raw[:n]), (raw, n)
+
+
+def test_prefix_hash_groups_equal_bytes():
+    out = np.frombuffer(b"system prompt A|system prompt A|system prompt B|ystem prompt A", np.uint8).copy()
+    assert K._hash(out, 0, 15) == K._hash(out, 16, 31)
+    assert K._hash(out, 0, 15) != K._hash(out, 32, 47) and K._hash(out, 0, 15) != K._hash(out, 1, 15)
+
+
 def test_utf8_validation_equals_python():
     rng = np.random.default_rng(3)
     samples = [bytes([b]) + bytes(rng.integers(0, 256, 3, dtype=np.uint8)) for b in range(0x80, 0x100)]

@@ -17,10 +17,26 @@ layout says, into one UTF-8 buffer, with every piece's size and trainability.
 A row whose contents the template tests for (:meth:`ChatTemplate._tripped_contents`),
 that holds a lone surrogate escape, or whose stripped content ends in a
 non-ASCII character is marked ``SLOW`` too.
+
+The kernels over rendered text (character tests, the template's content checks,
+the prefix hash) live in :mod:`vecpack.tokenizing._text_kernels`.
 """
 
 import numpy as np
 from numba import njit
+
+from vecpack.tokenizing._text_kernels import (  # noqa: F401 - the lane reaches every kernel through here
+    _code_point,
+    _contains_any,
+    _edge_any,
+    _equal_any,
+    _equals,
+    _hash,
+    _last_start,
+    _space,
+    char_offsets,
+    same_prefix,
+)
 
 FAST = 0
 SLOW = 1
@@ -32,6 +48,8 @@ _QUOTES = np.uint64(0x2222222222222222)
 _SLASHES = np.uint64(0x5C5C5C5C5C5C5C5C)
 _SPACES = np.uint64(0x2020202020202020)
 _NEWLINES = np.uint64(0x0A0A0A0A0A0A0A0A)
+_LOW7 = np.uint64(0x7F7F7F7F7F7F7F7F)
+_WIDE_ADD = np.uint64(0x3C3C3C3C3C3C3C3C)
 
 # render_rows flags
 F_WIDE = 1       # a byte >= 0xC4: a character from U+0100 on (the text may not be NFC)
@@ -138,16 +156,6 @@ def _string(buf, words, i, end):
             continue
         i += 1
     return -1, escaped
-
-
-@njit(cache=True)
-def _equals(buf, a, b, word):
-    if b - a != word.shape[0]:
-        return False
-    for k in range(word.shape[0]):
-        if buf[a + k] != word[k]:
-            return False
-    return True
 
 
 @njit(cache=True)
@@ -407,75 +415,18 @@ def _unescape(buf, a, b, esc, out, o):
 
 
 @njit(cache=True)
-def _code_point(out, i):
-    """``(code point, length)`` of the valid UTF-8 sequence starting at ``out[i]``."""
-    b = out[i]
-    if b < 0x80:
-        return b, 1
-    if b < 0xE0:
-        return ((b & 0x1F) << 6) | (out[i + 1] & 0x3F), 2
-    if b < 0xF0:
-        return ((b & 0x0F) << 12) | ((out[i + 1] & 0x3F) << 6) | (out[i + 2] & 0x3F), 3
-    return (((b & 0x07) << 18) | ((out[i + 1] & 0x3F) << 12) | ((out[i + 2] & 0x3F) << 6)
-            | (out[i + 3] & 0x3F)), 4
-
-
-@njit(cache=True)
-def _last_start(out, a, b):
-    """Start of the last character of ``out[a:b]`` (b > a)."""
-    i = b - 1
-    while i > a and out[i] & 0xC0 == 0x80:
-        i -= 1
-    return i
-
-
-@njit(cache=True)
-def _space(cp):
-    """``chr(cp).isspace()``."""
-    return ((9 <= cp <= 13) or (28 <= cp <= 32) or cp == 0x85 or cp == 0xA0 or cp == 0x1680
-            or (0x2000 <= cp <= 0x200A) or cp == 0x2028 or cp == 0x2029 or cp == 0x202F
-            or cp == 0x205F or cp == 0x3000)
-
-
-@njit(cache=True)
-def _equal_any(out, a, b, words, words_off):
-    """Whether ``out[a:b]`` equals one of ``words``."""
-    for w in range(words_off.shape[0] - 1):
-        if _equals(out, a, b, words[words_off[w]:words_off[w + 1]]):
+def _wide(buf, words, n):
+    """Whether ``buf[:n]`` holds a byte >= 0xC4 (the lead byte of a character from U+0100 on);
+    ``words``: ``buf`` as ``uint64``, 8 bytes at a time (``(b & 0x7F) + 0x3C`` carries into bit 7
+    exactly when ``b & 0x7F >= 0x44``, and never into the next byte)."""
+    acc = np.uint64(0)
+    for w in range(n >> 3):
+        x = words[w]
+        acc |= ((x & _LOW7) + _WIDE_ADD) & x
+    for i in range(n & ~7, n):
+        if buf[i] >= 0xC4:
             return True
-    return False
-
-
-@njit(cache=True)
-def _contains_any(out, a, b, words, words_off):
-    """Whether ``out[a:b]`` contains one of ``words`` (none empty)."""
-    for w in range(words_off.shape[0] - 1):
-        w0, w1 = words_off[w], words_off[w + 1]
-        n = w1 - w0
-        for s in range(a, b - n + 1):
-            if out[s] == words[w0]:
-                same = True
-                for x in range(1, n):
-                    if out[s + x] != words[w0 + x]:
-                        same = False
-                        break
-                if same:
-                    return True
-    return False
-
-
-@njit(cache=True)
-def _edge_any(out, a, b, words, words_off):
-    """Whether ``out[a:b]`` (not empty) starts or ends with one of ``words``, each one character
-    (a valid UTF-8 sequence is its own boundary)."""
-    z = _last_start(out, a, b)
-    for w in range(words_off.shape[0] - 1):
-        word = words[words_off[w]:words_off[w + 1]]
-        if a + word.shape[0] <= b and _equals(out, a, a + word.shape[0], word):
-            return True
-        if _equals(out, z, b, word):
-            return True
-    return False
+    return (acc & _HI) != 0
 
 
 @njit(cache=True)
@@ -488,12 +439,13 @@ def render_rows(buf, rows, layout_of, msg_first, msg_count, m_start, m_stop, m_e
     bytes ``lit[lit_off[p]:lit_off[p + 1]]``) or message ``part_msg[p]``'s content
     (``part_kind`` 1), stripped on the left (``part_strip`` bit 1) or right (bit 2).
     ``sizes``/``train`` receive each rendered part's UTF-8 size and flag, row after row.
+    ``scratch`` (room for the longest line) is the memory of a ``uint64`` array, read 8 bytes at a time.
 
     Returns ``(ok, text_start, text_stop, prefix_stop, prefix_hash, flags, parts_stop)`` per row,
     then the bytes of ``out`` used:
     ``ok`` False for a row left to the Python path (nothing of it kept); the row's text is
     ``out[text_start:text_stop]``, its cacheable prefix ``out[text_start:prefix_stop]``
-    (FNV-1a ``prefix_hash``), its parts end at ``parts_stop`` in ``sizes``.
+    (``prefix_hash``, :func:`_hash`), its parts end at ``parts_stop`` in ``sizes``.
     """
     n = rows.shape[0]
     ok = np.zeros(n, np.bool_)
@@ -506,6 +458,7 @@ def render_rows(buf, rows, layout_of, msg_first, msg_count, m_start, m_stop, m_e
     o = 0
     q = 0
     cs = np.empty(64, np.int64)  # content spans in scratch, per message
+    scratch_words = scratch.view(np.uint64)
     ce = np.empty(64, np.int64)
     for j in range(n):
         r = rows[j]
@@ -532,8 +485,7 @@ def render_rows(buf, rows, layout_of, msg_first, msg_count, m_start, m_stop, m_e
             q1[j] = q
             continue
         start, q_start = o, q
-        wide = False
-        h = -3750763034362895579  # FNV-1a 64 offset basis (as int64; products wrap)
+        wide = _wide(scratch, scratch_words, s)  # over every content (a superset of what is rendered)
         prefix_stop = o
         for p in range(part_off[L], part_off[L + 1]):
             if part_kind[p] == 0:
@@ -558,11 +510,6 @@ def render_rows(buf, rows, layout_of, msg_first, msg_count, m_start, m_stop, m_e
                         if _space(_code_point(scratch, z)[0]):
                             good = False
                             break
-                if not wide:
-                    for x in range(a, b):
-                        if scratch[x] >= 0xC4:
-                            wide = True
-                            break
                 out[o:o + b - a] = scratch[a:b]
                 o += b - a
                 sizes[q] = b - a
@@ -575,38 +522,7 @@ def render_rows(buf, rows, layout_of, msg_first, msg_count, m_start, m_stop, m_e
             t0[j] = t1[j] = p1[j] = o
             q1[j] = q
             continue
-        for x in range(start, prefix_stop):
-            h = (h ^ out[x]) * 1099511628211
         ok[j] = True
-        t0[j], t1[j], p1[j], ph[j], q1[j] = start, o, prefix_stop, h, q
+        t0[j], t1[j], p1[j], ph[j], q1[j] = start, o, prefix_stop, _hash(out, start, prefix_stop), q
         flags[j] = (F_WIDE if wide else 0) | (F_LONG if o - start >= 100_000 else 0)
     return ok, t0, t1, p1, ph, flags, q1, o
-
-
-@njit(cache=True)
-def same_prefix(out, starts, n, rep):
-    """Whether ``out[starts[i]:starts[i] + n]`` equals ``out[rep:rep + n]``, for each ``i``."""
-    same = np.ones(starts.shape[0], np.bool_)
-    for i in range(starts.shape[0]):
-        s = starts[i]
-        for x in range(n):
-            if out[s + x] != out[rep + x]:
-                same[i] = False
-                break
-    return same
-
-
-@njit(cache=True)
-def char_offsets(out, positions):
-    """The character index of each byte position of the UTF-8 text ``out`` (``positions`` sorted)."""
-    res = np.empty(positions.shape[0], np.int64)
-    chars = 0
-    at = 0
-    for i in range(positions.shape[0]):
-        p = positions[i]
-        while at < p:
-            if out[at] & 0xC0 != 0x80:
-                chars += 1
-            at += 1
-        res[i] = chars
-    return res

@@ -282,7 +282,7 @@ def encode_range(lane: _Lane, buf, *, on_error: str = "raise", progress=None) ->
         nparts = (part_off[1:] - part_off[:-1])[lay]
         sizes = np.empty(int(nparts.sum()), np.int64)
         train = np.empty(len(sizes), np.bool_)
-        scratch = np.empty(int(line_len.max()) + 1, np.uint8)
+        scratch = np.empty(int(line_len.max()) // 8 + 1, np.uint64).view(np.uint8)  # whole words
         ok, t0, t1, p1, ph, flags, q1, _ = k.render_rows(
             arr, rows_idx, lay, m_first, m_count, m_start, m_stop, m_esc, part_off,
             cat("kind", np.int8), cat("msg", np.int64), cat("strip", np.int8), cat("train", np.bool_),

@@ -1,0 +1,143 @@
+"""numba kernels over rendered UTF-8 text, for the row lane's :mod:`~vecpack.tokenizing._lane_kernels`.
+
+Characters (:func:`_code_point`, :func:`_space` as ``str.isspace``), the
+template's content checks (a content equal to, holding, or starting or ending
+with given words), the hash and the comparison that group rows by their
+cacheable prefix, and byte-to-character offsets. Each takes ``uint8`` arrays
+and positions; none allocates per row.
+"""
+
+import numpy as np
+from numba import njit
+
+
+@njit(cache=True)
+def _equals(buf, a, b, word):
+    """Whether ``buf[a:b]`` equals ``word``."""
+    if b - a != word.shape[0]:
+        return False
+    for k in range(word.shape[0]):
+        if buf[a + k] != word[k]:
+            return False
+    return True
+
+
+@njit(cache=True)
+def _code_point(out, i):
+    """``(code point, length)`` of the valid UTF-8 sequence starting at ``out[i]``."""
+    b = out[i]
+    if b < 0x80:
+        return b, 1
+    if b < 0xE0:
+        return ((b & 0x1F) << 6) | (out[i + 1] & 0x3F), 2
+    if b < 0xF0:
+        return ((b & 0x0F) << 12) | ((out[i + 1] & 0x3F) << 6) | (out[i + 2] & 0x3F), 3
+    return (((b & 0x07) << 18) | ((out[i + 1] & 0x3F) << 12) | ((out[i + 2] & 0x3F) << 6)
+            | (out[i + 3] & 0x3F)), 4
+
+
+@njit(cache=True)
+def _last_start(out, a, b):
+    """Start of the last character of ``out[a:b]`` (b > a)."""
+    i = b - 1
+    while i > a and out[i] & 0xC0 == 0x80:
+        i -= 1
+    return i
+
+
+@njit(cache=True)
+def _space(cp):
+    """``chr(cp).isspace()``."""
+    return ((9 <= cp <= 13) or (28 <= cp <= 32) or cp == 0x85 or cp == 0xA0 or cp == 0x1680
+            or (0x2000 <= cp <= 0x200A) or cp == 0x2028 or cp == 0x2029 or cp == 0x202F
+            or cp == 0x205F or cp == 0x3000)
+
+
+@njit(cache=True)
+def _equal_any(out, a, b, words, words_off):
+    """Whether ``out[a:b]`` equals one of ``words``."""
+    for w in range(words_off.shape[0] - 1):
+        if _equals(out, a, b, words[words_off[w]:words_off[w + 1]]):
+            return True
+    return False
+
+
+@njit(cache=True)
+def _contains_any(out, a, b, words, words_off):
+    """Whether ``out[a:b]`` contains one of ``words`` (none empty)."""
+    for w in range(words_off.shape[0] - 1):
+        w0, w1 = words_off[w], words_off[w + 1]
+        n = w1 - w0
+        for s in range(a, b - n + 1):
+            if out[s] == words[w0]:
+                same = True
+                for x in range(1, n):
+                    if out[s + x] != words[w0 + x]:
+                        same = False
+                        break
+                if same:
+                    return True
+    return False
+
+
+@njit(cache=True)
+def _edge_any(out, a, b, words, words_off):
+    """Whether ``out[a:b]`` (not empty) starts or ends with one of ``words``, each one character
+    (a valid UTF-8 sequence is its own boundary)."""
+    z = _last_start(out, a, b)
+    for w in range(words_off.shape[0] - 1):
+        word = words[words_off[w]:words_off[w + 1]]
+        if a + word.shape[0] <= b and _equals(out, a, a + word.shape[0], word):
+            return True
+        if _equals(out, z, b, word):
+            return True
+    return False
+
+
+@njit(cache=True)
+def _hash(out, a, b):
+    """64-bit FNV-1a of ``out[a:b]`` over four interleaved byte lanes (four independent multiply
+    chains instead of one), the lanes then combined. A grouping key: equal prefixes are compared
+    byte for byte after it (:func:`same_prefix`)."""
+    h0 = np.int64(-3750763034362895579)  # FNV-1a 64 offset basis (as int64; products wrap)
+    h1, h2, h3 = h0 ^ 1, h0 ^ 2, h0 ^ 3
+    x = a
+    while x + 4 <= b:
+        h0 = (h0 ^ out[x]) * 1099511628211
+        h1 = (h1 ^ out[x + 1]) * 1099511628211
+        h2 = (h2 ^ out[x + 2]) * 1099511628211
+        h3 = (h3 ^ out[x + 3]) * 1099511628211
+        x += 4
+    while x < b:
+        h0 = (h0 ^ out[x]) * 1099511628211
+        x += 1
+    return ((h0 * 1099511628211 + h1) * 1099511628211 + h2) * 1099511628211 + h3
+
+
+@njit(cache=True)
+def same_prefix(out, starts, n, rep):
+    """Whether ``out[starts[i]:starts[i] + n]`` equals ``out[rep:rep + n]``, for each ``i``."""
+    same = np.ones(starts.shape[0], np.bool_)
+    for i in range(starts.shape[0]):
+        s = starts[i]
+        for x in range(n):
+            if out[s + x] != out[rep + x]:
+                same[i] = False
+                break
+    return same
+
+
+@njit(cache=True)
+def char_offsets(out, positions):
+    """The character index of each byte position of the UTF-8 text ``out`` (``positions`` sorted)."""
+    res = np.empty(positions.shape[0], np.int64)
+    chars = 0
+    at = 0
+    for i in range(positions.shape[0]):
+        p = positions[i]
+        while at < p:
+            if out[at] & 0xC0 != 0x80:
+                chars += 1
+            at += 1
+        res[i] = chars
+    return res
