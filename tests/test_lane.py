@@ -261,14 +261,6 @@ def test_utf8_validation_equals_python():
         assert n == want, s
 
 
-def test_char_offsets():
-    text = "aé中😀b"
-    out = np.frombuffer(text.encode(), np.uint8)
-    positions = np.array([0, 1, 3, 6, 10, 11])
-    assert K.char_offsets(out, positions).tolist() == [0, 1, 2, 3, 4, 5]
-
-
-
 @pytest.mark.parametrize("seed", range(16))
 def test_label_tokens_equals_labels_from_parts(seed):
     """The lane's one-pass labels against the vectorised reference: empty pieces and tokens of

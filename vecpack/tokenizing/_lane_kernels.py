@@ -34,7 +34,6 @@ from vecpack.tokenizing._text_kernels import (  # noqa: F401 - the lane reaches 
     _hash,
     _last_start,
     _space,
-    char_offsets,
     same_prefix,
 )
 

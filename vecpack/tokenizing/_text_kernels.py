@@ -3,8 +3,8 @@
 Characters (:func:`_code_point`, :func:`_space` as ``str.isspace``), the
 template's content checks (a content equal to, holding, or starting or ending
 with given words), the hash and the comparison that group rows by their
-cacheable prefix, and byte-to-character offsets. Each takes ``uint8`` arrays
-and positions; none allocates per row.
+cacheable prefix. Each takes ``uint8`` arrays and positions; none allocates
+per row.
 """
 
 import numpy as np
@@ -125,19 +125,3 @@ def same_prefix(out, starts, n, rep):
                 same[i] = False
                 break
     return same
-
-
-@njit(cache=True)
-def char_offsets(out, positions):
-    """The character index of each byte position of the UTF-8 text ``out`` (``positions`` sorted)."""
-    res = np.empty(positions.shape[0], np.int64)
-    chars = 0
-    at = 0
-    for i in range(positions.shape[0]):
-        p = positions[i]
-        while at < p:
-            if out[at] & 0xC0 != 0x80:
-                chars += 1
-            at += 1
-        res[i] = chars
-    return res
