@@ -132,8 +132,8 @@ def test_short_rows_go_through_the_lane(qwen_dir, tmp_path):
     buf = open(path, "rb").read()
     lane = lane_for(enc)
     arr, words = byte_views(buf)
-    status = K.scan_lines(arr, words, lane.column, lane.role_key, lane.text_key, lane.names_buf,
-                          lane.names_off)[3]
+    status = K.scan_lines(arr, words, K.count_newlines(arr, words), lane.column, lane.role_key,
+                          lane.text_key, lane.names_buf, lane.names_off)[3]
     assert len(status) == 400 and (status == K.FAST).all()
     assert_same(*both(enc, buf))
 
@@ -166,7 +166,6 @@ def test_unescape_equals_json(text):
         out = np.zeros(4 * len(buf) + 4, np.uint8)
         end = K._unescape(buf, 1, stop, esc, out, 0)
         assert out[:end].tobytes().decode() == text
-
 
 
 def _string_reference(b: bytes, i: int):

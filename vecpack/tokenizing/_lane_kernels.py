@@ -97,18 +97,19 @@ def _utf8_len(buf, i, end):
 
 
 @njit(cache=True)
+def _has_byte(w, pattern):
+    """Whether one of the 8 bytes of ``w`` is the byte repeated in ``pattern`` (the zero-byte
+    test on ``w ^ pattern``: exact as a boolean, no false answer either way)."""
+    x = w ^ pattern
+    return ((x - _ONES) & ~x & _HI) != 0
+
+
+@njit(cache=True)
 def _plain_word(w):
-    """Whether none of the 8 bytes of ``w`` ends or escapes a string, or needs a check (the
-    zero-byte tests are exact as booleans: no false answer either way)."""
-    if w & _HI:
+    """Whether none of the 8 bytes of ``w`` ends or escapes a string, or needs a check."""
+    if w & _HI or _has_byte(w, _QUOTES) or _has_byte(w, _SLASHES):
         return False
-    q = w ^ _QUOTES
-    if (q - _ONES) & ~q & _HI:
-        return False
-    s = w ^ _SLASHES
-    if (s - _ONES) & ~s & _HI:
-        return False
-    return not ((w - _SPACES) & ~w & _HI)  # a byte below 0x20
+    return not ((w - _SPACES) & ~w & _HI)  # a byte below 0x20 (exact as a boolean too)
 
 
 @njit(cache=True)
@@ -251,14 +252,11 @@ def _scan_line(buf, words, i, end, column, role_key, text_key, names, names_off,
 
 @njit(cache=True)
 def _next_newline(buf, words, i, end):
-    """Position of the first ``\\n`` at or after ``i``, or ``end``; 8 bytes at a time (the
-    zero-byte test of :func:`_plain_word`)."""
+    """Position of the first ``\\n`` at or after ``i``, or ``end``; 8 bytes at a time."""
     while i < end:
-        if (i & 7) == 0 and i + 8 <= end:
-            x = words[i >> 3] ^ _NEWLINES
-            if not ((x - _ONES) & ~x & _HI):
-                i += 8
-                continue
+        if (i & 7) == 0 and i + 8 <= end and not _has_byte(words[i >> 3], _NEWLINES):
+            i += 8
+            continue
         if buf[i] == 10:
             return i
         i += 1
@@ -278,10 +276,11 @@ def count_newlines(buf, words):
 
 
 @njit(cache=True)
-def scan_lines(buf, words, column, role_key, text_key, names, names_off):
+def scan_lines(buf, words, newlines, column, role_key, text_key, names, names_off):
     """Lines of ``buf`` (as the JSONL reader cuts them: blank ones skipped, ``\\r\\n`` allowed),
     each scanned for the one shape. ``words``: ``buf``'s memory as ``uint64`` (whole words only,
-    :func:`~vecpack.tokenizing.lane.byte_views`).
+    :func:`~vecpack.tokenizing.lane.byte_views`); ``newlines``: its count of ``\\n`` bytes
+    (:func:`count_newlines`).
 
     Returns ``(line_key, line_start, line_stop, status, msg_first, msg_count, m_role, m_start,
     m_stop, m_esc)``: per non-blank line its local line index, byte range and status; for a FAST
@@ -289,7 +288,7 @@ def scan_lines(buf, words, column, role_key, text_key, names, names_off):
     (between the quotes, escapes not decoded).
     """
     end = buf.shape[0]
-    max_lines = count_newlines(buf, words) + 1
+    max_lines = newlines + 1
     # a message takes 12 bytes and its keys at least ({"<role key>":"","<text key>":""}); the
     # scanner also refuses a message beyond the arrays, so the bound is not load-bearing
     max_messages = end // (role_key.shape[0] + text_key.shape[0] + 12) + 1

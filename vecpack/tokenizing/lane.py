@@ -166,7 +166,7 @@ class _Lane:
         info["newlines"] = lines = int(self.k.count_newlines(*views))
         if len(views[0]) > LANE_MAX_LINE_BYTES * (lines + 1) and _mode() != "1":
             return encode_rows(self.enc, buffer_lines(views[0].tobytes()), on_error=on_error, progress=progress)
-        return encode_range(self, views, on_error=on_error, progress=progress)
+        return encode_range(self, views, on_error=on_error, progress=progress, newlines=lines)
 
     def layout(self, codes: tuple):
         """Kernel tables of the layout for these role codes, or ``None`` (the Python path renders)."""
@@ -194,7 +194,6 @@ class _Lane:
                           layout.n_cacheable, dup, len(lit.encode("utf-8")), not all(ord(ch) < 0x100 for ch in lit))
         self.layouts[codes] = out
         return out
-
 
 
 def byte_views(buf: bytes) -> tuple[np.ndarray, np.ndarray]:
@@ -226,13 +225,16 @@ def read_views(path: str, start: int, stop: int) -> tuple[np.ndarray, np.ndarray
     return arr, words[:len(arr) // 8]
 
 
-def encode_range(lane: _Lane, buf, *, on_error: str = "raise", progress=None) -> Rows:
+def encode_range(lane: _Lane, buf, *, on_error: str = "raise", progress=None, newlines: int | None = None
+                 ) -> Rows:
     """:func:`~vecpack.tokenizing.rows.encode_rows` of the JSONL lines of ``buf`` (a task's range):
-    its bytes, or their :func:`byte_views`."""
+    its bytes, or their :func:`byte_views`; ``newlines``: their count of ``\\n``, if known."""
     k, rt, enc = lane.k, lane.rt, lane.enc
     arr, words = buf if isinstance(buf, tuple) else byte_views(buf)
+    if newlines is None:
+        newlines = k.count_newlines(arr, words)
     (key, l0, l1, status, m_first, m_count, m_role, m_start, m_stop,
-     m_esc) = k.scan_lines(arr, words, lane.column, lane.role_key, lane.text_key, lane.names_buf,
+     m_esc) = k.scan_lines(arr, words, newlines, lane.column, lane.role_key, lane.text_key, lane.names_buf,
                            lane.names_off)
     n = len(key)
     fast = np.flatnonzero(status == k.FAST)
