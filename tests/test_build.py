@@ -374,6 +374,35 @@ def test_real_tokenizer_hit_and_misses_on_tokenizer_or_template_byte(qwen_dir, t
     assert e.build_info.corpus_hit and _digest(e) == _digest(d)
 
 
+def test_new_inputs_start_the_pool_before_they_are_read_to_be_hashed(qwen_dir, tmp_path, monkeypatch):
+    """An input the hash memo does not know is most likely tokenized next: the workers start first."""
+    from vecpack.store import build as build_mod
+    from vecpack.store import hashing
+    from vecpack.testing import make_sharegpt
+    from vecpack.tokenizing import corpus
+
+    data = make_sharegpt(tmp_path / "chat.jsonl", 120, seed=12)
+    old = time.time_ns() - 3600 * 10**9
+    os.utime(data, ns=(old, old))
+    events = []
+    real = hashing.file_digest
+    monkeypatch.setattr(hashing, "file_digest",
+                        lambda path, *a: events.append(("read", os.path.basename(path))) or real(path, *a))
+    monkeypatch.setattr(corpus, "warm_for",
+                        lambda files, tok, **kw: events.append(("warm", kw["n_jobs"], kw["backend"])) or False)
+    kw = dict(cache_dir=tmp_path / "c", n_jobs=2, progress=False)
+    monkeypatch.setattr(build_mod, "EARLY_START_BYTES", os.path.getsize(data))
+    vecpack.build(data, qwen_dir, 2048, **kw)
+    assert events[:2] == [("warm", 2, "loky"), ("read", "chat.jsonl")]
+    events.clear()
+    b = vecpack.build(data, qwen_dir, 2048, **kw)  # known to the memo: nothing started, nothing read
+    assert b.build_info.corpus_hit and not [e for e in events if e[0] == "warm" or e[1] == "chat.jsonl"]
+    other = make_sharegpt(tmp_path / "other.jsonl", 120, seed=13)
+    monkeypatch.setattr(build_mod, "EARLY_START_BYTES", os.path.getsize(other) + 1)
+    vecpack.build(other, qwen_dir, 2048, **kw)  # read at once: nothing to start early
+    assert ("read", "other.jsonl") in events and ("warm", 2, "loky") not in events
+
+
 def test_in_memory_dataset_is_keyed_by_content(rows500, tmp_path):
     datasets = pytest.importorskip("datasets")
     rows = [json.loads(line) for line in rows500.read_text(encoding="utf-8").splitlines()]

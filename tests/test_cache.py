@@ -185,6 +185,26 @@ def test_racily_clean_file_is_rehashed(tmp_path):
     assert _rchar() - r1 >= 8 << 20
 
 
+def test_on_read_hears_of_the_bytes_the_memo_does_not_know(tmp_path):
+    """file_digests(on_read=): called once, before reading, with the unknown files' bytes only."""
+    from vecpack.store.hashing import file_digests
+
+    old = time.time_ns() - 3600 * 10**9
+    a, b = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
+    for p, n in ((a, 1000), (b, 3000)):
+        p.write_bytes(b"x" * n)
+        os.utime(p, ns=(old, old))
+    root, heard = tmp_path / "c", []
+    first = file_digests([a], root=root, on_read=heard.append)
+    assert heard == [1000]
+    assert file_digests([a, b], root=root, on_read=heard.append)[0] == first[0]
+    assert heard == [1000, 3000]          # a is known now
+    file_digests([a, b], root=root, on_read=heard.append)
+    assert heard == [1000, 3000]          # both known: not called
+    file_digests([a], root=root, on_read=heard.append, verify=True)
+    assert heard == [1000, 3000, 1000]    # verify trusts no record
+
+
 def test_memo_survives_a_second_process(tmp_path):
     p = tmp_path / "d.jsonl"
     p.write_bytes(b"x" * 1000)

@@ -556,6 +556,22 @@ def test_warm_start_serves_with_tiktoken_until_fastokens_is_asked_for(qwen_dir, 
     rt.build_fastokens()  # once
 
 
+def test_a_process_that_builds_fastokens_at_once_builds_no_tiktoken(qwen_dir, short_rows, monkeypatch):
+    # a large call's workers (warm_start(build=True)): fastokens serves from the first chunk
+    from vecpack._state import Memo
+    from vecpack.tokenizing import runtime as runtime_mod
+
+    want = _sink_arrays(ChatEncoder.from_tokenizer(qwen_dir), short_rows)
+    monkeypatch.setattr(runtime_mod, "_RUNTIMES", Memo("tokenizer engines", 4))
+    monkeypatch.setattr(runtime_mod, "_WARM_START", [False, False])
+    runtime_mod.warm_start(build=True)
+    rt = runtime_mod.runtime(str(qwen_dir), "fastokens")
+    assert rt.fast is not None and rt.batch and rt.core is None
+    enc = ChatEncoder.from_tokenizer(qwen_dir)
+    enc._rt = rt
+    assert _sink_arrays(enc, short_rows) == want
+
+
 def _sink_arrays(enc, rows):
     sink = enc.chunk_sink()
     for r in rows:

@@ -370,6 +370,25 @@ def test_a_call_that_gives_a_worker_64_mb_gets_the_lane_from_its_first_range(qwe
     assert enc.row_lane(4 << 20) is not None  # the call's first range already
     assert enc.row_lane(1000) is None  # a small range never
 
+def test_a_warming_worker_preloads_the_lane_only_for_a_call_that_takes_it(monkeypatch):
+    """pool._warm -> preload_lane: numba's set-up before the first range, for a 64 MB share only."""
+    import sys
+
+    from vecpack.tokenizing import lane as lane_mod
+    from vecpack.tokenizing import pool as pool_mod
+
+    monkeypatch.delenv("VECPACK_ROW_LANE", raising=False)
+    monkeypatch.setattr(lane_mod, "_READ", [0])
+    monkeypatch.setattr(pool_mod, "warm_start", lambda build: None)  # (not this process's real engines)
+    pool_mod.set_up_for(16 << 20)
+    assert lane_mod.preload_lane() is False
+    pool_mod.set_up_for(64 << 20)
+    assert lane_mod.preload_lane() is True
+    assert "vecpack.tokenizing._token_kernels" in sys.modules
+    monkeypatch.setenv("VECPACK_ROW_LANE", "0")
+    assert lane_mod.preload_lane() is False
+
+
 def test_ranges_of_long_lines_take_the_python_path(qwen_dir, tmp_path, monkeypatch):
     """orjson parses long rows faster than the lane: encode_file sends them to encode_rows."""
     from vecpack.tokenizing import lane as lane_mod
@@ -390,3 +409,17 @@ def test_ranges_of_long_lines_take_the_python_path(qwen_dir, tmp_path, monkeypat
         assert bool(calls) == lane_used and info["newlines"] == 60
         assert_same(got, encode_rows(enc, buffer_lines(data)))
         calls.clear()
+
+
+def test_a_range_past_the_end_of_its_file_is_an_input_error_on_both_paths(tmp_path):
+    """A file that shrank after the call measured it: both readers say so; no row is dropped silently."""
+    from vecpack.errors import InputError
+    from vecpack.inputs.jsonl import read_range
+    from vecpack.tokenizing.lane import read_views
+
+    p = tmp_path / "shrunk.jsonl"
+    p.write_bytes(b'{"a": 1}\n' * 10)
+    for read in (read_range, read_views):
+        with pytest.raises(InputError, match=r"shrunk\.jsonl: the file ends before byte 200 "):
+            read(str(p), 50, 200)
+        assert len(read(str(p), 0, 90)[0] if read is read_views else read(str(p), 0, 90)) == 90

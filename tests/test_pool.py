@@ -476,6 +476,23 @@ def test_a_forked_child_can_start_its_own_pool_while_the_parent_is_starting_one(
     assert os.waitstatus_to_exitcode(status) == 0
 
 
+def test_warm_for_starts_the_pool_that_the_call_would_start(sharegpt_file, qwen_dir, tmp_path, monkeypatch):
+    from vecpack.tokenizing import corpus
+
+    started = []
+    monkeypatch.setattr(pool, "warm", lambda n, tok, share=0: started.append((n, share)))
+    assert corpus.warm_for(sharegpt_file, qwen_dir, n_jobs=2) is True
+    assert started == [(2, corpus.worker_share(resolve_sources(sharegpt_file), 2))]
+    tiny = tmp_path / "tiny.jsonl"
+    tiny.write_text("".join(open(sharegpt_file).readlines()[:3]))
+    for args, kw in (((sharegpt_file, qwen_dir), dict(n_jobs=1)),         # no pool: one process
+                     ((sharegpt_file, qwen_dir), dict(n_jobs=2, backend="ray")),
+                     ((sharegpt_file, None), dict(n_jobs=2)),              # an encoder= call
+                     ((tiny, qwen_dir), dict(n_jobs=2))):                  # one task: tokenized here
+        assert corpus.warm_for(*args, **kw) is False
+    assert len(started) == 1
+
+
 def test_ready_waits_for_the_workers_that_warm_started(qwen_dir):
     pool.shutdown()
     assert pool.ready(timeout=5) == []  # nothing warming

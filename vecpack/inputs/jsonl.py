@@ -74,13 +74,28 @@ def count_newlines(path: str, stop: int, start: int = 0) -> int:
 
 
 def read_range(path: str, start: int, stop: int, info: dict | None = None) -> bytes:
-    """The bytes ``[start, stop)`` of ``path``; ``info["newlines"]`` counts their ``\\n``."""
+    """The bytes ``[start, stop)`` of ``path``; ``info["newlines"]`` counts their ``\\n``.
+
+    Raises :func:`ends_early`'s error if the file no longer has them (its rows are not dropped).
+    """
     with open(path, "rb") as f:
         f.seek(start)
         buf = f.read(stop - start)
+    if len(buf) < stop - start:
+        raise ends_early(path, stop)
     if info is not None:
         info["newlines"] = buf.count(b"\n")
     return buf
+
+
+def ends_early(path: str, stop: int) -> InputError:
+    """The error of a range that the file ends before: it shrank after the call measured it.
+
+    >>> str(ends_early("train.jsonl", 4096)).split(";")[0]
+    'train.jsonl: the file ends before byte 4,096 (it changed while it was read)'
+    """
+    return InputError(f"the file ends before byte {stop:,} (it changed while it was read); run again once "
+                      "nothing writes to it", file=path)
 
 
 def _lines(path: str, start: int, stop: int, info: dict | None = None) -> Iterator[tuple[int, memoryview]]:

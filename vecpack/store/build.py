@@ -231,7 +231,8 @@ def build(data_files, tokenizer=None, max_len: int | None = None, *, style: str 
     store = _cache.Cache(cache_dir)
     inputs, described = corpus_key_inputs(data_files, tokenizer, style=style, column=column,
                                           masking=masking, on_error=on_error, encoder=encoder,
-                                          root=store.root, verify=verify)
+                                          root=store.root, verify=verify,
+                                          on_read=_start_early(data_files, tokenizer, tok_kwargs, strategy, long))
     corpus = corpus_entry(store, data_files, tokenizer, inputs=inputs, described=described, verify=verify,
                           before=lambda: warm_kernels(strategy, long), **tok_kwargs)
     ckey = corpus.key
@@ -259,6 +260,31 @@ def build(data_files, tokenizer=None, max_len: int | None = None, *, style: str 
                                   described)
     _log_build(packed, corpus, pentry, store, seconds)
     return packed
+
+
+#: Unknown input bytes from which :func:`build` starts the workers before it reads them to hash them.
+EARLY_START_BYTES = 32 << 20
+
+
+def _start_early(data_files, tokenizer, tok_kwargs: dict, strategy: str, long: str):
+    """``on_read`` for :func:`corpus_key_inputs`: inputs that the hash memo does not know are new
+    data, most likely tokenized next (a cache miss), so the worker pool and the packing kernels
+    start loading now, while the driver reads them to hash them (I/O-bound when they are not
+    in the page cache). Small inputs are read at once: nothing to hide (and a hit on them, as
+    a file written just before it was last hashed can be, imports no tokenizer code). A hit
+    after all leaves the pool up for the next call."""
+    def on_read(nbytes: int) -> None:
+        if "encoder" in tok_kwargs or nbytes < EARLY_START_BYTES:
+            return
+        try:
+            from vecpack.tokenizing.corpus import warm_for
+
+            if warm_for(data_files, tokenizer, n_jobs=tok_kwargs["n_jobs"], backend=tok_kwargs["backend"]):
+                warm_kernels(strategy, long)
+        except Exception:  # noqa: BLE001 - only a head start: the build itself reports any error
+            pass
+
+    return on_read
 
 
 #: Bump when pair plans change for the same lengths and options.

@@ -60,14 +60,15 @@ def _hash_arrow_table(table) -> str:
     return f"arrow-blake2b_128:{h.hexdigest()}"
 
 
-def _data_fingerprint(data_files, root: pathlib.Path, verify: bool) -> tuple[list, list[str]]:
-    """(key part, readable names) for the inputs: content hashes, in order."""
+def _data_fingerprint(data_files, root: pathlib.Path, verify: bool, on_read=None) -> tuple[list, list[str]]:
+    """(key part, readable names) for the inputs: content hashes, in order (``on_read``: as
+    :func:`~vecpack.store.hashing.file_digests`)."""
     sources = resolve_sources(data_files)
     if any(s.kind == "items" for s in sources):
         raise TypeError("the items of an in-memory dataset have no content fingerprint; build them "
                         "with cache=False")
     files = [s.name for s in sources if s.kind != "dataset"]
-    digests = iter(hashing.file_digests(files, verify=verify, root=root))
+    digests = iter(hashing.file_digests(files, verify=verify, root=root, on_read=on_read))
     parts, names = [], []
     for src in sources:
         digest = _hash_arrow_table(src.table) if src.kind == "dataset" else next(digests)
@@ -150,14 +151,16 @@ def _object_fingerprint(tok) -> str:
 
 
 def corpus_key_inputs(data_files, tokenizer, *, style="sharegpt", column=None, masking="assistant",
-                      on_error="raise", encoder=None, root=None, verify=False) -> tuple[dict, dict]:
+                      on_error="raise", encoder=None, root=None, verify=False, on_read=None
+                      ) -> tuple[dict, dict]:
     """(key inputs, readable description) of a tokenized corpus.
 
     The key inputs hold content hashes only (no paths), so moving the data
-    or the tokenizer keeps the key.
+    or the tokenizer keeps the key. ``on_read(nbytes)``: called before input
+    files the stat memo does not know are read (:func:`~vecpack.store.hashing.file_digests`).
     """
     root = pathlib.Path(root) if root is not None else hashing.default_root()
-    data, names = _data_fingerprint(data_files, root, verify)
+    data, names = _data_fingerprint(data_files, root, verify, on_read)
     tok = tokenizer_fingerprint(encoder if encoder is not None else tokenizer, root=root, verify=verify)
     inputs = {"format": CORPUS_FORMAT, "data": data, "tokenizer": tok, "style": style,
               "column": column, "masking": masking, "on_error": on_error}

@@ -166,14 +166,21 @@ class _HashMemo:
     def _sig(st: os.stat_result) -> list[int]:
         return [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_dev]
 
-    def digest(self, path: str, algo: str, *, verify: bool = False) -> str:
+    def known(self, path: str, algo: str, *, verify: bool = False) -> tuple[str | None, str, os.stat_result]:
+        """``(digest or None, real path, stat)``: the memo's digest of ``path`` if it is trusted."""
         real = os.path.realpath(path)
         st = os.stat(real)
-        sig = self._sig(st)
         rec = None if verify else self._load().get(real)
-        if (rec is not None and rec.get("sig") == sig and rec.get("algo") == algo
+        if (rec is not None and rec.get("sig") == self._sig(st) and rec.get("algo") == algo
                 and st.st_mtime_ns < rec.get("t0", -1)):
-            return rec["digest"]
+            return rec["digest"], real, st
+        return None, real, st
+
+    def digest(self, path: str, algo: str, *, verify: bool = False) -> str:
+        known, real, st = self.known(path, algo, verify=verify)
+        if known is not None:
+            return known
+        sig = self._sig(st)
         t0 = self._stamp()
         digest = file_digest(real, algo)
         st2 = os.stat(real)
@@ -245,15 +252,23 @@ def hash_files(paths: str | os.PathLike | Iterable[str | os.PathLike], *, names:
 
 
 def file_digests(paths: Iterable[str | os.PathLike], *, verify: bool = False,
-                 root: str | os.PathLike | None = None) -> list[str]:
+                 root: str | os.PathLike | None = None, on_read=None) -> list[str]:
     """Content digest of every file (see :func:`file_digest`), through the stat memo.
 
     One memo read and at most one memo write for the whole list, so a glob of
     thousands of shards costs thousands of ``stat`` calls, not reads.
+    ``on_read(nbytes)``, if given, is called once before any file is read,
+    with the bytes the memo does not know (not called when it knows them all).
     """
     algo = checksum_algorithm()
     memo = _HashMemo(pathlib.Path(root) if root is not None else default_root())
+    paths = [os.fspath(p) for p in paths]
+    if on_read is not None:
+        unknown = [st.st_size for digest, _, st in (memo.known(p, algo, verify=verify) for p in paths)
+                   if digest is None]
+        if unknown:
+            on_read(sum(unknown))
     try:
-        return [memo.digest(os.fspath(p), algo, verify=verify) for p in paths]
+        return [memo.digest(p, algo, verify=verify) for p in paths]
     finally:
         memo.save()

@@ -39,7 +39,7 @@ from vecpack.tokenizing.merge import ChunkMerger
 from vecpack.tokenizing.tasks import default_chunk_bytes, plan_chunks, rejected_examples
 from vecpack.tokenizing.tokenized import Tokenized, merge_stats
 
-__all__ = ["Tokenized", "check_args", "encoder_class", "tokenize", "worker_share"]
+__all__ = ["Tokenized", "check_args", "encoder_class", "tokenize", "warm_for", "worker_share"]
 
 
 def encoder_class(style: str):
@@ -72,6 +72,37 @@ def _input_bytes(sources) -> int:
 def _estimate_output_bytes(sources) -> int:
     # ~4 bytes of text per token, 8 bytes (token + label) per token, plus slack
     return int(_input_bytes(sources) * 2.5)
+
+
+def _chunk_bytes(sources, n_jobs: int) -> int:
+    text_bytes = sum(reader(s.kind).output_estimate(s) for s in sources if reader(s.kind).text)
+    return default_chunk_bytes(text_bytes or _estimate_output_bytes(sources) // 3, n_jobs)
+
+
+def _many_tasks(sources, chunk_bytes: int) -> bool:
+    """Whether the sources will likely make more than one task (then a call starts the pool)."""
+    return _estimate_output_bytes(sources) > 2.5 * chunk_bytes
+
+
+def warm_for(data_files, tokenizer, *, n_jobs: int = -1, backend: str = "loky") -> bool:
+    """Start now the worker pool that :func:`tokenize` would start for ``data_files``, if it would.
+
+    :func:`vecpack.build` calls it before it reads inputs that its hash memo
+    does not know (new data: most likely tokenized next), so the workers
+    start and build their engines while the driver reads the inputs. Only
+    plain files (compressed ones start the pool themselves, while they are
+    decompressed). Returns whether the pool was started.
+    """
+    n_jobs = _pool.effective_n_jobs(n_jobs)
+    if backend != "loky" or n_jobs < 2 or tokenizer is None:
+        return False
+    sources = resolve_sources(data_files)
+    if not sources or any(s.kind in ("compressed", "items", "dataset") for s in sources):
+        return False
+    if not _many_tasks(sources, _chunk_bytes(sources, n_jobs)):
+        return False
+    _pool.warm(n_jobs, tokenizer, share=worker_share(sources, n_jobs))
+    return True
 
 
 def worker_share(sources, n_jobs: int) -> int:
@@ -140,13 +171,12 @@ def tokenize(data_files, tokenizer=None, *, style: str = "sharegpt", column: str
     t0 = time.perf_counter()
     sources = resolve_sources(data_files)
     if chunk_bytes is None:
-        text_bytes = sum(reader(s.kind).output_estimate(s) for s in sources if reader(s.kind).text)
-        chunk_bytes = default_chunk_bytes(text_bytes or _estimate_output_bytes(sources) // 3, n_jobs)
+        chunk_bytes = _chunk_bytes(sources, n_jobs)
     pool = backend == "loky" and n_jobs > 1
     share = worker_share(sources, n_jobs)
     scratch = feed = None
     if any(s.kind == "compressed" for s in sources):
-        if pool and _estimate_output_bytes(sources) > 2.5 * chunk_bytes:  # more than one task, likely
+        if pool and _many_tasks(sources, chunk_bytes):
             _pool.warm(n_jobs, tokenizer, share=share)   # they start while the inputs decompress
         # decompressed in background threads, several files at once, into plain files that the
         # workers range-read as their lines land (Ray: once complete; see TaskFeed)

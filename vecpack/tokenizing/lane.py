@@ -34,12 +34,12 @@ from typing import NamedTuple
 import numpy as np
 
 from vecpack.chat.formats import DEFAULT_COLUMNS, MESSAGE_SHAPES
-from vecpack.inputs.jsonl import buffer_lines
+from vecpack.inputs.jsonl import buffer_lines, ends_early
 from vecpack.options import IGNORE_INDEX
 from vecpack.tokenizing.rows import Rows, encode_rows
 
 __all__ = ["LANE_AFTER_BYTES", "LANE_MAX_LINE_BYTES", "LANE_MIN_BYTES", "encode_range", "expect_bytes", "lane_for",
-           "splice_heads"]
+           "preload_lane", "splice_heads"]
 
 _STRIP = {None: 0, str.lstrip: 1, str.rstrip: 2, str.strip: 3}
 
@@ -89,6 +89,22 @@ def expect_bytes(nbytes: int) -> None:
     """
     if nbytes >= LANE_AFTER_BYTES:
         _READ[0] = max(_READ[0], LANE_AFTER_BYTES)
+
+
+def preload_lane() -> bool:
+    """Load the lane's kernels now if this process's next large range will take the lane
+    (:func:`expect_bytes`); returns whether it did.
+
+    A warming pool worker calls it (:func:`vecpack.tokenizing.pool.warm`), so
+    numba's import and its once-per-process set-up (about 0.65 s of CPU) are
+    paid while the driver is still reading the inputs, not on the first range.
+    """
+    if _mode() == "0" or (_mode() != "1" and _READ[0] < LANE_AFTER_BYTES):
+        return False
+    from vecpack.tokenizing import _lane_kernels, _token_kernels  # noqa: F401
+
+    _lane_kernels.count_newlines(*byte_views(b"{}\n"))  # numba's set-up and one kernel
+    return True
 
 
 #: Mean line length above which a range takes the Python path: orjson parses a long row
@@ -220,7 +236,7 @@ def read_views(path: str, start: int, stop: int) -> tuple[np.ndarray, np.ndarray
         while done < len(arr):
             got = f.readinto(view[done:])
             if not got:
-                raise EOFError(f"{path}: ends before byte {stop} (the file changed while it was read)")
+                raise ends_early(path, stop)
             done += got
     return arr, words[:len(arr) // 8]
 

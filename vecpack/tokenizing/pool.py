@@ -38,7 +38,7 @@ from vecpack._state import memo
 from vecpack.errors import WorkerDiedError
 from vecpack.options import FAST_ENGINES
 from vecpack.tokenizing import parity
-from vecpack.tokenizing.lane import expect_bytes
+from vecpack.tokenizing.lane import expect_bytes, preload_lane
 from vecpack.tokenizing.rows import tokenize_chunk
 from vecpack.tokenizing.runtime import engine_ids, fast_engine, runtime, warm_start, worth_fastokens
 from vecpack.tokenizing.tasks import ChunkMeta, ChunkTask
@@ -146,7 +146,8 @@ def _warm(tokenizer_path: str | None = None, modules: tuple = (), share: int = 0
         try:
             engine, _ = fast_engine(tokenizer_path)
             if engine != "tokenizers":
-                runtime(tokenizer_path, engine)
+                if runtime(tokenizer_path, engine).batch:
+                    preload_lane()  # when this call's share takes the lane from its first range
         except Exception:  # unsupported (or unreadable): the real task says why
             pass
     return os.getpid()

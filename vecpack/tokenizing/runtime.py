@@ -311,10 +311,8 @@ def runtime(path: str, backend: str) -> Runtime:
     st = (p / "tokenizer.json").stat()
     key = (str(p), backend, st.st_size, st.st_mtime_ns)
     rt = _RUNTIMES.get(key)
-    if rt is None:
-        rt = _RUNTIMES[key] = Runtime(p, backend, warm_start=_WARM_START[0])
-        if _WARM_START[1]:
-            rt.build_fastokens()
+    if rt is None:  # (a process that builds fastokens now needs no tiktoken to serve first)
+        rt = _RUNTIMES[key] = Runtime(p, backend, warm_start=_WARM_START[0] and not _WARM_START[1])
     return rt
 
 
