@@ -561,14 +561,13 @@ def test_a_process_that_builds_fastokens_at_once_builds_no_tiktoken(qwen_dir, sh
     from vecpack._state import Memo
     from vecpack.tokenizing import runtime as runtime_mod
 
-    want = _sink_arrays(ChatEncoder.from_tokenizer(qwen_dir), short_rows)
+    enc = ChatEncoder.from_tokenizer(qwen_dir)
+    want = _sink_arrays(enc, short_rows)
     monkeypatch.setattr(runtime_mod, "_RUNTIMES", Memo("tokenizer engines", 4))
     monkeypatch.setattr(runtime_mod, "_WARM_START", [False, False])
     runtime_mod.warm_start(build=True)
-    rt = runtime_mod.runtime(str(qwen_dir), "fastokens")
+    enc._rt = rt = runtime_mod.runtime(str(qwen_dir), "fastokens")
     assert rt.fast is not None and rt.batch and rt.core is None
-    enc = ChatEncoder.from_tokenizer(qwen_dir)
-    enc._rt = rt
     assert _sink_arrays(enc, short_rows) == want
 
 
