@@ -272,3 +272,24 @@ def test_a_new_encoder_has_the_hf_process_load_the_tokenizer_at_once(sharegpt_fi
     vecpack.tokenize(sharegpt_file, qwen_dir, n_jobs=2, progress=False)  # encoder cached: no load
     assert loads == [os.fspath(qwen_dir)]
     _fresh_encoders()
+
+
+@pytest.mark.parametrize("lane", ["0", "1"])
+def test_a_file_that_shrinks_after_the_call_measured_it_is_an_error_not_fewer_rows(
+        sharegpt_file, qwen_dir, tmp_path, monkeypatch, lane):
+    from vecpack.tokenizing import corpus
+
+    data = tmp_path / "growing.jsonl"
+    data.write_bytes(sharegpt_file.read_bytes())
+    real = corpus.plan_chunks
+
+    def plan_then_shrink(*a, **kw):  # the file loses its last rows after the ranges are cut
+        tasks = real(*a, **kw)
+        with open(data, "r+b") as f:
+            f.truncate(os.path.getsize(data) - 5000)
+        return tasks
+
+    monkeypatch.setattr(corpus, "plan_chunks", plan_then_shrink)
+    monkeypatch.setenv("VECPACK_ROW_LANE", lane)
+    with pytest.raises(InputError, match=r"growing\.jsonl: the file ends before byte .* changed while it was read"):
+        vecpack.tokenize(data, qwen_dir, n_jobs=1, on_error="skip", progress=False)
