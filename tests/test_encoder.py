@@ -569,6 +569,12 @@ def test_a_process_that_builds_fastokens_at_once_builds_no_tiktoken(qwen_dir, sh
     enc._rt = rt = runtime_mod.runtime(str(qwen_dir), "fastokens")
     assert rt.fast is not None and rt.batch and rt.core is None
     assert _sink_arrays(enc, short_rows) == want
+    # where fastokens cannot be built, tiktoken serves, as with a warm start
+    monkeypatch.setattr(runtime_mod, "_RUNTIMES", Memo("tokenizer engines", 4))
+    monkeypatch.setattr(runtime_mod.Runtime, "_new_fastokens", lambda self, pattern: 1 / 0)
+    enc._rt = rt = runtime_mod.runtime(str(qwen_dir), "fastokens")
+    assert rt.fast is None and not rt.batch and rt.core is not None
+    assert _sink_arrays(enc, short_rows) == want
 
 
 def _sink_arrays(enc, rows):

@@ -311,8 +311,17 @@ def runtime(path: str, backend: str) -> Runtime:
     st = (p / "tokenizer.json").stat()
     key = (str(p), backend, st.st_size, st.st_mtime_ns)
     rt = _RUNTIMES.get(key)
-    if rt is None:  # (a process that builds fastokens now needs no tiktoken to serve first)
-        rt = _RUNTIMES[key] = Runtime(p, backend, warm_start=_WARM_START[0] and not _WARM_START[1])
+    if rt is None:
+        if backend == "fastokens" and _WARM_START[1]:  # fastokens now: no tiktoken to serve first,
+            try:                                        # unless fastokens cannot be built here
+                rt = Runtime(p, backend)
+            except Unsupported:
+                raise
+            except Exception:
+                rt = Runtime(p, backend, warm_start=True)  # tiktoken serves (exact, only slower)
+        else:
+            rt = Runtime(p, backend, warm_start=_WARM_START[0])
+        _RUNTIMES[key] = rt
     return rt
 
 
