@@ -453,6 +453,18 @@ def test_workers_may_hold_tokenizer_engines_without_being_restarted():
     assert limits == {pool._WORKER_GROWTH_BYTES} and pool._WORKER_GROWTH_BYTES >= 1 << 30
 
 
+def _frozen_after_warm():
+    import gc
+
+    pool._warm()
+    return gc.get_freeze_count()
+
+
+def test_a_warmed_worker_keeps_its_one_time_state_out_of_the_collector():
+    """After _warm, a full collection in a worker no longer walks its modules and engines."""
+    assert pool._executor(2).submit(_frozen_after_warm).result(timeout=60) > 10_000
+
+
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
 def test_a_forked_child_can_start_its_own_pool_while_the_parent_is_starting_one():
     """A child forked while the parent's starter thread holds the pool lock gets fresh locks."""
