@@ -74,8 +74,9 @@ def _finish(proc: subprocess.Popen, tag: str, since: float, limit: float = 10.0)
     deadline = time.monotonic() + 3
     while (_tagged(tag) or _shm(proc.pid)) and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert not _tagged(tag), f"processes left behind: {_tagged(tag)}"
-    assert not _shm(proc.pid), f"/dev/shm entries left behind: {_shm(proc.pid)}"
+    # (with the process's stderr: a leftover after an unexpected error says which error)
+    assert not _tagged(tag), f"processes left behind: {_tagged(tag)}; rc {proc.returncode}:\n{err[-3000:]}"
+    assert not _shm(proc.pid), f"/dev/shm entries left behind: {_shm(proc.pid)}; rc {proc.returncode}:\n{err[-3000:]}"
     return proc.returncode, err
 
 
