@@ -185,8 +185,9 @@ def test_racily_clean_file_is_rehashed(tmp_path):
     assert _rchar() - r1 >= 8 << 20
 
 
-def test_on_read_hears_of_the_bytes_the_memo_does_not_know(tmp_path):
+def test_on_read_hears_of_the_bytes_the_memo_does_not_know(tmp_path, monkeypatch):
     """file_digests(on_read=): called once, before reading, with the unknown files' bytes only."""
+    from vecpack.store import hashing as hashing_mod
     from vecpack.store.hashing import file_digests
 
     old = time.time_ns() - 3600 * 10**9
@@ -203,6 +204,14 @@ def test_on_read_hears_of_the_bytes_the_memo_does_not_know(tmp_path):
     assert heard == [1000, 3000]          # both known: not called
     file_digests([a], root=root, on_read=heard.append, verify=True)
     assert heard == [1000, 3000, 1000]    # verify trusts no record
+    c = tmp_path / "c.jsonl"
+    c.write_bytes(b"y" * 500)
+    os.utime(c, ns=(old, old))
+    read = []
+    real = hashing_mod.file_digest
+    monkeypatch.setattr(hashing_mod, "file_digest", lambda path, *a: read.append(path) or real(path, *a))
+    twice = file_digests([c, c], root=root, on_read=heard.append)
+    assert twice[0] == twice[1] and len(read) == 1 and heard[-1] == 500  # listed twice: read once
 
 
 def test_memo_survives_a_second_process(tmp_path):

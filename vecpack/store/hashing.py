@@ -176,11 +176,12 @@ class _HashMemo:
             return rec["digest"], real, st
         return None, real, st
 
-    def digest(self, path: str, algo: str, *, verify: bool = False) -> str:
-        known, real, st = self.known(path, algo, verify=verify)
-        if known is not None:
-            return known
+    def record(self, real: str, st: os.stat_result, algo: str) -> str:
+        """Hash the file ``real`` (``st``: its stat when :meth:`known` looked) and memoise the digest."""
         sig = self._sig(st)
+        done = self._dirty.get(real)
+        if done is not None and done["sig"] == sig and done["algo"] == algo:  # listed twice: hashed once
+            return done["digest"]
         t0 = self._stamp()
         digest = file_digest(real, algo)
         st2 = os.stat(real)
@@ -262,13 +263,11 @@ def file_digests(paths: Iterable[str | os.PathLike], *, verify: bool = False,
     """
     algo = checksum_algorithm()
     memo = _HashMemo(pathlib.Path(root) if root is not None else default_root())
-    paths = [os.fspath(p) for p in paths]
-    if on_read is not None:
-        unknown = [st.st_size for digest, _, st in (memo.known(p, algo, verify=verify) for p in paths)
-                   if digest is None]
-        if unknown:
-            on_read(sum(unknown))
+    looked = [memo.known(os.fspath(p), algo, verify=verify) for p in paths]  # one stat each
+    unknown = {real: st.st_size for digest, real, st in looked if digest is None}
+    if on_read is not None and unknown:
+        on_read(sum(unknown.values()))
     try:
-        return [memo.digest(p, algo, verify=verify) for p in paths]
+        return [digest if digest is not None else memo.record(real, st, algo) for digest, real, st in looked]
     finally:
         memo.save()
