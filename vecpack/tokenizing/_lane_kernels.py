@@ -456,8 +456,8 @@ def render_rows(buf, rows, layout_of, msg_first, msg_count, m_start, m_stop, m_e
     o = 0
     q = 0
     cs = np.empty(64, np.int64)  # content spans in scratch, per message
-    scratch_words = scratch.view(np.uint64)
     ce = np.empty(64, np.int64)
+    scratch_words = scratch.view(np.uint64)
     for j in range(n):
         r = rows[j]
         L = layout_of[j]
