@@ -32,7 +32,11 @@ Contenders (``--only`` takes a comma-separated list of these names):
     4e6``. The cold total is printed too, and so is the pool start-up alone
     (the workers up with their tiktoken engines: ``vecpack.tokenizing.pool.warm``).
 ``vecpack_cold``
-    ``vecpack.build`` on the peers' rows in a fresh process, start-up included.
+    ``vecpack.build`` on the peers' rows in a fresh process, start-up included;
+    compared with torchtune as whole processes (each side's imports + its run:
+    torchtune's imports take seconds, vecpack's happen inside ``build``), with
+    the build call alone vs torchtune's run alone and the process wall times
+    (interpreter start and exit included) printed beside.
 ``short``
     ``vecpack.build`` on ``--rows-short`` short rows (``make_short_chats``: one fixed
     system prompt, about 160 tokens a row, the shape of the original 4M-row report),
@@ -349,6 +353,11 @@ def _ready_rows(results):
     return out
 
 
+def _whole(r) -> float:
+    """A run's whole-process seconds: its imports, then its work (start-up included)."""
+    return r["imports"] + r["seconds"]
+
+
 def print_table(results, a):
     results = _ready_rows(results)
     base = {r["name"]: r for r in results}
@@ -399,9 +408,14 @@ def print_table(results, a):
     for name, what in (("vecpack_cold_ready", "ready Packed"), ("vecpack_cold", "materialized")):
         cold = base.get(name)
         if cold and tt:
-            x = cold["rows_per_s"] / tt["rows_per_s"]
-            checks.append((f"vecpack (same rows, start-up incl., {what}) >= 12x torchtune", x >= 12,
-                           f"{x:.1f}x"))
+            # whole process: each side's imports + its run (vecpack imports lazily, inside build)
+            x = _whole(tt) / _whole(cold)
+            checks.append((f"vecpack (same rows, whole process: imports + start-up incl., {what}) "
+                           ">= 12x torchtune", x >= 12,
+                           f"{x:.1f}x ({_whole(cold):.2f} s vs {_whole(tt):.2f} s; the build call "
+                           f"alone vs torchtune's run alone: "
+                           f"{cold['rows_per_s'] / tt['rows_per_s']:.1f}x; process wall, interpreter "
+                           f"start and exit incl.: {tt['wall'] / cold['wall']:.1f}x)"))
     short = base.get("short_ready")
     if short:
         checks.append((f"short rows (~160 tokens, one system prompt) >= 100k rows/s on {a.jobs} cores",
