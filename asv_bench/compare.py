@@ -29,8 +29,9 @@ Contenders (``--only`` takes a comma-separated list of these names):
     1,000-row builds in a process (several chunks each, so the pool starts)
     cost beyond four of the fastest later one, on other rows each, and is
     amortised as it would be at 4M rows: ``seconds = main + startup * rows /
-    4e6``. The cold total is printed too, and so is the pool start-up alone
-    (the workers up with their tiktoken engines: ``vecpack.tokenizing.pool.warm``).
+    4e6``. The cold total is printed too, and so is the loky pool's start-up alone
+    (its workers up with their tiktoken engines: ``vecpack.tokenizing.pool.warm``; on
+    Linux the calls fork their workers instead, unless ``VECPACK_WORKER_START=spawn``).
 ``vecpack_cold``
     ``vecpack.build`` on the peers' rows in a fresh process, start-up included;
     compared with torchtune as whole processes (each side's imports + its run:
@@ -389,10 +390,10 @@ def print_table(results, a):
                        f"{gb(vp['peak_rss'])} vs {gb(bound)}"))
         checks.append(("fill (bfd) >= 0.99", vp["fill"] >= 0.99, f"{vp['fill']:.4f}"))
         if vp.get("pool_ready") is not None:
-            checks.append(("start-up: worker pool up with the tokenizer loaded < 1 s",
+            checks.append(("start-up: the loky pool (off Linux) up with the tokenizer loaded < 1 s",
                            vp["pool_ready"] < 1, f"{vp['pool_ready']:.2f} s"))
         if vp.get("startup") is not None:
-            checks.append(("start-up: whole once-per-process cost (pool, tokenizers, HF parity "
+            checks.append(("start-up: whole once-per-process cost (workers, tokenizers, HF parity "
                            "tokenizer, JIT kernels; first 4 calls - 4 x a later one) < 1 s",
                            vp["startup"] < 1, f"{vp['startup']:.2f} s (first {WARMUP_ROWS:,}-row call "
                            f"{vp['first_call']:.2f} s)"))

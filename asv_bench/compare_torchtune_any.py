@@ -118,7 +118,7 @@ def _run(kind: str, data: pathlib.Path, args, cache_dir: str | None = None) -> d
     if cache_dir:
         cmd += ["--cache-dir", cache_dir]
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
-               TOKENIZERS_PARALLELISM="false", VECPACK_ITEMS_START=args.items_start)
+               TOKENIZERS_PARALLELISM="false", VECPACK_WORKER_START=args.items_start)
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
     if proc.returncode != 0:
         raise SystemExit(f"{kind} on {data} failed:\n{proc.stderr[-4000:]}")
@@ -160,7 +160,7 @@ def main(argv=None) -> int:
     p.add_argument("--generic-only", action="store_true", help="only (5) and (6): the generic path")
     p.add_argument("--repeat", type=int, default=1, help="runs of (5) and (6), alternating (median ratio)")
     p.add_argument("--items-start", choices=["auto", "fork", "spawn"], default="auto",
-                   help="how (6) starts its workers (VECPACK_ITEMS_START)")
+                   help="how (6) starts its workers (VECPACK_WORKER_START)")
     p.add_argument("--child", choices=["torchtune", "vecpack", "torchtune-generic", "vecpack-generic"],
                    help=argparse.SUPPRESS)
     p.add_argument("--data", help=argparse.SUPPRESS)

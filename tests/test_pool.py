@@ -488,13 +488,19 @@ def test_a_forked_child_can_start_its_own_pool_while_the_parent_is_starting_one(
     assert os.waitstatus_to_exitcode(status) == 0
 
 
-def test_warm_for_starts_the_pool_that_the_call_would_start(sharegpt_file, qwen_dir, tmp_path, monkeypatch):
+@pytest.mark.parametrize("start", ["spawn", "fork"])
+def test_warm_for_starts_the_workers_that_the_call_would_start(sharegpt_file, qwen_dir, tmp_path, monkeypatch,
+                                                               start):
+    """loky workers (spawn), or this process's engine for the workers it will fork."""
     from vecpack.tokenizing import corpus
 
+    monkeypatch.setenv("VECPACK_WORKER_START", start)
     started = []
-    monkeypatch.setattr(pool, "warm", lambda n, tok, share=0: started.append((n, share)))
+    monkeypatch.setattr(pool, "warm", lambda n, tok, share=0: started.append(("loky", n, share)))
+    monkeypatch.setattr(corpus, "prepare", lambda tok, share: started.append(("fork", tok, share)))
     assert corpus.warm_for(sharegpt_file, qwen_dir, n_jobs=2) is True
-    assert started == [(2, corpus.worker_share(resolve_sources(sharegpt_file), 2))]
+    share = corpus.worker_share(resolve_sources(sharegpt_file), 2)
+    assert started == [("loky", 2, share) if start == "spawn" else ("fork", qwen_dir, share)]
     tiny = tmp_path / "tiny.jsonl"
     tiny.write_text("".join(open(sharegpt_file).readlines()[:3]))
     for args, kw in (((sharegpt_file, qwen_dir), dict(n_jobs=1)),         # no pool: one process

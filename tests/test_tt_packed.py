@@ -280,7 +280,7 @@ def _chunk_dirs() -> list[str]:
 def test_this_process_works_beside_the_workers(tmp_path, monkeypatch):
     """Loading a torchtune dataset takes a spawned worker seconds: this process starts on the items at once."""
     monkeypatch.setattr(tt_corpus, "POOL_WORTH_SECONDS", 0.0)
-    monkeypatch.setenv("VECPACK_ITEMS_START", "spawn")
+    monkeypatch.setenv("VECPACK_WORKER_START", "spawn")
     log = tmp_path / "pids.log"
     p = packed(Slow(800, str(log)), max_seq_len=64, n_jobs=2)
     pids = {int(line.split()[1]) for line in log.read_text().splitlines()}
@@ -311,21 +311,21 @@ def test_forked_workers_read_every_item(tmp_path, monkeypatch):
 
 def test_when_items_are_not_forked(monkeypatch):
     """Forking is refused off Linux, without a fork start method, in a daemonic process, or when asked;
-    the loky path then runs (tested above with VECPACK_ITEMS_START=spawn)."""
+    the loky path then runs (tested above with VECPACK_WORKER_START=spawn)."""
     import multiprocessing
     import sys
 
     from vecpack.tokenizing import forkpool
 
-    monkeypatch.setenv("VECPACK_ITEMS_START", "spawn")
-    assert fork_refusal() == "VECPACK_ITEMS_START=spawn"
-    monkeypatch.setenv("VECPACK_ITEMS_START", "thread")
-    with pytest.raises(ValueError, match=r"unknown VECPACK_ITEMS_START 'thread'.*\['auto', 'fork', 'spawn'\]"):
+    monkeypatch.setenv("VECPACK_WORKER_START", "spawn")
+    assert fork_refusal() == "VECPACK_WORKER_START=spawn"
+    monkeypatch.setenv("VECPACK_WORKER_START", "thread")
+    with pytest.raises(ValueError, match=r"unknown VECPACK_WORKER_START 'thread'.*\['auto', 'fork', 'spawn'\]"):
         packed(Repeated(3, 50), max_seq_len=9, n_jobs=2)
-    monkeypatch.delenv("VECPACK_ITEMS_START")
+    monkeypatch.delenv("VECPACK_WORKER_START")
     monkeypatch.setattr(forkpool.sys, "platform", "darwin")
     assert fork_refusal() in ("not Linux", "no fork start method")
-    monkeypatch.setenv("VECPACK_ITEMS_START", "fork")  # asked for: any platform with fork
+    monkeypatch.setenv("VECPACK_WORKER_START", "fork")  # asked for: any platform with fork
     assert fork_refusal() in (None, "no fork start method")
     monkeypatch.setattr(multiprocessing, "get_all_start_methods", lambda: ["spawn"])
     assert fork_refusal() == "no fork start method"
@@ -391,7 +391,7 @@ def test_bad_items_with_loky_workers_beside_this_process(monkeypatch, bad):
     """The spawn path: this process reads ranges too, workers get theirs between its rows; the first
     bad item in index order is reported wherever it was read, and its chunk files are removed."""
     monkeypatch.setattr(tt_corpus, "POOL_WORTH_SECONDS", 0.0)
-    monkeypatch.setenv("VECPACK_ITEMS_START", "spawn")
+    monkeypatch.setenv("VECPACK_WORKER_START", "spawn")
     with pytest.raises(InputError, match=rf"^<Mixed> row {bad}: 'labels' has"):
         packed(Mixed(3000, bad=bad), max_seq_len=64, n_jobs=2)
     assert not _chunk_dirs()
@@ -400,7 +400,7 @@ def test_bad_items_with_loky_workers_beside_this_process(monkeypatch, bad):
 
 
 def test_datasets_that_cannot_travel_are_packed_here(pool_always, monkeypatch):
-    monkeypatch.setenv("VECPACK_ITEMS_START", "spawn")  # (forked workers need no pickle)
+    monkeypatch.setenv("VECPACK_WORKER_START", "spawn")  # (forked workers need no pickle)
     class Local(Repeated):  # a class of this function: cloudpickle sends it by value
         lock = None
 

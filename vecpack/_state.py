@@ -17,9 +17,10 @@ that changed its tokenizer files in place.
 
 from __future__ import annotations
 
+import threading
 from typing import Callable
 
-__all__ = ["Memo", "memo", "on_reset", "reset"]
+__all__ = ["Memo", "finish_warming", "memo", "on_reset", "reset", "start_warming"]
 
 
 class Memo(dict):
@@ -63,3 +64,28 @@ def reset() -> None:
         m.clear()
     for fn in _HOOKS.values():
         fn()
+
+
+_WARMING: list[threading.Thread] = []  # background threads that load numba kernels
+
+
+def start_warming(fn: Callable[[], None], name: str) -> threading.Thread:
+    """Run ``fn`` (a load of numba kernels) in a daemon thread, registered for :func:`finish_warming`.
+
+    Such a thread holds numba's compiler lock while it loads; a child forked
+    meanwhile would inherit the lock held by a thread it does not have, and
+    hang on its first kernel call. So a fork waits for them first
+    (:mod:`vecpack.tokenizing.forkpool`).
+    """
+    thread = threading.Thread(target=fn, name=name, daemon=True)
+    _WARMING[:] = [t for t in _WARMING if t.is_alive()]
+    _WARMING.append(thread)
+    thread.start()
+    return thread
+
+
+def finish_warming() -> None:
+    """Wait for every :func:`start_warming` thread still running."""
+    for t in list(_WARMING):
+        t.join()
+    _WARMING.clear()

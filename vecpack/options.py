@@ -27,10 +27,11 @@ import re
 
 __all__ = [
     "CHAT_STYLES", "CONVERSATION_STYLES", "ENGINES", "EXECUTORS", "EXPORT_FORMATS", "FAST_ENGINES", "IGNORE_INDEX",
-    "INT32_MAX", "ITEMS_START_ENV", "ITEMS_START_METHODS", "LONG_POLICIES", "MASKINGS", "MAX_CUT_FRACTION", "MIX_BY",
+    "INT32_MAX", "LONG_POLICIES", "MASKINGS", "MAX_CUT_FRACTION", "MIX_BY",
     "ON_ERROR", "PAIR_LONG_POLICIES", "STRATEGIES", "STREAM_STRATEGIES", "STYLES", "TORCHTUNE_STYLES", "cache_root",
     "check_choice", "check_index", "check_int", "check_max_len", "check_mix", "check_options", "check_seed",
-    "check_tokenizer_dir", "check_weight", "check_weights", "items_start_method", "useless_reason",
+    "check_tokenizer_dir", "check_weight", "check_weights", "useless_reason", "WORKER_START_ENV",
+    "WORKER_START_METHODS", "worker_start_method",
 ]
 
 #: Row formats of chat data (see :mod:`vecpack.chat.formats`).
@@ -62,11 +63,14 @@ ENGINES = ("fastokens", "tiktoken", "tokenizers")
 FAST_ENGINES = ENGINES[:2]
 #: Where the tokenizing tasks run.
 EXECUTORS = ("loky", "ray")
-#: How the generic items path (``ds[i]`` in workers) starts its workers: ``auto`` forks on
-#: Linux (the dataset and its imports inherited), else spawns loky workers that load a pickle.
-ITEMS_START_METHODS = ("auto", "fork", "spawn")
-#: The environment variable that chooses among :data:`ITEMS_START_METHODS`.
-ITEMS_START_ENV = "VECPACK_ITEMS_START"
+#: How a call's tokenizing workers start: ``auto`` forks them from this process on Linux
+#: (they inherit the tokenizer engine, or the dataset of the items path, and every import),
+#: else the persistent pool of spawned loky workers runs them (see :mod:`vecpack.tokenizing.forkpool`).
+WORKER_START_METHODS = ("auto", "fork", "spawn")
+#: The environment variable that chooses among :data:`WORKER_START_METHODS`
+#: (``VECPACK_ITEMS_START``, its earlier name, is read when it is unset).
+WORKER_START_ENV = "VECPACK_WORKER_START"
+_OLD_WORKER_START_ENV = "VECPACK_ITEMS_START"
 #: ``vecpack export`` formats.
 EXPORT_FORMATS = ("parquet", "jsonl", "hf")
 #: What the weights of a mixture share out (see :mod:`vecpack.mixing`).
@@ -87,13 +91,17 @@ def cache_root() -> pathlib.Path:
     return pathlib.Path(env).expanduser() if env else pathlib.Path.home() / ".cache" / "vecpack"
 
 
-def items_start_method() -> str:
-    """``$VECPACK_ITEMS_START`` (one of :data:`ITEMS_START_METHODS`), ``"auto"`` when unset.
+def worker_start_method() -> str:
+    """``$VECPACK_WORKER_START`` (one of :data:`WORKER_START_METHODS`), ``"auto"`` when unset.
 
-    >>> items_start_method() in ITEMS_START_METHODS
+    >>> worker_start_method() in WORKER_START_METHODS
     True
     """
-    return check_choice(os.environ.get(ITEMS_START_ENV) or "auto", ITEMS_START_ENV, ITEMS_START_METHODS)
+    for name in (WORKER_START_ENV, _OLD_WORKER_START_ENV):
+        value = os.environ.get(name)
+        if value:
+            return check_choice(value, name, WORKER_START_METHODS)
+    return "auto"
 
 
 def check_choice(value, name: str, choices, hint: str = "") -> str:

@@ -209,8 +209,9 @@ print(json.dumps({"import": t1 - t0, "pool_ready": ready,
 
 class StartUp:
     """What a fresh process pays once: its first four 1,000-row ``build`` calls beyond
-    four steady ones (the worker pool with tiktoken, the parity check's HF process,
-    numba's kernel cache), and the pool alone up with tiktoken loaded (``pool.warm``).
+    four steady ones (the workers, forked on Linux, the parity check's HF process,
+    numba's kernel cache), and the loky pool alone up with tiktoken loaded (``pool.warm``;
+    the pool that serves off Linux or with ``VECPACK_WORKER_START=spawn``).
     Each call reads other rows, as ``asv_bench/compare.py`` does. Target: under 1 s.
     """
 

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from vecpack._state import start_warming
 from vecpack.options import check_index, check_int, check_max_len, check_options
 from vecpack.packing.plan import Plan, _kernels, _ro, plan
 
@@ -462,7 +463,6 @@ def warm_kernels(strategy: str = "bfd", long: str = "truncate", *, background: b
     if not background:
         run()
         return None
-    import threading
 
     def quietly():
         try:
@@ -470,6 +470,4 @@ def warm_kernels(strategy: str = "bfd", long: str = "truncate", *, background: b
         except BaseException:  # noqa: BLE001 - only a warm-up: the real pack() reports any error
             pass               # (e.g. an import the main thread's Ctrl-C left half done)
 
-    thread = threading.Thread(target=quietly, name="vecpack-warm-kernels", daemon=True)
-    thread.start()
-    return thread
+    return start_warming(quietly, "vecpack-warm-kernels")

@@ -27,18 +27,31 @@ import struct
 import sys
 
 
+def _read_exact(inp, n: int) -> bytes:
+    """``n`` bytes from ``inp`` (buffered or raw: a raw pipe returns what has arrived), fewer at EOF."""
+    parts, left = [], n
+    while left:
+        part = inp.read(left)
+        if not part:
+            break
+        parts.append(part)
+        left -= len(part)
+    return b"".join(parts)
+
+
 def _read_frame(inp):
-    head = inp.read(8)
+    head = _read_exact(inp, 8)
     if len(head) < 8:
         return None
     (size,) = struct.unpack("<Q", head)
-    return pickle.loads(inp.read(size))
+    return pickle.loads(_read_exact(inp, size))
 
 
 def _write_frame(out, obj) -> None:
-    data = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
-    out.write(struct.pack("<Q", len(data)))
-    out.write(data)
+    payload = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+    data = memoryview(struct.pack("<Q", len(payload)) + payload)
+    while data:  # a raw pipe may take part of it
+        data = data[out.write(data):]
     out.flush()
 
 

@@ -20,6 +20,7 @@ directly. See ``docs/parallelism.md`` for how the work is spread over cores.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import sys
@@ -35,6 +36,7 @@ from vecpack.tokenizing import pool as _pool
 from vecpack.tokenizing.backend import Pending, fall_back
 from vecpack.tokenizing.encoder import encoder_for, remember
 from vecpack.tokenizing.feed import TaskFeed
+from vecpack.tokenizing.forkpool import fork_refusal, forked_workers, prepare
 from vecpack.tokenizing.merge import ChunkMerger
 from vecpack.tokenizing.tasks import default_chunk_bytes, plan_chunks, rejected_examples
 from vecpack.tokenizing.tokenized import Tokenized, merge_stats
@@ -101,8 +103,21 @@ def warm_for(data_files, tokenizer, *, n_jobs: int = -1, backend: str = "loky") 
         return False
     if not _many_tasks(sources, _chunk_bytes(sources, n_jobs)):
         return False
-    _pool.warm(n_jobs, tokenizer, share=worker_share(sources, n_jobs))
+    _start_workers(n_jobs, tokenizer, worker_share(sources, n_jobs), _forking(backend, n_jobs, None))
     return True
+
+
+def _forking(backend: str, n_jobs: int, encoder) -> bool:
+    """Whether a call's chunk workers are forked from this process (else the loky pool runs them)."""
+    return backend == "loky" and n_jobs > 1 and encoder is None and fork_refusal() is None
+
+
+def _start_workers(n_jobs: int, tokenizer, share: int, forking: bool) -> None:
+    """Start what the chunk workers need now: the loky pool, or (forked workers) this process's engine."""
+    if forking:
+        prepare(tokenizer, share)
+    else:
+        _pool.warm(n_jobs, tokenizer, share=share)
 
 
 def worker_share(sources, n_jobs: int) -> int:
@@ -173,11 +188,12 @@ def tokenize(data_files, tokenizer=None, *, style: str = "sharegpt", column: str
     if chunk_bytes is None:
         chunk_bytes = _chunk_bytes(sources, n_jobs)
     pool = backend == "loky" and n_jobs > 1
+    forking = _forking(backend, n_jobs, encoder)
     share = worker_share(sources, n_jobs)
     scratch = feed = None
     if any(s.kind == "compressed" for s in sources):
         if pool and _many_tasks(sources, chunk_bytes):
-            _pool.warm(n_jobs, tokenizer, share=share)   # they start while the inputs decompress
+            _start_workers(n_jobs, tokenizer, share, forking)   # they start while the inputs decompress
         # decompressed in background threads, several files at once, into plain files that the
         # workers range-read as their lines land (Ray: once complete; see TaskFeed)
         scratch = _pool.chunk_dir(_estimate_output_bytes(sources) // 2, out_dir,
@@ -186,7 +202,7 @@ def tokenize(data_files, tokenizer=None, *, style: str = "sharegpt", column: str
         if scratch is not None:
             feed = TaskFeed(sources, chunk_bytes, scratch, n_jobs, pipelined=backend != "ray")
         return _tokenize(sources, feed, tokenizer, encoder, style, column, masking, n_jobs, on_error,
-                         progress, out_dir, backend, chunk_bytes, pool, t0, share)
+                         progress, out_dir, backend, chunk_bytes, pool, t0, share, forking)
     finally:
         if feed is not None:
             feed.close()   # its threads end before their directory goes
@@ -195,7 +211,7 @@ def tokenize(data_files, tokenizer=None, *, style: str = "sharegpt", column: str
 
 
 def _tokenize(sources, feed, tokenizer, encoder, style, column, masking, n_jobs, on_error, progress,
-              out_dir, backend, chunk_bytes, pool, t0, share=0) -> Tokenized:
+              out_dir, backend, chunk_bytes, pool, t0, share=0, forking=False) -> Tokenized:
     estimate = _estimate_output_bytes(sources)
     if feed is not None:   # compressed inputs: tasks as their text is decompressed
         tasks, many = feed, estimate > 2.5 * chunk_bytes   # (the pool was warmed for many)
@@ -204,8 +220,8 @@ def _tokenize(sources, feed, tokenizer, encoder, style, column, masking, n_jobs,
         many = len(tasks) > 1
         if pool and many and getattr(encoder, "pool", None) is None:  # (a forked pool is up already)
             # one task runs here: starting workers would only take CPU from it
-            _pool.warm(n_jobs - 1 if getattr(encoder, "slow_to_load", False) else n_jobs, tokenizer,
-                       share=share)
+            _start_workers(n_jobs - 1 if getattr(encoder, "slow_to_load", False) else n_jobs, tokenizer,
+                           share, forking)
     key, texts = None, None
     if encoder is None:
         key, encoder = encoder_for(tokenizer, style, column, masking, sources, cls=encoder_class(style))
@@ -222,22 +238,28 @@ def _tokenize(sources, feed, tokenizer, encoder, style, column, masking, n_jobs,
     # thrown away and the rows are tokenized again with HF tokenizers. One task is tokenized
     # here and its check's tiktoken side computed here afterwards, with this process's engine.
     workers = n_jobs if backend == "loky" and many else 1
-    check = Pending.start(encoder, texts, key, workers, share)
-    early = check.known()
-    if early:  # known before anything ran (the engine cannot be built, or the check cannot run)
-        encoder = fall_back(encoder, early)
-        remember(key, encoder, tokenizer)
-        check = Pending()
+
+    def forked(enc):  # the chunk workers, forked with ``enc`` in them (else loky's run them)
+        return forked_workers(enc, n_jobs) if forking and many else contextlib.nullcontext()
+
     run = dict(executor=backend, n_jobs=n_jobs, on_error=on_error, progress=progress, share=share)
-    try:
-        result, metas = _run(tasks, encoder, out_dir, estimate, chunk_bytes, check, run)
-    except _RetryWithFallback:
-        result = None
-    reason = check.failed()
+    with forked(encoder):
+        check = Pending.start(encoder, texts, key, workers, share)
+        early = check.known()
+        if early:  # known before anything ran (the engine cannot be built, or the check cannot run)
+            encoder = fall_back(encoder, early)
+            remember(key, encoder, tokenizer)
+            check = Pending()
+        try:
+            result, metas = _run(tasks, encoder, out_dir, estimate, chunk_bytes, check, run)
+        except _RetryWithFallback:
+            result = None
+        reason = check.failed()
     if reason:
         encoder = fall_back(encoder, reason)
         remember(key, encoder, tokenizer)
-        result, metas = _run(tasks, encoder, out_dir, estimate, chunk_bytes, Pending(), run)
+        with forked(encoder):
+            result, metas = _run(tasks, encoder, out_dir, estimate, chunk_bytes, Pending(), run)
     seconds = time.perf_counter() - t0
     if feed is not None:
         tasks = feed.tasks

@@ -219,6 +219,7 @@ class ChatEncoder:
         out.__dict__.update(self.__dict__)
         out.backend, out.backend_reason, out.pending_check, out._rt = "tokenizers", reason, None, None
         out.__dict__.pop("_fingerprint", None)
+        out.__dict__.pop("pool", None)  # forked workers hold this encoder, not the fallback
         return out
 
     # ------------------------------------------------------------------ pickling

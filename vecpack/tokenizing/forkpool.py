@@ -1,30 +1,44 @@
-"""Forked workers for the items of an in-memory dataset: nothing pickled, nothing imported again.
+"""Workers forked from the driver for one call: nothing pickled, imported or built again.
 
-The generic path of :class:`vecpack.PackedDataset` calls ``ds[i]`` in worker
-processes. A spawned loky worker must import what the dataset's classes need
-(torch, torchtune: seconds of CPU on a small machine) and unpickle the
-dataset before its first item, so on 2 cores most of the run is over before
-it helps. On Linux, as torch's ``DataLoader`` does by default, the workers
-are forked instead: they inherit the dataset and every imported module, and
-start at once (about 0.2 s for two on a busy 2-core machine)::
+Two kinds of call fork their workers on Linux, as torch's ``DataLoader`` and HF
+``datasets.map(num_proc=)`` do by default:
 
-    driver: ds in memory ──fork (SIGINT blocked)──► n workers: ds[i] over [start, stop) tasks
+* **Files** (:func:`vecpack.tokenize` with a tokenizer): a spawned loky worker
+  costs about 0.37 s of CPU before its first row (interpreter, imports, its own
+  tokenizer engine), most of a small call on 2 cores. Forked, the workers
+  inherit the encoder and the engine: :func:`prepare` builds fastokens here,
+  once, in a background thread (it releases the GIL), while the driver reads the
+  inputs, when the call is large enough to repay it.
+* **Items of an in-memory dataset** (the generic path of :class:`vecpack.PackedDataset`,
+  ``ds[i]`` in workers): a spawned worker must import what the dataset's classes
+  need (torch, torchtune: seconds of CPU) and unpickle the dataset; forked, they
+  inherit both and start at once (about 0.2 s for two on a busy 2-core machine).
+
+::
+
+    driver: encoder (+ engine, or ds) in memory ──fork (SIGINT blocked)──► n workers: the call's tasks
             executors.execute: the same tasks, progress slots, abort flag and errors as with loky
             the pool ends with the call (a later call forks afresh: the dataset may have changed)
 
 Hazards, and what is done about them. Only the forking thread lives on in a
-child: a lock another thread held at that moment stays held there. The
-children run only ``ds[i]``, numpy and the chunk writer; they never start
-threads of their own (torch is set to one thread, tokenizers' parallelism
-off, as loky's workers). A child is killed if its parent dies (Linux
-``PR_SET_PDEATHSIG``), so a SIGKILLed driver leaves no orphan. SIGINT is
-blocked in the children: Ctrl-C reaches the driver alone, which stops them.
+child: a lock another thread held at that moment stays held there. So a fork
+first waits for this process's own background work that takes such locks
+(:func:`prepare`'s engine build; the packing kernels' load, inside numba's
+compiler lock); the parity check's thread talks to its HF process over
+unbuffered pipes, so a child can drop its copies of them without the lock of a
+buffered file that thread is reading. The children run only the chunk tasks
+(``ds[i]`` or the rows), numpy, the engine and the chunk writer; they never start
+threads of their own (torch is set to one thread, tokenizers' parallelism off,
+fastokens single-threaded, as loky's workers). A child is killed if its parent
+dies (Linux ``PR_SET_PDEATHSIG``), so a SIGKILLed driver leaves no orphan.
+SIGINT is blocked in the children: Ctrl-C reaches the driver alone, which stops them.
 
-:func:`fork_refusal` says why forking is not used (then loky workers load the
-pickled dataset): not Linux, no ``fork`` start method, a daemonic
-``multiprocessing`` process (which may not have children), or
-``VECPACK_ITEMS_START=spawn``; ``VECPACK_ITEMS_START=fork`` forks on any
-platform that has ``fork``.
+:func:`fork_refusal` says why forking is not used (then the loky pool runs the
+tasks: its workers build their own engine, or load the pickled dataset): not
+Linux, no ``fork`` start method, a daemonic ``multiprocessing`` process (which
+may not have children), or ``VECPACK_WORKER_START=spawn``;
+``VECPACK_WORKER_START=fork`` forks on any platform that has ``fork``. A call
+given its own ``encoder=`` (other than the items path's) runs on the loky pool.
 
 >>> fork_refusal() in (None, "not Linux", "no fork start method")
 True
@@ -39,18 +53,22 @@ import os
 import sys
 import uuid
 import warnings
+from concurrent.futures import wait
 
-from vecpack.options import ITEMS_START_ENV, items_start_method
+from vecpack._state import finish_warming
+from vecpack.options import WORKER_START_ENV, worker_start_method
 from vecpack.tokenizing import pool as _pool
+from vecpack.tokenizing.lane import LANE_AFTER_BYTES, expect_bytes, preload_lane
+from vecpack.tokenizing.runtime import fast_engine, runtime, worth_fastokens
 
-__all__ = ["ForkPool", "fork_refusal", "forked_workers"]
+__all__ = ["ForkPool", "fork_refusal", "forked_workers", "prepare"]
 
 
 def fork_refusal() -> str | None:
     """Why items are not read by forked workers here (None: they are)."""
-    method = items_start_method()
+    method = worker_start_method()
     if method == "spawn":
-        return f"{ITEMS_START_ENV}=spawn"
+        return f"{WORKER_START_ENV}=spawn"
     if "fork" not in multiprocessing.get_all_start_methods():
         return "no fork start method"
     if method == "auto" and not sys.platform.startswith("linux"):
@@ -101,6 +119,7 @@ class ForkPool:
     def __init__(self, encoder, n: int):
         from concurrent.futures import ProcessPoolExecutor
 
+        _settle()
         self.key = f"fork-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         self.size = n
         _pool._WORKER_ENCODERS[self.key] = encoder  # what run_chunk finds in the children
@@ -164,3 +183,44 @@ def forked_workers(encoder, n: int):
         fp.shutdown(wait=True)
     finally:
         encoder.pool = None
+
+
+# --------------------------------------------------------------------------- file calls
+
+_PREPARING: list = []  # futures of prepare() that the next fork waits for
+
+
+def prepare(tokenizer, share: int):
+    """Build here, in the background, the engine that a file call's forked workers will inherit.
+
+    Only for a call that gives each worker ``share`` bytes, enough to repay
+    fastokens (:func:`~vecpack.tokenizing.runtime.worth_fastokens`): this
+    process then builds it once (its workers would each build one), and the
+    row lane's kernels when the share takes the lane. A smaller call's workers
+    build tiktoken (0.09 s) themselves, as loky's do. Returns the future, or None.
+    """
+    path = _pool.tokenizer_dir(tokenizer)
+    if path is None or not worth_fastokens(share):
+        return None
+
+    def build():
+        try:
+            if fast_engine(path)[0] != "fastokens":
+                return
+            runtime(path, "fastokens")  # this process has no warm start: fastokens is built now
+            expect_bytes(share)
+            if share >= LANE_AFTER_BYTES:
+                preload_lane()
+        except Exception:  # noqa: BLE001 - only a head start: the workers build it and say why not
+            pass
+
+    fut = _pool._in_background(build)
+    _PREPARING.append(fut)
+    return fut
+
+
+def _settle() -> None:
+    """Wait for this process's background work that holds locks a fork must not copy held."""
+    futs, _PREPARING[:] = list(_PREPARING), []
+    wait(futs)
+    finish_warming()  # the packing kernels' loads: inside numba's compiler lock

@@ -239,8 +239,10 @@ class _Server:
     def _roundtrip(self, request):
         if self.proc is None:
             script = str(pathlib.Path(__file__).with_name("_hf_server.py"))
+            # unbuffered pipes: a buffered file holds a lock while this thread waits on it, and a
+            # child forked meanwhile could never close its copy (_forget_after_fork)
             self.proc = subprocess.Popen([sys.executable, "-c", _LAUNCH, script, *sys.path],
-                                         stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, bufsize=0,
                                          env={**os.environ, **_ENV})
         try:
             _hf_server._write_frame(self.proc.stdin, request)

@@ -1,4 +1,9 @@
-"""The persistent loky worker pool: start it early, keep it, stop it; what its workers run.
+"""The persistent loky worker pool: start it early, keep it, stop it; what every worker runs.
+
+On Linux, file calls and the items path fork their workers for the call instead
+(:mod:`vecpack.tokenizing.forkpool`); those run the same :func:`run_chunk` and
+:func:`_engine_ids`. This pool serves elsewhere, with ``VECPACK_WORKER_START=spawn``,
+a caller's own ``encoder=``, and the streaming encoder.
 
 ::
 
@@ -399,7 +404,8 @@ def start_check(encoder, texts, n_jobs: int, share: int = 0):
     the same ids, else why not), or None when there is nothing to check. The HF
     side runs in the HF process of :mod:`vecpack.tokenizing.parity`. With
     ``n_jobs > 1`` the engine side is the pool's next task, ahead of the chunks
-    submitted after this call (a worker has the engine); with ``n_jobs == 1``
+    submitted after this call (a worker has the engine; on the encoder's forked
+    workers when it has them, ``encoder.pool``); with ``n_jobs == 1``
     (one process, or one chunk tokenized here) it runs here when the result is
     asked for, with this process's engine.
     """
@@ -410,7 +416,11 @@ def start_check(encoder, texts, n_jobs: int, share: int = 0):
     if n_jobs <= 1:
         return parity.start(path, texts, backend)
 
+    forked = getattr(encoder, "pool", None)
+
     def on_a_worker(all_texts):
+        if forked is not None:  # workers forked with the engine already in them
+            return forked.submit(_engine_ids, path, backend, all_texts, share)
         try:
             return _executor(n_jobs).submit(_engine_ids, path, backend, all_texts, share)
         except RuntimeError:  # the pool just broke or was shut down: a fresh one

@@ -28,7 +28,7 @@ import numpy as np
 
 from vecpack._state import memo
 from vecpack.inputs.items import BYTES_PER_ITEM, DatasetNotShippable, ItemEncoder, Items
-from vecpack.options import items_start_method
+from vecpack.options import worker_start_method
 from vecpack.tokenizing.forkpool import fork_refusal, forked_workers
 from vecpack.tokenizing.pool import effective_n_jobs, warm
 
@@ -201,7 +201,7 @@ def items_corpus(ds, *, start: int = 0, stop: int | None = None, fingerprint: st
     """
     from vecpack.tokenizing.corpus import tokenize
 
-    items_start_method()  # a bad VECPACK_ITEMS_START is an error however the items end up being read
+    worker_start_method()  # a bad VECPACK_WORKER_START is an error however the items end up being read
     items = Items(ds, start, stop)
     encoder = ItemEncoder(ds, fingerprint)
     keyed = cache and fingerprint is not None and key_data is not None

@@ -33,6 +33,7 @@ import numpy as np
 import torch
 from torchtune.datasets import PackedDataset as _TorchtunePackedDataset
 
+from vecpack._state import start_warming
 from vecpack.errors import InputError
 from vecpack.options import IGNORE_INDEX, check_int, check_max_len, check_options
 from vecpack.packing.plan import Plan, _ro
@@ -55,8 +56,6 @@ def _kernels():
 
 def warm_layout():
     """Load (or compile) the layout kernels in a daemon thread, while the items are being made."""
-    import threading
-
     def run():
         for split in (False, True):
             plan, _ = layout(np.array([2, 3], np.int64), 4, split=split)
@@ -65,9 +64,7 @@ def warm_layout():
         _kernels().fill_pack(_ro(one), _ro(one), _ro(np.array([0, 2, 5], np.int64)), _ro(plan.doc_index),
                              _ro(plan.doc_start), _ro(plan.doc_length), 0, 2, 4, 0, IGNORE_INDEX, False, *out)
 
-    t = threading.Thread(target=run, name="vecpack-warm-layout", daemon=True)
-    t.start()
-    return t
+    return start_warming(run, "vecpack-warm-layout")
 
 
 def _rank() -> int:

@@ -1,0 +1,134 @@
+"""File calls on forked workers (Linux): the same bytes as loky's, errors, and what a fork must not hang on."""
+
+import glob
+import os
+import signal
+import threading
+import time
+
+import numpy as np
+import pytest
+
+import vecpack
+from vecpack._state import start_warming
+from vecpack.errors import WorkerDiedError
+from vecpack.tokenizing import corpus, parity, pool
+from vecpack.tokenizing.forkpool import fork_refusal, forked_workers
+
+pytestmark = pytest.mark.skipif(fork_refusal() not in (None, "VECPACK_WORKER_START=fork"),
+                                reason="file calls fork their workers on Linux only")
+
+
+def arrays(t):
+    return [np.asarray(getattr(t, k)) for k in ("tokens", "labels", "offsets", "row_ids")]
+
+
+def leftovers():
+    pid = os.getpid()
+    return [p for pat in (f"/dev/shm/vecpack-chunks-{pid}-*", f"/tmp/.vecpack-chunks-{pid}-*")
+            for p in glob.glob(pat)]
+
+
+def no_loky(*args, **kwargs):
+    raise AssertionError("a forked call used the loky pool")
+
+
+@pytest.mark.parametrize("large", [False, True], ids=["tiktoken-served", "fastokens-inherited"])
+def test_forked_workers_give_loky_workers_bytes(sharegpt_file, qwen_dir, monkeypatch, large):
+    """Forked or spawned, small call (workers build tiktoken) or large (the driver builds fastokens
+    in the background and the workers inherit it): the same arrays and the same engine."""
+    if large:
+        monkeypatch.setattr(corpus, "worker_share", lambda sources, n_jobs: 1 << 40)
+    monkeypatch.setenv("VECPACK_WORKER_START", "spawn")
+    ref = vecpack.tokenize(sharegpt_file, qwen_dir, n_jobs=2, chunk_bytes=50_000, progress=False)
+    monkeypatch.setenv("VECPACK_WORKER_START", "auto")
+    monkeypatch.setattr(pool, "_executor", no_loky)
+    got = vecpack.tokenize(sharegpt_file, qwen_dir, n_jobs=2, chunk_bytes=50_000, progress=False)
+    assert all(a.dtype == b.dtype and a.tobytes() == b.tobytes() for a, b in zip(arrays(ref), arrays(got)))
+    assert got.stats["backend"] == ref.stats["backend"] == "fastokens" and got.stats["chunks"] > 2
+    assert not leftovers()
+
+
+def test_a_killed_forked_worker_raises_and_leaves_nothing(sharegpt_file, qwen_dir, monkeypatch):
+    """The children inherit this process's code as it is at the fork: one of them dies mid-call."""
+    real = pool.tokenize_chunk
+
+    def dies_on_the_third(task, *args, **kwargs):
+        if task.index == 2:
+            os.kill(os.getpid(), signal.SIGKILL)
+        return real(task, *args, **kwargs)
+
+    monkeypatch.setattr(pool, "tokenize_chunk", dies_on_the_third)
+    monkeypatch.setattr(pool, "_executor", no_loky)
+    t0 = time.monotonic()
+    with pytest.raises(WorkerDiedError):
+        vecpack.tokenize(sharegpt_file, qwen_dir, n_jobs=2, chunk_bytes=20_000, progress=False)
+    assert time.monotonic() - t0 < 60 and not leftovers()
+    monkeypatch.undo()
+    t = vecpack.tokenize(sharegpt_file, qwen_dir, n_jobs=2, chunk_bytes=20_000, progress=False)
+    assert t.stats["rows"] == 500  # the next call forks afresh
+
+
+def test_a_fork_while_the_hf_check_waits_for_its_reply_does_not_hang(qwen_dir):
+    """The parity check's thread waits on the HF process's pipe; a child forked meanwhile drops its
+    copies of the pipes (os.register_at_fork), which must not need a lock that thread holds."""
+    file, key = parity._tokenizer_file(str(qwen_dir))
+    server = parity._server()
+    server.call("load", file, key).result(timeout=60)
+    big = ["héllo wörld, 123 " * 150_000] * 2  # a few tenths of a second of HF encoding
+    reply = server.call("ids", file, key, big)
+    time.sleep(0.05)  # the thread is now inside its read of the reply
+    assert not reply.done()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child: the at-fork hook already ran
+        os._exit(0)
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            break
+        time.sleep(0.02)
+    else:
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+        pytest.fail("the forked child hung in its at-fork hook")
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert len(reply.result(timeout=60)) == 2  # and the parent's check goes on
+
+
+def test_the_old_name_of_the_start_method_is_still_read(monkeypatch):
+    monkeypatch.delenv("VECPACK_WORKER_START", raising=False)
+    monkeypatch.setenv("VECPACK_ITEMS_START", "spawn")
+    assert fork_refusal() == "VECPACK_WORKER_START=spawn"
+    monkeypatch.setenv("VECPACK_WORKER_START", "auto")  # the new name wins
+    assert fork_refusal() in (None, "not Linux", "no fork start method")
+
+
+_KERNEL_LOCK = threading.Lock()  # stands for numba's compiler lock
+
+
+def _lock_is_free() -> bool:
+    got = _KERNEL_LOCK.acquire(timeout=5)
+    if got:
+        _KERNEL_LOCK.release()
+    return got
+
+
+class _Encoder:
+    backend = "bytes"
+
+
+def test_a_fork_waits_for_the_kernels_loading_in_the_background():
+    """A child forked while a warm-up thread holds a lock would keep it held forever."""
+    entered = threading.Event()
+
+    def load():
+        with _KERNEL_LOCK:
+            entered.set()
+            time.sleep(0.5)
+
+    start_warming(load, "test-warm")
+    assert entered.wait(10)
+    with forked_workers(_Encoder(), 2) as fp:
+        assert fp is not None
+        assert all(f.result(timeout=30) for f in [fp.submit(_lock_is_free) for _ in range(4)])
