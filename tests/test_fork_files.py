@@ -49,6 +49,43 @@ def test_forked_workers_give_loky_workers_bytes(sharegpt_file, qwen_dir, monkeyp
     assert not leftovers()
 
 
+def test_vecpacks_own_encoders_given_as_encoder_fork_too(sharegpt_file, qwen_dir, monkeypatch):
+    """A torchtune encoder (prepared once here, as it would be for pickling) forks; the arrays are loky's."""
+    tt = pytest.importorskip("torchtune.models.qwen2_5")
+    from vecpack.torchtune.encoder import TorchtuneEncoder
+
+    tok = tt.qwen2_5_tokenizer(str(qwen_dir / "vocab.json"), str(qwen_dir / "merges.txt"), max_seq_len=None)
+    enc = TorchtuneEncoder(tok)
+    monkeypatch.setenv("VECPACK_WORKER_START", "spawn")
+    ref = vecpack.tokenize(sharegpt_file, encoder=enc, n_jobs=2, chunk_bytes=50_000, progress=False)
+    monkeypatch.setenv("VECPACK_WORKER_START", "auto")
+    monkeypatch.setattr(pool, "_executor", no_loky)
+    got = vecpack.tokenize(sharegpt_file, encoder=enc, n_jobs=2, chunk_bytes=50_000, progress=False)
+    assert all(a.tobytes() == b.tobytes() for a, b in zip(arrays(ref), arrays(got)))
+    assert getattr(enc, "pool", None) is None  # set for the call only
+
+
+class _OwnEncoder:
+    """A caller's encoder: its ``pool`` attribute is its own business."""
+
+    backend = "own"
+    pool = None
+
+    def encode_row(self, row):
+        text = repr(row).encode()
+        ids = np.frombuffer(text, np.uint8).astype(np.int32)
+        return ids, ids.copy()
+
+
+def test_a_callers_own_encoder_runs_on_loky(sharegpt_file, monkeypatch):
+    used = []
+    real = pool._executor
+    monkeypatch.setattr(pool, "_executor", lambda n: used.append(n) or real(n))
+    enc = _OwnEncoder()
+    t = vecpack.tokenize(sharegpt_file, encoder=enc, n_jobs=2, chunk_bytes=50_000, progress=False)
+    assert used and t.stats["rows"] == 500 and enc.pool is None
+
+
 def test_a_killed_forked_worker_raises_and_leaves_nothing(sharegpt_file, qwen_dir, monkeypatch):
     """The children inherit this process's code as it is at the fork: one of them dies mid-call."""
     real = pool.tokenize_chunk

@@ -108,8 +108,14 @@ def warm_for(data_files, tokenizer, *, n_jobs: int = -1, backend: str = "loky") 
 
 
 def _forking(backend: str, n_jobs: int, encoder) -> bool:
-    """Whether a call's chunk workers are forked from this process (else the loky pool runs them)."""
-    return backend == "loky" and n_jobs > 1 and encoder is None and fork_refusal() is None
+    """Whether a call's chunk workers are forked from this process (else the loky pool runs them).
+
+    The call's own encoder, or one of vecpack's given as ``encoder=`` (``forkable``); an
+    encoder of the caller's own class goes to loky (its ``pool`` attribute is not ours to set).
+    """
+    ours = encoder is None or (getattr(type(encoder), "forkable", False)
+                               and getattr(encoder, "pool", None) is None)
+    return backend == "loky" and n_jobs > 1 and ours and fork_refusal() is None
 
 
 def _start_workers(n_jobs: int, tokenizer, share: int, forking: bool) -> None:

@@ -93,6 +93,8 @@ class ChatEncoder:
             ran, or when there is nothing to check).
     """
 
+    forkable = True  # a call may fork its workers with this encoder in them (tokenizing.forkpool)
+
     def __init__(self, path, *, masking: str = "assistant", style: str = "sharegpt", column: str | None = None,
                  backend: str = "fastokens", backend_reason: str = "", template: ChatTemplate | None = None,
                  text_affixes: tuple[tuple[int, ...], tuple[int, ...]] = ((), ()),

@@ -38,7 +38,8 @@ tasks: its workers build their own engine, or load the pickled dataset): not
 Linux, no ``fork`` start method, a daemonic ``multiprocessing`` process (which
 may not have children), or ``VECPACK_WORKER_START=spawn``;
 ``VECPACK_WORKER_START=fork`` forks on any platform that has ``fork``. A call
-given its own ``encoder=`` (other than the items path's) runs on the loky pool.
+given an encoder of the caller's own class runs on the loky pool (vecpack's own
+encoders say ``forkable``; a torchtune one is prepared here once, before the fork).
 
 >>> fork_refusal() in (None, "not Linux", "no fork start method")
 True
@@ -120,6 +121,9 @@ class ForkPool:
         from concurrent.futures import ProcessPoolExecutor
 
         _settle()
+        prepare_encoder = getattr(encoder, "prepare", None)
+        if prepare_encoder is not None:  # what it would do as it is pickled: once, here
+            prepare_encoder()
         self.key = f"fork-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         self.size = n
         _pool._WORKER_ENCODERS[self.key] = encoder  # what run_chunk finds in the children
