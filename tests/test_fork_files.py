@@ -3,6 +3,9 @@
 import glob
 import os
 import signal
+import subprocess
+import sys
+import textwrap
 import threading
 import time
 
@@ -169,3 +172,26 @@ def test_a_fork_waits_for_the_kernels_loading_in_the_background():
     with forked_workers(_Encoder(), 2) as fp:
         assert fp is not None
         assert all(f.result(timeout=30) for f in [fp.submit(_lock_is_free) for _ in range(4)])
+
+
+def test_workers_forked_after_the_driver_encoded_on_several_threads(sharegpt_file, qwen_dir):
+    """The driver's own fastokens ran multi-threaded (the caller's settings) before the fork:
+    the children, which have none of those threads, still encode (in a process of its own:
+    the engine's threads start with its first batch)."""
+    script = textwrap.dedent(f"""
+        import vecpack
+        from vecpack.tokenizing import corpus
+        from vecpack.tokenizing.runtime import runtime
+
+        runtime({str(qwen_dir)!r}, "fastokens").fast.encode_batch(["hello world " * 50] * 2000)
+        one = vecpack.tokenize({str(sharegpt_file)!r}, {str(qwen_dir)!r}, n_jobs=1, progress=False)
+        corpus.worker_share = lambda sources, n_jobs: 1 << 40  # large: the workers inherit fastokens
+        two = vecpack.tokenize({str(sharegpt_file)!r}, {str(qwen_dir)!r}, n_jobs=2, chunk_bytes=50_000,
+                               progress=False)
+        assert two.stats["chunks"] > 2 and two.stats["backend"] == "fastokens"
+        assert one.tokens.tobytes() == two.tokens.tobytes() and one.labels.tobytes() == two.labels.tobytes()
+        print("ok")
+    """)
+    env = dict(os.environ, FASTOKENS_BPE_THREADS="4", RAYON_NUM_THREADS="4", VECPACK_WORKER_START="auto")
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=300)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-3000:]
