@@ -153,11 +153,12 @@ def _interrupt_mid_run(tmp_path, backend: str) -> None:
                    "--backend", backend, "--no-cache", "--progress"], tag)
     deadline = time.monotonic() + 90
 
-    def tokenizing() -> bool:   # the tasks are submitted (the pool's encoder file, Ray's attempt directories)
-        for name in _shm(proc.pid):
+    def tokenizing() -> bool:   # the tasks are being submitted (the progress file, loky's encoder file,
+        for name in _shm(proc.pid):   # Ray's attempt directories)
             try:
                 if name.startswith("vecpack-chunks") and any(
-                        n.startswith(("encoder.pkl", "chunk-", "attempt-")) for n in os.listdir(f"/dev/shm/{name}")):
+                        n.startswith(("progress.i64", "encoder.pkl", "chunk-", "attempt-"))
+                        for n in os.listdir(f"/dev/shm/{name}")):
                     return True
             except OSError:
                 pass
@@ -177,7 +178,9 @@ def _interrupt_mid_run(tmp_path, backend: str) -> None:
     assert sum("error" in ln for ln in lines) == 1, err[-3000:]
 
 
-def test_ctrl_c_mid_run_loky(tmp_path):
+@pytest.mark.parametrize("start", ["auto", "spawn"], ids=["forked-on-linux", "loky-pool"])
+def test_ctrl_c_mid_run_loky(tmp_path, monkeypatch, start):
+    monkeypatch.setenv("VECPACK_WORKER_START", start)
     _interrupt_mid_run(tmp_path, "loky")
 
 
