@@ -240,10 +240,12 @@ class _Server:
         if self.proc is None:
             script = str(pathlib.Path(__file__).with_name("_hf_server.py"))
             # unbuffered pipes: a buffered file holds a lock while this thread waits on it, and a
-            # child forked meanwhile could never close its copy (_forget_after_fork)
+            # child forked meanwhile could never close its copy (_forget_after_fork). A session of
+            # its own: a terminal's Ctrl-C (the foreground process group's) is the driver's alone,
+            # even while the process starts, before it ignores SIGINT; it ends when stdin closes.
             self.proc = subprocess.Popen([sys.executable, "-c", _LAUNCH, script, *sys.path],
                                          stdin=subprocess.PIPE, stdout=subprocess.PIPE, bufsize=0,
-                                         env={**os.environ, **_ENV})
+                                         env={**os.environ, **_ENV}, start_new_session=True)
         try:
             _hf_server._write_frame(self.proc.stdin, request)
             reply = _hf_server._read_frame(self.proc.stdout)
