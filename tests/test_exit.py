@@ -153,12 +153,17 @@ def _interrupt_mid_run(tmp_path, backend: str) -> None:
                    "--backend", backend, "--no-cache", "--progress"], tag)
     deadline = time.monotonic() + 90
 
-    def tokenizing() -> bool:   # the tasks are being submitted (the progress file, loky's encoder file,
-        for name in _shm(proc.pid):   # Ray's attempt directories)
+    # the tasks are submitted: loky's encoder file, Ray's attempt directories; forked workers write
+    # neither (and their chunks mostly go straight into the final arrays), so there the progress
+    # file says it (Ray's is written before Ray starts: a Ctrl-C inside Ray's start-up can be lost
+    # in CPython's import machinery, "Exception ignored in: <function _get_module_lock...>")
+    marks = ("encoder.pkl", "chunk-", "attempt-") + (("progress.i64",) if backend == "loky" else ())
+
+    def tokenizing() -> bool:
+        for name in _shm(proc.pid):
             try:
                 if name.startswith("vecpack-chunks") and any(
-                        n.startswith(("progress.i64", "encoder.pkl", "chunk-", "attempt-"))
-                        for n in os.listdir(f"/dev/shm/{name}")):
+                        n.startswith(marks) for n in os.listdir(f"/dev/shm/{name}")):
                     return True
             except OSError:
                 pass
