@@ -59,14 +59,14 @@ from concurrent.futures import wait
 from vecpack._state import finish_warming
 from vecpack.options import WORKER_START_ENV, worker_start_method
 from vecpack.tokenizing import pool as _pool
-from vecpack.tokenizing.lane import LANE_AFTER_BYTES, expect_bytes, preload_lane
+from vecpack.tokenizing.lane import expect_bytes, preload_lane
 from vecpack.tokenizing.runtime import fast_engine, runtime, worth_fastokens
 
 __all__ = ["ForkPool", "fork_refusal", "forked_workers", "prepare"]
 
 
 def fork_refusal() -> str | None:
-    """Why items are not read by forked workers here (None: they are)."""
+    """Why a call's workers are not forked from this process here (None: they are)."""
     method = worker_start_method()
     if method == "spawn":
         return f"{WORKER_START_ENV}=spawn"
@@ -213,8 +213,7 @@ def prepare(tokenizer, share: int):
                 return
             runtime(path, "fastokens")  # this process has no warm start: fastokens is built now
             expect_bytes(share)
-            if share >= LANE_AFTER_BYTES:
-                preload_lane()
+            preload_lane()  # (only when the share takes the lane from its first range)
         except Exception:  # noqa: BLE001 - only a head start: the workers build it and say why not
             pass
 

@@ -3,7 +3,7 @@
 On Linux, file calls and the items path fork their workers for the call instead
 (:mod:`vecpack.tokenizing.forkpool`); those run the same :func:`run_chunk` and
 :func:`_engine_ids`. This pool serves elsewhere, with ``VECPACK_WORKER_START=spawn``,
-a caller's own ``encoder=``, and the streaming encoder.
+an ``encoder=`` of the caller's own class, and the streaming encoder.
 
 ::
 
