@@ -606,3 +606,28 @@ def test_qwen_pool_fill_and_resume(qwen_dir, tmp_path):
     resumed = StreamingPackedDataset(str(path), qwen_dir, 4096, buffer_size=1000, n_jobs=2)
     resumed.load_state_dict(state)
     assert same(head + list(resumed), ref)
+
+
+def test_a_stream_abandoned_mid_way_exits_cleanly(small_file, tmp_path):
+    """A script that stops iterating a pooled stream and exits: no "Exception ignored" at exit (the
+    generator is finalised after module globals are gone), and the encoder's temporary directory
+    is removed all the same."""
+    from helpers import python_child
+
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    proc = python_child(f"""
+        import os, tempfile
+        tempfile.tempdir = {str(tmp)!r}
+        from test_streaming import make_ds
+        it = iter(make_ds({str(small_file)!r}, n_jobs=2))
+        for _ in range(5):
+            next(it)
+        print(sorted(n for n in os.listdir({str(tmp)!r}) if n.startswith("vecpack-stream-")))
+    """)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err
+    made = eval(out.strip().splitlines()[-1])
+    assert len(made) == 1, out            # the pool was started: its directory existed mid-way
+    assert "Exception ignored" not in err and "Traceback" not in err, err
+    assert not (tmp / made[0]).exists()

@@ -13,6 +13,7 @@ import collections
 import os
 import shutil
 import tempfile
+import weakref
 from typing import Callable, Iterator
 
 from vecpack.errors import EncoderError
@@ -82,7 +83,8 @@ class Encoding:
         self.n_jobs = n_jobs
         self.where = where
         self._ex = None
-        self._enc_file = None
+        self._enc_file = None       # (key, path) of the pickled encoder the workers load
+        self._remove_dir = None     # its temporary directory's removal (a weakref.finalize)
         self._pings: list = []
 
     def start(self) -> None:
@@ -93,7 +95,11 @@ class Encoding:
             path = os.path.join(d, f"encoder-{key}.pkl")
             with open(path, "wb") as f:
                 f.write(blob)
-            self._enc_file = (key, path, d)
+            # removed by close(), when this object is collected, or at interpreter exit, whichever
+            # comes first: a stream abandoned mid-way may only be collected once module globals are
+            # gone, and then close() has nothing left to do (finalize runs at exit, before teardown)
+            self._remove_dir = weakref.finalize(self, shutil.rmtree, d, ignore_errors=True)
+            self._enc_file = (key, path)
             self._ex = _pool._executor(self.n_jobs)
             self._pings = [self._ex.submit(encoder_ready, key, path) for _ in range(self.n_jobs)]
 
@@ -111,7 +117,7 @@ class Encoding:
         try:
             while True:
                 if self._ex is not None and self._ready():
-                    key, path, _ = self._enc_file
+                    key, path = self._enc_file
                     while len(pending) < 2 * self.n_jobs:
                         b = next(it, None)
                         if b is None:
@@ -149,7 +155,7 @@ class Encoding:
         """Encode a list of rows now (for a restore), in parallel when the pool is up."""
         if self._ex is None or len(payloads) < 64 or not self._ready():
             return [self._located(refs, lambda: encode_batch(self.encoder, payloads))]
-        key, path, _ = self._enc_file
+        key, path = self._enc_file
         step = max(16, -(-len(payloads) // (2 * self.n_jobs)))
         futs = [(a, self._ex.submit(encode_in_worker, key, path, payloads[a:a + step]))
                 for a in range(0, len(payloads), step)]
@@ -159,7 +165,8 @@ class Encoding:
     def close(self) -> None:
         for p in self._pings:
             p.cancel()
-        if self._enc_file is not None:
-            shutil.rmtree(self._enc_file[2], ignore_errors=True)
-            self._enc_file = None
+        if self._remove_dir is not None:
+            self._remove_dir()   # once: a no-op if it already ran at exit
+            self._remove_dir = None
+        self._enc_file = None
         self._ex = None  # the pool itself is vecpack.tokenizing.pool's, shared and reused
