@@ -98,6 +98,43 @@ def test_a_collator_that_ignores_the_documents_is_caught(data, tmp_path):
         vecpack.check_trainer(trainer)
 
 
+@pytest.mark.parametrize("tokenizer", [False, True], ids=["default_data_collator", "DataCollatorWithPadding"])
+def test_trainers_default_collator_is_refused(data, tmp_path, tokenizer):
+    """No data_collator=: Trainer stacks the packs with transformers' default collator (with a tokenizer as
+    processing_class, DataCollatorWithPadding). check_trainer names the fix."""
+    trainer = transformers.Trainer(
+        model=_model("qwen2", "sdpa", len(data["tok"])),
+        args=_args(tmp_path, False, remove_unused_columns=False, per_device_train_batch_size=1),
+        train_dataset=data["packed"], processing_class=data["tok"] if tokenizer else None)
+    name = "DataCollatorWithPadding" if tokenizer else "default_data_collator"
+    with pytest.raises(ValueError, match=f"transformers' {name} .*data_collator=vecpack.collate_flash"):
+        vecpack.check_trainer(trainer)
+    if not tokenizer:  # unchecked, train() fails without a word of the fix
+        with pytest.raises(RuntimeError, match="expected target dtype to be Long"):
+            trainer.train()
+
+
+def test_a_collator_that_cannot_take_packs_is_caught(data, tmp_path):
+    """A collator of one's own over transformers' default: int32 labels with one pack a batch, a failure inside
+    numpy with two packs of different document counts; both name vecpack.collate_flash."""
+    def mine(features):
+        return transformers.default_data_collator(features)
+
+    packed = data["packed"]
+    assert packed[0]["seq_lens"].size != packed[1]["seq_lens"].size
+
+    def trainer(bs):
+        return transformers.Trainer(
+            model=_model("qwen2", "sdpa", len(data["tok"])), train_dataset=packed, data_collator=mine,
+            args=_args(tmp_path, False, remove_unused_columns=False, per_device_train_batch_size=bs))
+
+    with pytest.raises(ValueError, match="labels are torch.int32.*data_collator=vecpack.collate_flash"):
+        vecpack.check_trainer(trainer(1))
+    with pytest.raises(ValueError, match=r"collator mine failed on 2 vecpack packs \(ValueError: .*shape.*\).*"
+                                         "data_collator=vecpack.collate_flash"):
+        vecpack.check_trainer(trainer(2))
+
+
 def test_check_batch_on_good_and_bad_batches(data):
     packed = data["packed"]
     packs = [packed[i] for i in range(3)]

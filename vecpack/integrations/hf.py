@@ -165,6 +165,11 @@ def check_batch(batch: Mapping[str, Any], features: Sequence[Mapping[str, Any]],
             hint = (" TRL pads each pack into one causal row unless padding_free=True: use " + _FIX
                     if "attention_mask" in batch else "")
             raise ValueError(f"the batch has no {key} (keys {sorted(batch)}).{hint}")
+    dtype = getattr(batch["labels"], "dtype", None)
+    if hasattr(batch["labels"], "detach") and str(dtype) != "torch.int64":
+        raise ValueError(f"the batch's labels are {dtype}: the loss (cross_entropy) takes int64 only ('expected "
+                         "target dtype to be Long'). vecpack's collators make int64 labels: "
+                         "data_collator=vecpack.collate_flash")
     mask = batch.get("attention_mask")
     if mask is not None and getattr(mask, "ndim", 4) == 2:
         raise ValueError("the batch has a 2-D attention_mask: transformers then ignores the restarting position_ids "
@@ -236,12 +241,51 @@ class BatchCheck:
 
     def __call__(self, features):
         _segments(features)  # a stripped column is reported before the collator trips on it
-        batch = self.collator(features)
+        try:
+            batch = self.collator(features)
+        except Exception as e:
+            if _is_ours(self.collator):
+                raise  # vecpack's collators say themselves what is wrong
+            raise ValueError(f"the data collator {_name(self.collator)} failed on {len(features)} vecpack packs "
+                             f"({type(e).__name__}: {e}): it does not take packs. Use "
+                             "data_collator=vecpack.collate_flash") from e
         self.last = check_batch(batch, features, ignore_index=self.ignore_index, need_use_cache=self.need_use_cache)
         return batch
 
 
 # --------------------------------------------------------------------------- trainer checks
+
+
+def _is_ours(collator) -> bool:
+    """A collator of :mod:`vecpack.integrations.collate` (as such or inside a :class:`BatchCheck`)."""
+    inner = collator.collator if isinstance(collator, BatchCheck) else collator
+    return getattr(inner, "__module__", "") == "vecpack.integrations.collate"
+
+
+def _name(collator) -> str:
+    return getattr(collator, "__name__", None) or type(collator).__name__
+
+
+def _row_stacker(collator) -> str | None:
+    """What is wrong with ``collator`` if it is one of transformers' default collators, else ``None``.
+
+    ``Trainer`` picks one when no ``data_collator=`` is given: ``default_data_collator``,
+    or ``DataCollatorWithPadding`` with a tokenizer as ``processing_class``. Both
+    make one row per pack, without the documents' boundaries.
+    """
+    dc = sys.modules.get("transformers.data.data_collator")
+    if dc is None:
+        return None
+    if collator is dc.default_data_collator or type(collator) is dc.DefaultDataCollator:
+        what = ("stacks the packs as rows and keeps their int32 labels, which the loss refuses ('expected target "
+                "dtype to be Long')")
+    elif type(collator) is dc.DataCollatorWithPadding:
+        what = ("pads the packs into rows with a 2-D attention_mask, so every pack is one causal sequence and its "
+                "documents see each other")
+    else:
+        return None
+    return (f"data_collator is transformers' {_name(collator)} (Trainer's default when no data_collator= is "
+            f"given): it {what}, and packs holding different numbers of documents cannot be stacked at all")
 
 
 def _is_sft(trainer) -> bool:
@@ -266,9 +310,13 @@ def _static_problems(trainer) -> list[str]:
     args, ds, sft = trainer.args, trainer.train_dataset, _is_sft(trainer)
     collator = trainer.data_collator
     inner = collator.collator if isinstance(collator, BatchCheck) else collator
-    ours = getattr(inner, "__module__", "") == "vecpack.integrations.collate"
+    ours = _is_ours(inner)
     columns = _columns(ds)
     problems = []
+    stacker = _row_stacker(inner)
+    if stacker:
+        problems.append(stacker + ". Pass data_collator=vecpack.collate_flash (vecpack.collate_flex for flex "
+                        "attention)" + (", or leave data_collator out and use " + _FIX if sft else ""))
     if sft:
         skip = bool((args.dataset_kwargs or {}).get("skip_prepare_dataset"))
         if args.packing and not skip:
@@ -319,7 +367,8 @@ def check_trainer(trainer) -> dict | None:
     """Make a ``Trainer`` / ``SFTTrainer`` on vecpack packs fail loudly instead of training wrong.
 
     Call it after building the trainer, before ``trainer.train()``. It checks
-    the configuration (re-packing, padding, columns the trainer would drop),
+    the configuration (re-packing, padding, columns the trainer would drop,
+    transformers' default collator: a ``Trainer`` built without ``data_collator=``),
     wraps ``trainer.data_collator`` in a :class:`BatchCheck` so that every
     batch is checked as it is made (:func:`check_batch`), and collates the
     first batch now, from the first examples, when the dataset can be indexed
