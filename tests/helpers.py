@@ -110,13 +110,38 @@ def flex_eager_attention(module, query, key, value, attention_mask, scaling=None
     return out.transpose(1, 2).contiguous(), None
 
 
+# Ctrl-C in the tests. A suite started in the background (``pytest &`` in a script, a CI step
+# run by a shell without job control) runs with SIGINT ignored, and an ignored signal stays
+# ignored in this process and in every process it starts, across fork and exec. A test that
+# sends SIGINT sets the disposition itself: the one a terminal's foreground process has.
+
+
+def default_sigint() -> None:
+    """``preexec_fn`` of a child that Ctrl-C must reach: it starts with SIGINT's default disposition
+    (the child's Python then raises KeyboardInterrupt on it, as run from a terminal)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+@contextlib.contextmanager
+def ctrl_c_raises():
+    """SIGINT raises KeyboardInterrupt in this process for the block, as in a terminal, whatever this
+    process inherited; the processes it starts meanwhile start with the default disposition (a Python
+    handler does not survive exec)."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, signal.SIG_DFL if previous is None else previous)
+
+
 @contextlib.contextmanager
 def sigint_after(seconds: float):
     """Send this thread SIGINT (what Ctrl-C does) after ``seconds``, unless the block ended first."""
     main = threading.get_ident()
     timer = threading.Timer(seconds, lambda: signal.pthread_kill(main, signal.SIGINT))
-    timer.start()
-    try:
-        yield
-    finally:
-        timer.cancel()
+    with ctrl_c_raises():
+        timer.start()
+        try:
+            yield
+        finally:
+            timer.cancel()

@@ -22,7 +22,7 @@ import time
 import uuid
 
 import pytest
-from helpers import REPO
+from helpers import REPO, default_sigint
 
 TAG = "VECPACK_TEST_TAG"
 SAMPLE = REPO / "examples" / "sharegpt_sample.jsonl"   # 844 KB: 4 tasks, so a pool starts
@@ -34,7 +34,7 @@ def _start(args: list[str], tag: str, *, code: str | None = None) -> subprocess.
     env.pop("RAY_ADDRESS", None)
     cmd = [sys.executable, "-c", code] if code else [sys.executable, "-m", "vecpack.cli", *args]
     return subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, start_new_session=True)
+                            text=True, start_new_session=True, preexec_fn=default_sigint)
 
 
 def _tagged(tag: str) -> list[str]:

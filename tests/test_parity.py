@@ -136,8 +136,12 @@ def test_a_check_that_cannot_run_at_all_fails(qwen_dir, monkeypatch):
 
 
 def test_ctrl_c_is_the_drivers_and_shutdown_stops_the_process(qwen_dir):
-    parity.preload(str(qwen_dir))
-    pid = _ping()["pid"]
+    from helpers import ctrl_c_raises
+
+    parity.shutdown()
+    with ctrl_c_raises():  # the HF process starts as from a terminal, not with SIGINT already ignored
+        parity.preload(str(qwen_dir))
+        pid = _ping()["pid"]
     # a terminal's Ctrl-C goes to the foreground process group: never this process's, even as it
     # starts (before it ignores SIGINT, it would print a KeyboardInterrupt traceback)
     assert os.getpgid(pid) != os.getpgid(0)
