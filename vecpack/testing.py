@@ -508,3 +508,7 @@ def pathological_conversations(text: str) -> dict[str, list[dict]]:
                    {"role": "assistant", "content": "It is a long text.\n\nAnything else?"},
                    {"role": "user", "content": "No."}, {"role": "assistant", "content": "Bye!"}],
     }
+
+
+# SentencePiece-family fixture tokenizers (Mistral v3, Gemma-like) live in vecpack.testing_sp
+from vecpack.testing_sp import make_gemma_like_tokenizer, make_mistral_sp_tokenizer  # noqa: E402, F401

@@ -28,7 +28,7 @@ from vecpack._state import memo
 from vecpack.options import FAST_ENGINES
 from vecpack.tokenizing import parity
 from vecpack.tokenizing import pool as _pool
-from vecpack.tokenizing.runtime import fast_engine, worth_fastokens
+from vecpack.tokenizing.runtime import fast_engine, sentencepiece_style, worth_fastokens
 
 __all__ = ["Pending", "check_now", "decide", "fall_back", "preload"]
 
@@ -58,6 +58,8 @@ def decide(encoder, texts, *, requested: str = "auto", defer: bool = False):
     engine, reason = fast_engine(encoder.path)
     if requested == "tiktoken" and engine == "fastokens":
         engine = "tiktoken"
+        if sentencepiece_style(encoder.path):
+            engine, reason = "tokenizers", "tiktoken does not encode SentencePiece-style BPE (fastokens does)"
     elif requested == "fastokens" and engine == "tiktoken":
         engine = "tokenizers"  # fastokens was asked for and cannot run: say why
     if engine == "tokenizers":  # decided without HF tokenizers

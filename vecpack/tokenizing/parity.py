@@ -43,8 +43,8 @@ import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 
 from vecpack.tokenizing import _hf_server
-from vecpack.tokenizing.runtime import engine_ids
-from vecpack.tokenizing.spec import Unsupported, tiktoken_spec
+from vecpack.tokenizing.runtime import added_tokens, engine_ids
+from vecpack.tokenizing.spec import Unsupported
 
 __all__ = ["PATHOLOGICAL", "PROBES", "Check", "HFProcessExited", "preload", "probes", "reason", "shutdown", "start",
            "verdict"]
@@ -167,7 +167,7 @@ def start(path: str, texts, backend: str = "fastokens", engine_side=None) -> Che
     are computed here when :meth:`Check.result` is called.
     """
     try:
-        added = tiktoken_spec(pathlib.Path(path))[2]
+        added = added_tokens(path)
     except Unsupported as e:
         return Check(path, (), None, None, failed=str(e), backend=backend)
     texts = tuple(probes(added, texts))
@@ -190,7 +190,7 @@ def preload(path: str) -> None:
     """Have the HF process load tokenizer directory ``path`` now, ahead of a check."""
     try:
         path = pathlib.Path(path).expanduser().resolve()  # as the encoder will name it
-        tiktoken_spec(path)  # (memoised; the encoder reads it next anyway)
+        added_tokens(path)  # (memoised; the encoder reads it next anyway)
         file, key = _tokenizer_file(str(path))
         _server().call("load", file, key)
     except (OSError, ValueError, RuntimeError, Unsupported):  # no check, or it will say why
