@@ -43,6 +43,8 @@ from vecpack.cli.mixture import mixture_lines, plot_mixture, short_name, source_
 
 __all__ = [
     "TokenDecoder",
+    "compile_since",
+    "compile_time_apart",
     "format_bytes",
     "format_duration",
     "histogram",
@@ -109,6 +111,37 @@ def plural(count: float, one: str, many: str | None = None, *, rate: bool = Fals
     return f"{text} {one if text == '1' else (many or one + 's')}"
 
 
+def compile_since(before: dict) -> dict:
+    """vecpack's numba compilation since the snapshot ``before`` (``vecpack._state.compile_stats()``)."""
+    from vecpack._state import compile_stats
+
+    now = compile_stats()
+    return {k: now[k] - before.get(k, 0) for k in now}
+
+
+def compile_time_apart(report: str, compiled: dict) -> str:
+    r"""``report`` (a ``vecpack pack`` report, whose first line's time and rate leave out
+    ``compiled["waited"]``) with the compilation on a line of its own, after the first.
+
+    >>> r = "1,000 rows → 88 packs of 2,048 tokens in 1.00 s (1,000 rows/s)\n  rows          1,000 read"
+    >>> print(compile_time_apart(r, {"kernels": 7, "seconds": 1.6, "waited": 1.5}))
+    1,000 rows → 88 packs of 2,048 tokens in 1.00 s (1,000 rows/s)
+      compiled      kernels, once per install: 1.50 s (7 numba kernels; not in the time and rate above)
+      rows          1,000 read
+    >>> compile_time_apart(r, {"kernels": 0, "seconds": 0.0, "waited": 0.0}) == r
+    True
+    """
+    if not compiled.get("kernels"):
+        return report
+    waited, seconds = compiled["waited"], compiled["seconds"]
+    more = (f", {format_duration(seconds)} of compilation in all, the rest beside the run's other work"
+            if seconds - waited > max(0.1, 0.1 * seconds) else "")
+    line = (f"  {'compiled':<13} kernels, once per install: {format_duration(waited)} "
+            f"({plural(compiled['kernels'], 'numba kernel')}{more}; not in the time and rate above)")
+    first, _, rest = report.partition("\n")
+    return "\n".join([first, line] + ([rest] if rest else []))
+
+
 def _pct(x: float) -> str:
     return f"{100 * x:.1f}%"
 
@@ -171,8 +204,9 @@ def pack_stats(packed, *, trained: bool = True) -> dict:
         "dropped": int(stats.get("dropped", 0)),
         "split": int(stats.get("split", 0)),
     }
-    if trained:
-        out["trained_tokens"] = _trained_tokens(packed)
+    if trained:  # counted by build() as it planned (the same count as the filled packs': test_kernels)
+        known = stats.get("trained_tokens") if packed.ignore_index == -100 else None
+        out["trained_tokens"] = int(known) if known is not None else _trained_tokens(packed)
     return out
 
 

@@ -20,12 +20,15 @@ as in :mod:`vecpack.packing._kernels` (positions from 0).
 import numpy as np
 from numba import njit, prange
 
+from vecpack._state import kernel_cache
 from vecpack.packing._kernels import _pad_tail
+
+CACHE = kernel_cache()  # False where numba cannot write its cache (then compiled per process)
 
 __all__ = ["check_pair_plan", "fill_pair_pack", "fill_pair_packs"]
 
 
-@njit(cache=True)
+@njit(cache=CACHE)
 def _run(tokens, src, n, at, pos0, pair, kind, answer, ignore_index, ids, lab, pos, doc, part):
     """Write ``tokens[src:src + n]`` at ``at``: positions from ``pos0``, labels the tokens if ``answer``."""
     for k in range(n):
@@ -44,7 +47,7 @@ def _run(tokens, src, n, at, pos0, pair, kind, answer, ignore_index, ids, lab, p
         part[at + k] = kind
 
 
-@njit(cache=True)
+@njit(cache=CACHE)
 def _fill_pair_row(tokens, offsets, pair_index, pair_lens, e0, e1, shared, pad_id, ignore_index,
                    ids, lab, pos, doc, part):
     """Write the pairs ``e0:e1`` of a plan into one row of each array, then the padding."""
@@ -83,7 +86,7 @@ def _fill_pair_row(tokens, offsets, pair_index, pair_lens, e0, e1, shared, pad_i
         part[k] = -1
 
 
-@njit(cache=True)
+@njit(cache=CACHE)
 def fill_pair_pack(tokens, offsets, pair_index, pair_lens, pack_offsets, i, shared, pad_id, ignore_index,
                    ids, lab, pos, doc, part):
     """Fill pack ``i`` into five 1-D int32 arrays of max_len."""
@@ -91,7 +94,7 @@ def fill_pair_pack(tokens, offsets, pair_index, pair_lens, pack_offsets, i, shar
                    pad_id, ignore_index, ids, lab, pos, doc, part)
 
 
-@njit(cache=True, parallel=True)
+@njit(cache=CACHE, parallel=True)
 def fill_pair_packs(tokens, offsets, pair_index, pair_lens, pack_offsets, start, shared, pad_id, ignore_index,
                     ids, lab, pos, doc, part):
     """Fill packs ``start:start + ids.shape[0]`` into [n, max_len] int32 arrays, in parallel."""
@@ -101,7 +104,7 @@ def fill_pair_packs(tokens, offsets, pair_index, pair_lens, pack_offsets, start,
                        pad_id, ignore_index, ids[k], lab[k], pos[k], doc[k], part[k])
 
 
-@njit(cache=True)
+@njit(cache=CACHE)
 def check_pair_plan(doc_lengths, pair_index, pair_lens, pack_offsets, max_len, shared):
     """Check a pair plan against a corpus of ``3 * pairs`` documents. Returns ``(code, where)``; 0 is OK.
 

@@ -25,6 +25,7 @@ the prefix hash) live in :mod:`vecpack.tokenizing._text_kernels`.
 import numpy as np
 from numba import njit
 
+from vecpack._state import kernel_cache
 from vecpack.tokenizing._text_kernels import (  # noqa: F401 - the lane reaches every kernel through here
     _code_point,
     _contains_any,
@@ -36,6 +37,8 @@ from vecpack.tokenizing._text_kernels import (  # noqa: F401 - the lane reaches 
     _space,
     same_prefix,
 )
+
+CACHE = kernel_cache()  # False where numba cannot write its cache (then compiled per process)
 
 FAST = 0
 SLOW = 1
@@ -55,19 +58,19 @@ F_WIDE = 1       # a byte >= 0xC4: a character from U+0100 on (the text may not 
 F_LONG = 2       # 100,000 bytes or more
 
 
-@njit(cache=True)
+@njit(cache=CACHE)
 def _ws(b):
     return b == 32 or b == 9 or b == 10 or b == 13
 
 
-@njit(cache=True)
+@njit(cache=CACHE)
 def _skip_ws(buf, i, end):
     while i < end and _ws(buf[i]):
         i += 1
     return i
 
 
-@njit(cache=True)
+@njit(cache=CACHE)
 def _utf8_len(buf, i, end):
     """Length of the valid UTF-8 sequence at ``buf[i]`` (a byte >= 0x80), else -1 (what orjson refuses)."""
     b = buf[i]
@@ -96,7 +99,7 @@ def _utf8_len(buf, i, end):
     return n
 
 
-@njit(cache=True)
+@njit(cache=CACHE)
 def _has_byte(w, pattern):
     """Whether one of the 8 bytes of ``w`` is the byte repeated in ``pattern`` (the zero-byte
     test on ``w ^ pattern``: exact as a boolean, no false answer either way)."""
@@ -104,7 +107,7 @@ def _has_byte(w, pattern):
     return ((x - _ONES) & ~x & _HI) != 0
 
 
-@njit(cache=True)
+@njit(cache=CACHE)
 def _plain_word(w):
     """Whether none of the 8 bytes of ``w`` ends or escapes a string, or needs a check."""
     if w & _HI or _has_byte(w, _QUOTES) or _has_byte(w, _SLASHES):
@@ -112,7 +115,7 @@ def _plain_word(w):
     return not ((w - _SPACES) & ~w & _HI)  # a byte below 0x20 (exact as a boolean too)
 
 
-@njit(cache=True)
+@njit(cache=CACHE)
 def _string(buf, words, i, end):
     """``(stop, escaped)`` of the JSON string whose opening quote is at ``i - 1``; ``stop`` is its
     closing quote, -1 if the string is malformed for the lane. ``words``: ``buf`` as ``uint64``
@@ -158,7 +161,7 @@ def _string(buf, words, i, end):
     return -1, escaped
 
 
-@njit(cache=True)
+@njit(cache=CACHE)
 def _role(buf, a, b, names, names_off):
     for r in range(names_off.shape[0] - 1):
         if _equals(buf, a, b, names[names_off[r]:names_off[r + 1]]):
@@ -166,7 +169,7 @@ def _role(buf, a, b, names, names_off):
     return -1
 
 
-@njit(cache=True)
+@njit(cache=CACHE)
 def _scan_line(buf, words, i, end, column, role_key, text_key, names, names_off, m_role, m_start, m_stop,
                m_esc, m):
     """Parse one line from ``i``; fill messages from index ``m``. Returns the next message index,
@@ -250,7 +253,7 @@ def _scan_line(buf, words, i, end, column, role_key, text_key, names, names_off,
     return m
 
 
-@njit(cache=True)
+@njit(cache=CACHE)
 def _next_newline(buf, words, i, end):
     """Position of the first ``\\n`` at or after ``i``, or ``end``; 8 bytes at a time."""
     while i < end:
@@ -263,7 +266,7 @@ def _next_newline(buf, words, i, end):
     return end
 
 
-@njit(cache=True)
+@njit(cache=CACHE)
 def count_newlines(buf, words):
     """How many ``\\n`` bytes ``buf`` holds (``words``: as in :func:`scan_lines`)."""
     n = 0
@@ -275,7 +278,7 @@ def count_newlines(buf, words):
     return n
 
 
-@njit(cache=True)
+@njit(cache=CACHE)
 def scan_lines(buf, words, newlines, column, role_key, text_key, names, names_off):
     """Lines of ``buf`` (as the JSONL reader cuts them: blank ones skipped, ``\\r\\n`` allowed),
     each scanned for the one shape. ``words``: ``buf``'s memory as ``uint64`` (whole words only,
@@ -332,7 +335,7 @@ def scan_lines(buf, words, newlines, column, role_key, text_key, names, names_of
             m_role[:m], m_start[:m], m_stop[:m], m_esc[:m])
 
 
-@njit(cache=True)
+@njit(cache=CACHE)
 def _hex(b):
     if b <= 57:
         return b - 48
@@ -341,7 +344,7 @@ def _hex(b):
     return b - 87
 
 
-@njit(cache=True)
+@njit(cache=CACHE)
 def _put(out, o, cp):
     """Write code point ``cp`` as UTF-8 at ``out[o]``; returns the new position."""
     if cp < 0x80:
@@ -363,7 +366,7 @@ def _put(out, o, cp):
     return o + 4
 
 
-@njit(cache=True)
+@njit(cache=CACHE)
 def _unescape(buf, a, b, esc, out, o):
     """Decode the JSON string ``buf[a:b]`` into ``out`` from ``o``; returns the end, or -1 for a
     lone surrogate (the Python path rejects that row)."""
@@ -412,7 +415,7 @@ def _unescape(buf, a, b, esc, out, o):
     return o
 
 
-@njit(cache=True)
+@njit(cache=CACHE)
 def _wide(buf, words, n):
     """Whether ``buf[:n]`` holds a byte >= 0xC4 (the lead byte of a character from U+0100 on);
     ``words``: ``buf`` as ``uint64``, 8 bytes at a time (``(b & 0x7F) + 0x3C`` carries into bit 7
@@ -427,7 +430,7 @@ def _wide(buf, words, n):
     return (acc & _HI) != 0
 
 
-@njit(cache=True)
+@njit(cache=CACHE)
 def render_rows(buf, rows, layout_of, msg_first, msg_count, m_start, m_stop, m_esc,
                 part_off, part_kind, part_msg, part_strip, part_train, lit, lit_off, n_cache,
                 equal, equal_off, inside, inside_off, edges, edges_off, scratch, out, sizes, train):

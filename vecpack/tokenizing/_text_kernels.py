@@ -10,8 +10,12 @@ per row.
 import numpy as np
 from numba import njit
 
+from vecpack._state import kernel_cache
 
-@njit(cache=True)
+CACHE = kernel_cache()  # False where numba cannot write its cache (then compiled per process)
+
+
+@njit(cache=CACHE)
 def _equals(buf, a, b, word):
     """Whether ``buf[a:b]`` equals ``word``."""
     if b - a != word.shape[0]:
@@ -22,7 +26,7 @@ def _equals(buf, a, b, word):
     return True
 
 
-@njit(cache=True)
+@njit(cache=CACHE)
 def _code_point(out, i):
     """``(code point, length)`` of the valid UTF-8 sequence starting at ``out[i]``."""
     b = out[i]
@@ -36,7 +40,7 @@ def _code_point(out, i):
             | (out[i + 3] & 0x3F)), 4
 
 
-@njit(cache=True)
+@njit(cache=CACHE)
 def _last_start(out, a, b):
     """Start of the last character of ``out[a:b]`` (b > a)."""
     i = b - 1
@@ -45,7 +49,7 @@ def _last_start(out, a, b):
     return i
 
 
-@njit(cache=True)
+@njit(cache=CACHE)
 def _space(cp):
     """``chr(cp).isspace()``."""
     return ((9 <= cp <= 13) or (28 <= cp <= 32) or cp == 0x85 or cp == 0xA0 or cp == 0x1680
@@ -53,7 +57,7 @@ def _space(cp):
             or cp == 0x205F or cp == 0x3000)
 
 
-@njit(cache=True)
+@njit(cache=CACHE)
 def _equal_any(out, a, b, words, words_off):
     """Whether ``out[a:b]`` equals one of ``words``."""
     for w in range(words_off.shape[0] - 1):
@@ -62,7 +66,7 @@ def _equal_any(out, a, b, words, words_off):
     return False
 
 
-@njit(cache=True)
+@njit(cache=CACHE)
 def _contains_any(out, a, b, words, words_off):
     """Whether ``out[a:b]`` contains one of ``words`` (none empty)."""
     for w in range(words_off.shape[0] - 1):
@@ -80,7 +84,7 @@ def _contains_any(out, a, b, words, words_off):
     return False
 
 
-@njit(cache=True)
+@njit(cache=CACHE)
 def _edge_any(out, a, b, words, words_off):
     """Whether ``out[a:b]`` (not empty) starts or ends with one of ``words``, each one character
     (a valid UTF-8 sequence is its own boundary)."""
@@ -94,7 +98,7 @@ def _edge_any(out, a, b, words, words_off):
     return False
 
 
-@njit(cache=True)
+@njit(cache=CACHE)
 def _hash(out, a, b):
     """64-bit FNV-1a of ``out[a:b]`` over four interleaved byte lanes (four independent multiply
     chains instead of one), the lanes then combined. A grouping key: equal prefixes are compared
@@ -114,7 +118,7 @@ def _hash(out, a, b):
     return ((h0 * 1099511628211 + h1) * 1099511628211 + h2) * 1099511628211 + h3
 
 
-@njit(cache=True)
+@njit(cache=CACHE)
 def same_prefix(out, starts, n, rep):
     """Whether ``out[starts[i]:starts[i] + n]`` equals ``out[rep:rep + n]``, for each ``i``."""
     same = np.ones(starts.shape[0], np.bool_)

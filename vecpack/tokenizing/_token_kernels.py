@@ -10,8 +10,12 @@ with its reference.
 import numpy as np
 from numba import njit
 
+from vecpack._state import kernel_cache
 
-@njit(cache=True)
+CACHE = kernel_cache()  # False where numba cannot write its cache (then compiled per process)
+
+
+@njit(cache=CACHE)
 def label_tokens(ids, bytelen, sizes, train, part_lo, part_hi, masking_all, ignore_index):
     """``(labels, trained, ok)`` of rows' tokens that spell their pieces: the rule and result of
     :func:`~vecpack.tokenizing.labels.labels_from_parts` in one pass, without its temporaries.
@@ -73,7 +77,7 @@ def label_tokens(ids, bytelen, sizes, train, part_lo, part_hi, masking_all, igno
     return labels, n if masking_all else trained, True
 
 
-@njit(cache=True)
+@njit(cache=CACHE)
 def splice_heads(ids, lengths, head_of, heads, heads_off):
     """:func:`vecpack.tokenizing.lane.splice_heads` in one pass: row ``i``'s cached prefix
     ``heads[heads_off[h]:heads_off[h + 1]]`` (``h = head_of[i]``, -1: none) in front of its

@@ -22,10 +22,14 @@ outputs of :func:`fill_pack` are ``int64`` (torchtune's ``torch.long``).
 import numpy as np
 from numba import njit
 
+from vecpack._state import kernel_cache
+
+CACHE = kernel_cache()  # False where numba cannot write its cache (then compiled per process)
+
 __all__ = ["fill_pack", "split_entries"]
 
 
-@njit(cache=True)
+@njit(cache=CACHE)
 def split_entries(lengths, max_len):
     """``split_across_pack=True``: the documents as one stream, cut every ``max_len`` tokens.
 
@@ -77,7 +81,7 @@ def split_entries(lengths, max_len):
     return entry_doc[:k], entry_start[:k], entry_len[:k], cuts[:p + 2].copy()
 
 
-@njit(cache=True)
+@njit(cache=CACHE)
 def fill_pack(tokens, labels, offsets, doc_index, doc_start, doc_length, e0, e1, max_len, pad_id,
               ignore_index, first_label, ids, lab, pos, seq):
     """Write the entries ``e0:e1`` as one torchtune pack.
