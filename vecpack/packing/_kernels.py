@@ -536,28 +536,28 @@ def fill_packs(tokens, labels, offsets, doc_index, doc_start, doc_length, pack_o
                pad_id, ignore_index, ids, lab, pos, doc):
     """Fill packs ``start:start + ids.shape[0]`` into [n, max_len] int32 arrays, in parallel
     (:func:`_fill_row` written out: a parallel loop that calls it takes 3x as long to compile)."""
-    n = ids.shape[0]
-    m = ids.shape[1]
+    n, m = ids.shape
     for k in prange(n):
         p = start + k
         at = 0
         for e in range(pack_offsets[p], pack_offsets[p + 1]):
             d = doc_index[e]
             length = doc_length[e]
-            src = offsets[d] + doc_start[e]
-            d32 = np.int32(d)
-            for j in range(length):
-                ids[k, at + j] = tokens[src + j]
-                lab[k, at + j] = labels[src + j]
-                pos[k, at + j] = j
-                doc[k, at + j] = d32
+            src = np.uint64(offsets[d] + doc_start[e])  # unsigned: no negative-index test, a vector loop
+            ua, d32 = np.uint64(at), np.int32(d)
+            for j in range(np.uint64(length)):
+                ids[k, ua + j] = tokens[src + j]
+                lab[k, ua + j] = labels[src + j]
+                pos[k, ua + j] = j
+                doc[k, ua + j] = d32
             lab[k, at] = ignore_index
             at += length
-        for j in range(m - at):
-            ids[k, at + j] = pad_id
-            lab[k, at + j] = ignore_index
-            pos[k, at + j] = j
-            doc[k, at + j] = -1
+        ua = np.uint64(at)
+        for j in range(np.uint64(m - at if at < m else 0)):
+            ids[k, ua + j] = pad_id
+            lab[k, ua + j] = ignore_index
+            pos[k, ua + j] = j
+            doc[k, ua + j] = -1
 
 
 @njit(cache=CACHE)
@@ -574,8 +574,7 @@ def fill_pack_part(tokens, labels, shift, offsets, doc_index, doc_start, doc_len
 def fill_packs_part(tokens, labels, shift, offsets, doc_index, doc_start, doc_length, pack_offsets,
                     start, pad_id, ignore_index, ids, lab, pos, doc):
     """:func:`fill_packs` for one part of a corpus in parts (see :func:`fill_pack_part`)."""
-    n = ids.shape[0]
-    m = ids.shape[1]
+    n, m = ids.shape
     hi = shift + tokens.shape[0]
     for k in prange(n):
         p = start + k
@@ -585,20 +584,20 @@ def fill_packs_part(tokens, labels, shift, offsets, doc_index, doc_start, doc_le
             length = doc_length[e]
             src = offsets[d] + doc_start[e]
             if shift <= src < hi:
-                src -= shift
-                d32 = np.int32(d)
-                for j in range(length):
-                    ids[k, at + j] = tokens[src + j]
-                    lab[k, at + j] = labels[src + j]
-                    pos[k, at + j] = j
-                    doc[k, at + j] = d32
+                us, ua, d32 = np.uint64(src - shift), np.uint64(at), np.int32(d)  # as in fill_packs
+                for j in range(np.uint64(length)):
+                    ids[k, ua + j] = tokens[us + j]
+                    lab[k, ua + j] = labels[us + j]
+                    pos[k, ua + j] = j
+                    doc[k, ua + j] = d32
                 lab[k, at] = ignore_index
             at += length
-        for j in range(m - at):
-            ids[k, at + j] = pad_id
-            lab[k, at + j] = ignore_index
-            pos[k, at + j] = j
-            doc[k, at + j] = -1
+        ua = np.uint64(at)
+        for j in range(np.uint64(m - at if at < m else 0)):
+            ids[k, ua + j] = pad_id
+            lab[k, ua + j] = ignore_index
+            pos[k, ua + j] = j
+            doc[k, ua + j] = -1
 
 
 @njit(cache=CACHE)
