@@ -238,6 +238,8 @@ def test_real_templates_shipped_with_trl(path, conversations, qwen_hf):
             segs = t.segments(msgs)
             assert "".join(s for s, _ in segs) == want, msgs
             trained = "".join(s for s, tr in segs if tr)
+            if t.has_generation:  # trained where the {% generation %} blocks are (test_agentic: equal to HF's mask)
+                continue
             for m in msgs:
                 if m["role"] == "assistant" and "think>" not in m["content"] and m["content"].strip() in want:
                     assert m["content"].strip() in trained

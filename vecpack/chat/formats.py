@@ -18,8 +18,11 @@ text       ``text``           ``{"text": "any document"}``
 Roles. ShareGPT ``from`` is ``system``, ``human`` or ``gpt``; the OpenAI
 spellings ``user`` and ``assistant`` are accepted as aliases (as axolotl and
 HF datasets converted from the OpenAI format use them). OpenAI ``role`` is
-``system``, ``user`` or ``assistant``. Anything else (``tool``, ``function``,
-``observation``...) is an error rather than a silently dropped turn.
+``system``, ``user`` or ``assistant``. Rows with more (``tool`` and
+``developer`` messages, ``tool_calls``, reasoning, a ``tools`` column,
+LLaMA-Factory's ``function_call`` / ``observation`` turns, prompt-completion
+rows) are read by :mod:`vecpack.chat.conversation`, whose ``read_row`` sends
+each row to the right reader. :func:`to_messages` itself reads plain rows only.
 
 OpenAI ``content`` may be a string or a list of text parts
 ``[{"type": "text", "text": ...}]``; the parts are concatenated with no
@@ -46,7 +49,7 @@ from __future__ import annotations
 from vecpack.errors import InputError
 from vecpack.options import CHAT_STYLES, check_choice
 
-__all__ = ["CHAT_STYLES", "DEFAULT_COLUMNS", "MESSAGE_SHAPES", "OPENAI_ROLES", "SHAREGPT_ROLES", "roles_contents",
+__all__ = ["CHAT_STYLES", "DEFAULT_COLUMNS", "MESSAGE_SHAPES", "OPENAI_ROLES", "SHAREGPT_ROLES",
            "to_messages"]
 
 
@@ -101,32 +104,6 @@ sharegpt data: use style='sharegpt' (--style sharegpt)
     if not isinstance(row, dict):
         raise InputError(f"row is a JSON {_kind(row)}, expected an object")
     return convert(row, column or DEFAULT_COLUMNS[style])
-
-
-def roles_contents(row, style: str, column: str | None = None) -> tuple[tuple[str, ...], list[str]]:
-    """:func:`to_messages` as ``(roles, contents)``, without building message dicts (the encoder's hot path).
-
-    Well-formed ShareGPT and OpenAI rows (string contents) take a fast path;
-    anything else goes through :func:`to_messages`, which validates it and
-    words the error.
-
-    >>> roles_contents({"conversations": [{"from": "human", "value": "Hi"}]}, "sharegpt")
-    (('user',), ['Hi'])
-    """
-    fast = MESSAGE_SHAPES.get(style)
-    if fast is not None:
-        roles, key, value = fast
-        try:
-            conv = row[column or DEFAULT_COLUMNS[style]]
-            if type(conv) is list and conv:
-                found = tuple([roles[m[key]] for m in conv])
-                contents = [m[value] for m in conv]
-                "".join(contents)  # TypeError unless every content is a string (fast, in C)
-                return found, contents
-        except (KeyError, TypeError):
-            pass
-    messages = to_messages(row, style, column)
-    return tuple(m["role"] for m in messages), [m["content"] for m in messages]
 
 
 def _style_of(row: dict) -> tuple[str, str] | None:
@@ -253,5 +230,5 @@ def _text(row: dict, column: str) -> list[dict]:
 
 _CONVERTERS = {"sharegpt": _sharegpt, "openai": _openai, "alpaca": _alpaca, "text": _text}
 #: style -> (role names, role key, text key) of the plain message shape that
-#: :func:`roles_contents` (and the compiled row lane) read without validating each field
+#: :func:`vecpack.chat.conversation.read_row` (and the compiled row lane) read without validating each field
 MESSAGE_SHAPES = {"sharegpt": (SHAREGPT_ROLES, "from", "value"), "openai": (OPENAI_ROLES, "role", "content")}

@@ -51,27 +51,32 @@ when each is the tokenizer's eos token or its text contains ``end``, ``eot``,
 
 from __future__ import annotations
 
+import contextvars
 import json
 import re
-import unicodedata
 from datetime import datetime
 
+from vecpack.chat.layout import _SENTINEL, _Layout, generation_layout
 from vecpack.errors import InputError
 from vecpack.options import MASKINGS, check_choice
 
 __all__ = ["MASKINGS", "ChatTemplate", "compile_jinja"]
 
 
-_SENTINEL = "\ue000{}\ue001"
 _SENTINEL_RE = re.compile("\ue000([0-9]+)\ue001")
 _PAD = "\t \n\x0b"  # whitespace probes wrap the sentinels in (unlikely in a template)
 _TRANSFORMS = (None, str.lstrip, str.rstrip, str.strip)  # most specific first: strip's output always matches
 _MAX_LAYOUTS = 4096  # distinct role sequences remembered per process
 _EOT_HINT = re.compile(r"end|eot|eom|eos", re.IGNORECASE)
+_TRACKING = contextvars.ContextVar("vecpack_generation_tracking", default=None)  # (blocks, spans) of a render
+_GENERATION = re.compile(r"\{%-?\s*generation\s*-?%\}")
 
 
 def compile_jinja(source: str):
     """Compile a chat template in the environment transformers renders it in.
+
+    A ``{% generation %}`` block rendered inside :meth:`ChatTemplate.render_tracked`
+    records its span as transformers' ``AssistantTracker`` does.
 
     >>> compile_jinja("{{ bos_token }}{{ [1, 'é'] | tojson }}").render(bos_token="<s>")
     '<s>[1, "é"]'
@@ -91,7 +96,13 @@ def compile_jinja(source: str):
             return jinja2.nodes.CallBlock(self.call_method("_render"), [], [], body).set_lineno(lineno)
 
         def _render(self, caller):
-            return caller()
+            out = caller()
+            track = _TRACKING.get()
+            if track is not None:  # where the output so far ends: transformers' rule, quirks included
+                blocks, spans = track
+                start = sum(map(len, blocks))
+                spans.append((start, start + len(out)))
+            return out
 
     def raise_exception(message):
         raise jinja2.exceptions.TemplateError(message)
@@ -110,12 +121,27 @@ def compile_jinja(source: str):
                 raise jinja2.exceptions.SecurityError("namespace attributes cannot start with '_'")
             jinja2.utils.Namespace.__init__(self, attrs)
 
+        def __setitem__(self, name, value):
+            if isinstance(name, str) and name.startswith("_"):
+                raise jinja2.exceptions.SecurityError("namespace attributes cannot start with '_'")
+            jinja2.utils.Namespace.__setitem__(self, name, value)
+
+    class TemplateDict:
+        """``dict(...)`` and ``dict.fromkeys(...)`` in a template, as transformers gives them."""
+
+        def __call__(self, *args, **kwargs):
+            return dict(*args, **kwargs)
+
+        def fromkeys(self, *args, **kwargs):
+            return dict.fromkeys(*args, **kwargs)
+
     env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
                                         extensions=[Generation, loopcontrols])
     env.filters["tojson"] = tojson
     env.globals["raise_exception"] = raise_exception
     env.globals["strftime_now"] = strftime_now
     env.globals["namespace"] = Namespace
+    env.globals["dict"] = TemplateDict()
     return env.from_string(source)
 
 
@@ -165,59 +191,6 @@ def _content_triggers(env, source: str) -> tuple[frozenset, tuple, frozenset]:
     return frozenset(equal), tuple(sorted(inside)), frozenset(edges)
 
 
-class _Layout:
-    """How one role sequence renders: literal pieces and content slots."""
-
-    __slots__ = ("parts", "slots", "train", "n_cacheable", "nbytes", "unsized", "memo")
-
-    def __init__(self, parts, slots, train, n_cacheable):
-        self.parts = parts              # list[str]; slot positions hold ""
-        self.slots = slots              # list[(position, message index, transform or None)]
-        self.train = train              # list[bool], one per part
-        self.n_cacheable = n_cacheable  # leading parts made of literals and system contents only
-        # UTF-8 size of each literal (-1: a content slot, or a literal NFC would change)
-        slot_pos = {pos for pos, _, _ in slots}
-        self.nbytes = [-1 if pos in slot_pos or not unicodedata.is_normalized("NFC", p) else len(p.encode("utf-8"))
-                       for pos, p in enumerate(parts)]
-        self.unsized = tuple(pos for pos, b in enumerate(self.nbytes) if b < 0)  # sized row by row
-        self.memo = {}  # what consumers derive from the literals (the encoder's special tokens)
-
-    def split(self, text: str) -> list[str] | None:
-        """Cut ``text`` at this layout's literals (``None`` if they are not all there, in order)."""
-        parts = self.parts.copy()
-        slot_pos = [pos for pos, _, _ in self.slots]
-        bounds = [-1, *slot_pos, len(parts)]
-        pos = 0
-        for g in range(len(bounds) - 1):
-            delim = "".join(parts[bounds[g] + 1:bounds[g + 1]])
-            if g == 0:
-                if not text.startswith(delim):
-                    return None
-                pos = len(delim)
-                continue
-            if g == len(bounds) - 2:
-                end = len(text) - len(delim)
-                if end < pos or not text.endswith(delim):
-                    return None
-            else:
-                if not delim:
-                    return None  # two adjacent contents: no way to tell where one ends
-                end = text.find(delim, pos)
-                if end < 0:
-                    return None
-            parts[bounds[g]] = text[pos:end]
-            pos = end + len(delim)
-        return parts
-
-    def fill(self, contents) -> list[str]:
-        """The row's pieces: the literals, and each message's content (transformed) in its slot."""
-        parts = self.parts.copy()
-        for pos, i, fn in self.slots:
-            c = contents[i]
-            parts[pos] = c if fn is None else fn(c)
-        return parts
-
-
 class ChatTemplate:
     """A chat template that renders conversations as ``(text, trainable)`` segments.
 
@@ -249,6 +222,7 @@ class ChatTemplate:
         self.added_tokens = tuple(added_tokens)
         self.masking = masking
         self.mode = mode
+        self.origin = origin
         try:
             self._setup()
         except Exception as e:
@@ -268,10 +242,16 @@ class ChatTemplate:
         eot = [t for t in self.added_tokens if t == eos or _EOT_HINT.search(t)]
         alternatives = "|".join(map(re.escape, sorted(eot, key=len, reverse=True)))
         self._eot_re = re.compile(r"\s*(?:%s)+" % alternatives) if eot else None
+        self.has_generation = _GENERATION.search(self.source) is not None
+
+    @property
+    def eot_re(self):
+        """The regex of the end-of-turn tokens after a trained turn (leading whitespace allowed), or ``None``."""
+        return self._eot_re
 
     def __getstate__(self):
         return {"source": self.source, "variables": self.variables, "added_tokens": self.added_tokens,
-                "masking": self.masking, "mode": self.mode}
+                "masking": self.masking, "mode": self.mode, "origin": self.origin}
 
     def __setstate__(self, state):
         self.__dict__.update(state)
@@ -280,12 +260,14 @@ class ChatTemplate:
     # ------------------------------------------------------------------ rendering
 
     def render(self, messages: list[dict], *, add_generation_prompt: bool = False,
-               extra: dict | None = None) -> str:
+               extra: dict | None = None, tracked: bool = False):
         """The string ``apply_chat_template(messages, tokenize=False)`` returns.
 
         ``add_generation_prompt`` and ``extra`` (more template variables, such
         as ``tools`` or a dataset's ``chat_template_kwargs``) are passed on as
-        transformers passes them.
+        transformers passes them. ``tracked`` returns ``(text, spans)``: the
+        ``{% generation %}`` blocks' character spans too, found as transformers'
+        ``return_assistant_tokens_mask`` finds them.
 
         Raises:
             InputError: the template itself rejects the conversation
@@ -295,9 +277,29 @@ class ChatTemplate:
 
         kwargs = {"tools": None, "documents": None, **self.variables, **(extra or {})}
         try:
-            return self._jinja.render(messages=messages, add_generation_prompt=add_generation_prompt, **kwargs)
+            if not tracked:
+                return self._jinja.render(messages=messages, add_generation_prompt=add_generation_prompt, **kwargs)
+            blocks, spans = [], []
+            token = _TRACKING.set((blocks, spans))
+            try:
+                for block in self._jinja.generate(messages=messages, add_generation_prompt=add_generation_prompt,
+                                                  **kwargs):
+                    blocks.append(block)
+            finally:
+                _TRACKING.reset(token)
+            return "".join(blocks), spans
         except jinja2.exceptions.TemplateError as e:
             raise InputError(f"the chat template rejects this conversation: {e}") from None
+        except (TypeError, ValueError, AttributeError, KeyError, IndexError) as e:  # e.g. str + dict arguments
+            raise InputError(f"the chat template cannot render this conversation: {type(e).__name__}: {e} "
+                             "(apply_chat_template fails on it too)") from None
+
+    def conversation_parts(self, conv) -> tuple[list[str], list[bool], dict]:
+        """A :class:`~vecpack.chat.conversation.Conversation` (tools, calls, reasoning...) as
+        ``(texts, trainable, info)``: see :func:`vecpack.chat.spans.conversation_parts`."""
+        from vecpack.chat.spans import conversation_parts
+
+        return conversation_parts(self, conv)
 
     def segments(self, messages: list[dict]) -> list[tuple[str, bool]]:
         """The rendered conversation as ``(text, trainable)`` pieces.
@@ -329,6 +331,13 @@ class ChatTemplate:
         layout = self.layout(roles, add_generation_prompt)
         if self.mode == "compiled" and type(layout) is _Layout and not self._tripped_contents(contents):
             return layout.fill(contents), layout.train, layout.n_cacheable, layout
+        if self.has_generation and self.masking != "all" and not add_generation_prompt:
+            from vecpack.chat.conversation import Conversation  # the blocks' spans, as transformers finds them
+            from vecpack.chat.spans import conversation_parts
+
+            messages = [{"role": r, "content": c} for r, c in zip(roles, contents)]
+            parts, train, _ = conversation_parts(self, Conversation(messages))
+            return parts, train, 0, None
         return self._located([{"role": r, "content": c} for r, c in zip(roles, contents)], layout,
                              add_generation_prompt)
 
@@ -409,6 +418,8 @@ class ChatTemplate:
                 # empty contents render differently (a skipped empty system prompt...):
                 # keep the layout, send rows with an empty content through Jinja
                 self._equal = self._equal | {""}
+        if self.has_generation and self.masking != "all":
+            return generation_layout(self, roles, slots, s_bare, hits, gen)
         return layout
 
     def _trainable_messages(self, roles) -> set[int]:

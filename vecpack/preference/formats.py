@@ -45,8 +45,7 @@ that differ between the two sides of an implicit row, unknown roles.
 
 from __future__ import annotations
 
-import json
-
+from vecpack.chat.conversation import template_kwargs
 from vecpack.chat.formats import OPENAI_ROLES, SHAREGPT_ROLES, _openai_content
 from vecpack.errors import InputError
 
@@ -188,18 +187,7 @@ def _side(row: dict, name: str):
 
 def _template_kwargs(row: dict) -> dict | None:
     """TRL's ``{"tools": tools, **chat_template_kwargs}`` of a row, or None when it adds nothing."""
-    tools = row.get("tools")
-    if isinstance(tools, str):
-        try:
-            tools = json.loads(tools)
-        except ValueError as e:
-            raise InputError(f"'tools' is a string but not JSON: {e}") from None
-    kw = row.get("chat_template_kwargs") or {}
-    if not isinstance(kw, dict):
-        raise InputError(f"'chat_template_kwargs' is a {_kind(kw)}, expected an object")
-    if tools is None and not kw:
-        return None
-    return {"tools": tools, **kw}
+    return template_kwargs(row) or None
 
 
 def _conversation_pair(form: str, row: dict, prompt: _Turns, chosen: _Turns, rejected: _Turns) -> Pair:

@@ -53,7 +53,7 @@ import warnings
 import numpy as np
 
 from vecpack._state import memo
-from vecpack.chat.formats import roles_contents, to_messages
+from vecpack.chat.conversation import read_row
 from vecpack.chat.template import ChatTemplate
 from vecpack.errors import InputError
 from vecpack.options import ENGINES, check_choice, check_options
@@ -180,25 +180,33 @@ class ChatEncoder:
     #: whether this encoder cannot work without a chat template (a subclass for plain texts may)
     needs_template = True
 
-    def _verify(self, conversations) -> None:
-        """Check the compiled template against Jinja on sample conversations (see ``ChatTemplate.verify``)."""
-        if self.template is not None and conversations:
-            self.template.verify(conversations)
-
-    def _conversations(self, rows) -> list[list[dict]]:
+    def _conversations(self, rows) -> list:
+        """The readable sample rows: message lists, or :class:`~vecpack.chat.conversation.Conversation` s."""
         out = []
         for row in itertools.islice(rows or (), _MAX_SAMPLE_ROWS):
             try:
-                out.append(to_messages(row, self.style, self.column))
+                got = read_row(row, self.style, self.column)
             except InputError:
                 continue
+            out.append([{"role": r, "content": c} for r, c in zip(*got)] if type(got) is tuple else got)
         return out
+
+    def _verify(self, conversations) -> None:
+        """Check the compiled template against Jinja on sample conversations (see ``ChatTemplate.verify``)."""
+        plain = [c for c in conversations if type(c) is list]
+        if self.template is not None and plain:
+            self.template.verify(plain)
 
     def _texts(self, conversations) -> list[str]:
         texts = []
-        for msgs in conversations:
+        for conv in conversations:
             try:
-                texts.append(msgs[0]["content"] if self.template is None else self.template.render(msgs))
+                if self.template is None:
+                    texts.append(conv[0]["content"])
+                elif type(conv) is list:
+                    texts.append(self.template.render(conv))
+                else:
+                    texts.append(self.template.render(conv.messages, extra=conv.kwargs))
             except InputError:
                 continue
         return texts
@@ -271,7 +279,10 @@ class ChatEncoder:
         Raises:
             InputError: the row is unusable (reason only; the caller adds the location).
         """
-        return self.encode_messages(to_messages(row, self.style, self.column))
+        got = read_row(row, self.style, self.column)
+        if type(got) is tuple:
+            return self.encode_messages([{"role": r, "content": c} for r, c in zip(*got)])
+        return self._encode_parts(self.template.conversation_parts(got)[:2] + (0, None))
 
     def encode_messages(self, messages: list[dict]) -> tuple[np.ndarray, np.ndarray]:
         """``(tokens, labels)`` of a conversation ``[{"role", "content"}, ...]``.
@@ -283,10 +294,14 @@ class ChatEncoder:
             if len(messages) != 1:
                 raise InputError("the text style takes exactly one text per row")
             return self._encode_text(messages[0]["content"])
+        return self._encode_parts(self._parts(messages))
+
+    def _encode_parts(self, rendered) -> tuple[np.ndarray, np.ndarray]:
+        """``(tokens, labels)`` of one rendered row (``template.parts``' output)."""
         if self.backend == "tokenizers":
-            return self._encode_tokenizers(*self._parts(messages)[:2])
+            return self._encode_tokenizers(*rendered[:2])
         sink = ChunkSink(self)
-        sink.add_parts(*self._parts(messages))
+        sink.add_parts(*rendered)
         tokens, labels, _ = sink.finish()
         return tokens, labels
 
@@ -428,9 +443,13 @@ class ChunkSink:
     def add(self, row) -> None:
         """Take one row. Raises :class:`InputError` (nothing kept) when it is unusable."""
         enc = self.enc
-        roles, contents = roles_contents(row, enc.style, enc.column)
+        got = read_row(row, enc.style, enc.column)
+        if type(got) is not tuple:  # tools, calls, reasoning...: rendered by Jinja, its spans found
+            parts, train, _ = enc.template.conversation_parts(got)
+            self.add_parts(parts, train, 0, None)
+            return
         try:
-            rendered = enc.template.parts_of(roles, contents)
+            rendered = enc.template.parts_of(*got)
         except (KeyError, TypeError) as e:
             raise InputError(f"malformed message: {e!r}") from None
         self.add_parts(*rendered)

@@ -189,7 +189,7 @@ class _Lane:
         hit = self.layouts.get(codes, False)
         if hit is not False:
             return hit
-        from vecpack.chat.template import _Layout
+        from vecpack.chat.layout import _Layout
 
         roles = tuple(self.canonical[c] for c in codes)
         layout = self.template.layout(roles)

@@ -1,0 +1,199 @@
+"""A :class:`~vecpack.chat.conversation.Conversation` rendered by its chat template, cut into trained spans.
+
+The text is what ``apply_chat_template(messages, tools=tools,
+**chat_template_kwargs)`` renders. Which characters carry the loss
+(``masking="assistant"``, the default):
+
+* **a template with** ``{% generation %}`` **blocks** (TRL's training
+  templates): exactly the blocks, as transformers' ``return_assistant_tokens_mask``
+  marks them (what TRL's ``assistant_only_loss=True`` trains on);
+* **any other template**: each assistant turn as rendered, from the end of its
+  role header to the end-of-turn token that closes it: reasoning, content and
+  tool calls alike. A turn is found by rendering the conversation once more
+  with that message's fields replaced by a probe: the text that changes is the
+  turn's (widened back to the role header, and on to the end-of-turn token)::
+
+      <|im_start|>assistant\\n<tool_call>\\n{"name": "f", ...}\\n</tool_call><|im_end|>\\n
+      ......................###########################################################..
+
+* **a prompt-completion row**: everything after the prompt as rendered with
+  the generation prompt (TRL's ``completion_only_loss``).
+
+Tool results, tool schemas and system text are never trained. ``"last"``
+trains the last assistant turn only, ``"all"`` every character. A message
+marked ``"train": false`` is left out.
+
+>>> from vecpack.chat.conversation import read_conversation
+>>> from vecpack.chat.template import ChatTemplate
+>>> t = ChatTemplate("{% for m in messages %}<{{ m.role }}>{{ m.content }}"
+...                  "{% for c in m.tool_calls or [] %}[{{ c.function.name }}]{% endfor %}</s>{% endfor %}",
+...                  added_tokens=["</s>"], variables={"eos_token": "</s>"})
+>>> conv = read_conversation({"messages": [{"role": "user", "content": "Hi"},
+...     {"role": "assistant", "content": "", "tool_calls": [{"function": {"name": "f", "arguments": {}}}]},
+...     {"role": "tool", "content": "42"}, {"role": "assistant", "content": "It is 42."}]}, "openai")
+>>> [(p, t) for p, t in zip(*conversation_parts(t, conv)[:2]) if t]
+[('[f]</s>', True), ('It is 42.</s>', True)]
+"""
+
+from __future__ import annotations
+
+import json
+
+from vecpack.errors import InputError
+
+__all__ = ["conversation_parts"]
+
+_PROBE = "\ue000"
+_HEADER_PROBES = ("\ue001", "\ue002", "\ue003", "\ue004")
+
+
+def _common_prefix(a: str, b: str) -> int:
+    n = min(len(a), len(b))
+    if a[:n] == b[:n]:
+        return n
+    lo, hi = 0, n  # a[:lo] == b[:lo], a[:hi] != b[:hi]
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if a[:mid] == b[:mid]:
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
+def _common_suffix(a: str, b: str, limit: int) -> int:
+    n = 0
+    while n < limit and a[-1 - n] == b[-1 - n]:
+        n += 1
+    return n
+
+
+def _check_tools(template, conv) -> None:
+    """A row with tools on a template that cannot render them is an error naming the template and the fix."""
+    if not conv.uses_tools:
+        return
+    src = template.source
+    missing = [what for what, present, needed in (
+        ("tool schemas ('tools')", "tools" in src, conv.kwargs.get("tools") is not None),
+        ("tool calls ('tool_calls')", "tool_calls" in src, conv.counts["tool_calls"] > 0),
+        ("tool results (role 'tool')", "tool" in src, conv.counts["tool_results"] > 0)) if needed and not present]
+    if missing:
+        where = f"the chat template in {template.origin}" if template.origin else "the chat template"
+        raise InputError(f"{where} does not render {' or '.join(missing)}, so this row cannot be trained as "
+                         "written; use a template that handles tools: the model's own tool-calling template, "
+                         "or TRL's training template for its family (trl/chat_templates/*_training.jinja)")
+
+
+def _header(template, kwargs: dict) -> str:
+    """The assistant role header: the longest end of the text between a user content and the next
+    assistant content that starts the generation prompt (``""`` where the template has none)."""
+    key = json.dumps({k: v for k, v in kwargs.items() if k != "tools"}, sort_keys=True, default=repr)
+    memo = template.__dict__.setdefault("_headers", {})
+    if key in memo:
+        return memo[key]
+    extra = {k: v for k, v in kwargs.items() if k != "tools"}
+    u1, a1, u2, a2 = _HEADER_PROBES
+    header = ""
+    for lead in ([], [{"role": "system", "content": "\ue005"}]):
+        msgs = [*lead, {"role": "user", "content": u1}, {"role": "assistant", "content": a1},
+                {"role": "user", "content": u2}, {"role": "assistant", "content": a2}]
+        try:
+            full = template.render(msgs, extra=extra)
+            base = template.render(msgs[:len(lead) + 1], extra=extra)
+            gen = template.render(msgs[:len(lead) + 1], add_generation_prompt=True, extra=extra)
+        except InputError:
+            continue
+        if u1 not in full or a1 not in full or not gen.startswith(base):
+            continue
+        between = full[full.index(u1) + 1:full.index(a1)]
+        prompt = gen[len(base):]
+        for k in range(len(between)):
+            if prompt.startswith(between[k:]):
+                header = between[k:]
+                break
+        break
+    memo[key] = header
+    return header
+
+
+def _turn_span(template, messages, kwargs, i: int, text: str, lo: int) -> tuple[int, int]:
+    """``(start, end)`` of assistant message ``i``'s trained turn in ``text`` (its render)."""
+    probe = list(messages)
+    probe[i] = {"role": "assistant", "content": _PROBE}
+    other = template.render(probe, extra=kwargs)
+    p = _common_prefix(text, other)
+    end = len(text) - _common_suffix(text, other, min(len(text), len(other)) - p)
+    if end <= p:  # the turn renders nothing of its own (a template that drops it)
+        return p, p
+    start = p
+    header = _header(template, kwargs)
+    eot = template.eot_re
+    if header:
+        k = text.rfind(header, lo, p)
+        if k >= 0 and not (eot is not None and eot.search(text, k + len(header), p)):
+            start = k + len(header)
+    if eot is not None:
+        m = eot.match(text, end)
+        if m:
+            end = m.end()
+    return start, end
+
+
+def conversation_parts(template, conv) -> tuple[list[str], list[bool], dict]:
+    """``(texts, trainable, info)`` of a conversation: the rendered text cut at its trained spans.
+
+    ``info`` counts the row's ``tool_calls``, ``tool_results``,
+    ``reasoning`` traces and those the template did not render
+    (``reasoning_dropped``).
+
+    Raises:
+        InputError: the template rejects the conversation, or cannot render its tools.
+    """
+    _check_tools(template, conv)
+    messages, kwargs = conv.messages, conv.kwargs
+    masking = template.masking
+    assistants = [i for i, m in enumerate(messages) if m["role"] == "assistant" and i not in conv.untrained]
+    if masking == "last":
+        assistants = assistants[-1:]
+    if masking == "all":
+        text = template.render(messages, extra=kwargs)
+        spans = [(0, len(text))]
+    elif conv.prompt_len is not None:
+        text = template.render(messages, extra=kwargs)
+        prompt = template.render(messages[:conv.prompt_len], add_generation_prompt=True, extra=kwargs)
+        spans = [(_common_prefix(prompt, text), len(text))]
+    elif template.has_generation:
+        text, blocks = template.render(messages, extra=kwargs, tracked=True)
+        every = [i for i, m in enumerate(messages) if m["role"] == "assistant"]
+        if len(assistants) == len(every):
+            spans = blocks
+        elif len(blocks) == len(every):
+            spans = [blocks[every.index(i)] for i in assistants]
+        else:
+            raise InputError(f"the template's {{% generation %}} blocks ({len(blocks)}) do not match the "
+                             f"assistant messages ({len(every)}) one to one, so 'train': false or "
+                             "masking='last' cannot pick a turn; use masking='assistant'")
+    else:
+        text = template.render(messages, extra=kwargs)
+        spans, lo = [], 0
+        for i in assistants:
+            span = _turn_span(template, messages, kwargs, i, text, lo)
+            if span[1] > span[0]:
+                spans.append(span)
+                lo = span[1]
+    parts, train, at = [], [], 0
+    for a, b in sorted(spans):
+        a = max(a, at)
+        if b <= a:
+            continue
+        parts.append(text[at:a])
+        train.append(False)
+        parts.append(text[a:b])
+        train.append(True)
+        at = b
+    parts.append(text[at:])
+    train.append(False)
+    info = dict(conv.counts)
+    info["reasoning_dropped"] = sum(1 for m in messages if m.get("reasoning_content")
+                                    and m["reasoning_content"].strip() not in text)
+    return parts, train, info
