@@ -200,7 +200,7 @@ def cmd_pack(args) -> int:
         cache=not args.no_cache, cache_dir=args.cache_dir, backend=args.backend,
         allow_useless=args.allow_useless, **mix, **({"prefix_sharing": True} if args.prefix_sharing else {}))
     if out is not None:
-        vecpack.save(packed, out)
+        vecpack.save(packed, out, progress=_progress(args))
     compiled = compile_since(before)  # numba's first run on this machine: its own line, not in the rate
     elapsed = time.perf_counter() - t0 - compiled["waited"]
     report = _pairs_report if _is_pairs(packed) else _pack_report

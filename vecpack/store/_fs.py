@@ -1,4 +1,4 @@
-"""Filesystem helpers of the store: advisory locks, fsync, timestamps."""
+"""Filesystem helpers of the store: advisory locks, fsync, hard links, timestamps."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pathlib
 import socket
 from typing import Callable, Iterator
 
-__all__ = ["flock", "fsync_path", "iso"]
+__all__ = ["flock", "fsync_path", "iso", "try_link"]
 
 
 @contextlib.contextmanager
@@ -75,6 +75,29 @@ def fsync_path(path: pathlib.Path, *, directory: bool = False) -> None:
     finally:
         os.close(fd)
 
+
+#: What ``os.link`` fails with where the filesystem cannot give ``dst`` the same inode as ``src``:
+#: another filesystem, no hard links there (FAT, some FUSE and network mounts), the owner's rule
+#: (``fs.protected_hardlinks``), too many links. Anything else (no space, ...) is a real error.
+_NO_LINK = {errno.EXDEV, errno.EPERM, errno.EACCES, errno.EMLINK, errno.EOPNOTSUPP, errno.ENOTSUP,
+            errno.ENOSYS, errno.EINVAL, errno.ENOENT}
+
+
+def try_link(src: pathlib.Path, dst: pathlib.Path) -> bool:
+    """Hard-link ``dst`` to ``src``; False where this filesystem cannot (then the caller copies).
+
+    Safe for a cache entry's files because the cache never writes into a file it has published:
+    an entry is built in a directory of its own and renamed into place; it is removed (evicted,
+    cleared, found corrupt) by renaming it away and unlinking, which leaves the data of every
+    other link alone; and a rebuilt entry is new files. ``ENOENT``: ``src`` went away meanwhile.
+    """
+    try:
+        os.link(src, dst)
+    except OSError as e:
+        if e.errno in _NO_LINK:
+            return False
+        raise
+    return True
 
 
 def iso(t: float) -> str:

@@ -19,8 +19,9 @@ import numpy as np
 from vecpack.store._fs import iso
 from vecpack.store.hashing import checksum_algorithm, file_digest, json_default
 
-__all__ = ["CACHE_LAYOUT_VERSION", "CacheWarning", "CorruptEntry", "Entry", "EntryInfo", "describe_arrays",
-           "describe_files", "open_arrays", "read_manifest", "verify_arrays", "verify_files", "write_manifest"]
+__all__ = ["CACHE_LAYOUT_VERSION", "CacheWarning", "CorruptEntry", "Entry", "EntryInfo", "describe_array",
+           "describe_arrays", "describe_files", "npy_header", "open_arrays", "read_manifest", "verify_arrays",
+           "verify_files", "write_manifest"]
 
 #: Version of the on-disk layout (manifest schema). Entries of another layout
 #: are treated as missing and rebuilt.
@@ -89,7 +90,7 @@ class EntryInfo:
 
 
 
-def _npy_header(path: pathlib.Path) -> tuple[tuple, str, bool, int]:
+def npy_header(path: pathlib.Path) -> tuple[tuple, str, bool, int]:
     """(shape, dtype str, fortran_order, data offset) of an ``.npy`` file."""
     with open(path, "rb") as f:
         version = np.lib.format.read_magic(f)
@@ -104,17 +105,17 @@ def _npy_header(path: pathlib.Path) -> tuple[tuple, str, bool, int]:
 
 def describe_arrays(directory: str | os.PathLike, *, checksums: bool = True) -> dict[str, dict]:
     """Manifest records of every ``.npy`` file in ``directory`` (used when writing entries)."""
-    directory = pathlib.Path(directory)
-    algo = checksum_algorithm()
-    out = {}
-    for p in sorted(directory.glob("*.npy")):
-        shape, dtype, fortran, offset = _npy_header(p)
-        rec = {"file": p.name, "shape": list(shape), "dtype": dtype, "fortran_order": fortran,
-               "header_bytes": offset, "bytes": p.stat().st_size}
-        if checksums:
-            rec["checksum"] = file_digest(p, algo)
-        out[p.stem] = rec
-    return out
+    return {p.stem: describe_array(p, checksums=checksums) for p in sorted(pathlib.Path(directory).glob("*.npy"))}
+
+
+def describe_array(path: pathlib.Path, *, checksums: bool = True) -> dict:
+    """The manifest record of one ``.npy`` file."""
+    shape, dtype, fortran, offset = npy_header(path)
+    rec = {"file": path.name, "shape": list(shape), "dtype": dtype, "fortran_order": fortran,
+           "header_bytes": offset, "bytes": path.stat().st_size}
+    if checksums:
+        rec["checksum"] = file_digest(path, checksum_algorithm())
+    return rec
 
 
 def describe_files(directory: str | os.PathLike, *, checksums: bool = True) -> dict[str, dict]:
@@ -164,7 +165,7 @@ def verify_arrays(directory: pathlib.Path, records: dict[str, dict], *, checksum
         p = directory / rec["file"]
         size = _checked_size(p, rec)
         try:
-            shape, dtype, fortran, offset = _npy_header(p)
+            shape, dtype, fortran, offset = npy_header(p)
         except (ValueError, OSError, SyntaxError) as e:
             raise CorruptEntry(f"{p.name} has a bad .npy header ({e})") from None
         if (list(shape), dtype, fortran, offset) != (rec["shape"], rec["dtype"], rec["fortran_order"],

@@ -6,11 +6,18 @@ The directory holds the corpus (``tokens``, ``labels``, ``offsets``, and
 ``manifest.json`` in the cache's format (:mod:`vecpack.store.entries`). It is
 written next to its final name and renamed into place, so a reader never sees
 a partial dataset. :func:`load` also opens a ``plan-...`` cache entry.
+
+An array that is a whole ``.npy`` file mapped read-only (a cache entry's, or
+another saved dataset's) is saved as a hard link to that file where the
+filesystem allows it: no bytes are copied, and the link keeps the data when
+the cache entry is evicted (:func:`vecpack.store._fs.try_link` says why that
+is safe). Elsewhere it is copied, with a progress bar.
 """
 
 from __future__ import annotations
 
 import json
+import mmap
 import os
 import pathlib
 import shutil
@@ -24,7 +31,7 @@ from vecpack.packing.packed import Packed
 from vecpack.packing.plan import Plan
 from vecpack.store import cache as _cache
 from vecpack.store import entries as _entries
-from vecpack.store._fs import fsync_path, iso
+from vecpack.store._fs import fsync_path, iso, try_link
 from vecpack.store.build import BuildInfo, jsonable, packed_from_entries
 from vecpack.store.hashing import checksum_algorithm
 from vecpack.store.mixed import packed_from_mixture, row_ids
@@ -36,7 +43,8 @@ __all__ = ["SAVED_FORMAT", "load", "save"]
 SAVED_FORMAT = 1
 
 
-def save(packed: Packed, out_dir: str | os.PathLike, *, overwrite: bool = True) -> pathlib.Path:
+def save(packed: Packed, out_dir: str | os.PathLike, *, overwrite: bool = True,
+         progress: bool = True) -> pathlib.Path:
     """Write a packed dataset as a self-contained directory.
 
     The directory holds the corpus (``tokens``, ``labels``, ``offsets``, and
@@ -46,12 +54,20 @@ def save(packed: Packed, out_dir: str | os.PathLike, *, overwrite: bool = True) 
     provenance). It is written next to ``out_dir`` and renamed into place,
     so a reader never sees a partial dataset. :func:`load` opens it.
 
+    Arrays memory-mapped from whole ``.npy`` files (a :func:`build` result's
+    cache entries, a loaded dataset) are hard-linked where the filesystem
+    allows it (the saved dataset then shares those files' disk space, and
+    keeps them when the cache entry is evicted; treat them as read-only, as
+    :func:`load` does), else copied.
+
     Args:
         packed: a :class:`~vecpack.Packed` (from :func:`build`, :func:`load`
             or :func:`vecpack.pack`).
         out_dir: the directory to create.
         overwrite: replace an existing dataset written by ``save``
             (anything else at ``out_dir`` is never replaced).
+        progress: a progress bar (stderr) over the bytes copied, when
+            there are more than 64 MiB of them.
 
     Returns:
         ``out_dir`` as a :class:`pathlib.Path`.
@@ -92,11 +108,7 @@ def save(packed: Packed, out_dir: str | os.PathLike, *, overwrite: bool = True) 
         info = getattr(packed, "build_info", None)
         if info is not None and info.row_ids is not None:
             arrays["row_ids"] = info.row_ids
-        for name, a in arrays.items():
-            with open(tmp / f"{name}.npy", "wb") as f:
-                _write_npy(f, a if isinstance(a, tuple) else (a,))
-                f.flush()
-                os.fsync(f.fileno())
+        records = _write_arrays(tmp, arrays, progress)
         now = time.time()
         provenance = {}
         if info is not None:
@@ -109,7 +121,7 @@ def save(packed: Packed, out_dir: str | os.PathLike, *, overwrite: bool = True) 
             "key": None, "meta": {"max_len": packed.max_len, "pad_id": packed.pad_id,
                                   "ignore_index": packed.ignore_index,
                                   "stats": jsonable(dict(packed.stats)), "provenance": provenance},
-            "arrays": _entries.describe_arrays(tmp), "checksum_algorithm": checksum_algorithm(),
+            "arrays": records, "checksum_algorithm": checksum_algorithm(),
             "vecpack_version": __version__, "created": iso(now), "created_unix": now,
         }
         _entries.write_manifest(tmp, manifest)
@@ -128,9 +140,76 @@ def save(packed: Packed, out_dir: str | os.PathLike, *, overwrite: bool = True) 
     return out
 
 
-def _write_npy(f, parts: tuple) -> None:
-    """One ``.npy`` file holding the 1-D ``parts`` back to back."""
-    if len(parts) == 1:
+_BAR_FROM = 64 << 20  # bytes copied from which save shows a progress bar
+_PIECE = 64 << 20     # bytes written per call
+
+
+def _write_arrays(tmp: pathlib.Path, arrays: dict, progress: bool) -> dict:
+    """Each array as ``tmp/<name>.npy``, hard-linked to the file it maps where possible, else
+    written; returns the manifest records (a linked file's checksum taken from its own manifest)."""
+    records, copies = {}, {}
+    for name, a in arrays.items():
+        parts = a if isinstance(a, tuple) else (a,)
+        src = _mapped_file(parts[0]) if len(parts) == 1 else None
+        dst = tmp / f"{name}.npy"
+        if src is not None and try_link(src, dst):
+            rec = _known_record(src, dst)
+            records[name] = dict(rec, file=dst.name) if rec else _entries.describe_array(dst)
+        else:
+            copies[name] = parts
+    total = sum(int(np.asarray(p).nbytes) for parts in copies.values() for p in parts)
+    bar = None
+    if copies and progress and total >= _BAR_FROM:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=total, desc="saving (copy)", unit="B", unit_scale=True, unit_divisor=1024,
+                   dynamic_ncols=True, leave=False)
+    try:
+        for name, parts in copies.items():
+            dst = tmp / f"{name}.npy"
+            with open(dst, "wb") as f:
+                _write_npy(f, parts, bar)
+                f.flush()
+                os.fsync(f.fileno())
+            records[name] = _entries.describe_array(dst)
+    finally:
+        if bar is not None:
+            bar.close()
+    return dict(sorted(records.items()))
+
+
+def _mapped_file(a) -> pathlib.Path | None:
+    """The ``.npy`` file whose whole data ``a`` maps read-only (so that a link to it saves ``a``), or None."""
+    if not isinstance(a, np.memmap) or a.mode != "r" or not a.filename or getattr(a, "_mmap", None) is None:
+        return None
+    path = pathlib.Path(a.filename)
+    try:
+        shape, dtype, fortran, offset = _entries.npy_header(path)
+        size = path.stat().st_size
+        start = np.frombuffer(a._mmap, np.uint8).ctypes.data  # where the mapping begins
+    except (OSError, ValueError, SyntaxError, TypeError):
+        return None
+    whole = (tuple(a.shape), a.dtype.str, fortran, size) == (shape, dtype, False, offset + a.nbytes)
+    at_start = a.ctypes.data == start + offset % mmap.ALLOCATIONGRANULARITY
+    return path if whole and at_start and a.flags.c_contiguous else None
+
+
+def _known_record(src: pathlib.Path, dst: pathlib.Path) -> dict | None:
+    """``src``'s record in the manifest next to it (a cache entry's or a saved dataset's), if it
+    matches ``dst``, its link (``src`` itself may be evicted meanwhile)."""
+    try:
+        records = _entries.read_manifest(src.parent)["arrays"]
+    except _entries.CorruptEntry:
+        return None
+    rec = records.get(src.stem)
+    if not isinstance(rec, dict) or rec.get("file") != src.name or rec.get("bytes") != dst.stat().st_size:
+        return None
+    return rec if rec.get("checksum", "").split(":", 1)[0] == checksum_algorithm() else None
+
+
+def _write_npy(f, parts: tuple, bar=None) -> None:
+    """One ``.npy`` file holding the 1-D ``parts`` back to back (``bar`` advanced by the bytes written)."""
+    if len(parts) == 1 and np.asarray(parts[0]).ndim != 1:
         np.lib.format.write_array(f, np.asarray(parts[0]), allow_pickle=False)
         return
     dtype = np.asarray(parts[0]).dtype
@@ -138,7 +217,11 @@ def _write_npy(f, parts: tuple) -> None:
     np.lib.format.write_array_header_1_0(f, {"descr": np.lib.format.dtype_to_descr(dtype), "fortran_order": False,
                                              "shape": (n,)})
     for p in parts:
-        f.write(np.ascontiguousarray(p, dtype=dtype).data)
+        data = memoryview(np.ascontiguousarray(p, dtype=dtype)).cast("B")
+        for i in range(0, len(data), _PIECE):
+            f.write(data[i:i + _PIECE])
+            if bar is not None:
+                bar.update(len(data[i:i + _PIECE]))
 
 
 def load(path: str | os.PathLike, *, verify: bool = False, pad_id: int | None = None,
