@@ -1,7 +1,7 @@
 """numba kernels for packing. No Python glue here: see plan.py and packed.py.
 
-Every kernel is ``@njit(cache=CACHE)`` and works on flat arrays only:
-lengths and indices are ``int64``, tokens and labels ``int32``. The glue passes
+Every kernel is ``@njit(cache=CACHE)`` and works on flat arrays only: lengths and indices are
+``int64``, tokens and labels ``int32`` (labels may be a bit mask: :func:`_label`). The glue passes
 inputs as read-only views (see :func:`vecpack.packing.plan._ro`) so that each kernel is
 compiled once, whether its inputs are in-memory or memory-mapped.
 
@@ -26,32 +26,19 @@ with that capacity, so best fit is "smallest non-empty leaf >= length").
 
 import numpy as np
 from numba import njit, prange, types
+from numba.extending import overload
 
 from vecpack._state import kernel_cache
 
 CACHE = kernel_cache()  # False where numba cannot write its cache (then compiled per process)
 
-__all__ = [
-    "LONG_DROP",
-    "LONG_ERROR",
-    "LONG_SPLIT",
-    "LONG_TRUNCATE",
-    "assign_bfd",
-    "assign_ffd",
-    "assign_greedy",
-    "check_plan",
-    "expand_entries",
-    "fill_pack",
-    "fill_pack_part",
-    "fill_packs",
-    "fill_packs_part",
-    "group_entries",
-    "shuffle_ranks",
-    "trained_tokens",
-]
+__all__ = ["LONG_DROP", "LONG_ERROR", "LONG_SPLIT", "LONG_TRUNCATE", "assign_bfd", "assign_ffd", "assign_greedy",
+           "check_plan", "expand_entries", "fill_pack", "fill_pack_part", "fill_packs", "fill_packs_part",
+           "group_entries", "shuffle_ranks", "trained_tokens"]
 
 _RO64 = types.Array(types.int64, 1, "C", readonly=True)  # plan.py's _ro views
 _RO32 = types.Array(types.int32, 1, "C", readonly=True)
+_RO8 = types.Array(types.uint8, 1, "C", readonly=True)  # a corpus's labels as a bit mask
 _I64 = types.int64
 
 #: What a machine's first ``vecpack pack`` (default options) compiles, with the types the glue passes,
@@ -63,12 +50,12 @@ FIRST_RUN = (
     (("shuffle_ranks", (_I64, types.uint64)),
      ("group_entries", (_RO64, _RO64, _RO64, _I64, _RO64, _RO64, _RO64, types.boolean, types.boolean)),
      ("check_plan", (_RO64, _RO64, _RO64, _RO64, _RO64, _I64)),
-     ("trained_tokens", (_RO32, _RO64, _RO64, _RO64, _RO64, _I64))),
+     ("trained_tokens", (_RO8, _RO64, _RO64, _RO64, _RO64, _I64))),
 )
 _ROW, _ROWS = types.Array(types.int32, 1, "C"), types.Array(types.int32, 2, "C")  # filled packs
 #: The fill kernels (packed.py's types), compiled after FIRST_RUN's second half, unwaited for.
-LATER = (("fill_packs", (_RO32, _RO32) + (_RO64,) * 5 + (_I64,) * 3 + (_ROWS,) * 4),
-         ("fill_pack", (_RO32, _RO32) + (_RO64,) * 5 + (_I64,) * 3 + (_ROW,) * 4))
+LATER = (("fill_packs", (_RO32, _RO8) + (_RO64,) * 5 + (_I64,) * 3 + (_ROWS,) * 4),
+         ("fill_pack", (_RO32, _RO8) + (_RO64,) * 5 + (_I64,) * 3 + (_ROW,) * 4))
 
 LONG_TRUNCATE = 0
 LONG_DROP = 1
@@ -84,6 +71,29 @@ ST_ENTRIES = 4        # entries produced
 ST_TOKENS = 5         # tokens placed
 ST_INPUT_TOKENS = 6   # sum of all lengths
 ST_SIZE = 7
+
+
+def _label(tokens, labels, i):
+    """Token ``i``'s label: ``labels[i]`` (int32), or from a bit mask (uint8; bit ``i % 8`` of byte ``i // 8``
+    set: the token, clear: -100). ``_trained``: whether that label is not ``ignore_index`` (-100 for a mask)."""
+
+
+def _trained(labels, i, ignore_index):
+    """See :func:`_label`."""
+
+
+@overload(_label, inline="always")
+def _label_typed(tokens, labels, i):
+    if labels.dtype == types.uint8:
+        return lambda tokens, labels, i: tokens[i] if (labels[i >> 3] >> (i & 7)) & 1 else np.int32(-100)
+    return lambda tokens, labels, i: labels[i]
+
+
+@overload(_trained, inline="always")
+def _trained_typed(labels, i, ignore_index):
+    if labels.dtype == types.uint8:
+        return lambda labels, i, ignore_index: (labels[i >> 3] >> (i & 7)) & 1 != 0
+    return lambda labels, i, ignore_index: labels[i] != ignore_index
 
 
 @njit(cache=CACHE, inline='always')
@@ -434,13 +444,10 @@ def group_entries(order, pack_sorted, counts, num_packs, ranks, entry_doc, entry
 
 @njit(cache=CACHE)
 def check_plan(doc_lengths, doc_index, doc_start, doc_length, pack_offsets, max_len):
-    """Check a plan against a corpus. Returns ``(code, where)``; code 0 is OK.
-
-    1: pack_offsets does not start at 0, decrease or end at len(doc_index)
-    (where = pack); 2: doc_index out of range (entry); 3: entry length not in
-    1..max_len (entry); 4: entry runs past the end of its document (entry);
-    5: pack holds more than max_len tokens (pack).
-    """
+    """Check a plan against a corpus. Returns ``(code, where)``; code 0 is OK. 1: pack_offsets does not
+    start at 0, decrease or end at len(doc_index) (where = pack); 2: doc_index out of range (entry); 3: entry
+    length not in 1..max_len (entry); 4: entry runs past the end of its document (entry); 5: pack holds more
+    than max_len tokens (pack)."""
     num_docs = doc_lengths.shape[0]
     num_entries = doc_index.shape[0]
     num_packs = pack_offsets.shape[0] - 1
@@ -472,7 +479,7 @@ def _write_entry(tokens, labels, src, n, d32, at, ignore_index, ids, lab, pos, d
     """Write one entry (``tokens[src:src + n]``, document ``d32``) at ``at`` of a pack row."""
     for j in range(n):
         ids[at + j] = tokens[src + j]
-        lab[at + j] = labels[src + j]
+        lab[at + j] = _label(tokens, labels, src + j)
         pos[at + j] = j
         doc[at + j] = d32
     lab[at] = ignore_index
@@ -491,13 +498,10 @@ def _pad_tail(at, pad_id, ignore_index, ids, lab, pos, doc):
 @njit(cache=CACHE)
 def _fill_row(tokens, labels, shift, offsets, doc_index, doc_start, doc_length, e0, e1,
               pad_id, ignore_index, ids, lab, pos, doc):
-    """Write one pack (entries e0:e1) into four 1-D rows of max_len.
-
-    ``tokens``/``labels`` hold the corpus tokens ``shift:shift + len(tokens)``
-    (the whole corpus when ``shift`` is 0); entries whose tokens lie elsewhere
-    are skipped, their positions left for the call that holds them (a corpus
-    in parts: the corpora of a mixture).
-    """
+    """Write one pack (entries e0:e1) into four 1-D rows of max_len. ``tokens``/``labels`` hold the corpus
+    tokens ``shift:shift + len(tokens)`` (the whole corpus when ``shift`` is 0); entries whose tokens lie
+    elsewhere are skipped, their positions left for the call that holds them (a corpus in parts: the
+    corpora of a mixture)."""
     at = 0
     hi = shift + tokens.shape[0]
     for e in range(e0, e1):
@@ -547,7 +551,7 @@ def fill_packs(tokens, labels, offsets, doc_index, doc_start, doc_length, pack_o
             ua, d32 = np.uint64(at), np.int32(d)
             for j in range(np.uint64(length)):
                 ids[k, ua + j] = tokens[src + j]
-                lab[k, ua + j] = labels[src + j]
+                lab[k, ua + j] = _label(tokens, labels, src + j)
                 pos[k, ua + j] = j
                 doc[k, ua + j] = d32
             lab[k, at] = ignore_index
@@ -563,9 +567,8 @@ def fill_packs(tokens, labels, offsets, doc_index, doc_start, doc_length, pack_o
 @njit(cache=CACHE)
 def fill_pack_part(tokens, labels, shift, offsets, doc_index, doc_start, doc_length, pack_offsets, p,
                    pad_id, ignore_index, ids, lab, pos, doc):
-    """:func:`fill_pack` for a corpus in parts: writes the entries whose tokens lie in
-    ``tokens`` (corpus tokens ``shift:shift + len(tokens)``) and the padding; one call
-    per part fills the pack."""
+    """:func:`fill_pack` for a corpus in parts: writes the entries whose tokens lie in ``tokens`` (corpus
+    tokens ``shift:shift + len(tokens)``) and the padding; one call per part fills the pack."""
     _fill_row(tokens, labels, shift, offsets, doc_index, doc_start, doc_length,
               pack_offsets[p], pack_offsets[p + 1], pad_id, ignore_index, ids, lab, pos, doc)
 
@@ -587,7 +590,7 @@ def fill_packs_part(tokens, labels, shift, offsets, doc_index, doc_start, doc_le
                 us, ua, d32 = np.uint64(src - shift), np.uint64(at), np.int32(d)  # as in fill_packs
                 for j in range(np.uint64(length)):
                     ids[k, ua + j] = tokens[us + j]
-                    lab[k, ua + j] = labels[us + j]
+                    lab[k, ua + j] = _label(tokens, labels, us + j)
                     pos[k, ua + j] = j
                     doc[k, ua + j] = d32
                 lab[k, at] = ignore_index
@@ -602,18 +605,15 @@ def fill_packs_part(tokens, labels, shift, offsets, doc_index, doc_start, doc_le
 
 @njit(cache=CACHE)
 def trained_tokens(labels, offsets, doc_index, doc_start, doc_length, ignore_index):
-    """Tokens of the packs that carry a loss: each entry's labels other than ``ignore_index``,
-    its first one excepted (a pack sets it to ``ignore_index``).
-
-    One thread: a count over memory (25M tokens in about 40 ms), which ``parallel=True``
-    sped up by less than 2x on 2 cores for 0.6 s more of compilation on a first run.
-    """
+    """Tokens of the packs that carry a loss: each entry's labels other than ``ignore_index``, its first
+    one excepted (a pack sets it to ``ignore_index``). One thread: a count over memory (25M tokens in about
+    40 ms), which ``parallel=True`` sped up by less than 2x on 2 cores for 0.6 s more of compilation."""
     total = 0
     for e in range(doc_index.shape[0]):
         a = offsets[doc_index[e]] + doc_start[e]
         c = 0
         for j in range(a + 1, a + doc_length[e]):
-            if labels[j] != ignore_index:
+            if _trained(labels, j, ignore_index):
                 c += 1
         total += c
     return total

@@ -33,6 +33,7 @@ import numpy as np
 from vecpack._state import start_warming
 from vecpack.options import check_index, check_int, check_max_len, check_options
 from vecpack.packing.plan import Plan, _kernels, _ro, plan
+from vecpack.tokenizing.tokenized import bits_to_labels
 
 __all__ = ["Packed", "pack", "warm_kernels"]
 
@@ -100,7 +101,11 @@ def _parts(tokens, labels) -> list:
     for i, (t, lb) in enumerate(pairs):
         suffix = f"[{i}]" if len(pairs) > 1 else ""
         t = _check_tokens(t, "tokens" + suffix)
-        if lb is not None:
+        if isinstance(lb, np.ndarray) and lb.dtype == np.uint8:  # a bit a token (vecpack.tokenizing.tokenized)
+            if lb.shape != ((t.shape[0] + 7) // 8,):
+                raise ValueError(f"labels{suffix} as bits (uint8) must have (len(tokens) + 7) // 8 = "
+                                 f"{(t.shape[0] + 7) // 8} bytes, got shape {lb.shape}")
+        elif lb is not None:
             lb = _check_tokens(lb, "labels" + suffix)
             if lb.shape[0] != t.shape[0]:
                 raise ValueError(f"labels{suffix} has {lb.shape[0]} entries but tokens{suffix} has "
@@ -124,6 +129,13 @@ def _joined(parts: tuple) -> np.ndarray:
     return parts[0] if len(parts) == 1 else np.concatenate(parts)
 
 
+def _labels(tokens: np.ndarray, labels: np.ndarray, a: int = 0, b: int | None = None) -> np.ndarray:
+    """``labels[a:b]`` as int32, decoded when the part's labels are bits."""
+    if labels.dtype == np.uint8:
+        return bits_to_labels(tokens, labels, a, b)
+    return labels[a:b]
+
+
 class Packed:
     """Packs of ``max_len`` tokens, built lazily from the corpus and a plan.
 
@@ -141,6 +153,9 @@ class Packed:
             document may appear in several entries: a mixture's repeats).
         labels: int32 [N] aligned with tokens (``ignore_index`` = no loss),
             or a list aligned with the parts; ``None`` means the tokens themselves.
+            A part's labels may also be bits, uint8 [ceil(N / 8)] (a cache
+            entry's ``trained``: the token where set, -100 where clear; see
+            :mod:`vecpack.tokenizing.tokenized`), read as such by the fill.
         pad_id: input_ids value of padding.
         ignore_index: labels value of padding and of every entry's first token.
         arrays: optional precomputed ``{"input_ids", "labels", "position_ids",
@@ -155,7 +170,8 @@ class Packed:
         tokens, token_labels, offsets, plan: the inputs (``token_labels`` is
             ``tokens`` when no labels were given; for a corpus in parts,
             ``tokens`` and ``token_labels`` are concatenated copies and
-            ``token_parts`` / ``label_parts`` the parts).
+            ``token_parts`` / ``label_parts`` the parts, as given: labels
+            may be bits).
         pad_id, ignore_index, max_len, stats, doc_index, pack_offsets.
         input_ids, labels, position_ids, document_ids: [P, max_len] int32.
         seq_lens: int32 [E], tokens of every entry, in pack order;
@@ -229,14 +245,14 @@ class Packed:
     @property
     def token_labels(self) -> np.ndarray:
         """int32 [N], the labels aligned with :attr:`tokens` (the tokens themselves if none were given)."""
-        return _joined(self.label_parts)
+        return _joined(tuple(_labels(t, lb) for t, lb in zip(self.token_parts, self.label_parts)))
 
     def document(self, d: int) -> tuple[np.ndarray, np.ndarray]:
         """Document ``d``'s ``(tokens, labels)``, as views (a corpus in parts too)."""
         a, b = int(self.offsets[d]), int(self.offsets[d + 1])
         for tokens, labels, shift in self._parts:
             if shift <= a and b <= shift + tokens.shape[0]:
-                return tokens[a - shift:b - shift], labels[a - shift:b - shift]
+                return tokens[a - shift:b - shift], _labels(tokens, labels, a - shift, b - shift)
         raise IndexError(f"document {d} is not in the corpus")  # pragma: no cover - offsets were checked
 
     # -- plan views -------------------------------------------------------
@@ -440,7 +456,7 @@ def pack(tokens, offsets, max_len: int, *, labels=None, strategy: str = "bfd", p
     return Packed(tokens, offsets, p, labels=labels, pad_id=pad_id, ignore_index=ignore_index)
 
 
-def warm_kernels(strategy: str = "bfd", long: str = "truncate", *, background: bool = True):
+def warm_kernels(strategy: str = "bfd", long: str = "truncate", *, background: bool = True, bits: bool = False):
     """Load (or compile) the numba kernels that a later :func:`pack` will call.
 
     :func:`vecpack.build` calls this in a background thread while the
@@ -449,6 +465,7 @@ def warm_kernels(strategy: str = "bfd", long: str = "truncate", *, background: b
 
     Args:
         strategy, long: the kernels to load (as in :func:`vecpack.plan`).
+        bits: the fill kernels of labels as bits (a cache entry's), not int32.
         background: run in a daemon thread and return it; else run now.
 
     >>> warm_kernels("greedy", background=False)
@@ -457,6 +474,8 @@ def warm_kernels(strategy: str = "bfd", long: str = "truncate", *, background: b
         tokens = np.arange(1, 8, dtype=np.int32)
         p = pack(tokens, np.array([0, 3, 5, 7], dtype=np.int64), 4, strategy=strategy,
                  long="truncate" if long == "error" else long, shuffle_seed=0)
+        if bits:
+            p = Packed(tokens, p.offsets, p.plan, labels=np.packbits(tokens % 2 == 1, bitorder="little"))
         p.input_ids  # noqa: B018 - the parallel fill
         p[0]         # the one-pack fill
 

@@ -35,6 +35,7 @@ entry) memory-mapped.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import os
@@ -51,18 +52,19 @@ from vecpack.packing.packed import Packed, pack, warm_kernels
 from vecpack.packing.plan import Plan, plan, trained_tokens
 from vecpack.store import cache as _cache
 from vecpack.store import mixed as _mixed
+from vecpack.store.entries import corpus_labels
 from vecpack.store.fingerprint import corpus_key_inputs, describe
 from vecpack.tokenizing.spec import default_pad_id
 from vecpack.tokenizing.tokenized import merge_stats
 
-__all__ = ["BuildInfo", "PLAN_FORMAT", "build", "corpus_entry", "jsonable", "packed_from_entries"]
+__all__ = ["BuildInfo", "PLAN_FORMAT", "build", "corpus_entry", "jsonable", "packed_from_entries", "stores_bits"]
 
 logger = logging.getLogger("vecpack")
 
 #: Bump when plans change for the same lengths and options.
 PLAN_FORMAT = 1
 
-_CORPUS_ARRAYS = ("tokens", "labels", "offsets", "row_ids")
+_CORPUS_ARRAYS = ("tokens", "offsets", "row_ids")  # and labels: "trained" bits or "labels" (corpus_labels)
 _PLAN_ARRAYS = ("doc_index", "doc_start", "doc_length", "pack_offsets")
 
 @dataclasses.dataclass(frozen=True)
@@ -234,7 +236,7 @@ def build(data_files, tokenizer=None, max_len: int | None = None, *, style: str 
                                           root=store.root, verify=verify,
                                           on_read=_start_early(data_files, tokenizer, tok_kwargs, strategy, long))
     corpus = corpus_entry(store, data_files, tokenizer, inputs=inputs, described=described, verify=verify,
-                          before=lambda: warm_kernels(strategy, long), **tok_kwargs)
+                          before=lambda: warm_kernels(strategy, long, bits=stores_bits(encoder)), **tok_kwargs)
     ckey = corpus.key
     offsets = corpus.arrays["offsets"]
 
@@ -244,7 +246,7 @@ def build(data_files, tokenizer=None, max_len: int | None = None, *, style: str 
 
     def build_plan(tmp: pathlib.Path) -> dict:
         p = plan(np.diff(offsets), max_len, strategy=strategy, long=long, shuffle_seed=shuffle_seed)
-        p.stats["trained_tokens"] = trained_tokens(p, corpus.arrays["labels"], offsets, IGNORE_INDEX)
+        p.stats["trained_tokens"] = trained_tokens(p, corpus_labels(corpus.arrays), offsets, IGNORE_INDEX)
         for n in _PLAN_ARRAYS:
             np.save(tmp / f"{n}.npy", np.ascontiguousarray(getattr(p, n), dtype=np.int64))
         return {"stats": jsonable(dict(p.stats))}
@@ -360,20 +362,47 @@ def _check_useful(stats: dict, tstats: dict, masking: str, allow_useless: bool) 
         raise UselessOutputError(f"{reason}. allow_useless=True (--allow-useless) keeps such a result")
 
 
+#: The encoders whose corpus entries keep their labels as bits: vecpack's own chat and pair encoders.
+_BITS_ENCODERS = ("vecpack.tokenizing.encoder", "vecpack.preference.encoder")
+
+
+def stores_bits(encoder, tokenize=None) -> bool:
+    """Whether a corpus entry stores its labels as bits (``trained.npy``) rather than int32 ``labels.npy``.
+
+    Bits for vecpack's own chat and pair encoders (made from a tokenizer, or
+    given as ``encoder=``), which label each token with itself or -100 (the
+    merger checks every label, and writes ``labels.npy`` if one is not so).
+    torchtune's corpora (a ``TorchtuneEncoder``, or ``ds[i]`` through ``tokenize=``)
+    keep int32 labels: :mod:`vecpack.torchtune.corpus` reads them as such, and
+    ``ds[i]`` may give any labels; so does any other caller's encoder.
+    """
+    return tokenize is None and (encoder is None or type(encoder).__module__ in _BITS_ENCODERS)
+
+
 def corpus_entry(store: _cache.Cache, data_files, tokenizer, *, inputs: dict, described: dict,
                  verify: bool = False, before=None, tokenize=None, keep=(), **tok_kwargs):
-    """The tokenized corpus (``tokens``, ``labels``, ``offsets``, ``row_ids``) as a cache entry.
+    """The tokenized corpus (``tokens``, labels, ``offsets``, ``row_ids``) as a cache entry.
 
     Keyed by ``inputs`` (see :func:`~vecpack.store.fingerprint.corpus_key_inputs`);
     on a miss ``tokenize`` (default :func:`vecpack.tokenize`) writes it under
     the cache lock (``before()`` runs first). ``tok_kwargs`` go to ``tokenize``;
     ``keep``: entries the size cap must not evict now (a mixture's other corpora).
+
+    The labels are stored as bits (``trained.npy``, a 32nd of ``labels.npy``) when
+    they can be (:func:`stores_bits`, and every label is its token or -100).
     """
+    bits = stores_bits(tok_kwargs.get("encoder"), tokenize)
+
     def build_corpus(tmp: pathlib.Path) -> dict:
+        from vecpack.tokenizing.merge import trained_bits  # (tokenizing code: only on a miss)
+
         if before is not None:
             before()
-        t = (tokenize or _tokenize)(data_files, tokenizer, out_dir=tmp, **tok_kwargs)
+        with trained_bits() if bits else contextlib.nullcontext():
+            t = (tokenize or _tokenize)(data_files, tokenizer, out_dir=tmp, **tok_kwargs)
         missing = [n for n in _CORPUS_ARRAYS if not (tmp / f"{n}.npy").exists()]
+        if not (tmp / "labels.npy").exists() and not (tmp / "trained.npy").exists():
+            missing.append("labels")
         if missing:
             raise RuntimeError(f"vecpack.tokenize(out_dir=...) did not write {missing}")
         return {"stats": jsonable(dict(t.stats)),
@@ -435,7 +464,7 @@ def _build_mixture(data_files, tokenizer, max_len, *, weights, mix, strategy, lo
                                          on_error=run["on_error"], encoder=run.get("encoder"), root=store.root,
                                          verify=verify)
         corpora.append(corpus_entry(store, s.data, tokenizer, inputs=inputs, described=desc, verify=verify,
-                                    before=lambda: warm_kernels(strategy, long),
+                                    before=lambda: warm_kernels(strategy, long, bits=stores_bits(run.get("encoder"))),
                                     keep=[c.key for c in corpora], **source_kw(s)))
     keys = [c.key for c in corpora]
     minputs = _mixed.mix_key_inputs(keys, shares, max_len=max_len, strategy=strategy, long=long,
@@ -444,7 +473,8 @@ def _build_mixture(data_files, tokenizer, max_len, *, weights, mix, strategy, lo
     def build_mix(tmp: pathlib.Path) -> dict:
         p = mix_plan([np.diff(c.arrays["offsets"]) for c in corpora], shares, max_len,
                      row_ids=[c.arrays.get("row_ids") for c in corpora], **plan_kw)
-        _mixed.add_trained_tokens(p, [c.arrays["labels"] for c in corpora], [c.arrays["offsets"] for c in corpora])
+        _mixed.add_trained_tokens(p, [corpus_labels(c.arrays) for c in corpora],
+                                  [c.arrays["offsets"] for c in corpora])
         _mixed.save_plan(tmp, p)
         return {"stats": jsonable(dict(p.stats))}
 
@@ -542,7 +572,7 @@ def packed_from_entries(corpus, pentry, *, pad_id=None, ignore_index=-100) -> Pa
         pad_id = int(corpus.meta.get("pad_id", 0))
     # The entries' sizes and headers were checked on open and the plan was checked against
     # this corpus when it was built: skip the O(documents) re-check so a reopen stays lazy.
-    return Packed(corpus.arrays["tokens"], corpus.arrays["offsets"], p, labels=corpus.arrays["labels"],
+    return Packed(corpus.arrays["tokens"], corpus.arrays["offsets"], p, labels=corpus_labels(corpus.arrays),
                   pad_id=pad_id, ignore_index=ignore_index, validate=False)
 
 

@@ -5,7 +5,7 @@ that is written last::
 
     ~/.cache/vecpack/                      ($VECPACK_CACHE, or Cache(root=...))
     |-- corpus-3f9a...e1/                  one entry: immutable once it exists
-    |   |-- tokens.npy  labels.npy  offsets.npy  row_ids.npy
+    |   |-- tokens.npy  trained.npy (or labels.npy)  offsets.npy  row_ids.npy
     |   |-- manifest.json                  key inputs, shapes, dtypes, checksums, version, time
     |   `-- last-access                    empty; its mtime is the LRU clock
     |-- corpus-3f9a...e1.lock              fcntl.flock: one builder per key
@@ -157,9 +157,11 @@ class Cache:
             return None, None
         try:
             manifest = read_manifest(directory)
-            if manifest.get("layout") != CACHE_LAYOUT_VERSION or manifest.get("key") != key:
-                raise CorruptEntry(f"manifest layout/key mismatch (layout {manifest.get('layout')!r}, "
-                                    f"expected {CACHE_LAYOUT_VERSION})")
+            if manifest.get("layout") != CACHE_LAYOUT_VERSION:  # (an older vecpack's: rebuilt in this layout)
+                raise CorruptEntry(f"written in cache layout {manifest.get('layout')!r}; this vecpack reads "
+                                   f"layout {CACHE_LAYOUT_VERSION}")
+            if manifest.get("key") != key:
+                raise CorruptEntry(f"manifest key {manifest.get('key')!r} is not {key!r}")
             verify_arrays(directory, manifest["arrays"], checksums=verify)
             verify_files(directory, manifest.get("files", {}), checksums=verify)
             arrays = open_arrays(directory, manifest["arrays"])

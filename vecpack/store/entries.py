@@ -19,13 +19,14 @@ import numpy as np
 from vecpack.store._fs import iso
 from vecpack.store.hashing import checksum_algorithm, file_digest, json_default
 
-__all__ = ["CACHE_LAYOUT_VERSION", "CacheWarning", "CorruptEntry", "Entry", "EntryInfo", "describe_array",
-           "describe_arrays", "describe_files", "npy_header", "open_arrays", "read_manifest", "verify_arrays",
-           "verify_files", "write_manifest"]
+__all__ = ["CACHE_LAYOUT_VERSION", "CacheWarning", "CorruptEntry", "Entry", "EntryInfo", "corpus_labels",
+           "describe_array", "describe_arrays", "describe_files", "npy_header", "open_arrays", "read_manifest",
+           "verify_arrays", "verify_files", "write_manifest"]
 
-#: Version of the on-disk layout (manifest schema). Entries of another layout
-#: are treated as missing and rebuilt.
-CACHE_LAYOUT_VERSION = 1
+#: Version of the on-disk layout (manifest schema, array files). Entries of
+#: another layout are removed and rebuilt. 2: a corpus's labels may be the bit
+#: mask ``trained.npy`` instead of ``labels.npy`` (see :func:`corpus_labels`).
+CACHE_LAYOUT_VERSION = 2
 
 MANIFEST = "manifest.json"
 LAST_ACCESS = "last-access"
@@ -207,6 +208,13 @@ def open_arrays(directory: pathlib.Path, records: dict[str, dict]) -> dict[str, 
     for name, rec in records.items():
         out[name] = np.load(directory / rec["file"], mmap_mode="r", allow_pickle=False)
     return out
+
+
+def corpus_labels(arrays: dict) -> np.ndarray:
+    """A corpus's labels as stored: ``trained`` (uint8 bits, where every label is its token or -100;
+    see :mod:`vecpack.tokenizing.tokenized`) or ``labels`` (int32). :class:`~vecpack.Packed` and the
+    packing kernels take either."""
+    return arrays["trained"] if "trained" in arrays else arrays["labels"]
 
 
 def write_manifest(directory: pathlib.Path, manifest: dict) -> None:

@@ -26,6 +26,7 @@ from vecpack.mixing.plan import union_offsets
 from vecpack.options import IGNORE_INDEX
 from vecpack.packing.packed import Packed
 from vecpack.packing.plan import Plan, trained_tokens
+from vecpack.store.entries import corpus_labels
 
 __all__ = ["MIX_FORMAT", "add_trained_tokens", "mix_key_inputs", "packed_from_mixture",
            "row_ids", "save_plan", "source_infos", "with_sources"]
@@ -102,7 +103,7 @@ def packed_from_mixture(corpora: list, arrays: dict, max_len: int, stats: dict, 
     offsets = union_offsets([c.arrays["offsets"] for c in corpora])
     # entries were checked on open and the plan against these corpora when it was built
     return Packed([c.arrays["tokens"] for c in corpora], offsets, p,
-                  labels=[c.arrays["labels"] for c in corpora], pad_id=pad_id, ignore_index=ignore_index,
+                  labels=[corpus_labels(c.arrays) for c in corpora], pad_id=pad_id, ignore_index=ignore_index,
                   validate=False)
 
 

@@ -1,6 +1,7 @@
 """A packed dataset as a self-contained directory: :func:`save` writes it, :func:`load` maps it.
 
-The directory holds the corpus (``tokens``, ``labels``, ``offsets``, and
+The directory holds the corpus (``tokens``, ``labels`` or their bits ``trained``
+(see :mod:`vecpack.tokenizing.tokenized`), ``offsets``, and
 ``row_ids`` when known) and the plan (``doc_index``, ``doc_start``,
 ``doc_length``, ``pack_offsets``) as ``.npy`` files, plus a
 ``manifest.json`` in the cache's format (:mod:`vecpack.store.entries`). It is
@@ -35,12 +36,12 @@ from vecpack.store._fs import fsync_path, iso, try_link
 from vecpack.store.build import BuildInfo, jsonable, packed_from_entries
 from vecpack.store.hashing import checksum_algorithm
 from vecpack.store.mixed import packed_from_mixture, row_ids
-from vecpack.tokenizing.tokenized import merge_stats
+from vecpack.tokenizing.tokenized import bits_to_labels, merge_stats
 
 __all__ = ["SAVED_FORMAT", "load", "save"]
 
-#: Layout of directories written by :func:`save`.
-SAVED_FORMAT = 1
+#: Layout of directories written by :func:`save`. 2: labels may be ``trained.npy`` bits.
+SAVED_FORMAT = 2
 
 
 def save(packed: Packed, out_dir: str | os.PathLike, *, overwrite: bool = True,
@@ -102,7 +103,7 @@ def save(packed: Packed, out_dir: str | os.PathLike, *, overwrite: bool = True,
                       "pair_lens": packed.plan.pair_lens, "pack_offsets": packed.plan.pack_offsets}
         else:
             # a corpus in parts (a mixture's corpora) is written part after part, never joined in memory
-            arrays = {"tokens": packed.token_parts, "labels": packed.label_parts, "offsets": packed.offsets,
+            arrays = {"tokens": packed.token_parts, **_labels(packed), "offsets": packed.offsets,
                       "doc_index": packed.plan.doc_index, "doc_start": packed.plan.doc_start,
                       "doc_length": packed.plan.doc_length, "pack_offsets": packed.plan.pack_offsets}
         info = getattr(packed, "build_info", None)
@@ -157,7 +158,7 @@ def _write_arrays(tmp: pathlib.Path, arrays: dict, progress: bool) -> dict:
             records[name] = dict(rec, file=dst.name) if rec else _entries.describe_array(dst)
         else:
             copies[name] = parts
-    total = sum(int(np.asarray(p).nbytes) for parts in copies.values() for p in parts)
+    total = sum(int(p.nbytes) for parts in copies.values() for p in parts)
     bar = None
     if copies and progress and total >= _BAR_FROM:
         from tqdm.auto import tqdm
@@ -176,6 +177,31 @@ def _write_arrays(tmp: pathlib.Path, arrays: dict, progress: bool) -> dict:
         if bar is not None:
             bar.close()
     return dict(sorted(records.items()))
+
+
+def _labels(packed: Packed) -> dict:
+    """``{"trained": bits}`` of a corpus in one part whose labels are bits, else ``{"labels": parts}``
+    (bits decoded block by block as they are written)."""
+    parts = packed.label_parts
+    if len(parts) == 1 and parts[0].dtype == np.uint8:
+        return {"trained": parts[0]}
+    return {"labels": tuple(_Decoded(t, lb) if lb.dtype == np.uint8 else lb
+                            for t, lb in zip(packed.token_parts, parts))}
+
+
+class _Decoded:
+    """int32 labels of ``tokens`` from bits, decoded a block at a time (for :func:`_write_npy`)."""
+
+    dtype = np.dtype(np.int32)
+
+    def __init__(self, tokens: np.ndarray, bits: np.ndarray):
+        self.tokens, self.bits = tokens, bits
+        self.shape, self.nbytes = tokens.shape, tokens.nbytes
+
+    def blocks(self):
+        n = self.shape[0]
+        for a in range(0, n, _PIECE // 4):  # a multiple of 8
+            yield bits_to_labels(self.tokens, self.bits, a, min(n, a + _PIECE // 4))
 
 
 def _mapped_file(a) -> pathlib.Path | None:
@@ -209,19 +235,20 @@ def _known_record(src: pathlib.Path, dst: pathlib.Path) -> dict | None:
 
 def _write_npy(f, parts: tuple, bar=None) -> None:
     """One ``.npy`` file holding the 1-D ``parts`` back to back (``bar`` advanced by the bytes written)."""
-    if len(parts) == 1 and np.asarray(parts[0]).ndim != 1:
+    if len(parts) == 1 and not isinstance(parts[0], _Decoded) and np.asarray(parts[0]).ndim != 1:
         np.lib.format.write_array(f, np.asarray(parts[0]), allow_pickle=False)
         return
-    dtype = np.asarray(parts[0]).dtype
+    dtype = parts[0].dtype if isinstance(parts[0], _Decoded) else np.asarray(parts[0]).dtype
     n = sum(int(p.shape[0]) for p in parts)
     np.lib.format.write_array_header_1_0(f, {"descr": np.lib.format.dtype_to_descr(dtype), "fortran_order": False,
                                              "shape": (n,)})
     for p in parts:
-        data = memoryview(np.ascontiguousarray(p, dtype=dtype)).cast("B")
-        for i in range(0, len(data), _PIECE):
-            f.write(data[i:i + _PIECE])
-            if bar is not None:
-                bar.update(len(data[i:i + _PIECE]))
+        for block in p.blocks() if isinstance(p, _Decoded) else (p,):
+            data = memoryview(np.ascontiguousarray(block, dtype=dtype)).cast("B")
+            for i in range(0, len(data), _PIECE):
+                f.write(data[i:i + _PIECE])
+                if bar is not None:
+                    bar.update(len(data[i:i + _PIECE]))
 
 
 def load(path: str | os.PathLike, *, verify: bool = False, pad_id: int | None = None,
@@ -256,7 +283,7 @@ def load(path: str | os.PathLike, *, verify: bool = False, pad_id: int | None = 
         a, meta = _open_saved(path, manifest, verify)
         p = Plan(doc_index=a["doc_index"], doc_start=a["doc_start"], doc_length=a["doc_length"],
                  pack_offsets=a["pack_offsets"], max_len=int(meta["max_len"]), stats=dict(meta["stats"]))
-        packed = Packed(a["tokens"], a["offsets"], p, labels=a["labels"],
+        packed = Packed(a["tokens"], a["offsets"], p, labels=_entries.corpus_labels(a),
                         pad_id=int(meta["pad_id"]) if pad_id is None else pad_id,
                         ignore_index=int(meta["ignore_index"]) if ignore_index is None else ignore_index,
                         validate=verify)

@@ -9,10 +9,20 @@ and writes ``offsets`` and ``row_ids`` as it goes::
     chunk 0 (direct) ┐
     chunk 2 (file)   ├─► ChunkMerger.add (any order) ──► tokens.npy labels.npy offsets.npy row_ids.npy
     chunk 1 (direct) ┘        appends in order, deletes chunk files as it copies them
+
+Within :func:`trained_bits` (the cache's corpus builds), a merger that keeps its
+files stores the labels as one bit a token, ``trained.npy`` (see
+:mod:`vecpack.tokenizing.tokenized`), when every label is its token or -100:
+direct chunks write a byte a token into a scratch file beside the chunk files,
+which the merger packs into bits in order. A chunk with any other label goes
+to chunk files, and from it on the merger writes ``labels.npy`` instead
+(the labels before it decoded from the bits so far).
 """
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import os
 import shutil
 import threading
@@ -23,9 +33,21 @@ import numpy as np
 
 from vecpack.tokenizing.tasks import ChunkMeta
 
-__all__ = ["ChunkMerger", "DirectTarget", "merge_chunks"]
+__all__ = ["ChunkMerger", "DirectTarget", "merge_chunks", "trained_bits"]
 
 _SUFFIXES = ("tokens", "labels")
+_BITS = contextvars.ContextVar("vecpack_trained_bits", default=False)
+_BLOCK = 1 << 24  # tokens per step when the merger converts labels
+
+
+@contextlib.contextmanager
+def trained_bits():
+    """Mergers made inside (in this thread) store labels as ``trained.npy`` bits when they can."""
+    token = _BITS.set(True)
+    try:
+        yield
+    finally:
+        _BITS.reset(token)
 
 
 @dataclass(frozen=True)
@@ -44,19 +66,26 @@ class DirectTarget:
     tokens_path: str
     labels_path: str
     header: int
+    mask_path: str | None = None  # bits mode: a byte a token (1: trained) here, instead of labels
 
     def write(self, index: int, tokens: np.ndarray, labels: np.ndarray) -> bool:
+        from vecpack.tokenizing.tokenized import trained_mask
+
+        mask = trained_mask(tokens, labels) if self.mask_path is not None else None
         counts = np.memmap(self.counts_path, dtype=np.int64, mode="r+", shape=(self.n_tasks,))
         try:
             counts[index] = len(tokens)
             before = np.array(counts[:index])
         finally:
             del counts
-        if (before < 0).any():
-            return False
-        offset = self.header + int(before.sum()) * 4
-        for path, arr in ((self.tokens_path, tokens), (self.labels_path, labels)):
-            _pwrite_all(path, np.ascontiguousarray(arr, dtype=np.int32), offset)
+        if (before < 0).any() or (self.mask_path is not None and mask is None):
+            return False  # (labels that are not bits: chunk files, and the merger writes labels.npy)
+        at = int(before.sum())
+        _pwrite_all(self.tokens_path, np.ascontiguousarray(tokens, dtype=np.int32), self.header + at * 4)
+        if mask is None:
+            _pwrite_all(self.labels_path, np.ascontiguousarray(labels, dtype=np.int32), self.header + at * 4)
+        else:
+            _pwrite_all(self.mask_path, mask.view(np.uint8), at)
         return True
 
 
@@ -70,6 +99,8 @@ class DirectTarget:
 
 
 def _pwrite_all(path: str, arr: np.ndarray, offset: int) -> None:
+    if not arr.size:
+        return
     view = memoryview(arr).cast("B")
     fd = os.open(path, os.O_WRONLY)
     try:
@@ -193,8 +224,10 @@ class ChunkMerger:
     def __init__(self, out_dir: str, *, keep: bool = True):
         os.makedirs(out_dir, exist_ok=True)
         self.out_dir, self.keep = out_dir, keep
-        self.files = {name: _NpyAppender(os.path.join(out_dir, f"{name}.npy"), dt)
-                      for name, dt in self._ARRAYS}
+        self.mode = "bits" if keep and _BITS.get() else "labels"  # "dense": bits given up (labels.npy)
+        names = [(("trained", np.uint8) if self.mode == "bits" and n == "labels" else (n, dt))
+                 for n, dt in self._ARRAYS]
+        self.files = {name: _NpyAppender(os.path.join(out_dir, f"{name}.npy"), dt) for name, dt in names}
         self.files["offsets"].append(np.zeros(1, np.int64))
         self.pending: dict[int, ChunkMeta] = {}
         self.next = 0
@@ -202,6 +235,9 @@ class ChunkMerger:
         self.records = 0
         self._synced = 0          # tokens flushed to disk by the background syncer
         self._syncer = None
+        self._carry = np.zeros(0, bool)   # bits mode: the last tokens' flags, fewer than 8
+        self._mask_path = None            # bits mode: where direct chunks write a byte a token
+        self._done = 0                    # bits mode: tokens whose flags (or labels) are written
 
     def direct_target(self, work_dir: str, n_tasks: int) -> DirectTarget:
         """Let the workers of one run write chunks straight into ``tokens.npy`` / ``labels.npy``."""
@@ -210,8 +246,12 @@ class ChunkMerger:
         counts[:] = -1
         counts.flush()
         del counts
-        return DirectTarget(counts_path, max(1, n_tasks), self.files["tokens"].path,
-                            self.files["labels"].path, _NPY_HEADER)
+        if self.mode != "labels" and self._mask_path is None:
+            self._mask_path = os.path.join(work_dir, f"trained-{uuid.uuid4().hex[:8]}.u8")
+            open(self._mask_path, "wb").close()
+        labels = self.files["labels"].path if "labels" in self.files else ""
+        return DirectTarget(counts_path, max(1, n_tasks), self.files["tokens"].path, labels, _NPY_HEADER,
+                            self._mask_path)
 
     def add(self, meta: ChunkMeta) -> None:
         self.pending[meta.index] = meta
@@ -223,10 +263,20 @@ class ChunkMerger:
         f = self.files
         if m.direct:
             f["tokens"].skip(m.tokens)
-            f["labels"].skip(m.tokens)
+            if self.mode == "labels":
+                f["labels"].skip(m.tokens)
+            else:  # the worker wrote a byte a token into the scratch file
+                for a in range(0, m.tokens, _BLOCK):
+                    n = min(_BLOCK, m.tokens - a)
+                    mask = np.fromfile(self._mask_path, np.uint8, n, offset=self.tokens + a).view(bool)
+                    self._put(mask, lambda n=n, a=a: np.fromfile(f["tokens"].path, np.int32, n, offset=_NPY_HEADER
+                                                                 + (self.tokens + a) * 4), None)
         else:
             f["tokens"].append_npy(m.path("tokens"), m.tokens)
-            f["labels"].append_npy(m.path("labels"), m.tokens)
+            if self.mode == "labels":
+                f["labels"].append_npy(m.path("labels"), m.tokens)
+            else:
+                self._put_chunk_file(m)
             for name in _SUFFIXES:
                 os.unlink(m.path(name))
         f["offsets"].append(np.cumsum(m.lengths) + self.tokens)
@@ -236,6 +286,49 @@ class ChunkMerger:
         if self.keep and (self.tokens - self._synced) * 8 >= _SYNC_EVERY:
             self._sync_behind()
 
+    def _put_chunk_file(self, m: ChunkMeta) -> None:
+        """Bits (or labels) of a chunk that came as files."""
+        from vecpack.tokenizing.tokenized import trained_mask
+
+        tokens, labels = (np.load(m.path(n), mmap_mode="r") for n in _SUFFIXES)
+        for a in range(0, m.tokens, _BLOCK):
+            tok, lab = np.asarray(tokens[a:a + _BLOCK]), np.asarray(labels[a:a + _BLOCK])
+            mask = trained_mask(tok, lab) if self.mode == "bits" else None
+            if mask is None and self.mode == "bits":
+                self._give_up_bits()
+            self._put(mask, None, lab)
+        del tokens, labels
+
+    def _put(self, mask, tokens, labels) -> None:
+        """Append one block's flags (bits mode) or labels (dense: ``labels``, or ``tokens()`` where ``mask``)."""
+        self._done += mask.shape[0] if labels is None else labels.shape[0]
+        if self.mode == "dense":
+            if labels is None:
+                labels = np.where(mask, tokens(), np.int32(-100)).astype(np.int32, copy=False)
+            self.files["labels"].append(labels)
+            return
+        m = np.concatenate([self._carry, mask]) if self._carry.size else mask
+        full = m.shape[0] // 8 * 8
+        if full:
+            self.files["trained"].append(np.packbits(m[:full], bitorder="little"))
+        self._carry = np.array(m[full:])
+
+    def _give_up_bits(self) -> None:
+        """A label is neither its token nor -100: write ``labels.npy``, first the labels so far (from the bits)."""
+        from vecpack.tokenizing.tokenized import bits_to_labels
+
+        bits = self.files["trained"]
+        if self._carry.size:
+            bits.append(np.packbits(self._carry, bitorder="little"))
+            self._carry = np.zeros(0, bool)
+        labels = self.files["labels"] = _NpyAppender(os.path.join(self.out_dir, "labels.npy"), np.int32)
+        for a in range(0, self._done, _BLOCK):  # _BLOCK is a multiple of 8: whole bytes of bits
+            n = min(_BLOCK, self._done - a)
+            tok = np.fromfile(self.files["tokens"].path, np.int32, n, offset=_NPY_HEADER + a * 4)
+            b = np.fromfile(bits.path, np.uint8, (n + 7) // 8, offset=_NPY_HEADER + a // 8)
+            labels.append(bits_to_labels(tok, b))
+        self.mode = "dense"
+
     def _sync_behind(self) -> None:
         """Flush the written part of the big files to disk in a thread, while tokenizing goes on.
 
@@ -244,7 +337,7 @@ class ChunkMerger:
         """
         if self._syncer is not None and self._syncer.is_alive():
             return
-        paths = [self.files["tokens"].path, self.files["labels"].path]
+        paths = [f.path for name, f in self.files.items() if name in ("tokens", "labels", "trained")]
         self._synced = self.tokens
 
         def run():
@@ -269,22 +362,33 @@ class ChunkMerger:
             raise RuntimeError(f"chunk {self.next} never arrived (have {sorted(self.pending)})")
         if self._syncer is not None:
             self._syncer.join()
+        if self.mode == "bits" and self._carry.size:
+            self.files["trained"].append(np.packbits(self._carry, bitorder="little"))
+        if self.mode == "dense":
+            self.files.pop("trained").abort()
+        self._drop_scratch()
         arrays = {}
-        for name, _ in self._ARRAYS:
-            self.files[name].close()
-            path = self.files[name].path
+        for name, f in self.files.items():
+            f.close()
             if self.keep:
-                arrays[name] = np.load(path, mmap_mode="r")
+                arrays[name] = np.load(f.path, mmap_mode="r")
             else:  # the mapping keeps the data alive after the unlink
-                arrays[name] = np.asarray(np.load(path, mmap_mode="c"))
-                os.unlink(path)
-        return Tokenized(stats={}, **arrays)
+                arrays[name] = np.asarray(np.load(f.path, mmap_mode="c"))
+                os.unlink(f.path)
+        return Tokenized(arrays["tokens"], arrays.get("labels"), arrays["offsets"], arrays["row_ids"], {},
+                         trained=arrays.get("trained"))
 
     def abort(self) -> None:
         if self._syncer is not None:
             self._syncer.join()
         for f in self.files.values():
             f.abort()
+        self._drop_scratch()
+
+    def _drop_scratch(self) -> None:
+        if self._mask_path is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(self._mask_path)
 
 
 def merge_chunks(metas: list[ChunkMeta], out_dir: str | None = None):
