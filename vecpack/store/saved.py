@@ -48,8 +48,8 @@ def save(packed: Packed, out_dir: str | os.PathLike, *, overwrite: bool = True,
          progress: bool = True) -> pathlib.Path:
     """Write a packed dataset as a self-contained directory.
 
-    The directory holds the corpus (``tokens``, ``labels``, ``offsets``, and
-    ``row_ids`` when known) and the plan (``doc_index``, ``doc_start``,
+    The directory holds the corpus (``tokens``, ``labels`` or their bits
+    ``trained``, ``offsets``, and ``row_ids`` when known) and the plan (``doc_index``, ``doc_start``,
     ``doc_length``, ``pack_offsets``) as ``.npy`` files, plus a
     ``manifest.json`` (max_len, pad_id, ignore_index, stats, checksums,
     provenance). It is written next to ``out_dir`` and renamed into place,
