@@ -81,6 +81,7 @@ True
 
 from __future__ import annotations
 
+import os
 from typing import Iterator
 
 import torch
@@ -91,11 +92,12 @@ from vecpack.inputs.readers import reader
 from vecpack.inputs.sources import Source, resolve_sources
 from vecpack.mixing.source import is_mixture
 from vecpack.options import STREAM_STRATEGIES, check_choice, check_int, check_max_len, check_options, check_seed
+from vecpack.streaming.encoding import EngineStart
 from vecpack.streaming.mix import SOURCE_STATS, MixRun, mixture_stats, stream_sources
 from vecpack.streaming.readers import Layout
 from vecpack.streaming.run import STAT_KEYS, STATE_VERSION, Run, with_fill
 from vecpack.tokenizing.corpus import check_args, encoder_class
-from vecpack.tokenizing.encoder import encoder_for
+from vecpack.tokenizing.encoder import encoder_for, remember
 from vecpack.tokenizing.spec import default_pad_id
 
 __all__ = ["StreamingPackedDataset"]
@@ -249,10 +251,17 @@ class StreamingPackedDataset(IterableDataset):
             for s in self._srcs:
                 if not reader(s.kind).streams:
                     raise reader(s.kind)._no_stream(s.name)
+        self._key = None
         if encoder is None:
-            encoder = encoder_for(tokenizer, style, column, masking, sample, defer=False,
-                                  cls=encoder_class(style))[1]
+            cls = encoder_class(style)
+            # a ChatEncoder's parity check runs beside the stream's start (EngineStart), not here
+            self._key, encoder = encoder_for(tokenizer, style, column, masking, sample,
+                                             defer=cls is None, cls=cls)
+            self._tokenizer = tokenizer
         self.encoder = encoder
+        self._start = None
+        if self._key is not None and self._mix is None:
+            self._engine_start()   # HF's side of the check and fastokens' build start now
         self.max_len = int(max_len)
         self.buffer_size = 1 if strategy == "greedy" else int(buffer_size)
         self.strategy = strategy
@@ -273,11 +282,30 @@ class StreamingPackedDataset(IterableDataset):
         self._pending: dict | None = None   # a loaded state, for the next iter()
         self._run: Run | None = None       # the live iterator's state
 
-    # pools and live iterators do not travel to DataLoader workers
+    # pools, live iterators and engine starts do not travel to DataLoader workers
     def __getstate__(self):
         d = dict(self.__dict__)
         d["_run"] = None
+        d["_start"] = None
+        d.pop("_tokenizer", None)
         return d
+
+    def _engine_start(self) -> EngineStart | None:
+        """This process's :class:`~vecpack.streaming.encoding.EngineStart` of the encoder (made on first use,
+        and again in a forked DataLoader worker)."""
+        if self._mix is not None:
+            return None
+        start = self._start
+        if start is None or start.pid != os.getpid():
+            key, tokenizer = self._key, self.__dict__.get("_tokenizer")
+
+            def fell_back(enc):
+                self.encoder = enc
+                if key is not None and tokenizer is not None:
+                    remember(key, enc, tokenizer)
+
+            start = self._start = EngineStart(self.encoder, fell_back)
+        return start
 
     # ------------------------------------------------------------------ public
     def set_epoch(self, epoch: int) -> None:

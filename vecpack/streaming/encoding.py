@@ -10,17 +10,23 @@ that row's file:line, as in ``vecpack.build``.
 from __future__ import annotations
 
 import collections
+import copy
 import os
+import pathlib
 import shutil
 import tempfile
+import threading
 import weakref
+from concurrent.futures import Future
 from typing import Callable, Iterator
+
+import numpy as np
 
 from vecpack.errors import EncoderError
 from vecpack.tokenizing import pool as _pool
 from vecpack.tokenizing.rows import RowFailure, Rows, encode_rows
 
-__all__ = ["Encoding", "documents", "encode_batch", "encode_in_worker", "encoder_ready"]
+__all__ = ["Encoding", "EngineStart", "documents", "encode_batch", "encode_in_worker", "encoder_ready"]
 
 
 def encode_batch(encoder, payloads: list) -> Rows:
@@ -65,6 +71,256 @@ def documents(rows: Rows, n: int, per_row: int = 1) -> tuple[list, dict]:
     return out, dict(rows.rejected)
 
 
+def _in_thread(fn, name: str, nice: int = 0) -> Future:
+    """``fn()`` in a thread of its own; its result or exception in a Future.
+
+    Not a daemon: its native code (an engine's build) must not be running when
+    the interpreter finalizes, so the process's exit waits for it (about a
+    second at most). ``nice``: raise the thread's niceness (Linux: per thread),
+    so that it takes only CPU time the rest of the process leaves.
+    """
+    fut: Future = Future()
+
+    def run():
+        if nice and hasattr(os, "setpriority") and hasattr(threading, "get_native_id"):
+            try:
+                os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), min(19, os.getpriority(
+                    os.PRIO_PROCESS, threading.get_native_id()) + nice))
+            except OSError:  # not allowed here: normal priority
+                pass
+        try:
+            fut.set_result(fn())
+        except BaseException as e:  # noqa: BLE001 - handed to whoever asks
+            fut.set_exception(e)
+
+    threading.Thread(target=run, name=name).start()
+    return fut
+
+
+def _passed_file(path, engine: str, texts) -> pathlib.Path | None:
+    """Where a parity check of ``engine`` on ``texts`` that passed is remembered on disk, or None.
+
+    Keyed by everything the verdict depends on: the tokenizer file (path, size,
+    mtime), the engine, the versions of vecpack (its probes), of the engine's
+    library and of HF tokenizers, and the sample texts. Only passes are kept (an
+    empty file), under ``<cache root>/parity/``, so a fresh process of the same
+    run (a restart, another rank) starts without waiting for HF tokenizers; a
+    failure is always found again.
+    """
+    import hashlib
+    from importlib.metadata import PackageNotFoundError, version
+
+    from vecpack import __version__
+    from vecpack.options import cache_root
+    from vecpack.tokenizing.spec import stat_key
+
+    try:
+        libs = [version(name) for name in ("tokenizers", "tiktoken" if engine == "tiktoken" else "fastokens")]
+    except PackageNotFoundError:
+        return None
+    h = hashlib.blake2b(digest_size=16)
+    for part in (stat_key(pathlib.Path(path), "tokenizer.json"), engine, __version__, *libs):
+        h.update(part.encode() + b"\0")
+    for t in texts:
+        b = t.encode("utf-8", "surrogatepass")
+        h.update(len(b).to_bytes(8, "little") + b)
+    return cache_root() / "parity" / f"{h.hexdigest()}.passed"
+
+
+def _passed_before(path, engine: str, texts) -> bool:
+    f = _passed_file(path, engine, texts)
+    return f is not None and f.exists()
+
+
+def _remember_pass(path, engine: str, texts) -> None:
+    f = _passed_file(path, engine, texts)
+    if f is not None:
+        try:
+            f.parent.mkdir(parents=True, exist_ok=True)
+            f.touch()
+        except OSError:  # a read-only cache: the next process checks again
+            pass
+
+
+class EngineStart:
+    """A stream's engine in this process: ready at once, fastokens once built, nothing yielded unchecked.
+
+    Building fastokens for a byte-level BPE takes about 1 s of CPU (Qwen2.5's
+    151k tokens), longer than the whole first pack should. So a stream whose
+    encoder runs on fastokens starts on tiktoken's core, made from the same
+    memoised tables in about 0.1 s, and builds fastokens in a thread beside the
+    work (fastokens releases the GIL while it builds). Between two batches,
+    once fastokens is built and (if this process has not checked it yet) its
+    parity check passed, the same runtime serves with fastokens. Both engines are
+    exact on the same tables and a batch is always encoded by one engine, so the
+    stream is the same whatever encoded which batch.
+
+    The parity check (:mod:`vecpack.tokenizing.parity`) runs beside the work:
+    the HF process computes HF's ids of the probes and sample rows once, and
+    each engine's ids are compared with them (tiktoken's in a thread,
+    fastokens' once built). :meth:`gate` waits for the verdict on the engine
+    that served so far; :class:`~vecpack.streaming.run.Run` calls it before it
+    yields its first pack, and if the check failed, starts the pass again on
+    HF tokenizers, so no pack of an unchecked engine is ever yielded.
+    fastokens serves only once its own check passed; if that one fails,
+    batches from then on are HF's (HF is the reference: the packs stay exact).
+
+    A forked process (a DataLoader worker) makes its own: threads and the HF
+    process's replies do not cross a fork.
+    """
+
+    def __init__(self, encoder, remember: Callable | None = None):
+        from vecpack.tokenizing.encoder import ChatEncoder
+
+        self.pid = os.getpid()
+        self.base = encoder         # the dataset's encoder
+        self.encoder = encoder      # what encodes the next batch in this process
+        self._remember = remember   # encoder -> None: a fallback for later streams of this process
+        self.serving = None         # parity check of the engine serving now (None: nothing to check)
+        self.fast_check = None      # fastokens' own check (warm start with a pending check)
+        self._fast = None           # Future of the fastokens engine being built, or None
+        self._rt = None
+        self.reason = ""            # why the fast engines are not used ("" while they are)
+        self._passed: set = set()
+        self._needed: set = set()   # engines whose checks must pass before this process stops checking
+        self._texts = None
+        self._serving_engine = None
+        if type(encoder) is not ChatEncoder or encoder.backend == "tokenizers":
+            return
+        texts = encoder.pending_check
+        rt = encoder.__dict__.get("_rt")
+        if encoder.backend == "fastokens" and (rt is None or rt.fast is None):
+            self._warm(encoder, texts)
+        elif texts is not None:
+            self._check(encoder.backend, texts)
+
+    def _check(self, engine: str, texts, engine_side=None):
+        """Start the parity check of ``engine`` (None if it passed before on these texts: then none)."""
+        from vecpack.tokenizing import parity
+
+        self._texts = texts
+        self._needed.add(engine)
+        if _passed_before(self.base.path, engine, texts):
+            self._trusted(engine)
+            return None
+        check = parity.start(str(self.base.path), texts, engine, engine_side=engine_side)
+        if engine == "fastokens" and self._fast is not None:
+            self.fast_check = check
+        else:
+            self.serving, self._serving_engine = check, engine
+        return check
+
+    def _warm(self, encoder, texts) -> None:
+        """Serve with tiktoken's core now, build fastokens in a thread (byte-level BPE only)."""
+        from vecpack.tokenizing.runtime import Runtime
+        from vecpack.tokenizing.spec import Unsupported
+
+        try:
+            rt = Runtime(pathlib.Path(encoder.path), "fastokens", warm_start=True)
+        except Unsupported:  # not tiktoken tables (SentencePiece-style): fastokens builds in ~0.1 s
+            if texts is not None:
+                self._check("fastokens", texts)
+            return
+        if rt.core is None:  # pragma: no cover - a warm start always serves with tiktoken first
+            return
+        enc = copy.copy(encoder)    # (its pickled state: no runtime, no pending check)
+        enc._rt = rt
+        self.encoder, self._rt = enc, rt
+        pattern = rt._pattern
+        # at low priority: the first pack (tiktoken, in this thread) and the check come first
+        self._fast = _in_thread(lambda: rt._new_fastokens(pattern), "vecpack-stream-fastokens", nice=10)
+        if texts is None:           # checked before in this process: both engines passed
+            return
+
+        def tiktoken_ids(all_texts):
+            return _in_thread(lambda: [np.frombuffer(rt.core.encode_to_tiktoken_buffer(t, rt.allowed), np.int32)
+                                       .tolist() if rt.exact(t) else None for t in all_texts],
+                              "vecpack-stream-check")
+
+        def fastokens_ids(all_texts):
+            out: Future = Future()
+
+            def ids(done):
+                try:
+                    fast = done.result()
+                    out.set_result([np.frombuffer(fast.encode_batch_flat([t])[0], np.int32).tolist()
+                                    if rt.exact(t) else None for t in all_texts])
+                except BaseException as e:  # noqa: BLE001 - the check says it could not run
+                    out.set_exception(e)
+
+            self._fast.add_done_callback(ids)
+            return out
+
+        self._needed.add("fastokens")  # (before tiktoken's may pass at once)
+        self._check("tiktoken", texts, tiktoken_ids)
+        self._check("fastokens", texts, fastokens_ids)
+
+    def between_batches(self) -> None:
+        """Switch to fastokens if it is built and trusted (never waits); called between two batches."""
+        fast = self._fast
+        if fast is None or not fast.done() or (self.fast_check is not None and not self.fast_check.done()):
+            return
+        self._fast = None
+        checked, self.fast_check = self.fast_check, None
+        reason = checked.result() if checked is not None else ""
+        if reason:
+            self._fall_back(reason)
+            return
+        if checked is not None:
+            self._trusted("fastokens", remember=True)
+        if fast.exception() is not None:  # tiktoken serves on (exact, only slower)
+            return
+        rt = self._rt
+        rt.fast, rt.batch, rt._pattern = fast.result(), True, None   # as Runtime.build_fastokens does
+        if self.serving is None and self.base.backend == "fastokens" and self.base.__dict__.get("_rt") is None:
+            self.base._rt = rt   # checked: later streams of this process start on fastokens
+
+    def gate(self) -> str:
+        """Wait for the verdict on the engine that served so far: ``""``, or why it is not trusted
+        (the encoder is then HF tokenizers', and the caller starts its pass again)."""
+        check, self.serving = self.serving, None
+        if check is not None:
+            reason = check.result()
+            if reason:
+                self._fast = self.fast_check = None
+                self._fall_back(reason)
+                return reason
+            self._trusted(self._serving_engine, remember=True)
+        return ""
+
+    def _trusted(self, engine: str, remember: bool = False) -> None:
+        """``engine``'s check passed (kept on disk with ``remember``); once every check has, this
+        process need not check again."""
+        if remember:
+            _remember_pass(self.base.path, engine, self._texts)
+        self._passed.add(engine)
+        if self._passed >= self._needed:
+            self.base.pending_check = None
+
+    def finish(self) -> None:
+        """Wait until fastokens is built and checked, and switch to it (benchmarks, tests)."""
+        for fut in (self._fast, self.fast_check):
+            if fut is not None:
+                try:
+                    fut.result()
+                except Exception:  # noqa: BLE001 - between_batches says what it means
+                    pass
+        self.between_batches()
+
+    def settled(self) -> bool:
+        """Whether the engine of this process is final (tokenizing ahead in the pool may start)."""
+        self.between_batches()
+        return self._fast is None and self.serving is None
+
+    def _fall_back(self, reason: str) -> None:
+        from vecpack.tokenizing.backend import fall_back
+
+        self.reason = reason
+        self.encoder = fall_back(self.base, reason, stacklevel=4)
+        if self._remember is not None:
+            self._remember(self.encoder)
+
+
 class Encoding:
     """Tokenizes batches in input order, inline or ahead of the consumer in vecpack's loky pool.
 
@@ -78,8 +334,10 @@ class Encoding:
         where: ``ref -> InputError keywords`` (to locate an encoder bug).
     """
 
-    def __init__(self, encoder, n_jobs: int, where: Callable[[object], dict] = lambda ref: {}):
-        self.encoder = encoder
+    def __init__(self, encoder, n_jobs: int, where: Callable[[object], dict] = lambda ref: {},
+                 start: EngineStart | None = None):
+        self._encoder = encoder
+        self.engine_start = start   # the encoder's start in this process (EngineStart), or None
         self.n_jobs = n_jobs
         self.where = where
         self._ex = None
@@ -87,9 +345,14 @@ class Encoding:
         self._remove_dir = None     # its temporary directory's removal (a weakref.finalize)
         self._pings: list = []
 
+    @property
+    def encoder(self):
+        """The encoder of the next batch (an :class:`EngineStart` may switch it between batches)."""
+        return self._encoder if self.engine_start is None else self.engine_start.encoder
+
     def start(self) -> None:
-        """Start tokenizing ahead in the pool (no-op for ``n_jobs=1``)."""
-        if self._ex is None and self.n_jobs > 1:
+        """Start tokenizing ahead in the pool (no-op for ``n_jobs=1``), once this process's engine is final."""
+        if self._ex is None and self.n_jobs > 1 and (self.engine_start is None or self.engine_start.settled()):
             key, blob = _pool._pickled(self.encoder)
             d = tempfile.mkdtemp(prefix="vecpack-stream-")
             path = os.path.join(d, f"encoder-{key}.pkl")
@@ -137,6 +400,8 @@ class Encoding:
 
     def _get(self, fut, payloads) -> Rows:
         if fut is None or (not fut.done() and fut.cancel()):
+            if self.engine_start is not None:
+                self.engine_start.between_batches()
             return encode_batch(self.encoder, payloads)
         try:
             return fut.result()

@@ -24,11 +24,10 @@ import torch
 from vecpack.errors import InputError
 from vecpack.options import INT32_MAX
 from vecpack.packing.online import BufferPacker
-from vecpack.packing.plan import _kernels
 from vecpack.streaming.encoding import Encoding, documents
 from vecpack.streaming.readers import Layout, Reader, ShuffledReader
 
-__all__ = ["STATE_VERSION", "STAT_KEYS", "Run", "rows_of", "with_fill"]
+__all__ = ["STATE_VERSION", "STAT_KEYS", "Run", "lay_out", "rows_of", "with_fill"]
 
 STATE_VERSION = 1
 # columns of the entry table kept in the state (and, per slot, in memory)
@@ -37,6 +36,37 @@ _NCOL = 8
 STAT_KEYS = ("num_rows", "num_documents", "num_entries", "num_packs", "num_tokens",
              "input_tokens", "empty", "rejected", "truncated", "truncated_tokens",
              "dropped", "dropped_tokens", "split", "split_chunks")
+
+
+class _Untrusted(Exception):
+    """The parity check failed before the pass's first pack (the pass starts again on HF)."""
+
+
+def lay_out(tokens: np.ndarray, labels: np.ndarray, lengths: np.ndarray, doc_ids: np.ndarray, max_len: int,
+            pad_id: int, ignore_index: int) -> dict:
+    """One pack whose entries lie back to back in ``tokens`` (all ``lengths`` >= 1), as
+    ``Packed[i]``: what the packing kernel ``fill_entries`` writes, in NumPy, so that a stream's
+    first pack does not wait for numba (its import and the kernel's load take about 0.5 s).
+
+    >>> out = lay_out(np.array([5, 6, 7], np.int32), np.array([5, 6, 7], np.int32), np.array([2, 1]),
+    ...               np.array([3, 9]), 5, 0, -100)
+    >>> [out[k].tolist() for k in ("input_ids", "labels", "position_ids", "document_ids")]
+    [[5, 6, 7, 0, 0], [-100, 6, -100, -100, -100], [0, 1, 0, 0, 1], [3, 3, 9, -1, -1]]
+    """
+    n = int(tokens.shape[0])
+    starts = np.zeros(lengths.shape[0], np.int64)
+    np.cumsum(lengths[:-1], out=starts[1:])
+    ids = np.full(max_len, pad_id, np.int32)
+    ids[:n] = tokens
+    lab = np.full(max_len, ignore_index, np.int32)
+    lab[:n] = labels
+    lab[starts] = ignore_index
+    pos = np.empty(max_len, np.int32)
+    pos[:n] = np.arange(n, dtype=np.int64) - np.repeat(starts, lengths)
+    pos[n:] = np.arange(max_len - n, dtype=np.int32)
+    doc = np.full(max_len, -1, np.int32)
+    doc[:n] = np.repeat(doc_ids.astype(np.int32), lengths)
+    return {"input_ids": ids, "labels": lab, "position_ids": pos, "document_ids": doc}
 
 
 def _docs_from_state(d: dict, rows: np.ndarray) -> list:
@@ -87,6 +117,8 @@ class Run:
         self.open: list[int] = []                        # slots of the open pack, mirrored
         self.started = False
         self.finished = False
+        self._trusted = False                            # the engine's check passed (first pack)
+        self._encodings: list = []
         if state is None:
             self.epoch = ds.epoch
             self.cursor = np.zeros(4 if ds.seed is None else 2, np.int64)
@@ -205,7 +237,7 @@ class Run:
             reader = ShuffledReader(ds._srcs, ds._layout, self.shard, self.nshards, ds.batch_rows,
                                     ds.seed, self.epoch)
         self._reader = reader
-        self._encodings = [Encoding(ds.encoder, ds._n_jobs(), reader.where)]
+        self._encodings = [Encoding(ds.encoder, ds._n_jobs(), reader.where, ds._engine_start())]
 
     def _rows(self) -> Iterator:
         """``(ref, doc or None, reason)`` per row from the cursor on; the cursor follows."""
@@ -229,8 +261,34 @@ class Run:
 
     # ------------------------------------------------------------------ the pass
     def packs(self) -> Iterator[dict]:
+        """The pass's packs. If the parity check of the engine that tokenized them fails before the
+        first one is out, the pass starts again on HF tokenizers (nothing unchecked is yielded)."""
+        try:
+            yield from self._pass()
+        except Exception as e:
+            # an error on rows an unchecked engine encoded (an engine that is wrong may trip the
+            # encoder's own checks) is the check's failure if the check says so; else it stands
+            if not isinstance(e, _Untrusted) and (self._trusted or not self._untrusted()):
+                raise
+            self.__init__(self.ds, self.shard, self.nshards, self.start_state)
+            yield from self._pass()
+
+    def _untrusted(self) -> bool:
+        """Whether the check of the engine that encoded this pass's rows failed (waits for it)."""
+        start = self._encodings[0].engine_start if self._encodings else None
+        return start is not None and bool(start.gate())
+
+    def _trust(self) -> None:
+        """Before a pack goes out: the engine that encoded its rows passed its parity check."""
+        if not self._trusted:
+            if self._untrusted():
+                raise _Untrusted
+            self._trusted = True
+
+    def _pass(self) -> Iterator[dict]:
         ds = self.ds
         self.started = True
+        self._trusted = False
         if self.finished:
             return
         if ds._stream is not None and torch.utils.data.get_worker_info() is not None:
@@ -251,6 +309,7 @@ class Run:
                 while packer.full:
                     pack = packer.step()
                     if pack is not None:
+                        self._trust()
                         yield self._emit(pack)
                         for enc in self._encodings:
                             enc.start()   # the first pack is out: now warm up the pool
@@ -269,6 +328,7 @@ class Run:
                     self._admit(ref, doc)
                 yield from pump()
             for pack in packer.drain():
+                self._trust()
                 yield self._emit(pack)
             self.open = []
             self.finished = True
@@ -374,10 +434,7 @@ class Run:
             labs.append(lb[a:a + n])
             lengths[j], doc_ids[j] = n, m[_ROW]
             self._release(s)
-        out = {name: np.empty(M, np.int32) for name in ("input_ids", "labels", "position_ids", "document_ids")}
-        _kernels.fill_entries(np.concatenate(toks), np.concatenate(labs), lengths, doc_ids, ds.pad_id,
-                              ds.ignore_index, out["input_ids"], out["labels"], out["position_ids"],
-                              out["document_ids"])
+        out = lay_out(np.concatenate(toks), np.concatenate(labs), lengths, doc_ids, M, ds.pad_id, ds.ignore_index)
         out["seq_lens"] = lengths.astype(np.int32)
         self.open = []
         st = self.stats
