@@ -372,7 +372,8 @@ class ChatEncoder:
             raise InputError(f"HF tokenizers cannot encode this row: {e}") from None
         if self.masking == "all":
             return tokens, tokens.copy()
-        if rt.bytelen is not None and not (rt.nfc and not is_nfc(text)):
+        # SentencePiece pieces need not spell the text (a literal "▁", the dummy prefix): HF's offsets
+        if rt.bytelen is not None and rt.sp is None and not (rt.nfc and not is_nfc(text)):
             done = labels_from_parts(tokens, rt.bytelen, part_sizes(parts), train, bytelen32=rt.bytelen32)
             if done is not None:  # byte-level BPE: the tokens spell the text
                 return tokens, done[0]
@@ -424,7 +425,7 @@ class ChunkSink:
     at once. With fastokens every row's text is encoded in one
     ``encode_batch_flat`` call at :meth:`finish`; with tiktoken, row by row as
     it comes. :meth:`finish` labels the whole chunk with
-    :func:`~vecpack.tokenizing.labels.labels_from_parts`. A row the fast engine
+    :meth:`~vecpack.tokenizing.runtime.Runtime.labels`. A row the fast engine
     cannot take exactly (see :meth:`~vecpack.tokenizing.runtime.Runtime.exact`)
     is encoded by HF tokenizers on its own and slotted in at its place.
     """
@@ -504,8 +505,7 @@ class ChunkSink:
         chain = itertools.chain.from_iterable
         sizes = np.fromiter(chain(self.sizes), np.int64)
         train = np.fromiter(chain(self.train), np.int8, len(sizes))
-        done = labels_from_parts(ids, rt.bytelen, sizes, train, masking_all=self.enc.masking == "all",
-                                 bytelen32=rt.bytelen32)
+        done = rt.labels(ids, lengths, sizes, train, masking_all=self.enc.masking == "all")
         if done is None:  # pragma: no cover - the engine's tokens do not spell the text
             raise RuntimeError(f"the tokens of a chunk cover other bytes than its text's {int(sizes.sum())}")
         labels, self.trainable = done

@@ -138,7 +138,7 @@ def lane_for(encoder, nbytes: int | None = None) -> "_Lane | None":
             or encoder.template.mode != "compiled"):
         return None
     rt = encoder.runtime
-    if not rt.batch or rt.bytelen is None:
+    if not rt.batch or rt.bytelen is None or rt.dummy:  # its kernel labels from the per-id table only
         return None
     lane = encoder.__dict__.get("_lane")
     if lane is None or lane.rt is not rt:

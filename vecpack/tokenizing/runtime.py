@@ -34,7 +34,8 @@ import numpy as np
 
 from vecpack._state import Memo, memo
 from vecpack.options import cache_root
-from vecpack.tokenizing.sp import SPACE, sp_spec, token_bytes
+from vecpack.tokenizing.labels import labels_from_parts
+from vecpack.tokenizing.sp import SPACE, sp_labels, sp_spec, token_bytes
 from vecpack.tokenizing.spec import (
     Unsupported,
     byte_lengths,
@@ -93,15 +94,15 @@ def fast_engine(path) -> tuple[str, str]:
     return "fastokens", ""
 
 
-#: Whether the encoder labels tokens from :meth:`Runtime.token_bytes` (per token) rather than
-#: from the per-id ``bytelen`` table. A SentencePiece tokenizer with a dummy prefix (Mistral v1-v3,
-#: Llama 2: each text between added tokens gets a "▁" that is not in the text) needs it: its
-#: first token of each such text covers one byte less than its id spells, which no per-id table
-#: says. Until then such tokenizers stay on HF tokenizers, with this reason.
-DUMMY_PREFIX_LABELS = False
-_DUMMY_REASON = ("SentencePiece dummy prefix: the chunk path labels tokens from a per-id byte table, which cannot "
-                 "tell the first token of each text between added tokens (it holds a '▁' that is not in the "
-                 "text); fastokens encodes it exactly once the encoder labels from Runtime.token_bytes")
+#: Whether a SentencePiece tokenizer with a dummy prefix (Mistral v1-v3, Llama 2: each text
+#: between added tokens gets a "▁" that is not in the text) runs on fastokens. Its first token of
+#: each such text covers one byte less than its id spells, which no per-id table says: the
+#: encoder labels it from :meth:`Runtime.labels` (:func:`vecpack.tokenizing.sp.sp_labels`), and
+#: the row lane (per-id table only) leaves it to the chunk path. ``False`` keeps such tokenizers
+#: on HF tokenizers, with this reason.
+DUMMY_PREFIX_LABELS = True
+_DUMMY_REASON = ("SentencePiece dummy prefix: fastokens for it is switched off "
+                 "(vecpack.tokenizing.runtime.DUMMY_PREFIX_LABELS = False)")
 
 
 def _sentencepiece_engine(path: pathlib.Path, why_not_tiktoken: str) -> tuple[str, str]:
@@ -167,6 +168,9 @@ class Runtime:
         bytelen, bytelen32: bytes each token id spells (None when unknown).
         nfc: the tokenizer normalizes to NFC.
         added: added token text -> id.
+        sp: a SentencePiece-family tokenizer's :class:`~vecpack.tokenizing.sp.SPSpec` (fastokens), else None.
+        dummy: its texts get SentencePiece's dummy ``"▁"``: ``bytelen`` alone does not say the
+            bytes a token covers; label with :meth:`labels` (the row lane does not take it).
     """
 
     def __init__(self, path: pathlib.Path, backend: str, warm_start: bool = False):
@@ -179,6 +183,7 @@ class Runtime:
         self.bytelen = self.bytelen32 = None
         self.nfc = False
         self.sp = None               # a SentencePiece-family tokenizer's SPSpec
+        self.dummy = False           # ... with a dummy prefix (labels need Runtime.labels)
         self.prefix_cache = Memo("conversation prefixes", _PREFIX_CACHE_MAX)
         if backend == "tokenizers":
             tk = self.hf()
@@ -229,7 +234,7 @@ class Runtime:
         import fastokens
 
         os.environ.setdefault("FASTOKENS_BPE_THREADS", "1")
-        self.sp, self.added = spec, spec.added
+        self.sp, self.added, self.dummy = spec, spec.added, spec.dummy
         self.special_re = (re.compile("|".join(map(re.escape, sorted(self.added, key=len, reverse=True))))
                            if self.added else None)
         self.bytelen = spec.bytelen
@@ -247,6 +252,21 @@ class Runtime:
         if self.sp is not None:
             return token_bytes(ids, lengths, self.sp)
         return self.bytelen.take(ids)
+
+    def labels(self, ids: np.ndarray, lengths: np.ndarray, sizes, train, *,
+               masking_all: bool = False) -> tuple[np.ndarray, int] | None:
+        """``(labels, trained)`` of whole texts (rendered rows) whose fast-engine ids lie back to back.
+
+        ``lengths[i]``: text i's number of tokens; ``sizes`` / ``train``: every
+        text's pieces in order. A token is trained when one of its bytes lies
+        in a trained piece: :func:`~vecpack.tokenizing.labels.labels_from_parts`
+        over the per-id table, or, with a dummy prefix (:attr:`dummy`),
+        :func:`~vecpack.tokenizing.sp.sp_labels` (each text's first token minded).
+        None when the tokens do not cover ``sum(sizes)`` bytes.
+        """
+        if self.dummy:
+            return sp_labels(ids, lengths, sizes, train, self.sp, masking_all=masking_all)
+        return labels_from_parts(ids, self.bytelen, sizes, train, masking_all=masking_all, bytelen32=self.bytelen32)
 
     def _new_fastokens(self, pattern: str):
         import fastokens
@@ -347,7 +367,10 @@ class Runtime:
 
         Text after an added token tokenizes independently of what precedes
         it, so ``ids + encode(text[k:]) == encode(text)`` for any ``text``
-        starting with ``prefix[:k]``.
+        starting with ``prefix[:k]``. That holds with SentencePiece's dummy
+        prefix too: HF adds the ``"▁"`` to each text between added tokens, and
+        ``text[k:]`` is one such text whether encoded alone or in ``text``
+        (``tests/test_sp_engine.py`` checks it on HF itself).
         """
         hit = self.prefix_cache.get(prefix)
         if hit is None:

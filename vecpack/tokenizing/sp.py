@@ -45,7 +45,8 @@ from typing import NamedTuple
 import numpy as np
 
 from vecpack._state import memo
-from vecpack.options import cache_root
+from vecpack.options import IGNORE_INDEX, cache_root
+from vecpack.tokenizing.labels import _runs_mask
 from vecpack.tokenizing.spec import Unsupported, stat_key, write_memo
 
 __all__ = ["SPACE", "SPSpec", "sp_labels", "sp_parts", "sp_spec", "token_bytes"]
@@ -143,6 +144,8 @@ def sp_parts(spec: dict) -> tuple[dict, dict, np.ndarray, bool]:
         bytelen[idx] = 1 if _BYTE_PIECE.fullmatch(piece) else len(piece.replace(SPACE, " ").encode("utf-8"))
     for content, idx in added.items():
         bytelen[idx] = len(content.encode("utf-8"))
+    if dummy and SPACE not in vocab:  # the dummy alone must be one token (not three byte tokens)
+        raise Unsupported("a dummy-prefix tokenizer without the piece '▁'")
     if dummy:
         # token_bytes tells a text's first token by the added token before it: the BPE of a text
         # must never give an added token's id (a single character, a byte or a merge's result)
@@ -188,8 +191,8 @@ def sp_spec(path: pathlib.Path) -> SPSpec:
     return hit
 
 
-def token_bytes(ids: np.ndarray, lengths: np.ndarray, spec: SPSpec) -> np.ndarray:
-    """int64 [len(ids)]: the bytes of text each token covers, for texts whose ids lie back to back.
+def token_bytes(ids: np.ndarray, lengths: np.ndarray, spec: SPSpec, dtype=np.int64) -> np.ndarray:
+    """``dtype`` [len(ids)]: the bytes of text each token covers, for texts whose ids lie back to back.
 
     ``lengths[i]`` is text i's number of tokens. With a dummy prefix, the first
     token of each text and each token that follows an added token, unless it
@@ -200,7 +203,7 @@ def token_bytes(ids: np.ndarray, lengths: np.ndarray, spec: SPSpec) -> np.ndarra
     >>> token_bytes(np.array([0, 2, 1, 2, 1], np.int32), np.array([3, 2]), spec).tolist()
     [3, 1, 1, 1, 1]
     """
-    out = spec.bytelen.take(ids)
+    out = (spec.bytelen if dtype == np.int64 else spec.bytelen.astype(dtype)).take(ids)
     if not spec.dummy or not len(ids):
         return out
     added = spec.is_added.take(ids)
@@ -228,23 +231,27 @@ def sp_labels(ids: np.ndarray, lengths: np.ndarray, sizes, train, spec: SPSpec, 
     """
     n = len(ids)
     sizes = np.asarray(sizes, dtype=np.int64)
-    nbytes = token_bytes(ids, lengths, spec)
-    ends = np.cumsum(nbytes)
-    if (int(ends[-1]) if n else 0) != int(sizes.sum()):
+    total = int(sizes.sum())
+    dtype = np.int32 if total < 2**31 - 1 else np.int64  # int32 byte positions: half the memory traffic
+    nbytes = token_bytes(ids, lengths, spec, dtype)
+    ends = np.cumsum(nbytes, dtype=dtype)
+    if (int(ends[-1]) if n else 0) != total:
         return None
     if masking_all:
         return ids.astype(np.int32, copy=True), n
-    starts = ends - nbytes
-    ends = np.where(nbytes == 0, starts + 1, ends)  # the dummy alone: the text's first byte
     flags = np.asarray(train, dtype=np.int8)
     edges = np.diff(flags, prepend=np.int8(0), append=np.int8(0))
-    cum = np.zeros(len(sizes) + 1, dtype=np.int64)
+    cum = np.zeros(len(sizes) + 1, dtype=dtype)
     np.cumsum(sizes, out=cum[1:])
     s0, s1 = cum[np.flatnonzero(edges == 1)], cum[np.flatnonzero(edges == -1)]
     keep = s0 != s1
     s0, s1 = s0[keep], s1[keep]
     if not len(s0) or not n:
-        return np.full(n, -100, dtype=np.int32), 0
-    j = s0.searchsorted(ends, "left") - 1  # the last span that starts before the token ends
-    mask = (j >= 0) & (s1[np.maximum(j, 0)] > starts)
-    return np.where(mask, ids, np.int32(-100)).astype(np.int32, copy=False), int(mask.sum())
+        return np.full(n, IGNORE_INDEX, dtype=np.int32), 0
+    # token t covers bytes [lo[t], hi[t]); the dummy alone its text's first byte. Both are
+    # non-decreasing, so each span's tokens are one run: from the first that ends after its
+    # start to the last that starts before its end (labels_from_parts' rule, per-token bytes)
+    lo = ends - nbytes
+    hi = ends + (nbytes == 0)
+    mask, trained = _runs_mask(hi.searchsorted(s0 + 1), lo.searchsorted(s1), n)
+    return np.where(mask, ids, np.int32(IGNORE_INDEX)).astype(np.int32, copy=False), trained
