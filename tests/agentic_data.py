@@ -86,3 +86,42 @@ def with_template(base: pathlib.Path, name: str, out: pathlib.Path) -> pathlib.P
 def hf_tools(row: dict):
     tools = row.get("tools")
     return json.loads(tools) if isinstance(tools, str) else tools
+
+
+def same_structure_rows(n: int, seed: int = 0, *, parallel: bool = True) -> list[dict]:
+    """Rows of six structures (from :func:`agentic_rows`), each repeated with other texts and arguments:
+    what a dataset of recurring shapes looks like to the compiled layouts."""
+    rng = random.Random(seed)
+    base = agentic_rows(6, seed=seed, parallel=parallel)
+    out = []
+    for k in range(n):
+        row = json.loads(json.dumps(base[k % 6]))
+        for m in row["messages"]:
+            if isinstance(m.get("content"), str) and m["content"]:
+                m["content"] = rng.choice(AWKWARD[:-3]) + str(k)
+            for c in m.get("tool_calls", []):
+                args = {"q": rng.choice(AWKWARD), "n": k, "deep": {"list": [k, None, True]}}
+                c["function"]["arguments"] = (args if isinstance(c["function"]["arguments"], dict)
+                                              else json.dumps(args, ensure_ascii=False))
+            if "reasoning_content" in m:
+                m["reasoning_content"] = "r " + rng.choice(AWKWARD[:-3])
+        out.append(row)
+    return out
+
+
+def xlam_rows(n: int, seed: int = 0) -> list[dict]:
+    """Single-turn function calling as the popular public sets have it: a per-row list of tools,
+    a query, one assistant turn of one to three calls (arguments as JSON text)."""
+    rng = random.Random(seed)
+    rows = []
+    for k in range(n):
+        tools = tool_schemas(rng.randint(1, 5))
+        for t in tools:
+            t["function"]["description"] += f" Variant {rng.randint(0, 999)}."
+        calls = [{"type": "function", "function": {"name": rng.choice(tools)["function"]["name"],
+                                                   "arguments": json.dumps({"q": rng.choice(AWKWARD[:6]), "n": k})}}
+                 for _ in range(rng.randint(1, 3))]
+        rows.append({"messages": [{"role": "user", "content": f"Request {k}: " + rng.choice(AWKWARD[:6])},
+                                  {"role": "assistant", "content": "", "tool_calls": calls}],
+                     "tools": json.dumps(tools)})
+    return rows

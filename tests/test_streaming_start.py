@@ -232,3 +232,18 @@ def test_no_warning_and_clean_exit_when_abandoned_at_once(rows, fresh, qwen_dir)
     assert proc.returncode == 0, err
     assert "FATAL" not in err and "Traceback" not in err and "Exception ignored" not in err, err
     assert out.strip().startswith("[")
+
+
+def test_a_sentencepiece_stream_is_checked(rows, fresh, tmp_path, monkeypatch):
+    """A SentencePiece-style tokenizer serves with fastokens from the start: its parity check still runs."""
+    from vecpack.testing import make_mistral_sp_tokenizer
+    from vecpack.tokenizing import parity
+
+    d = make_mistral_sp_tokenizer(tmp_path / "mistral")
+    engines = []
+    real = parity.start
+    monkeypatch.setattr(parity, "start", lambda path, texts, engine, **kw: engines.append(engine)
+                        or real(path, texts, engine, **kw))
+    ds = StreamingPackedDataset(rows, str(d), **ARGS)
+    packs = list(ds)
+    assert packs and "fastokens" in engines

@@ -16,9 +16,12 @@ form the peers read (TRL, axolotl, LLaMA-Factory, Megatron-Bridge)::
 * a ``tool`` message holds the result, with ``tool_call_id`` and/or ``name``;
 * ``"train": false`` (or axolotl's ``"training": false``) on a message leaves
   it untrained;
-* keys whose value is ``null`` are left out, ``content`` too, as transformers
-  does (and Arrow and Parquet give every message every key of the column's
-  schema); inside tool calls and schemas too.
+* a message's keys whose value is ``null`` are left out, ``content`` too, as
+  transformers does (Arrow and Parquet also give every message every key of
+  the column's schema). Inside calls, arguments and schemas nothing is
+  changed: keep arguments and schemas that differ from row to row as JSON
+  text in Arrow and Parquet files (TRL's advice), or a unified struct adds
+  ``null`` keys the template then renders.
 
 LLaMA-Factory's ShareGPT function calling (style ``sharegpt``): turns
 ``function_call`` (a JSON object ``{"name", "arguments"}``, or a list of them
@@ -124,7 +127,7 @@ def is_plain(row: dict, column: str) -> bool:
 def template_kwargs(row: dict) -> dict:
     """TRL's ``{"tools": tools, **chat_template_kwargs}`` of a row (``tools`` may be JSON text).
 
-    Null values are left out (a unified Arrow schema adds them).
+    Null options are left out (a unified Arrow schema adds them); the schemas are passed as they are.
 
     >>> template_kwargs({"tools": '[{"type": "function"}]', "chat_template_kwargs": {"enable_thinking": False}})
     {'tools': [{'type': 'function'}], 'enable_thinking': False}
@@ -139,22 +142,13 @@ def template_kwargs(row: dict) -> dict:
     if tools is not None:
         if not isinstance(tools, list) or not all(isinstance(t, dict) for t in tools):
             raise InputError(f"'tools' is a {_kind(tools)}, expected a list of JSON schemas (objects)")
-        out["tools"] = [_plain(t) for t in tools]
+        out["tools"] = tools
     kw = row.get("chat_template_kwargs")
     if kw is not None:
         if not isinstance(kw, dict):
             raise InputError(f"'chat_template_kwargs' is a {_kind(kw)}, expected an object")
-        out.update((k, _plain(v)) for k, v in kw.items() if v is not None)
+        out.update((k, v) for k, v in kw.items() if v is not None)
     return out
-
-
-def _plain(value):
-    """``value`` without the null keys a unified Arrow schema adds to objects."""
-    if isinstance(value, dict):
-        return {k: _plain(v) for k, v in value.items() if v is not None}
-    if isinstance(value, list):
-        return [_plain(v) for v in value]
-    return value
 
 
 def _text(i: int, role: str, content) -> str:
@@ -170,7 +164,6 @@ def _calls(i: int, calls) -> list:
         where = f"message {i} (assistant) tool call {j}"
         if not isinstance(call, dict):
             raise InputError(f"{where} is a {_kind(call)}, expected an object")
-        call = _plain(call)
         fn = call.get("function", call)  # {"function": {...}} (OpenAI) or the function itself
         if not isinstance(fn, dict):
             raise InputError(f"{where}: 'function' is a {_kind(fn)}, expected an object with 'name' and 'arguments'")

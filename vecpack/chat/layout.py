@@ -12,13 +12,64 @@ a template with ``{% generation %}`` blocks, trained exactly where the blocks ar
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
+import re
 import unicodedata
 
 from vecpack.errors import InputError
 
-__all__ = ["_Layout", "generation_layout"]
+__all__ = ["OBJECT_RE", "SentinelObject", "_Layout", "generation_layout", "object_marker", "tracking_objects",
+           "transform_at"]
 
 _SENTINEL = "\ue000{}\ue001"
+#: What ``tojson`` writes for a :class:`SentinelObject` while :func:`tracking_objects` is on.
+OBJECT_RE = re.compile("\ue002([0-9]+)\ue003")
+_OBJECTS = contextvars.ContextVar("vecpack_sentinel_objects", default=None)
+
+
+def transform_at(s_pad: str, p: int, content: str, core: str, transforms):
+    """The first of ``transforms`` (``None``: as is) that turns ``content`` (a padded sentinel) into
+    what ``s_pad`` holds around its ``core`` found at ``p``: ``(fn, end in s_pad)``, or ``None``."""
+    for fn in transforms:
+        t = content if fn is None else fn(content)
+        off = t.index(core)
+        if s_pad[p - off:p - off + len(t)] == t:
+            return fn, p - off + len(t)
+    return None
+
+
+class SentinelObject(dict):
+    """An empty mapping standing for leaf ``index`` (a call's arguments object) in a probe render."""
+
+    __slots__ = ("index",)
+
+    def __init__(self, index: int):
+        super().__init__()
+        self.index = index
+
+
+@contextlib.contextmanager
+def tracking_objects():
+    """Within it, ``tojson`` of a :class:`SentinelObject` writes a marker; yields ``[(leaf, options)]``
+    indexed by marker number (the options are ``json.dumps``' keyword arguments)."""
+    found: list = []
+    token = _OBJECTS.set(found)
+    try:
+        yield found
+    finally:
+        _OBJECTS.reset(token)
+
+
+def object_marker(x, **options) -> str | None:
+    """The marker ``tojson`` writes for ``x``, or ``None`` when ``x`` is not a tracked sentinel object."""
+    found = _OBJECTS.get()
+    if found is None or type(x) is not SentinelObject:
+        return None
+    entry = (x.index, options)
+    if entry not in found:  # the same object with the same options: the same marker in every render
+        found.append(entry)
+    return f"\ue002{found.index(entry)}\ue003"
 
 
 class _Layout:

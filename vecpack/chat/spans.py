@@ -39,11 +39,12 @@ from __future__ import annotations
 
 import json
 
+from vecpack.chat.structure import compiled_parts
 from vecpack.errors import InputError
 
 __all__ = ["conversation_parts"]
 
-_PROBE = "\ue000"
+_PROBE = "\U000f0000"  # a plane-15 private-use character: never one of the sentinels of chat.structure
 _HEADER_PROBES = ("\ue001", "\ue002", "\ue003", "\ue004")
 
 
@@ -139,7 +140,7 @@ def _turn_span(template, messages, kwargs, i: int, text: str, lo: int) -> tuple[
     return start, end
 
 
-def conversation_parts(template, conv) -> tuple[list[str], list[bool], dict]:
+def conversation_parts(template, conv, *, compiled: bool = True) -> tuple[list[str], list[bool], dict]:
     """``(texts, trainable, info)`` of a conversation: the rendered text cut at its trained spans.
 
     ``info`` counts the row's ``tool_calls``, ``tool_results``,
@@ -151,6 +152,10 @@ def conversation_parts(template, conv) -> tuple[list[str], list[bool], dict]:
     """
     _check_tools(template, conv)
     messages, kwargs = conv.messages, conv.kwargs
+    got = compiled_parts(template, conv, lambda c: conversation_parts(template, c, compiled=False)) if compiled \
+        else None
+    if got is not None:  # the structure's compiled layout (vecpack.chat.structure)
+        return got[0], got[1], _info(conv, "".join(got[0]))
     masking = template.masking
     assistants = [i for i, m in enumerate(messages) if m["role"] == "assistant" and i not in conv.untrained]
     if masking == "last":
@@ -193,7 +198,12 @@ def conversation_parts(template, conv) -> tuple[list[str], list[bool], dict]:
         at = b
     parts.append(text[at:])
     train.append(False)
+    return parts, train, _info(conv, text)
+
+
+def _info(conv, text: str) -> dict:
+    """The row's counts, and its reasoning traces the template did not render."""
     info = dict(conv.counts)
-    info["reasoning_dropped"] = sum(1 for m in messages if m.get("reasoning_content")
+    info["reasoning_dropped"] = sum(1 for m in conv.messages if m.get("reasoning_content")
                                     and m["reasoning_content"].strip() not in text)
-    return parts, train, info
+    return info

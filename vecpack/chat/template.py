@@ -56,7 +56,14 @@ import json
 import re
 from datetime import datetime
 
-from vecpack.chat.layout import _SENTINEL, _Layout, generation_layout
+from vecpack.chat.layout import (
+    _SENTINEL,
+    SentinelObject,
+    _Layout,
+    generation_layout,
+    object_marker,
+    transform_at,
+)
 from vecpack.errors import InputError
 from vecpack.options import MASKINGS, check_choice
 
@@ -108,6 +115,11 @@ def compile_jinja(source: str):
         raise jinja2.exceptions.TemplateError(message)
 
     def tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
+        if type(x) is SentinelObject:  # a probe render of vecpack.chat.structure
+            marker = object_marker(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators,
+                                   sort_keys=sort_keys)
+            if marker is not None:
+                return marker
         return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
 
     def strftime_now(fmt):
@@ -400,15 +412,10 @@ class ChatTemplate:
                 return None
             lits.append(s_bare[prev:h.start()])
             prev = h.end()
-            core, content, p = ph.group(0), padded[i], ph.start()
-            for fn in _TRANSFORMS:
-                t = content if fn is None else fn(content)
-                off = t.index(core)
-                if s_pad[p - off:p - off + len(t)] == t:
-                    break
-            else:
+            found = transform_at(s_pad, ph.start(), padded[i], ph.group(0), _TRANSFORMS)
+            if found is None:
                 return None
-            slots.append((i, fn))
+            slots.append((i, found[0]))
         lits.append(s_bare[prev:])
         layout = self._build_layout(roles, lits, slots)
         for contents, expect in ((bare, s_bare), (padded, s_pad), ([""] * n, s_empty)):

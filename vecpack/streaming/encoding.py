@@ -221,7 +221,9 @@ class EngineStart:
             if texts is not None:
                 self._check("fastokens", texts)
             return
-        if rt.core is None:  # pragma: no cover - a warm start always serves with tiktoken first
+        if rt.core is None:  # SentencePiece-style: fastokens serves at once (built in ~0.1 s), checked as usual
+            if texts is not None:
+                self._check("fastokens", texts)
             return
         enc = copy.copy(encoder)    # (its pickled state: no runtime, no pending check)
         enc._rt = rt

@@ -1,0 +1,264 @@
+"""Compiled layouts for agentic rows: one per *structure*, so Jinja renders a tool row only where it must.
+
+Most chat templates lay out a tool-calling conversation the same way whatever
+its texts: what matters is the row's *structure*: the roles, which keys each
+message has, how many calls each assistant message makes and whether their
+arguments are objects or JSON text, the tool schemas and the template options.
+For each structure seen twice, the template is rendered with sentinel texts
+(a sentinel string for every text: contents, reasoning, names, ids, arguments
+as JSON text; a sentinel object for arguments given as objects, which the
+environment's ``tojson`` writes as a marker carrying its options). The output
+is cut into literals and slots, trained as :func:`vecpack.chat.spans.conversation_parts`
+trains the sentinel conversation, and filled for every later row of that
+structure with its own texts (an object slot is ``json.dumps`` with the
+template's options)::
+
+    {"role": "assistant", "tool_calls": [{"function": {"name": S0, "arguments": O1}}]}
+      ──render once──▶ '<|im_start|>assistant\\n<tool_call>\\n{"name": "' S0 '", "arguments": ' O1 '}...'
+      ──each row────▶ the literals, its name, json.dumps(its arguments)
+
+A structure's layout is checked against Jinja on the first row that uses it;
+any difference, a template that reads arguments key by key, a text the
+template tests for (:meth:`~vecpack.chat.template.ChatTemplate._tripped_contents`)
+or an object the template does more with than ``tojson`` sends the row (or the
+structure) to Jinja, so the output never changes.
+
+>>> from vecpack.chat.conversation import read_conversation
+>>> conv = read_conversation({"messages": [{"role": "user", "content": "Hi"},
+...     {"role": "assistant", "content": "", "tool_calls": [{"function": {"name": "f", "arguments": {"x": 1}}}]}]},
+...     "openai")
+>>> key, leaves = shape(conv)
+>>> leaves
+['Hi', 'f', {'x': 1}]
+"""
+
+from __future__ import annotations
+
+import json
+import re
+
+from vecpack.chat.layout import _SENTINEL, OBJECT_RE, SentinelObject, _Layout, tracking_objects, transform_at
+from vecpack.errors import InputError
+
+__all__ = ["compiled_parts", "shape"]
+
+_SENTINEL_RE = re.compile("\ue000([0-9]+)\ue001")
+_PAD = "\t \n\x0b"
+_QUOTED = '"\\<é'
+_MAX = 4096          # structures remembered per template
+_BAKED = ("role", "type")  # message and call keys whose value is part of the structure, not a text
+
+
+def _json_inner(s: str) -> str:
+    """A string as it appears inside a JSON string literal (a template that ``tojson`` s a text)."""
+    return json.dumps(s, ensure_ascii=False)[1:-1]
+
+
+_TRANSFORMS = (None, str.lstrip, str.rstrip, _json_inner, str.strip)  # most specific first
+
+
+def _walk(value, leaves: list, stand_in, used):
+    """``(structure, copy)`` of a message value: texts and argument objects become leaves.
+
+    ``stand_in(i, leaf)`` gives what the copy holds at leaf ``i``. Keys the template never
+    names (``used``) are left out of both.
+    """
+    if type(value) is str:
+        if not value:  # templates test texts for emptiness: an empty text is part of the structure
+            return "", value
+        leaves.append(value)
+        return "s", stand_in(len(leaves) - 1, value)
+    if type(value) is dict:
+        shapes, copy = [], {}
+        for k, v in value.items():
+            if k not in used:
+                continue
+            if k in _BAKED or type(v) is not str and type(v) is not dict and type(v) is not list:
+                shapes.append((k, repr(v)))
+                copy[k] = v
+            elif k == "arguments" and type(v) is dict:  # an object the template serialises
+                leaves.append(v)
+                shapes.append((k, "o"))
+                copy[k] = stand_in(len(leaves) - 1, v)
+            else:
+                sub, copy[k] = _walk(v, leaves, stand_in, used)
+                shapes.append((k, sub))
+        return tuple(shapes), copy
+    if type(value) is list:
+        items = [_walk(v, leaves, stand_in, used) for v in value]
+        return ("L", tuple(s for s, _ in items)), [c for _, c in items]
+    return repr(value), value
+
+
+def _identity(i, leaf):
+    return leaf
+
+
+def _names(template) -> frozenset:
+    """Every word of the template's source: a message key outside it cannot change the output."""
+    names = template.__dict__.get("_names")
+    if names is None:
+        names = template.__dict__["_names"] = frozenset(re.findall(r"[A-Za-z_][A-Za-z0-9_]*", template.source))
+    return names
+
+
+def _layout_of(conv, used, stand_in=_identity):
+    """``(key, leaves, messages, kwargs)``: the structure, the texts and objects in order, and the
+    conversation as the template is given it (with ``stand_in`` s at the leaves)."""
+    leaves: list = []
+    key, messages = _walk(conv.messages, leaves, stand_in, used)
+    kwargs = {k: v for k, v in conv.kwargs.items() if k != "tools"}
+    baked = json.dumps(kwargs, sort_keys=True, ensure_ascii=False, default=repr)  # template options
+    tools = conv.kwargs.get("tools")
+    if tools is not None:  # each schema an object the template serialises (tojson)
+        kwargs["tools"] = []
+        for tool in tools:
+            leaves.append(tool)
+            kwargs["tools"].append(stand_in(len(leaves) - 1, tool))
+    n_tools = None if tools is None else len(tools)
+    return (key, baked, n_tools, tuple(sorted(conv.untrained)), conv.prompt_len), leaves, messages, kwargs
+
+
+def shape(conv, used=None) -> tuple[tuple, list]:
+    """``(key, leaves)``: the conversation's structure and its texts / objects in order (``used``: the
+    template's words; every key counts without it)."""
+    key, leaves, _, _ = _layout_of(conv, used if used is not None else _Everything())
+    return key, leaves
+
+
+class _Everything:
+    def __contains__(self, name):
+        return True
+
+
+def _stand_ins(conv, used, pad: str = "", tail: str = "", objects: bool = True):
+    """The sentinel conversation and its stand-ins: every text a numbered sentinel (wrapped in ``pad``,
+    ``tail`` after it), every object a :class:`SentinelObject` (a small real object if not ``objects``)."""
+    from vecpack.chat.conversation import Conversation
+
+    made: list = []
+
+    def stand_in(i, leaf):
+        if type(leaf) is dict:
+            made.append(SentinelObject(i) if objects else {"k": tail, "n": [i, 1.5, None]})
+        else:
+            made.append(pad + _SENTINEL.format(i) + tail + pad)
+        return made[-1]
+
+    _, _, messages, kwargs = _layout_of(conv, used, stand_in)
+    return Conversation(messages, kwargs, conv.untrained, conv.prompt_len, conv.counts), made
+
+
+class _Structure:
+    """A compiled structure: a :class:`~vecpack.chat.layout._Layout` whose slots hold leaf indices
+    (with a transform, or the ``tojson`` options of an object), and whether Jinja has confirmed it."""
+
+    __slots__ = ("layout", "verified")
+
+    def __init__(self, layout):
+        self.layout, self.verified = layout, False
+
+    def fill(self, leaves) -> list[str]:
+        parts = self.layout.parts.copy()
+        for pos, i, fn in self.layout.slots:
+            leaf = leaves[i]
+            parts[pos] = json.dumps(leaf, **fn) if type(fn) is dict else leaf if fn is None else fn(leaf)
+        return parts
+
+
+def _compile(template, conv, cut):
+    """A :class:`_Structure` for ``conv``'s structure, or ``None`` (Jinja renders such rows).
+
+    ``cut(conversation)`` is Jinja's ``(texts, trainable, info)`` of a conversation."""
+    used = _names(template)
+    bare, _ = _stand_ins(conv, used)
+    padded, _ = _stand_ins(conv, used, pad=_PAD)
+    try:
+        with tracking_objects() as objects:
+            parts, train, _ = cut(bare)
+        text = "".join(parts)
+        with tracking_objects():
+            s_pad = template.render(padded.messages, extra=padded.kwargs)
+    except (InputError, TypeError, ValueError):
+        return None
+    marks = sorted([(m.start(), m.end(), int(m.group(1)), "s") for m in _SENTINEL_RE.finditer(text)]
+                   + [(m.start(), m.end(), int(m.group(1)), "o") for m in OBJECT_RE.finditer(text)])
+    pad_marks = [m.group(0) for m in re.finditer("\ue000[0-9]+\ue001|\ue002[0-9]+\ue003", s_pad)]
+    if [text[a:b] for a, b, _, _ in marks] != pad_marks:
+        return None
+    # each slot's transform, read off the padded render (as ChatTemplate._compile does for contents)
+    slots, at_pad = [], 0
+    for a, b, n, kind in marks:
+        core = text[a:b]
+        p = s_pad.index(core, at_pad)
+        if kind == "o":
+            leaf, opts = objects[n]
+            slots.append((a, b, leaf, opts))
+            at_pad = p + len(core)
+            continue
+        found = transform_at(s_pad, p, _PAD + core + _PAD, core, _TRANSFORMS)
+        if found is None:
+            return None
+        slots.append((a, b, n, found[0]))
+        at_pad = found[1]
+    spans, at = [], 0
+    for part, t in zip(parts, train):
+        if t and part:
+            spans.append((at, at + len(part)))
+        at += len(part)
+
+    def inside(a, b):
+        return any(sa <= a and b <= sb for sa, sb in spans)
+
+    cuts = sorted({p for span in spans for p in span})
+    out_parts, out_train, specs, prev = [], [], [], 0
+    for a, b, leaf, fn in [*slots, (len(text), len(text), None, None)]:
+        points = [prev, *(c for c in cuts if prev < c < a), a]
+        for x, y in zip(points, points[1:]):
+            out_parts.append(text[x:y])
+            out_train.append(inside(x, y))
+        if leaf is None:
+            break
+        if not inside(a, b) and any(sa < b and a < sb for sa, sb in spans):
+            return None  # a trained span starts or ends inside a text
+        specs.append((len(out_parts), leaf, fn))
+        out_parts.append("")
+        out_train.append(inside(a, b))
+        prev = b
+    structure = _Structure(_Layout(out_parts, specs, out_train, 0))
+    # texts with a quote and a backslash: a slot the template escapes (tojson of a text) must be escaped
+    quoted, leaves = _stand_ins(conv, used, tail=_QUOTED, objects=False)
+    try:
+        with tracking_objects():
+            ok = "".join(structure.fill(leaves)) == template.render(quoted.messages, extra=quoted.kwargs)
+    except (InputError, TypeError, ValueError):
+        return None
+    return structure if ok else None
+
+
+def compiled_parts(template, conv, cut):
+    """``(texts, trainable)`` of ``conv`` from its structure's compiled layout, or ``None`` where
+    Jinja must render it (a structure seen once, one that did not compile or verify, a text the
+    template tests for). ``cut``: see :func:`_compile`."""
+    key, leaves = shape(conv, _names(template))
+    memo = template.__dict__.setdefault("_structures", {})
+    entry = memo.get(key)
+    if entry is None:  # first sight: Jinja renders it; compile on the second
+        if len(memo) >= _MAX:
+            memo.clear()
+        memo[key] = False
+        return None
+    if entry is False:
+        entry = memo[key] = _compile(template, conv, cut) or 0
+    if not entry:
+        return None
+    strings = [leaf for leaf in leaves if type(leaf) is str]
+    if template._tripped_contents(strings):
+        return None
+    parts = entry.fill(leaves)
+    if not entry.verified:
+        if "".join(parts) != template.render(conv.messages, extra=conv.kwargs):
+            memo[key] = 0
+            return None
+        entry.verified = True
+    return parts, entry.layout.train
