@@ -74,12 +74,13 @@ ST_SIZE = 7
 
 
 def _label(tokens, labels, i):
-    """Token ``i``'s label: ``labels[i]`` (int32), or from a bit mask (uint8; bit ``i % 8`` of byte ``i // 8``
-    set: the token, clear: -100). ``_trained``: whether that label is not ``ignore_index`` (-100 for a mask)."""
+    """Token ``i``'s label: ``labels[i]``, or from a bit mask (uint8: bit ``i % 8`` of byte ``i // 8`` set: the token,
+    clear: -100); ``_trained``: not ``ignore_index``. Run without the JIT; compiled kernels use the overloads."""
+    return (tokens[i] if (labels[i >> 3] >> (i & 7)) & 1 else np.int32(-100)) if labels.dtype == np.uint8 else labels[i]
 
 
 def _trained(labels, i, ignore_index):
-    """See :func:`_label`."""
+    return (labels[i >> 3] >> (i & 7)) & 1 != 0 if labels.dtype == np.uint8 else labels[i] != ignore_index
 
 
 @overload(_label, inline="always")
