@@ -424,3 +424,30 @@ def test_plain_loop_gradient_accumulation(data):
         model(**b, num_items_in_batch=n).loss.backward()
     got = torch.cat([p.grad.reshape(-1) for p in model.parameters()])
     assert _same(got, want)
+
+
+def test_sft_trainer_on_packed_tool_rows(tmp_path):
+    """trl.SFTTrainer, 3 steps, on packs of tool-calling rows (calls, results, reasoning, tool schemas) built
+    with TRL's Qwen2.5 template: every document's logits inside a pack equal its solo run."""
+    import shutil
+
+    from tests.agentic_data import agentic_rows, trl_templates, write_jsonl
+
+    tok_dir = tmp_path / "tok"
+    shutil.copytree(TOK_DIR, tok_dir)
+    (tok_dir / "chat_template.jinja").write_text((trl_templates() / "qwen2_5.jinja").read_text(encoding="utf-8"),
+                                                 encoding="utf-8")
+    rows = agentic_rows(16, seed=7)
+    path = write_jsonl(tmp_path / "tools.jsonl", rows)
+    packed = vecpack.build(path, str(tok_dir), style="openai", max_len=1024, cache=False, n_jobs=1, progress=False,
+                           long="drop")
+    assert len(packed) >= 6 and packed.stats["num_documents"] - packed.stats["dropped"] >= 8
+    tok = transformers.AutoTokenizer.from_pretrained(str(tok_dir))
+    model = _model("qwen2", "sdpa", len(tok))
+    model0 = copy.deepcopy(model).eval()
+    hook = SoloCheck(model, [[_segments(packed, b)] for b in _batches(packed, 2, 3)])
+    trainer = RecSFTTrainer(model=model, args=_args(tmp_path / "out", True, remove_unused_columns=False),
+                            train_dataset=vecpack.hf_dataset(packed), processing_class=tok)
+    vecpack.check_trainer(trainer)
+    trainer.train()
+    _check_run(trainer, hook, packed, model0)
