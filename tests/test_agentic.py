@@ -388,3 +388,32 @@ def test_tools_on_a_template_without_tool_handling_names_it_and_the_fix(qwen_dir
     text = str(e.value)
     assert f"{path}:1: the chat template in {qwen_dir}" in text
     assert "does not render" in text and "trl/chat_templates" in text
+
+
+def test_stats_count_calls_results_and_reasoning(templated, tmp_path):
+    """``stats["agentic"]``: the rows' tool calls, results and reasoning traces, and those Qwen3's template
+    dropped (with one warning), the same for any n_jobs."""
+    import warnings
+
+    import vecpack
+
+    d = templated("qwen2.5", "qwen3")
+    rows = agentic_rows(120, seed=6)
+    path = write_jsonl(tmp_path / "tools.jsonl", rows)
+    enc = ChatEncoder.from_tokenizer(d, style="openai")
+    want: dict = {}
+    for row in rows:
+        for k, v in enc.template.conversation_parts(read_conversation(row, "openai"))[2].items():
+            want[k] = want.get(k, 0) + v
+    assert want["reasoning_dropped"] > 0 and want["tool_calls"] > 0
+    for n_jobs in (1, 2):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            t = vecpack.tokenize(path, d, style="openai", n_jobs=n_jobs, progress=False)
+        assert t.stats["agentic"] == want
+        dropped = [w for w in caught if "reasoning traces" in str(w.message)]
+        assert len(dropped) == 1 and f"{want['reasoning_dropped']} of {want['reasoning']}" in str(dropped[0].message)
+    plain = vecpack.tokenize(write_jsonl(tmp_path / "plain.jsonl", [{"messages": [
+        {"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}]}]), d, style="openai", n_jobs=1,
+        progress=False)
+    assert "agentic" not in plain.stats

@@ -38,7 +38,7 @@ from vecpack.tokenizing.encoder import encoder_for, remember
 from vecpack.tokenizing.feed import TaskFeed
 from vecpack.tokenizing.forkpool import fork_refusal, forked_workers, prepare
 from vecpack.tokenizing.merge import ChunkMerger
-from vecpack.tokenizing.tasks import default_chunk_bytes, plan_chunks, rejected_examples
+from vecpack.tokenizing.tasks import agentic_counts, default_chunk_bytes, plan_chunks, rejected_examples
 from vecpack.tokenizing.tokenized import Tokenized, merge_stats
 
 __all__ = ["Tokenized", "check_args", "encoder_class", "tokenize", "warm_for", "worker_share"]
@@ -283,6 +283,15 @@ def _tokenize(sources, feed, tokenizer, encoder, style, column, masking, n_jobs,
         "chunks": len(tasks),
         "executor": backend,
     }
+    agentic = agentic_counts(metas)
+    if agentic:
+        result.stats["agentic"] = agentic
+        if agentic.get("reasoning_dropped"):
+            import warnings
+
+            warnings.warn(f"vecpack: the chat template did not render {agentic['reasoning_dropped']} of "
+                          f"{agentic.get('reasoning', 0)} reasoning traces (it drops reasoning before the last user "
+                          "turn, as apply_chat_template does); they are not trained", RuntimeWarning, stacklevel=2)
     if getattr(encoder, "pairs", False):  # preference pairs: three documents per pair
         result.stats["pairs"] = len(result) // 3
     result.encoder = encoder

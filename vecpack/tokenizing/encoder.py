@@ -440,14 +440,18 @@ class ChunkSink:
         self.train: list = []            # fast rows: whether each piece is trained
         self.slow: dict[int, tuple] = {}  # row index -> (tokens, labels) of a row HF encoded
         self.rows = 0
+        self.counts: dict[str, int] = {}  # agentic rows' tool calls, results, reasoning (spans.conversation_parts)
 
     def add(self, row) -> None:
         """Take one row. Raises :class:`InputError` (nothing kept) when it is unusable."""
         enc = self.enc
         got = read_row(row, enc.style, enc.column)
         if type(got) is not tuple:  # tools, calls, reasoning...: rendered by Jinja, its spans found
-            parts, train, _ = enc.template.conversation_parts(got)
+            parts, train, info = enc.template.conversation_parts(got)
             self.add_parts(parts, train, 0, None)
+            counts = self.counts
+            for k, v in info.items():
+                counts[k] = counts.get(k, 0) + v
             return
         try:
             rendered = enc.template.parts_of(*got)

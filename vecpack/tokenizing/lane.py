@@ -381,7 +381,8 @@ def _merge(n: int, fast, rest: Rows, slow_idx: np.ndarray) -> Rows:
         return rest
     rows_f, ids, labels, lengths, trainable = fast
     if not len(rest.lengths):
-        return Rows(ids, labels, lengths.astype(np.int64), rows_f.astype(np.int64), n, rest.rejected, trainable)
+        return Rows(ids, labels, lengths.astype(np.int64), rows_f.astype(np.int64), n, rest.rejected, trainable,
+                    rest.counts)
     rows_s = slow_idx[rest.rows]
     order = np.argsort(np.concatenate([rows_f, rows_s]), kind="stable")
     starts = np.concatenate([np.cumsum(lengths) - lengths, np.cumsum(rest.lengths) - rest.lengths])
@@ -395,7 +396,7 @@ def _merge(n: int, fast, rest: Rows, slow_idx: np.ndarray) -> Rows:
         labs.append(labs_of[a:b])
     return Rows(np.concatenate(toks), np.concatenate(labs), all_len[order].astype(np.int64),
                 np.concatenate([rows_f, rows_s])[order].astype(np.int64), n, rest.rejected,
-                trainable + rest.trainable)
+                trainable + rest.trainable, rest.counts)
 
 
 def splice_heads(ids: np.ndarray, lengths: np.ndarray, head_of: np.ndarray, table: list

@@ -64,6 +64,8 @@ class Rows:
         records: payloads read, rejected ones included.
         rejected: ``(key, reason)`` of every rejected row, in order.
         trainable: tokens whose label is not ``-100``.
+        counts: agentic rows' ``tool_calls``, ``tool_results``, ``reasoning`` and
+            ``reasoning_dropped`` (traces the template did not render), summed.
     """
 
     tokens: np.ndarray
@@ -73,6 +75,7 @@ class Rows:
     records: int
     rejected: list = field(default_factory=list)
     trainable: int = 0
+    counts: dict = field(default_factory=dict)
 
 
 def encode_rows(encoder, payloads: Iterable[tuple[Any, Any]], *, on_error: str = "raise",
@@ -136,6 +139,7 @@ def encode_rows(encoder, payloads: Iterable[tuple[Any, Any]], *, on_error: str =
     if sink is not None:
         tokens, labels, sink_lengths = sink.finish()
         trainable = sink.trainable
+        counts = dict(getattr(sink, "counts", {}))
         lengths = sink_lengths.tolist()
         per_row = getattr(sink, "per_row", 1)  # documents per row (a preference pair: 3)
         if per_row != 1:
@@ -144,10 +148,11 @@ def encode_rows(encoder, payloads: Iterable[tuple[Any, Any]], *, on_error: str =
         tokens = np.concatenate(toks) if toks else np.zeros(0, np.int32)
         labels = np.concatenate(labs) if labs else np.zeros(0, np.int32)
         trainable = int(np.count_nonzero(labels != IGNORE_INDEX))
+        counts = {}
     if progress is not None:
         progress(n)
     return Rows(tokens, labels, np.asarray(lengths, np.int64), np.asarray(rows, np.int64), n,
-                rejected, trainable)
+                rejected, trainable, counts)
 
 
 def tokenize_chunk(task: ChunkTask, encoder, out_dir: str, *, on_error: str = "raise",
@@ -191,7 +196,7 @@ def tokenize_chunk(task: ChunkTask, encoder, out_dir: str, *, on_error: str = "r
                      tokens=int(out.tokens.size), trainable=out.trainable,
                      lines=info.get("newlines", out.records), rejected=len(out.rejected),
                      examples=out.rejected[:MAX_EXAMPLES], pid=os.getpid(), lengths=out.lengths,
-                     rows=out.rows)
+                     rows=out.rows, counts=out.counts)
     if direct is not None and direct.write(task.index, out.tokens, out.labels):
         meta.direct = True
     else:

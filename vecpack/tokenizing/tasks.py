@@ -24,7 +24,7 @@ from vecpack.errors import EncoderError, InputError
 from vecpack.inputs.readers import locate, reader, split_source
 from vecpack.inputs.sources import Source, resolve_sources
 
-__all__ = ["ChunkError", "ChunkMeta", "ChunkTask", "default_chunk_bytes", "located_error",
+__all__ = ["agentic_counts", "ChunkError", "ChunkMeta", "ChunkTask", "default_chunk_bytes", "located_error",
            "plan_chunks", "rejected_examples"]
 
 MAX_EXAMPLES = 5         # rejected-row examples kept per chunk (and reported in total)
@@ -86,6 +86,7 @@ class ChunkMeta:
     lengths: np.ndarray | None = field(default=None, repr=False)  # int64 tokens per document
     rows: np.ndarray | None = field(default=None, repr=False)     # int64 record index in the range
     direct: bool = False    # tokens and labels were written straight into the final files
+    counts: dict = field(default_factory=dict)  # agentic rows: tool calls, results, reasoning (Rows.counts)
 
     def path(self, name: str) -> str:
         return os.path.join(self.out_dir, f"chunk-{self.index:06d}.{name}.npy")
@@ -172,4 +173,19 @@ def rejected_examples(metas: list[ChunkMeta], tasks: list[ChunkTask], limit: int
                 return out
             where = _locate(t, local, lines_before.get(t.index))
             out.append(str(_located(InputError, reason, t, where)))
+    return out
+
+
+def agentic_counts(metas) -> dict:
+    """The chunks' :attr:`ChunkMeta.counts` summed: ``tool_calls``, ``tool_results``, ``reasoning`` and
+    ``reasoning_dropped`` of the agentic rows (empty when every row was plain).
+
+    >>> agentic_counts([ChunkMeta(0, "", 1, 1, 5, 2, 1, 0, counts={"tool_calls": 2}),
+    ...                 ChunkMeta(1, "", 1, 1, 5, 2, 1, 0, counts={"tool_calls": 1, "reasoning": 1})])
+    {'tool_calls': 3, 'reasoning': 1}
+    """
+    out: dict = {}
+    for m in metas:
+        for k, v in m.counts.items():
+            out[k] = out.get(k, 0) + v
     return out
