@@ -155,7 +155,7 @@ def conversation_parts(template, conv, *, compiled: bool = True) -> tuple[list[s
     got = compiled_parts(template, conv, lambda c: conversation_parts(template, c, compiled=False)) if compiled \
         else None
     if got is not None:  # the structure's compiled layout (vecpack.chat.structure)
-        return got[0], got[1], _info(conv, "".join(got[0]))
+        return got[0], got[1], _info(conv, got[0])
     masking = template.masking
     assistants = [i for i, m in enumerate(messages) if m["role"] == "assistant" and i not in conv.untrained]
     if masking == "last":
@@ -201,9 +201,14 @@ def conversation_parts(template, conv, *, compiled: bool = True) -> tuple[list[s
     return parts, train, _info(conv, text)
 
 
-def _info(conv, text: str) -> dict:
-    """The row's counts, and its reasoning traces the template did not render."""
+def _info(conv, text) -> dict:
+    """The row's counts, and its reasoning traces the template did not render (``text``: the render,
+    or its pieces, joined only when the row has reasoning)."""
     info = dict(conv.counts)
-    info["reasoning_dropped"] = sum(1 for m in conv.messages if m.get("reasoning_content")
-                                    and m["reasoning_content"].strip() not in text)
+    dropped = 0
+    if info["reasoning"]:
+        text = text if type(text) is str else "".join(text)
+        dropped = sum(1 for m in conv.messages if m.get("reasoning_content")
+                      and m["reasoning_content"].strip() not in text)
+    info["reasoning_dropped"] = dropped
     return info

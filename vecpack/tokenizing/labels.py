@@ -30,7 +30,7 @@ import numpy as np
 
 from vecpack.options import IGNORE_INDEX
 
-__all__ = ["label_runs", "labels_from_parts", "part_sizes"]
+__all__ = ["label_runs", "labels_from_parts", "part_sizes", "trained_spans"]
 
 
 def part_sizes(parts, layout=None) -> list[int]:
@@ -46,6 +46,22 @@ def part_sizes(parts, layout=None) -> list[int]:
         p = parts[pos]
         sizes[pos] = len(p) if p.isascii() else len(p.encode("utf-8"))
     return sizes
+
+
+def trained_spans(sizes: np.ndarray, train, dtype) -> tuple[np.ndarray, np.ndarray]:
+    """``(starts, stops)``: the byte spans of the runs of trained pieces (``sizes`` int64, ``train`` flags),
+    empty runs left out, as ``dtype`` byte positions.
+
+    >>> [a.tolist() for a in trained_spans(np.array([2, 3, 0, 4, 1]), [0, 1, 1, 0, 1], np.int64)]
+    [[2, 9], [5, 10]]
+    """
+    flags = np.asarray(train, dtype=np.int8)
+    edges = np.diff(flags, prepend=np.int8(0), append=np.int8(0))
+    cum = np.zeros(len(sizes) + 1, dtype=dtype)
+    np.cumsum(sizes, out=cum[1:])
+    starts, stops = cum[np.flatnonzero(edges == 1)], cum[np.flatnonzero(edges == -1)]
+    keep = starts != stops
+    return starts[keep], stops[keep]
 
 
 def labels_from_parts(tokens: np.ndarray, bytelen: np.ndarray, sizes, train, *, masking_all: bool = False,
@@ -71,13 +87,7 @@ def labels_from_parts(tokens: np.ndarray, bytelen: np.ndarray, sizes, train, *, 
         return None
     if masking_all:
         return tokens.copy(), n
-    flags = np.asarray(train, dtype=np.int8)
-    edges = np.diff(flags, prepend=np.int8(0), append=np.int8(0))
-    cum = np.zeros(len(sizes) + 1, dtype=ends.dtype)
-    np.cumsum(sizes, out=cum[1:])
-    starts, stops = cum[np.flatnonzero(edges == 1)], cum[np.flatnonzero(edges == -1)]
-    keep = starts != stops
-    starts, stops = starts[keep], stops[keep]
+    starts, stops = trained_spans(sizes, train, ends.dtype)
     if not len(starts) or not n:
         return np.full(n, IGNORE_INDEX, dtype=np.int32), 0
     # token t covers bytes [ends[t] - len(t), ends[t]): trained if any of them is in a span

@@ -46,7 +46,7 @@ import numpy as np
 
 from vecpack._state import memo
 from vecpack.options import IGNORE_INDEX, cache_root
-from vecpack.tokenizing.labels import _runs_mask
+from vecpack.tokenizing.labels import _runs_mask, trained_spans
 from vecpack.tokenizing.spec import Unsupported, stat_key, write_memo
 
 __all__ = ["SPACE", "SPSpec", "sp_labels", "sp_parts", "sp_spec", "token_bytes"]
@@ -239,13 +239,7 @@ def sp_labels(ids: np.ndarray, lengths: np.ndarray, sizes, train, spec: SPSpec, 
         return None
     if masking_all:
         return ids.astype(np.int32, copy=True), n
-    flags = np.asarray(train, dtype=np.int8)
-    edges = np.diff(flags, prepend=np.int8(0), append=np.int8(0))
-    cum = np.zeros(len(sizes) + 1, dtype=dtype)
-    np.cumsum(sizes, out=cum[1:])
-    s0, s1 = cum[np.flatnonzero(edges == 1)], cum[np.flatnonzero(edges == -1)]
-    keep = s0 != s1
-    s0, s1 = s0[keep], s1[keep]
+    s0, s1 = trained_spans(sizes, train, dtype)
     if not len(s0) or not n:
         return np.full(n, IGNORE_INDEX, dtype=np.int32), 0
     # token t covers bytes [lo[t], hi[t]); the dummy alone its text's first byte. Both are
