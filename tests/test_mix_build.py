@@ -102,12 +102,12 @@ def test_mix_total_twice_the_size_repeats_at_most_ceil_ratio(three, qwen_dir, ca
 
 def test_reweighting_a_warm_cache_only_replans(three, qwen_dir, cache, monkeypatch):
     build(three, qwen_dir, cache)                   # corpora in the cache
-    import vecpack.store.build as b
+    import vecpack.store.pipeline as b
 
     def no_tokenizing(*a, **k):
         raise AssertionError("a warm re-mix tokenized")
 
-    monkeypatch.setattr(b, "_tokenize", no_tokenizing)
+    monkeypatch.setattr(b, "_tokenize_input", no_tokenizing)
     for weights in ([0.2, 0.2, 0.6], [1, 0, 1]):
         packed = build(three, qwen_dir, cache, weights=weights)
         info = packed.build_info

@@ -29,7 +29,8 @@ __all__ = [
     "CHAT_STYLES", "CONVERSATION_STYLES", "ENGINES", "EXECUTORS", "EXPORT_FORMATS", "FAST_ENGINES", "IGNORE_INDEX",
     "INT32_MAX", "LONG_POLICIES", "MASKINGS", "MAX_CUT_FRACTION", "MIX_BY",
     "ON_ERROR", "PAIR_LONG_POLICIES", "STRATEGIES", "STREAM_STRATEGIES", "STYLES", "TORCHTUNE_STYLES", "cache_root",
-    "check_choice", "check_index", "check_int", "check_max_len", "check_mix", "check_options", "check_seed",
+    "check_choice", "check_index", "check_int", "check_max_len", "check_mix", "check_n_jobs", "check_options",
+    "check_seed",
     "check_tokenizer_dir", "check_weight", "check_weights", "useless_reason", "WORKER_START_ENV",
     "WORKER_START_METHODS", "worker_start_method",
 ]
@@ -144,6 +145,21 @@ def check_max_len(value, name: str = "max_len", hint: str = "") -> int:
     if value is None:
         return _fail(ValueError, f"{name} is required (tokens per pack, e.g. 4096)", hint)
     return check_int(value, name, minimum=1, maximum=INT32_MAX)
+
+
+def check_n_jobs(value, name: str = "n_jobs") -> int | None:
+    """Worker processes: a non-zero integer (``-1``: every core, ``-2``: all but one), or None (one).
+
+    >>> check_n_jobs(0)
+    Traceback (most recent call last):
+    ...
+    ValueError: n_jobs must be a non-zero integer (-1 = every core), got 0
+    """
+    if value is None:
+        return None
+    if not isinstance(value, numbers.Integral) or isinstance(value, bool) or value == 0:
+        raise ValueError(f"{name} must be a non-zero integer (-1 = every core), got {value!r}")
+    return int(value)
 
 
 def check_seed(value, name: str = "seed") -> int | None:

@@ -193,12 +193,16 @@ def cmd_pack(args) -> int:
     before = compile_stats()
     t0 = time.perf_counter()
     inputs, style, column, masking, mix = _mixture_args(args)
-    packed = vecpack.build(
-        inputs, str(tokenizer), args.max_len, style=style, column=column,
-        masking=masking, strategy=args.strategy, long=args.long, shuffle_seed=args.seed,
-        n_jobs=args.jobs, on_error=args.on_error, progress=_progress(args),
-        cache=not args.no_cache, cache_dir=args.cache_dir, backend=args.backend,
-        allow_useless=args.allow_useless, **mix, **({"prefix_sharing": True} if args.prefix_sharing else {}))
+    from vecpack.request.request import make_request
+    from vecpack.store.pipeline import run_build
+
+    request = make_request(inputs, str(tokenizer), {
+        "max_len": args.max_len, "style": style, "column": column, "masking": masking, "strategy": args.strategy,
+        "long": args.long, "shuffle_seed": args.seed, "n_jobs": args.jobs, "on_error": args.on_error,
+        "progress": _progress(args), "cache": not args.no_cache, "cache_dir": args.cache_dir,
+        "backend": args.backend, "allow_useless": args.allow_useless, "prefix_sharing": bool(args.prefix_sharing),
+        **mix}, door=f"{PROG} pack")
+    packed = run_build(request)
     if out is not None:
         vecpack.save(packed, out, progress=_progress(args))
     compiled = compile_since(before)  # numba's first run on this machine: its own line, not in the rate

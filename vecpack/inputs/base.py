@@ -36,7 +36,7 @@ class Reader:
     """How one input format is read. Subclasses override what their format supports.
 
     Attributes:
-        kind: the format's name (``Source.kind``).
+        kind: the format's name (``InputFile.kind``).
         text: ranges are byte ranges of a text file (progress counts bytes,
             errors name lines).
     """

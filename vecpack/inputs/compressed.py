@@ -7,7 +7,7 @@ directory: ``/dev/shm`` when it has room), several files at once (the codecs
 release the GIL). :class:`~vecpack.tokenizing.feed.TaskFeed` hands the
 workers each range of a JSONL copy as soon as its lines are on disk, and
 they range-read the copy exactly like any JSONL, JSON or Parquet file. The
-copy's :class:`~vecpack.inputs.sources.Source` keeps the compressed file's
+copy's :class:`~vecpack.inputs.sources.InputFile` keeps the compressed file's
 name as its ``label``, so errors still say ``train.jsonl.gz:LINE: reason``,
 with lines of the decompressed text. A corrupt or cut-short file is an
 :class:`~vecpack.errors.InputError` at the line where the text stops.
@@ -198,7 +198,7 @@ class Unpacking:
             self._notify()
 
     def plain(self):
-        """The finished copy's :class:`~vecpack.inputs.sources.Source` (its kind read from the content)."""
+        """The finished copy's :class:`~vecpack.inputs.sources.InputFile` (its kind read from the content)."""
         return _plain_source(self.src, self.dest)
 
     def sniff(self) -> str:

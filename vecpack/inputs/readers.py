@@ -31,11 +31,11 @@ from typing import Any, Iterator
 from vecpack.inputs import arrow, compressed, items, json_array, jsonl, parquet, table
 from vecpack.inputs.base import Reader
 from vecpack.inputs.records import to_record
-from vecpack.inputs.sources import Source
+from vecpack.inputs.sources import InputFile
 
 __all__ = ["READERS", "locate", "read_records", "reader", "sample_rows", "split_source"]
 
-#: ``Source.kind`` -> its reader.
+#: ``InputFile.kind`` -> its reader.
 READERS: dict[str, Reader] = {r.kind: r for r in (jsonl.READER, json_array.READER, parquet.READER,
                                                   arrow.READER, table.READER, compressed.READER,
                                                   items.READER)}
@@ -49,7 +49,7 @@ def reader(kind: str) -> Reader:
         raise ValueError(f"unknown source kind {kind!r}") from None
 
 
-def split_source(src: Source, chunk_bytes: int) -> list[tuple[int, int, int | None]]:
+def split_source(src: InputFile, chunk_bytes: int) -> list[tuple[int, int, int | None]]:
     """Cut one source into ranges ``(start, stop, first_row)`` of about ``chunk_bytes``.
 
     ``start``/``stop`` are byte offsets (JSONL, JSON), row-group indices
@@ -62,7 +62,7 @@ def split_source(src: Source, chunk_bytes: int) -> list[tuple[int, int, int | No
     return reader(src.kind).ranges(src, chunk_bytes)
 
 
-def read_records(src: Source | str, start: int, stop: int, *, kind: str | None = None,
+def read_records(src: InputFile | str, start: int, stop: int, *, kind: str | None = None,
                  payload: bytes | None = None, info: dict | None = None) -> Iterator[tuple[int, Any]]:
     """Yield ``(local_index, record)`` for one range; ``record`` is a dict or a :class:`BadRecord`.
 
@@ -94,7 +94,7 @@ def locate(name: str, kind: str, start: int, stop: int, first_row: int | None, l
     return reader(kind).locate(name, start, stop, first_row, local, lines_before=lines_before)
 
 
-def sample_rows(sources: list[Source], n: int = 64) -> list[dict]:
+def sample_rows(sources: list[InputFile], n: int = 64) -> list[dict]:
     """Up to ``n`` readable rows from the start of the inputs (for encoder self-checks).
 
     Unreadable records are skipped here; the workers report them.

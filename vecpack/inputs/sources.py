@@ -7,7 +7,7 @@ A file's kind is found by its first bytes: Parquet (``PAR1``), Arrow IPC
 directory written by ``datasets.save_to_disk`` becomes its Arrow shards, in
 order.
 
-:func:`resolve_sources` turns ``data_files`` into :class:`Source` records,
+:func:`resolve_sources` turns ``data_files`` into :class:`InputFile` records,
 in input order; :mod:`vecpack.inputs.readers` then reads each one with the
 reader of its ``kind``.
 
@@ -30,14 +30,14 @@ from vecpack.errors import InputError
 from vecpack.inputs.items import Items
 from vecpack.inputs.records import BOM
 
-__all__ = ["CODECS", "Source", "resolve_sources", "sniff_codec"]
+__all__ = ["CODECS", "InputFile", "resolve_sources", "sniff_codec"]
 #: magic bytes -> codec of the compressed inputs (read by :mod:`vecpack.inputs.compressed`)
 CODECS = {b"\x1f\x8b": "gzip", b"BZh": "bz2", b"\xfd7zXZ\x00": "xz", b"\x28\xb5\x2f\xfd": "zstd"}
 _UNSUPPORTED = {b"\x04\x22\x4d\x18": "lz4", b"PK\x03\x04": "zip"}
 
 
 @dataclass(frozen=True)
-class Source:
+class InputFile:
     """One input: a file, or an in-memory ``datasets.Dataset``.
 
     Attributes:
@@ -74,7 +74,7 @@ def _is_hf_dataset(obj) -> bool:
                                                                   "IterableDataset")
 
 
-def _dataset_source(ds) -> Source:
+def _dataset_source(ds) -> InputFile:
     name = type(ds).__name__
     if name == "DatasetDict":
         raise TypeError(f"data_files is a DatasetDict with splits {sorted(ds)}; pass one split, "
@@ -85,7 +85,7 @@ def _dataset_source(ds) -> Source:
     if getattr(ds, "_indices", None) is not None:  # after select/shuffle/filter
         ds = ds.flatten_indices()
     table = ds.data.table if hasattr(ds.data, "table") else ds.data
-    return Source("<Dataset>", "dataset", table.num_rows, table)
+    return InputFile("<Dataset>", "dataset", table.num_rows, table)
 
 
 def sniff_codec(head: bytes) -> str | None:
@@ -108,7 +108,7 @@ def _sniff(head: bytes) -> str:
     return "jsonl"
 
 
-def _file_source(path: str) -> Source:
+def _file_source(path: str) -> InputFile:
     if not os.path.exists(path):
         raise FileNotFoundError(f"data_files: no such file: {path!r}")
     if os.path.isdir(path):
@@ -120,15 +120,15 @@ def _file_source(path: str) -> Source:
         head = f.read(4096)
     codec = sniff_codec(head)
     if codec is not None:
-        return Source(path, "compressed", size, codec=codec)
+        return InputFile(path, "compressed", size, codec=codec)
     for magic, name in _UNSUPPORTED.items():
         if head.startswith(magic):
             raise InputError(f"{name} files cannot be read; decompress it first (gzip, bzip2, xz and zstd "
                              f"files are read as they are)", file=path)
-    return Source(path, _sniff(head) if size else "jsonl", size)
+    return InputFile(path, _sniff(head) if size else "jsonl", size)
 
 
-def _saved_dataset(path: str) -> list[Source] | None:
+def _saved_dataset(path: str) -> list[InputFile] | None:
     """The Arrow shards of a ``datasets.save_to_disk`` directory, in order (None if it is not one)."""
     import json
 
@@ -144,7 +144,7 @@ def _saved_dataset(path: str) -> list[Source] | None:
     return [_file_source(os.path.join(path, name)) for name in files]
 
 
-def _path_sources(path: str) -> list[Source]:
+def _path_sources(path: str) -> list[InputFile]:
     if os.path.isdir(path):
         saved = _saved_dataset(path)
         if saved is not None:
@@ -152,8 +152,8 @@ def _path_sources(path: str) -> list[Source]:
     return [_file_source(path)]
 
 
-def resolve_sources(data_files) -> list[Source]:
-    """Turn ``data_files`` into a list of :class:`Source`, in input order.
+def resolve_sources(data_files) -> list[InputFile]:
+    """Turn ``data_files`` into a list of :class:`InputFile`, in input order.
 
     Args:
         data_files: a path, a glob pattern, a list of them, a
@@ -166,7 +166,7 @@ def resolve_sources(data_files) -> list[Source]:
     if _is_hf_dataset(data_files):
         return [_dataset_source(data_files)]
     if isinstance(data_files, Items):  # a map-style dataset's items, read by their encoder
-        return [Source(data_files.name, "items", len(data_files), data_files)]
+        return [InputFile(data_files.name, "items", len(data_files), data_files)]
     if isinstance(data_files, (str, os.PathLike)):
         items = [data_files]
     elif isinstance(data_files, (list, tuple)):
@@ -176,7 +176,7 @@ def resolve_sources(data_files) -> list[Source]:
                         f"got {type(data_files).__name__}")
     if not items:
         raise ValueError("data_files is empty")
-    out: list[Source] = []
+    out: list[InputFile] = []
     for item in items:
         if _is_hf_dataset(item):
             out.append(_dataset_source(item))

@@ -27,7 +27,7 @@ import os
 
 from vecpack.options import check_options, check_weight, check_weights
 
-__all__ = ["Source", "as_sources", "is_mixture", "own_options"]
+__all__ = ["Source", "as_sources", "data_name", "is_mixture", "own_options"]
 
 
 class Source:
@@ -62,8 +62,8 @@ class Source:
             raise TypeError(f"column must be a string, got {type(column).__name__}")
         self.data = path_or_dataset
         self.style, self.column, self.masking = style, column, masking
-        self.weight = check_weight(weight, f"source {_data_name(path_or_dataset)!r}")
-        self.name = f"source {_data_name(path_or_dataset)!r}"
+        self.weight = check_weight(weight, f"source {data_name(path_or_dataset)!r}")
+        self.name = f"source {data_name(path_or_dataset)!r}"
 
     def _replace(self, **kw) -> "Source":
         out = Source.__new__(Source)
@@ -88,14 +88,14 @@ class Source:
         return f"Source({', '.join(parts)})"
 
 
-def _data_name(data) -> str:
+def data_name(data) -> str:
     """A short readable name of a source's data, for messages."""
     if isinstance(data, (str, os.PathLike)):
         return os.fspath(data)
     if isinstance(data, (list, tuple)):
         if not data:
             return "[]"
-        first = _data_name(data[0])
+        first = data_name(data[0])
         return first if len(data) == 1 else f"{first} + {len(data) - 1} more"
     return f"<{type(data).__name__}>"
 
@@ -127,7 +127,7 @@ def as_sources(data_files, weights, *, style: str = "sharegpt", column: str | No
     if not items:
         raise ValueError("a mixture needs at least one source; data_files is empty")
     sources = [d if isinstance(d, Source) else Source(d) for d in items]
-    names = [f"source {i + 1} ({_data_name(s.data)!r})" for i, s in enumerate(sources)]
+    names = [f"source {i + 1} ({data_name(s.data)!r})" for i, s in enumerate(sources)]
     if weights is not None:
         if any(s.weight != 1.0 for s in sources):
             raise ValueError("weights are given twice: in Source(weight=...) and in weights=; give them once")
@@ -154,5 +154,5 @@ def own_options(data_files, what: str) -> None:
         if isinstance(s, Source):
             given = [k for k in ("style", "column", "masking") if getattr(s, k) is not None]
             if given:
-                raise ValueError(f"source {i + 1} ({_data_name(s.data)!r}) sets {', '.join(given)}, but {what} "
+                raise ValueError(f"source {i + 1} ({data_name(s.data)!r}) sets {', '.join(given)}, but {what} "
                                  f"decides the format of every source; leave them out of Source(...)")

@@ -31,7 +31,7 @@ from __future__ import annotations
 import numpy as np
 
 from vecpack._state import start_warming
-from vecpack.options import check_index, check_int, check_max_len, check_options
+from vecpack.options import check_index, check_int
 from vecpack.packing.plan import Plan, _kernels, _ro, plan
 from vecpack.tokenizing.tokenized import bits_to_labels
 
@@ -443,8 +443,10 @@ def pack(tokens, offsets, max_len: int, *, labels=None, strategy: str = "bfd", p
     >>> p[0]["position_ids"].tolist(), p[0]["document_ids"].tolist()
     ([0, 1, 0, 1, 2, 0], [0, 0, 1, 1, 1, -1])
     """
-    check_options(strategy=strategy, long=long)
-    max_len = check_max_len(max_len)
+    from vecpack.request.specs import PackSpec
+
+    spec = PackSpec.make(max_len, strategy=strategy, long=long, shuffle_seed=shuffle_seed, pad_id=pad_id,
+                         ignore_index=ignore_index)
     tokens = _check_tokens(tokens, "tokens")
     offsets = _check_offsets(offsets, tokens.shape[0])
     if labels is not None:
@@ -452,8 +454,8 @@ def pack(tokens, offsets, max_len: int, *, labels=None, strategy: str = "bfd", p
         if labels.shape[0] != tokens.shape[0]:
             raise ValueError(f"labels has {labels.shape[0]} entries but tokens has "
                              f"{tokens.shape[0]}; they must be aligned")
-    p = plan(np.diff(offsets), max_len, strategy=strategy, long=long, shuffle_seed=shuffle_seed)
-    return Packed(tokens, offsets, p, labels=labels, pad_id=pad_id, ignore_index=ignore_index)
+    p = plan(np.diff(offsets), spec.max_len, strategy=spec.strategy, long=spec.long, shuffle_seed=spec.shuffle_seed)
+    return Packed(tokens, offsets, p, labels=labels, pad_id=spec.pad_id, ignore_index=spec.ignore_index)
 
 
 def warm_kernels(strategy: str = "bfd", long: str = "truncate", *, background: bool = True, bits: bool = False):

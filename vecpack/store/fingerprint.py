@@ -16,11 +16,10 @@ import json
 import os
 import pathlib
 
-from vecpack.inputs.sources import resolve_sources
 from vecpack.options import check_tokenizer_dir
 from vecpack.store import hashing
 
-__all__ = ["CORPUS_FORMAT", "corpus_key_inputs", "describe", "tokenizer_fingerprint"]
+__all__ = ["CORPUS_FORMAT", "data_fingerprint", "describe", "tokenizer_fingerprint"]
 
 #: Bump when tokenization output changes for the same inputs (template
 #: rendering, masking rules, encoders): every cached corpus is then rebuilt.
@@ -60,17 +59,16 @@ def _hash_arrow_table(table) -> str:
     return f"arrow-blake2b_128:{h.hexdigest()}"
 
 
-def _data_fingerprint(data_files, root: pathlib.Path, verify: bool, on_read=None) -> tuple[list, list[str]]:
-    """(key part, readable names) for the inputs: content hashes, in order (``on_read``: as
-    :func:`~vecpack.store.hashing.file_digests`)."""
-    sources = resolve_sources(data_files)
-    if any(s.kind == "items" for s in sources):
+def data_fingerprint(files, root: pathlib.Path, verify: bool, on_read=None) -> tuple[list, list[str]]:
+    """(key part, readable names) of resolved input files (:class:`~vecpack.inputs.sources.InputFile`):
+    content hashes, in order (``on_read``: as :func:`~vecpack.store.hashing.file_digests`)."""
+    if any(s.kind == "items" for s in files):
         raise TypeError("the items of an in-memory dataset have no content fingerprint; build them "
                         "with cache=False")
-    files = [s.name for s in sources if s.kind != "dataset"]
-    digests = iter(hashing.file_digests(files, verify=verify, root=root, on_read=on_read))
+    digests = iter(hashing.file_digests([s.name for s in files if s.kind != "dataset"], verify=verify, root=root,
+                                        on_read=on_read))
     parts, names = [], []
-    for src in sources:
+    for src in files:
         digest = _hash_arrow_table(src.table) if src.kind == "dataset" else next(digests)
         parts.append({"kind": src.kind, "content": digest})
         names.append(src.name)
@@ -148,23 +146,6 @@ def _object_fingerprint(tok) -> str:
     h.update(json.dumps(kwargs, sort_keys=True, default=str).encode())
     h.update(json.dumps(getattr(tok, "special_tokens_map", {}), sort_keys=True, default=str).encode())
     return h.hexdigest()
-
-
-def corpus_key_inputs(data_files, tokenizer, *, style="sharegpt", column=None, masking="assistant",
-                      on_error="raise", encoder=None, root=None, verify=False, on_read=None
-                      ) -> tuple[dict, dict]:
-    """(key inputs, readable description) of a tokenized corpus.
-
-    The key inputs hold content hashes only (no paths), so moving the data
-    or the tokenizer keeps the key. ``on_read(nbytes)``: called before input
-    files the stat memo does not know are read (:func:`~vecpack.store.hashing.file_digests`).
-    """
-    root = pathlib.Path(root) if root is not None else hashing.default_root()
-    data, names = _data_fingerprint(data_files, root, verify, on_read)
-    tok = tokenizer_fingerprint(encoder if encoder is not None else tokenizer, root=root, verify=verify)
-    inputs = {"format": CORPUS_FORMAT, "data": data, "tokenizer": tok, "style": style,
-              "column": column, "masking": masking, "on_error": on_error}
-    return inputs, describe(names, tokenizer, encoder)
 
 
 def describe(data_files, tokenizer, encoder) -> dict:

@@ -28,22 +28,10 @@ from vecpack.packing.packed import Packed
 from vecpack.packing.plan import Plan, trained_tokens
 from vecpack.store.entries import corpus_labels
 
-__all__ = ["MIX_FORMAT", "add_trained_tokens", "mix_key_inputs", "packed_from_mixture",
+__all__ = ["add_trained_tokens", "packed_from_mixture",
            "row_ids", "save_plan", "source_infos", "with_sources"]
 
-#: Bump when mixed plans change for the same corpora and options.
-MIX_FORMAT = 1
-
 _PLAN_ARRAYS = ("doc_index", "doc_start", "doc_length", "pack_offsets")
-
-
-def mix_key_inputs(corpus_keys: list, weights: list, *, max_len: int, strategy: str, long: str,
-                   shuffle_seed: int | None, mix: dict) -> dict:
-    """What a mixed plan depends on (the key of its ``mix-`` entry): no paths, no names."""
-    return {"format": MIX_FORMAT, "corpora": list(corpus_keys), "weights": [float(w) for w in weights],
-            "max_len": int(max_len), "strategy": strategy, "long": long,
-            "shuffle_seed": None if shuffle_seed is None else int(shuffle_seed),
-            **{k: mix[k] for k in ("mix_by", "mix_total", "mix_seed", "mix_repeat")}}
 
 
 def save_plan(tmp: pathlib.Path, p: Plan) -> None:
@@ -73,13 +61,13 @@ def add_trained_tokens(p: Plan, labels: list, offsets: list) -> None:
 
 
 def with_sources(stats: dict, sources: list) -> dict:
-    """``stats`` with the mixture's sources named as this call names them (the key has no paths),
-    with their style, column and masking."""
+    """``stats`` with the mixture's sources (the request's inputs) named as this call names them (the key
+    has no paths), with their style, column and masking."""
     stats = dict(stats)
     mixture = dict(stats.get("mixture") or {})
     if mixture.get("sources") and len(mixture["sources"]) == len(sources):
-        mixture["sources"] = [{**s, "name": src.name, "style": src.style, "column": src.column,
-                               "masking": src.masking} for s, src in zip(mixture["sources"], sources)]
+        mixture["sources"] = [{**s, "name": src.name, "style": src.chat.style, "column": src.chat.column,
+                               "masking": src.chat.masking} for s, src in zip(mixture["sources"], sources)]
         stats["mixture"] = mixture
     return stats
 
@@ -108,10 +96,10 @@ def packed_from_mixture(corpora: list, arrays: dict, max_len: int, stats: dict, 
 
 
 def source_infos(sources: list, corpora: list) -> tuple:
-    """Per source, where its corpus came from (``build_info.sources``)."""
-    return tuple({"name": s.name, "style": s.style, "column": s.column, "masking": s.masking,
-                  "weight": s.weight, "corpus_key": c.key, "corpus_path": c.path, "corpus_hit": not c.built,
-                  "tokenize_stats": dict(c.meta.get("stats") or {})}
+    """Per source (the request's inputs), where its corpus came from (``build_info.sources``)."""
+    return tuple({"name": s.name, "style": s.chat.style, "column": s.chat.column, "masking": s.chat.masking,
+                  "weight": s.weight, "corpus_key": c.key, "corpus_path": c.path, "corpus_hit": c.hit,
+                  "tokenize_stats": dict(c.stats)}
                  for s, c in zip(sources, corpora))
 
 

@@ -89,14 +89,13 @@ from torch.utils.data import IterableDataset
 
 from vecpack import options
 from vecpack.inputs.readers import reader
-from vecpack.inputs.sources import Source, resolve_sources
-from vecpack.mixing.source import is_mixture
-from vecpack.options import STREAM_STRATEGIES, check_choice, check_int, check_max_len, check_options, check_seed
+from vecpack.inputs.sources import resolve_sources
+from vecpack.options import STREAM_STRATEGIES, check_choice, check_int, check_seed
 from vecpack.streaming.encoding import EngineStart
 from vecpack.streaming.mix import SOURCE_STATS, MixRun, mixture_stats, stream_sources
 from vecpack.streaming.readers import Layout
 from vecpack.streaming.run import STAT_KEYS, STATE_VERSION, Run, with_fill
-from vecpack.tokenizing.corpus import check_args, encoder_class
+from vecpack.tokenizing.corpus import encoder_class
 from vecpack.tokenizing.encoder import encoder_for, remember
 from vecpack.tokenizing.spec import default_pad_id
 
@@ -211,17 +210,19 @@ class StreamingPackedDataset(IterableDataset):
                  seed: int | None = 0, encoder=None, weights=None, mix_by: str = "tokens",
                  prefix_sharing: bool = False):
         super().__init__()
-        max_len = check_max_len(max_len)
-        self.pairs = style == "preference"
-        check_options(style=style, masking=masking, strategy=strategy, on_error=on_error,
-                      **{"pair_long" if self.pairs else "long": long})
-        if prefix_sharing and not self.pairs:
-            raise ValueError("prefix_sharing=True needs style='preference'")
+        from vecpack.request.request import make_request
+
+        request = make_request(data_files, tokenizer, {
+            "max_len": max_len, "style": style, "column": column, "masking": masking, "strategy": strategy,
+            "long": long, "pad_id": pad_id, "ignore_index": ignore_index, "on_error": on_error, "n_jobs": n_jobs,
+            "encoder": encoder, "weights": weights, "mix_by": mix_by, "prefix_sharing": prefix_sharing},
+            door="StreamingPackedDataset()", streaming=True)
+        self.pairs = request.pairs
         if self.pairs and encoder is not None and not getattr(encoder, "pairs", False):
             raise ValueError(f"style='preference' needs a pair encoder (three documents per row: prompt, chosen, "
                              f"rejected), such as vecpack.preference.encoder.PairEncoder; got "
                              f"{type(encoder).__name__}")
-        self.prefix_sharing = bool(prefix_sharing)
+        self.prefix_sharing = request.pack.prefix_sharing
         check_choice(strategy, "strategy", STREAM_STRATEGIES,
                      hint="ffd needs every length up front: use vecpack.build")
         buffer_size = check_int(buffer_size, "buffer_size", minimum=1)
@@ -230,24 +231,23 @@ class StreamingPackedDataset(IterableDataset):
         self.data_files = data_files
         self._stream = None
         self._mix = None
-        self.mix_by = options.check_mix(mix_by)["mix_by"]
-        check_args(style, masking, on_error, "loky", tokenizer, encoder)
-        if is_mixture(data_files, weights):
-            self._mix = stream_sources(data_files, weights, tokenizer, encoder, style=style, column=column,
-                                       masking=masking, seed=seed)
+        self.mix_by = request.mix.by if request.mixture else options.check_mix(mix_by)["mix_by"]
+        files = list(request.inputs[0].files)
+        if request.mixture:
+            self._mix = stream_sources(request, seed=seed)
             self._srcs = [src for m in self._mix for src in m.srcs]
             encoder = self._mix[0].encoder
-        elif _is_hf_iterable(data_files):
+        elif files[0].kind == "iterable":
             if seed is not None:
                 raise ValueError("a datasets.IterableDataset cannot be read in a seeded order (its rows "
                                  "have no positions to seek to): pass seed=None and shuffle it with "
                                  "its own .shuffle(seed=..., buffer_size=...) if needed")
             # no positions to re-read: buffered tokens travel in the state instead
             self._stream = (data_files, data_files.state_dict())
-            self._srcs = [Source("<IterableDataset>", "iterable", 0)]
+            self._srcs = files
             sample = resolve_sources(_head(data_files, 64))
         else:
-            self._srcs = sample = resolve_sources(data_files)
+            self._srcs = sample = files
             for s in self._srcs:
                 if not reader(s.kind).streams:
                     raise reader(s.kind)._no_stream(s.name)

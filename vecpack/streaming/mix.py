@@ -208,35 +208,28 @@ def mixture_stats(stats: dict, names: list, weights: list, mix_by: str, per_sour
     return stats
 
 
-def stream_sources(data_files, weights, tokenizer, encoder, *, style: str, column, masking: str,
-                   seed: int | None) -> list:
-    """The :class:`StreamSource` of each source of a mixture (inputs resolved, encoders built)."""
+def stream_sources(request, *, seed: int | None) -> list:
+    """The :class:`StreamSource` of each input of a mixture request (inputs resolved there; encoders built here)."""
     from vecpack.inputs.readers import reader
-    from vecpack.inputs.sources import resolve_sources
-    from vecpack.mixing.source import as_sources, own_options
     from vecpack.tokenizing.encoder import encoder_for
 
     out, base = [], 0
-    sources = as_sources(data_files, weights, style=style, column=column, masking=masking)
-    if sources and sources[0].style == "preference":
+    if request.pairs:
         raise ValueError("StreamingPackedDataset does not stream mixtures of preference pairs yet; stream "
                          "each pair set alone (style='preference'), or build the mixture with "
                          "vecpack.build(sources, tokenizer, max_len, weights=..., style='preference')")
-    if encoder is not None:
-        own_options(data_files, "encoder=")
-    for i, src in enumerate(sources):
-        if type(src.data).__name__ == "IterableDataset":
-            raise TypeError(f"{src.name} is a datasets.IterableDataset, which cannot be mixed (its rows "
-                            f"cannot be re-read for a resume); pass its files or a datasets.Dataset")
-        srcs = resolve_sources(src.data)
+    encoder = request.tokenizer.encoder
+    for i, inp in enumerate(request.inputs):
+        srcs = list(inp.files)
         for s in srcs:
             if not reader(s.kind).streams:
                 raise reader(s.kind)._no_stream(s.name)
         if encoder is not None:
             enc = encoder
         else:
-            enc = encoder_for(tokenizer, src.style, src.column, src.masking, srcs, defer=False)[1]
-        out.append(StreamSource(src.name, srcs, enc, src.weight,
+            c = inp.chat
+            enc = encoder_for(request.tokenizer.tokenizer, c.style, c.column, c.masking, srcs, defer=False)[1]
+        out.append(StreamSource(inp.name, srcs, enc, inp.weight,
                                 None if seed is None else (int(seed) + i) % 2**64, base))
         _check_not_empty(out[-1])
         base += len(srcs)

@@ -21,6 +21,7 @@ directly. See ``docs/parallelism.md`` for how the work is spread over cores.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import shutil
 import sys
@@ -28,9 +29,7 @@ import time
 
 from vecpack.errors import InputError
 from vecpack.inputs.readers import reader, sample_rows
-from vecpack.inputs.sources import resolve_sources
-from vecpack.mixing.source import is_mixture
-from vecpack.options import FAST_ENGINES, check_options, check_tokenizer_dir
+from vecpack.options import FAST_ENGINES
 from vecpack.tokenizing import executors
 from vecpack.tokenizing import pool as _pool
 from vecpack.tokenizing.backend import Pending, fall_back
@@ -41,7 +40,7 @@ from vecpack.tokenizing.merge import ChunkMerger
 from vecpack.tokenizing.tasks import agentic_counts, default_chunk_bytes, plan_chunks, rejected_examples
 from vecpack.tokenizing.tokenized import Tokenized, merge_stats
 
-__all__ = ["Tokenized", "check_args", "encoder_class", "tokenize", "warm_for", "worker_share"]
+__all__ = ["Tokenized", "encoder_class", "tokenize", "tokenize_input", "tokenize_request", "warm_for", "worker_share"]
 
 
 def encoder_class(style: str):
@@ -52,18 +51,6 @@ def encoder_class(style: str):
     from vecpack.preference.encoder import PairEncoder
 
     return PairEncoder
-
-
-def check_args(style, masking, on_error, backend, tokenizer, encoder) -> None:
-    """Validate ``tokenize``'s options (also what ``build`` and streaming pass on)."""
-    check_options(style=style, masking=masking, on_error=on_error, executor=backend)
-    if encoder is None:
-        check_tokenizer_dir(tokenizer)
-    if encoder is None and tokenizer is None:
-        raise TypeError("tokenizer is required (a local Hugging Face tokenizer directory or a "
-                        "transformers tokenizer)")
-    if encoder is not None and not hasattr(encoder, "encode_row"):
-        raise TypeError(f"encoder must have an encode_row(row) method, got {type(encoder).__name__}")
 
 
 def _input_bytes(sources) -> int:
@@ -86,7 +73,7 @@ def _many_tasks(sources, chunk_bytes: int) -> bool:
     return _estimate_output_bytes(sources) > 2.5 * chunk_bytes
 
 
-def warm_for(data_files, tokenizer, *, n_jobs: int = -1, backend: str = "loky") -> bool:
+def warm_for(files, tokenizer, *, n_jobs: int = -1, backend: str = "loky") -> bool:
     """Start now the worker pool that :func:`tokenize` would start for ``data_files``, if it would.
 
     :func:`vecpack.build` calls it before it reads inputs that its hash memo
@@ -98,7 +85,7 @@ def warm_for(data_files, tokenizer, *, n_jobs: int = -1, backend: str = "loky") 
     n_jobs = _pool.effective_n_jobs(n_jobs)
     if backend != "loky" or n_jobs < 2 or tokenizer is None:
         return False
-    sources = resolve_sources(data_files)
+    sources = list(files)
     if not sources or any(s.kind in ("compressed", "items", "dataset") for s in sources):
         return False
     if not _many_tasks(sources, _chunk_bytes(sources, n_jobs)):
@@ -183,32 +170,61 @@ def tokenize(data_files, tokenizer=None, *, style: str = "sharegpt", column: str
         InputError: a bad row (``on_error="raise"``) or an unreadable file.
         WorkerDiedError: a worker process died (usually out of memory).
     """
-    check_args(style, masking, on_error, backend, tokenizer, encoder)
-    if is_mixture(data_files, None):
-        return _tokenize_sources(data_files, tokenizer, style=style, column=column, masking=masking,
-                                 out_dir=out_dir, n_jobs=n_jobs, on_error=on_error, progress=progress,
-                                 backend=backend, encoder=encoder, chunk_bytes=chunk_bytes)
-    n_jobs = _pool.effective_n_jobs(n_jobs)
+    from vecpack.request.request import make_request  # (the front door's request; stages below read it)
+
+    request = make_request(data_files, tokenizer, {
+        "style": style, "column": column, "masking": masking, "n_jobs": n_jobs, "on_error": on_error,
+        "progress": progress, "backend": backend, "encoder": encoder, "chunk_bytes": chunk_bytes}, door="tokenize()")
+    return tokenize_request(request, out_dir)
+
+
+def tokenize_request(request, out_dir=None) -> Tokenized:
+    """The tokenize stage of a :class:`~vecpack.request.request.Request`: every input, in order."""
+    if request.mixture:
+        return _tokenize_inputs(request, out_dir)
+    return tokenize_input(request.inputs[0], request.tokenizer, request.run, out_dir)
+
+
+@dataclasses.dataclass
+class _Call:
+    """One input's tokenize call: the request's parts and what is worked out from them once."""
+
+    inp: object            # the resolved Input
+    tok: object            # TokenizerSpec
+    run: object            # RunSpec
+    out_dir: str | None
+    n_jobs: int
+    chunk_bytes: int
+    forking: bool
+    share: int
+    t0: float
+
+    @property
+    def pool(self) -> bool:
+        return self.run.executor == "loky" and self.n_jobs > 1
+
+
+def tokenize_input(inp, tok, run, out_dir=None) -> Tokenized:
+    """Tokenize one resolved input (its files, its :class:`~vecpack.request.specs.ChatSpec`) with
+    ``tok`` as ``run`` says; ``out_dir``: write the arrays there, memory-mapped."""
+    n_jobs = _pool.effective_n_jobs(run.n_jobs)
     t0 = time.perf_counter()
-    sources = resolve_sources(data_files)
-    if chunk_bytes is None:
-        chunk_bytes = _chunk_bytes(sources, n_jobs)
-    pool = backend == "loky" and n_jobs > 1
-    forking = _forking(backend, n_jobs, encoder)
-    share = worker_share(sources, n_jobs)
+    sources = list(inp.files)
+    chunk_bytes = run.chunk_bytes if run.chunk_bytes is not None else _chunk_bytes(sources, n_jobs)
+    call = _Call(inp, tok, run, None if out_dir is None else os.fspath(out_dir), n_jobs, chunk_bytes,
+                 _forking(run.executor, n_jobs, tok.encoder), worker_share(sources, n_jobs), t0)
     scratch = feed = None
     if any(s.kind == "compressed" for s in sources):
-        if pool and _many_tasks(sources, chunk_bytes):
-            _start_workers(n_jobs, tokenizer, share, forking)   # they start while the inputs decompress
+        if call.pool and _many_tasks(sources, chunk_bytes):
+            _start_workers(n_jobs, tok.tokenizer, call.share, call.forking)  # they start while the inputs decompress
         # decompressed in background threads, several files at once, into plain files that the
         # workers range-read as their lines land (Ray: once complete; see TaskFeed)
         scratch = _pool.chunk_dir(_estimate_output_bytes(sources) // 2, out_dir,
-                                  shared=backend == "ray" and out_dir is not None)
+                                  shared=run.executor == "ray" and out_dir is not None)
     try:
         if scratch is not None:
-            feed = TaskFeed(sources, chunk_bytes, scratch, n_jobs, pipelined=backend != "ray")
-        return _tokenize(sources, feed, tokenizer, encoder, style, column, masking, n_jobs, on_error,
-                         progress, out_dir, backend, chunk_bytes, pool, t0, share, forking)
+            feed = TaskFeed(sources, chunk_bytes, scratch, n_jobs, pipelined=run.executor != "ray")
+        return _tokenize(call, feed)
     finally:
         if feed is not None:
             feed.close()   # its threads end before their directory goes
@@ -216,21 +232,24 @@ def tokenize(data_files, tokenizer=None, *, style: str = "sharegpt", column: str
             shutil.rmtree(scratch, ignore_errors=True)
 
 
-def _tokenize(sources, feed, tokenizer, encoder, style, column, masking, n_jobs, on_error, progress,
-              out_dir, backend, chunk_bytes, pool, t0, share=0, forking=False) -> Tokenized:
+def _tokenize(call: _Call, feed) -> Tokenized:
+    sources, tokenizer, encoder, n_jobs, chunk_bytes = (list(call.inp.files), call.tok.tokenizer, call.tok.encoder,
+                                                         call.n_jobs, call.chunk_bytes)
+    chat, backend, out_dir, share, forking = call.inp.chat, call.run.executor, call.out_dir, call.share, call.forking
     estimate = _estimate_output_bytes(sources)
     if feed is not None:   # compressed inputs: tasks as their text is decompressed
         tasks, many = feed, estimate > 2.5 * chunk_bytes   # (the pool was warmed for many)
     else:
         tasks = plan_chunks(sources, chunk_bytes=chunk_bytes)
         many = len(tasks) > 1
-        if pool and many and getattr(encoder, "pool", None) is None:  # (a forked pool is up already)
+        if call.pool and many and getattr(encoder, "pool", None) is None:  # (a forked pool is up already)
             # one task runs here: starting workers would only take CPU from it
             _start_workers(n_jobs - 1 if getattr(encoder, "slow_to_load", False) else n_jobs, tokenizer,
                            share, forking)
     key, texts = None, None
     if encoder is None:
-        key, encoder = encoder_for(tokenizer, style, column, masking, sources, cls=encoder_class(style))
+        key, encoder = encoder_for(tokenizer, chat.style, chat.column, chat.masking, sources,
+                                   cls=encoder_class(chat.style))
         texts = encoder.pending_check
         if texts is None and encoder.backend in FAST_ENGINES:
             # an encoder built for an earlier call: check this dataset's own rows too
@@ -238,7 +257,6 @@ def _tokenize(sources, feed, tokenizer, encoder, style, column, masking, n_jobs,
     else:
         texts = getattr(encoder, "pending_check", None)
     if out_dir is not None:
-        out_dir = os.fspath(out_dir)
         os.makedirs(out_dir, exist_ok=True)
     # the parity check on the sample runs beside the tokenizing; if it fails, the result is
     # thrown away and the rows are tokenized again with HF tokenizers. One task is tokenized
@@ -248,7 +266,7 @@ def _tokenize(sources, feed, tokenizer, encoder, style, column, masking, n_jobs,
     def forked(enc):  # the chunk workers, forked with ``enc`` in them (else loky's run them)
         return forked_workers(enc, n_jobs) if forking and many else contextlib.nullcontext()
 
-    run = dict(executor=backend, n_jobs=n_jobs, on_error=on_error, progress=progress, share=share)
+    run = dict(executor=backend, n_jobs=n_jobs, on_error=call.run.on_error, progress=call.run.progress, share=share)
     with forked(encoder):
         check = Pending.start(encoder, texts, key, workers, share)
         early = check.known()
@@ -266,7 +284,7 @@ def _tokenize(sources, feed, tokenizer, encoder, style, column, masking, n_jobs,
         remember(key, encoder, tokenizer)
         with forked(encoder):
             result, metas = _run(tasks, encoder, out_dir, estimate, chunk_bytes, Pending(), run)
-    seconds = time.perf_counter() - t0
+    seconds = time.perf_counter() - call.t0
     if feed is not None:
         tasks = feed.tasks
     result.stats = {
@@ -295,7 +313,7 @@ def _tokenize(sources, feed, tokenizer, encoder, style, column, masking, n_jobs,
     if getattr(encoder, "pairs", False):  # preference pairs: three documents per pair
         result.stats["pairs"] = len(result) // 3
     result.encoder = encoder
-    if progress:
+    if call.run.progress:
         _summary(result.stats)
     return result
 
@@ -324,17 +342,14 @@ def _run(tasks, encoder, out_dir, estimate, chunk_bytes, check: Pending, run: di
         shutil.rmtree(work, ignore_errors=True)
 
 
-def _tokenize_sources(data_files, tokenizer, *, style, column, masking, out_dir, **kw) -> Tokenized:
-    """:func:`tokenize` of a list of :class:`vecpack.Source`: each with its own options, then concatenated."""
+def _tokenize_inputs(request, out_dir) -> Tokenized:
+    """The tokenize stage of a mixture's inputs: each with its own chat options, then concatenated
+    (the documents of input 1 first); ``stats["sources"]`` says where each input's documents start."""
     import numpy as np
 
     from vecpack.mixing.plan import union_offsets
-    from vecpack.mixing.source import as_sources, own_options
 
-    if kw.get("encoder") is not None:
-        own_options(data_files, "encoder=")
-    sources = as_sources(data_files, None, style=style, column=column, masking=masking)
-    parts = [tokenize(s.data, tokenizer, style=s.style, column=s.column, masking=s.masking, **kw) for s in sources]
+    parts = [tokenize_input(inp, request.tokenizer, request.run) for inp in request.inputs]
     rows = np.cumsum([0] + [int(t.stats["rows"]) for t in parts])
     arrays = {"tokens": np.concatenate([t.tokens for t in parts]),
               "labels": np.concatenate([t.labels for t in parts]),
@@ -345,10 +360,10 @@ def _tokenize_sources(data_files, tokenizer, *, style, column, masking, out_dir,
         for name, a in arrays.items():
             np.save(os.path.join(out_dir, f"{name}.npy"), a)
         arrays = {name: np.load(os.path.join(out_dir, f"{name}.npy"), mmap_mode="r") for name in arrays}
-    stats = merge_stats([t.stats for t in parts], [s.name for s in sources])
+    stats = merge_stats([t.stats for t in parts], [inp.name for inp in request.inputs])
     starts = np.cumsum([0] + [len(t) for t in parts])
-    for info, s, start in zip(stats["sources"], sources, starts):
-        info.update(weight=s.weight, style=s.style, column=s.column, masking=s.masking,
+    for info, inp, start in zip(stats["sources"], request.inputs, starts):
+        info.update(weight=inp.weight, style=inp.chat.style, column=inp.chat.column, masking=inp.chat.masking,
                     first_document=int(start))
     stats["chunks"] = sum(int(t.stats.get("chunks") or 0) for t in parts)
     out = Tokenized(arrays["tokens"], arrays["labels"], arrays["offsets"], arrays["row_ids"], stats)

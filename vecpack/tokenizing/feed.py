@@ -41,7 +41,7 @@ from concurrent.futures import Future
 from vecpack.inputs.compressed import Unpacking
 from vecpack.inputs.jsonl import aligned
 from vecpack.inputs.readers import reader
-from vecpack.inputs.sources import Source, resolve_sources
+from vecpack.inputs.sources import InputFile, resolve_sources
 from vecpack.tokenizing.tasks import ChunkTask, plan_chunks
 
 __all__ = ["TaskFeed", "failure_order"]
@@ -59,7 +59,7 @@ class TaskFeed:
     """The :class:`~vecpack.tokenizing.tasks.ChunkTask` s of ``sources``, in order, as they become known.
 
     Args:
-        sources: :class:`~vecpack.inputs.sources.Source` list, or ``data_files``.
+        sources: :class:`~vecpack.inputs.sources.InputFile` list, or ``data_files``.
         chunk_bytes: target bytes per range, as for ``plan_chunks``.
         scratch: where the plain copies of compressed inputs go (the caller
             removes it after :meth:`close`).
@@ -75,7 +75,7 @@ class TaskFeed:
 
     def __init__(self, sources, chunk_bytes: int, scratch: str | None = None, n_jobs: int = 1, *,
                  pipelined: bool = True):
-        if not (isinstance(sources, list) and all(isinstance(s, Source) for s in sources)):
+        if not (isinstance(sources, list) and all(isinstance(s, InputFile) for s in sources)):
             sources = resolve_sources(sources)
         self.sources, self.chunk_bytes, self.pipelined = list(sources), chunk_bytes, pipelined
         self.tasks: list[ChunkTask] = []
@@ -161,7 +161,7 @@ class TaskFeed:
             self.wait(1.0)
         return self.tasks
 
-    def _add(self, i: int, src: Source, ranges) -> None:
+    def _add(self, i: int, src: InputFile, ranges) -> None:
         for start, stop, _ in ranges:   # JSONL: first_row unknown; the first range starts at line 1
             self.tasks.append(ChunkTask(src.name, src.kind, start, stop, 1 if start == 0 else None, None,
                                         len(self.tasks), i, None, src.label))
@@ -186,15 +186,15 @@ class TaskFeed:
             self._kind = u.sniff()
         if self._kind == "jsonl":
             end = u.lines_end
-            self._ranges(i, Source(u.dest, "jsonl", end, label=u.src.label or u.src.name), end, final=False)
+            self._ranges(i, InputFile(u.dest, "jsonl", end, label=u.src.label or u.src.name), end, final=False)
         return False
 
-    def _extend(self, i: int, src: Source) -> None:
+    def _extend(self, i: int, src: InputFile) -> None:
         for t in plan_chunks([src], chunk_bytes=self.chunk_bytes):
             self.tasks.append(ChunkTask(t.source, t.kind, t.start, t.stop, t.first_line, t.first_row,
                                         len(self.tasks), i, t.payload, t.label))
 
-    def _ranges(self, i: int, src: Source, size: int, *, final: bool) -> None:
+    def _ranges(self, i: int, src: InputFile, size: int, *, final: bool) -> None:
         """The next ranges of a JSONL copy with ``size`` bytes of complete lines on disk.
 
         The same cuts as :meth:`vecpack.inputs.jsonl._JsonlReader.ranges` on

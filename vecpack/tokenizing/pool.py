@@ -169,10 +169,10 @@ def _warm(tokenizer_path: str | None = None, modules: tuple = (), share: int = 0
 
 def effective_n_jobs(n_jobs: int | None) -> int:
     """``-1`` -> every usable core; ``-2`` -> all but one; ``None`` -> 1."""
-    if n_jobs is None:
+    from vecpack.options import check_n_jobs
+
+    if check_n_jobs(n_jobs) is None:
         return 1
-    if not isinstance(n_jobs, (int, np.integer)) or isinstance(n_jobs, bool) or n_jobs == 0:
-        raise ValueError(f"n_jobs must be a non-zero integer (-1 = every core), got {n_jobs!r}")
     try:
         cores = len(os.sched_getaffinity(0))
     except AttributeError:  # macOS, Windows

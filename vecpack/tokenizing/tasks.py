@@ -22,7 +22,7 @@ import numpy as np
 
 from vecpack.errors import EncoderError, InputError
 from vecpack.inputs.readers import locate, reader, split_source
-from vecpack.inputs.sources import Source, resolve_sources
+from vecpack.inputs.sources import InputFile, resolve_sources
 
 __all__ = ["agentic_counts", "ChunkError", "ChunkMeta", "ChunkTask", "default_chunk_bytes", "located_error",
            "plan_chunks", "rejected_examples"]
@@ -114,11 +114,11 @@ def plan_chunks(sources, *, chunk_bytes: int = 4 << 20) -> list[ChunkTask]:
     """Cut inputs into :class:`ChunkTask` ranges of about ``chunk_bytes``, in input order.
 
     Args:
-        sources: :class:`vecpack.inputs.sources.Source` list (see
+        sources: :class:`vecpack.inputs.sources.InputFile` list (see
             :func:`vecpack.inputs.sources.resolve_sources`), or ``data_files``.
         chunk_bytes: target bytes per range. The result never depends on it.
     """
-    if not (isinstance(sources, list) and all(isinstance(s, Source) for s in sources)):
+    if not (isinstance(sources, list) and all(isinstance(s, InputFile) for s in sources)):
         sources = resolve_sources(sources)
     tasks: list[ChunkTask] = []
     for si, src in enumerate(sources):

@@ -105,22 +105,25 @@ def _build(tokenizer, *, source, data_files, conversation_column, conversation_s
     :func:`vecpack.build`; ``mix`` holds its ``mix_*`` keywords).
     """
     from vecpack.inputs.readers import sample_rows
-    from vecpack.inputs.sources import resolve_sources
-    from vecpack.store.build import build
+    from vecpack.request.request import make_request
+    from vecpack.store.pipeline import run_build
 
     check_choice(conversation_style, "conversation_style", CONVERSATION_STYLES)
     data = _resolve_data(source, data_files, split, filter_fn, load_dataset_kwargs)
     if weights is not None and not (isinstance(data, (list, tuple)) and data is data_files):
         raise ValueError("weights= mixes a list of local data_files read by vecpack (source 'json' or "
                          "'parquet', split 'train', no filter_fn or load_dataset keywords), one weight each")
-    encoder = TorchtuneEncoder(
+    request = None
+    encoder = TorchtuneEncoder(  # (its rows to check are read only on a cache miss, from the request's files)
         tokenizer, style=conversation_style, column=conversation_column, train_on_input=train_on_input,
         new_system_prompt=new_system_prompt, max_seq_len=max_seq_len,
-        check_rows=lambda: sample_rows(resolve_sources(data), 64))  # only read on a cache miss
-    packed = build(
-        data, None, pack_len, encoder=encoder, strategy=strategy, long="error", shuffle_seed=None,
-        pad_id=TORCHTUNE_PAD_ID, ignore_index=IGNORE_INDEX, n_jobs=n_jobs, on_error=on_error,
-        progress=progress and _rank() == 0, cache_dir=cache_dir, weights=weights, **(mix or {}))
+        check_rows=lambda: sample_rows([f for i in request.inputs for f in i.files], 64))
+    request = make_request(data, None, {
+        "max_len": pack_len, "encoder": encoder, "strategy": strategy, "long": "error", "shuffle_seed": None,
+        "pad_id": TORCHTUNE_PAD_ID, "ignore_index": IGNORE_INDEX, "n_jobs": n_jobs, "on_error": on_error,
+        "progress": progress and _rank() == 0, "cache_dir": cache_dir, "weights": weights, **(mix or {})},
+        door="PackedChatDataset")
+    packed = run_build(request)
     return encoder, packed
 
 

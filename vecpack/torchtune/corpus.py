@@ -9,7 +9,7 @@ Two ways in, one result (:class:`Corpus`: ``tokens``, ``labels``,
 
 Both go through :func:`vecpack.tokenize` (the worker pool, one progress
 bar, ``on_error``, located errors) and, when keyed, through the cache entry
-that :func:`vecpack.build` uses for a corpus (:func:`~vecpack.store.build.corpus_entry`).
+that :func:`vecpack.build` uses for a corpus (:func:`~vecpack.store.pipeline.corpus_entry`).
 The generic path runs in this process when the items are quick (measured on
 a few of them) or when the dataset cannot be sent to worker processes; on
 Linux its workers are forked (:mod:`vecpack.tokenizing.forkpool`), elsewhere
@@ -93,16 +93,26 @@ def _from_entry(entry) -> Corpus:
 
 
 def _keyed(data_for_key, encoder, data, *, cache_dir, run: dict, tokenize=None, before=None) -> Corpus:
-    """The corpus through the cache: keyed by ``data_for_key``'s content and ``encoder.fingerprint``."""
-    from vecpack.store.build import corpus_entry
+    """The corpus through the cache: keyed by ``data_for_key``'s content and ``encoder.fingerprint``
+    (the key :func:`vecpack.build` gives the same data and encoder)."""
+    from vecpack.request.keys import corpus_key
+    from vecpack.request.request import make_request
     from vecpack.store.cache import Cache
-    from vecpack.store.fingerprint import corpus_key_inputs
+    from vecpack.store.pipeline import corpus_entry, stores_bits
+    from vecpack.tokenizing.corpus import tokenize as _tokenize
+    from vecpack.tokenizing.spec import default_pad_id
 
     store = Cache(cache_dir)
-    inputs, described = corpus_key_inputs(data_for_key, None, on_error=run["on_error"], encoder=encoder,
-                                          root=store.root)
-    return _from_entry(corpus_entry(store, data, None, inputs=inputs, described=described, encoder=encoder,
-                                    tokenize=tokenize, before=before, **run))
+    request = make_request(data_for_key, None, {"encoder": encoder, "on_error": run["on_error"]},
+                           door="the torchtune dataset")
+    inputs, described = corpus_key(request.inputs[0], request.tokenizer, request.run, root=store.root)
+
+    def make(tmp):
+        t = (tokenize or _tokenize)(data, None, out_dir=tmp, encoder=encoder, **run)
+        return t, default_pad_id(None, t.encoder or encoder)
+
+    return _from_entry(corpus_entry(store, inputs, described, make, bits=stores_bits(encoder, tokenize),
+                                    keep=(), before=before))
 
 
 def rows_corpus(data, encoder, *, cache: bool = True, cache_dir=None, n_jobs: int = -1,

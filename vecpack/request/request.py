@@ -1,0 +1,155 @@
+"""One typed, immutable request, made once by each front door and read by every stage.
+
+::
+
+    front door (build, tokenize, streaming, torchtune, CLI)
+        │  keywords, exactly as before
+        ▼
+    Request ─ inputs:    (Input, ...)   each: name, resolved files, ChatSpec, weight
+            ─ tokenizer: TokenizerSpec  a tokenizer directory/object, or an encoder
+            ─ pack:      PackSpec       max_len, strategy, long, seed... (None: tokenize only)
+            ─ mix:       MixSpec        a mixture's (None: one input)
+            ─ run:       RunSpec        on_error, n_jobs, progress, executor, cache...
+
+The inputs are resolved here, once: files, globs, ``save_to_disk``
+directories, datasets, compressed files and mixture entries. No stage asks
+again whether something is a mixture, and none re-resolves a path.
+
+>>> import os, tempfile
+>>> from vecpack.testing import cached_tokenizer_dir
+>>> d = tempfile.mkdtemp(); p = os.path.join(d, "a.jsonl")
+>>> _ = open(p, "w").write('{"text": "hi"}\\n')
+>>> r = make_request(p, cached_tokenizer_dir(), {"max_len": 2048, "style": "text"})
+>>> r.mixture, r.pairs, [f.kind for f in r.inputs[0].files], r.pack.max_len, r.inputs[0].chat.style
+(False, False, ['jsonl'], 2048, 'text')
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from vecpack.inputs.sources import InputFile, resolve_sources
+from vecpack.mixing.source import as_sources, data_name, is_mixture, own_options
+from vecpack.request.specs import ChatSpec, MixSpec, PackSpec, RunSpec, TokenizerSpec
+
+__all__ = ["Input", "Request", "make_request", "resolve_inputs"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Input:
+    """One input of a request, resolved: its files, how its rows are read, and its share.
+
+    Attributes:
+        name: how messages name it (``"source 2 ('b.jsonl')"`` in a mixture).
+        data: the input as the caller gave it (a path, glob, list, dataset...).
+        files: its resolved files (:class:`~vecpack.inputs.sources.InputFile`), in order.
+        chat: its row format and loss rule.
+        weight: its share of a mixture (normalised; 1.0 alone).
+    """
+
+    name: str
+    data: Any = dataclasses.field(repr=False)
+    files: tuple[InputFile, ...] = dataclasses.field(repr=False)
+    chat: ChatSpec
+    weight: float = 1.0
+
+
+@dataclasses.dataclass(frozen=True)
+class Request:
+    """Everything a call asked for, validated and resolved (see the module's docstring)."""
+
+    inputs: tuple[Input, ...]
+    tokenizer: TokenizerSpec
+    pack: PackSpec | None
+    run: RunSpec
+    mix: MixSpec | None = None
+
+    @property
+    def mixture(self) -> bool:
+        """Whether the inputs are a weighted mixture (each input its own corpus)."""
+        return self.mix is not None
+
+    @property
+    def pairs(self) -> bool:
+        """Whether the rows are preference pairs (``style="preference"``)."""
+        return self.inputs[0].chat.style == "preference"
+
+
+def resolve_inputs(data_files, weights, chat: ChatSpec, *, encoder=None,
+                   streaming: bool = False) -> tuple[tuple[Input, ...], bool]:
+    """``data_files`` (with ``weights``) -> (the resolved inputs, whether they are a mixture).
+
+    A plain path, glob, list of paths or dataset is one input; a list holding
+    :class:`vecpack.Source` entries, or any ``weights``, is a mixture of one
+    input per entry (see :mod:`vecpack.mixing.source`). ``streaming``: a
+    ``datasets.IterableDataset`` is one input too (one file of kind ``"iterable"``).
+    """
+    if not is_mixture(data_files, weights):
+        if streaming and _is_iterable(data_files):
+            files = (InputFile("<IterableDataset>", "iterable", 0),)
+        else:
+            files = tuple(resolve_sources(data_files))
+        return (Input(data_name(data_files), data_files, files, chat),), False
+    if encoder is not None:
+        own_options(data_files, "encoder=")
+    sources = as_sources(data_files, weights, style=chat.style, column=chat.column, masking=chat.masking)
+    for s in sources:
+        if _is_iterable(s.data):
+            raise TypeError(f"{s.name} is a datasets.IterableDataset, which cannot be mixed (its rows "
+                            f"cannot be re-read for a resume); pass its files or a datasets.Dataset")
+    return tuple(Input(s.name, s.data, tuple(resolve_sources(s.data)), ChatSpec.make(s.style, s.column, s.masking),
+                       s.weight) for s in sources), True
+
+
+def _is_iterable(obj) -> bool:
+    return type(obj).__name__ == "IterableDataset" and (type(obj).__module__ or "").startswith("datasets")
+
+
+#: make_request's option names -> (the spec they belong to, the spec's field).
+_OPTIONS = {
+    "style": "chat", "column": "chat", "masking": "chat",
+    "max_len": "pack", "strategy": "pack", "long": "pack", "shuffle_seed": "pack", "prefix_sharing": "pack",
+    "pad_id": "pack", "ignore_index": "pack",
+    "mix_by": "mix", "mix_total": "mix", "mix_seed": "mix", "mix_repeat": "mix",
+    "on_error": "run", "n_jobs": "run", "progress": "run", "backend": "run", "cache": "run", "cache_dir": "run",
+    "verify": "run", "allow_useless": "run", "chunk_bytes": "run",
+    "weights": "inputs", "encoder": "tokenizer",
+}
+
+
+def make_request(data_files, tokenizer, options: dict, *, door: str = "build()", streaming: bool = False) -> Request:
+    """The request of a front door's call: ``options`` are its keywords (``max_len``: None for a
+    call that only tokenizes), validated here once (by :mod:`vecpack.options`); ``streaming``: the
+    inputs may be a ``datasets.IterableDataset``.
+
+    Raises:
+        TypeError: an unknown option, or no tokenizer and no encoder.
+        ValueError: a bad option value, naming it and the choices.
+    """
+    unknown = sorted(set(options) - set(_OPTIONS))
+    if unknown:
+        raise TypeError(f"{door} got unknown options {unknown}")
+    by = {"chat": {}, "pack": {}, "mix": {}, "run": {}}
+    for name, value in options.items():
+        if _OPTIONS[name] in by:
+            by[_OPTIONS[name]][name] = value
+    chat = ChatSpec.make(**by["chat"])
+    run = by["run"]
+    if "backend" in run:
+        run["executor"] = run.pop("backend")
+    run = RunSpec.make(**run)
+    tok = TokenizerSpec.make(tokenizer, options.get("encoder"), needed=door)
+    inputs, mixture = resolve_inputs(data_files, options.get("weights"), chat, encoder=tok.encoder,
+                                     streaming=streaming)
+    pack = None
+    pairs = inputs[0].chat.style == "preference"
+    if "max_len" in options:  # (a call that packs; tokenize() has no max_len)
+        kw = dict(by["pack"])
+        pack = PackSpec.make(kw.pop("max_len", None), pairs=pairs, **kw)
+    mix = None
+    if mixture:
+        mix = MixSpec.make(*(by["mix"].get(k, d) for k, d in
+                             (("mix_by", "tokens"), ("mix_total", None), ("mix_seed", 0), ("mix_repeat", True))))
+    return Request(inputs, tok, pack, run, mix)
+

@@ -1,0 +1,173 @@
+"""The parts of a request, one frozen dataclass per stage, each validated once by :mod:`vecpack.options`.
+
+Each field's role (in the cache key, output-neutral, or applied on read) is
+declared here, next to the field (:mod:`vecpack.request.fields`).
+
+>>> PackSpec.make(4096, strategy="ffd")
+PackSpec(max_len=4096, strategy='ffd', long='truncate', shuffle_seed=0, prefix_sharing=False, pad_id=None, \
+ignore_index=-100)
+>>> RunSpec.make(on_error="ignore")
+Traceback (most recent call last):
+...
+ValueError: unknown on_error 'ignore'; on_error must be one of ['raise', 'skip']
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Any
+
+from vecpack.options import IGNORE_INDEX, check_max_len, check_mix, check_n_jobs, check_options
+from vecpack.request.fields import neutral, read
+
+__all__ = ["ChatSpec", "MixSpec", "PackSpec", "RunSpec", "TokenizerSpec"]
+
+
+@dataclasses.dataclass(frozen=True)
+class ChatSpec:
+    """How one input's rows become conversations and which tokens are trained.
+
+    Attributes:
+        style: the row format (``sharegpt``, ``openai``, ``alpaca``, ``text``, ``preference``).
+        column: the column holding the conversation; None: the style's default.
+        masking: which tokens carry the loss (``assistant``, ``last``, ``all``).
+    """
+
+    style: str = "sharegpt"
+    column: str | None = None
+    masking: str = "assistant"
+
+    @classmethod
+    def make(cls, style: str = "sharegpt", column: str | None = None, masking: str = "assistant") -> "ChatSpec":
+        check_options(style=style, masking=masking)
+        if column is not None and not isinstance(column, str):
+            raise TypeError(f"column must be a string, got {type(column).__name__}")
+        return cls(style, column, masking)
+
+
+@dataclasses.dataclass(frozen=True)
+class TokenizerSpec:
+    """What turns text into ids: a tokenizer (directory or object), or a ready encoder.
+
+    Both are keyed by content (:func:`vecpack.store.fingerprint.tokenizer_fingerprint`),
+    never by path or identity.
+    """
+
+    tokenizer: Any = None
+    encoder: Any = None
+
+    @classmethod
+    def make(cls, tokenizer=None, encoder=None, *, needed: str = "build()") -> "TokenizerSpec":
+        from vecpack.options import check_tokenizer_dir
+
+        if tokenizer is None and encoder is None:
+            raise TypeError(f"{needed}: a tokenizer is required (a local Hugging Face tokenizer directory or a "
+                            f"transformers tokenizer), or encoder=")
+        if encoder is None:
+            check_tokenizer_dir(tokenizer)
+        elif not hasattr(encoder, "encode_row"):
+            raise TypeError(f"encoder must have an encode_row(row) method, got {type(encoder).__name__}")
+        return cls(tokenizer, encoder)
+
+    @property
+    def keyed(self):
+        """What the tokenizer key hashes: the encoder when one is given, else the tokenizer."""
+        return self.encoder if self.encoder is not None else self.tokenizer
+
+
+@dataclasses.dataclass(frozen=True)
+class PackSpec:
+    """How documents become packs (see :func:`vecpack.plan` and :func:`vecpack.pack`).
+
+    Attributes:
+        max_len: tokens per pack.
+        strategy: ``bfd``, ``ffd`` or ``greedy``.
+        long: what happens to a document longer than ``max_len``.
+        shuffle_seed: seeds the order of the packs (None: unshuffled).
+        prefix_sharing: preference pairs only: each pair's prompt stored once.
+        pad_id: padding id (None: the tokenizer's pad token, else 0); applied on read.
+        ignore_index: label of padding and of untrained tokens; applied on read.
+    """
+
+    max_len: int
+    strategy: str = "bfd"
+    long: str = "truncate"
+    shuffle_seed: int | None = 0
+    prefix_sharing: bool = False
+    pad_id: int | None = read(None)
+    ignore_index: int = read(IGNORE_INDEX)
+
+    @classmethod
+    def make(cls, max_len, *, strategy: str = "bfd", long: str = "truncate", shuffle_seed: int | None = 0,
+             prefix_sharing: bool = False, pad_id: int | None = None, ignore_index: int = IGNORE_INDEX,
+             pairs: bool = False) -> "PackSpec":
+        max_len = check_max_len(max_len)
+        checked = check_options(strategy=strategy, long=long, shuffle_seed=shuffle_seed)
+        if pairs:
+            check_options(pair_long=long)
+        if prefix_sharing and not pairs:
+            raise ValueError("prefix_sharing=True needs style='preference'")
+        return cls(max_len, strategy, long, checked["shuffle_seed"], bool(prefix_sharing), pad_id, ignore_index)
+
+    def plan_key(self) -> dict:
+        """The key fields as the plan entries store them (``shuffle_seed`` a plain int)."""
+        from vecpack.request.fields import key_fields
+
+        out = key_fields(self)
+        out["shuffle_seed"] = None if self.shuffle_seed is None else int(self.shuffle_seed)
+        return out
+
+
+@dataclasses.dataclass(frozen=True)
+class MixSpec:
+    """How a mixture's weights share out the output (see ``docs/mixtures.md``)."""
+
+    by: str = "tokens"
+    total: int | None = None
+    seed: int = 0
+    repeat: bool = True
+
+    @classmethod
+    def make(cls, by: str = "tokens", total: int | None = None, seed: int = 0, repeat: bool = True) -> "MixSpec":
+        m = check_mix(by, total, seed, repeat)
+        return cls(m["mix_by"], m["mix_total"], m["mix_seed"], m["mix_repeat"])
+
+    def as_kwargs(self) -> dict:
+        """The ``mix_*`` keywords of the mixture planners."""
+        return {"mix_by": self.by, "mix_total": self.total, "mix_seed": self.seed, "mix_repeat": self.repeat}
+
+
+@dataclasses.dataclass(frozen=True)
+class RunSpec:
+    """How the work runs: none of it changes the output, except ``on_error``.
+
+    Attributes:
+        on_error: ``raise`` at the first bad row, or ``skip`` (counted) it.
+        n_jobs: worker processes (-1: every core).
+        progress: show progress bars and a summary.
+        executor: ``loky`` (local processes) or ``ray``.
+        cache: False tokenizes and packs in memory, touching no cache.
+        cache_dir: the cache root (None: ``$VECPACK_CACHE``, else ``~/.cache/vecpack``).
+        verify: re-hash the inputs and check the cached arrays' checksums.
+        allow_useless: return packs that would train on nothing or on little of the input.
+        chunk_bytes: input bytes per task (None: about 16 tasks per worker).
+    """
+
+    on_error: str = "raise"
+    n_jobs: int = neutral(-1)
+    progress: bool = neutral(True)
+    executor: str = neutral("loky")
+    cache: bool = neutral(True)
+    cache_dir: str | os.PathLike | None = neutral(None)
+    verify: bool = neutral(False)
+    allow_useless: bool = neutral(False)
+    chunk_bytes: int | None = neutral(None)
+
+    @classmethod
+    def make(cls, *, on_error: str = "raise", executor: str = "loky", n_jobs: int | None = -1,
+             **rest) -> "RunSpec":
+        """Validated; ``rest``: the other fields, by name (a wrong name is a ``TypeError``)."""
+        check_options(on_error=on_error, executor=executor)
+        check_n_jobs(n_jobs)
+        return cls(on_error=on_error, n_jobs=n_jobs, executor=executor, **rest)

@@ -1,0 +1,78 @@
+"""What a build reports about itself: :class:`BuildInfo` (``packed.build_info``), and plain-JSON stats."""
+
+from __future__ import annotations
+
+import dataclasses
+import pathlib
+
+import numpy as np
+
+from vecpack.packing.packed import Packed
+from vecpack.packing.plan import Plan
+from vecpack.store.entries import corpus_labels
+
+__all__ = ["BuildInfo", "jsonable", "packed_from_entries"]
+
+
+@dataclasses.dataclass(frozen=True)
+class BuildInfo:
+    """Where a :func:`build` result came from (``packed.build_info``).
+
+    Attributes:
+        cache_dir: the cache root, or None with ``cache=False``.
+        corpus_key, plan_key: cache keys (None with ``cache=False``).
+        corpus_path, plan_path: the entries' directories.
+        corpus_hit, plan_hit: True when read from the cache, False when built now.
+        tokenize_stats: ``Tokenized.stats`` of the run that built the corpus.
+        row_ids: int64 [D], the input row of every document.
+        seconds: wall time of this call.
+        described: readable inputs: ``data_files`` (paths as given) and
+            ``tokenizer`` (its path, or its type name).
+        sources: a mixture's sources, one dict each: ``name``, ``style``,
+            ``column``, ``masking``, ``weight``, ``corpus_key``,
+            ``corpus_path``, ``corpus_hit``, ``tokenize_stats`` (empty for a
+            single input). For a mixture ``corpus_key`` is None, ``corpus_hit``
+            says whether every source's corpus was a hit, and ``plan_key`` /
+            ``plan_path`` are the ``mix-`` entry's.
+    """
+
+    cache_dir: pathlib.Path | None
+    corpus_key: str | None
+    plan_key: str | None
+    corpus_path: pathlib.Path | None
+    plan_path: pathlib.Path | None
+    corpus_hit: bool
+    plan_hit: bool
+    tokenize_stats: dict
+    row_ids: np.ndarray | None = dataclasses.field(default=None, repr=False)
+    seconds: float = 0.0
+    described: dict = dataclasses.field(default_factory=dict)
+    sources: tuple = ()
+
+
+def jsonable(obj):
+    """stats dicts -> plain JSON types (numpy scalars, arrays, paths)."""
+    if isinstance(obj, dict):
+        return {str(k): jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [jsonable(v) for v in obj]
+    if isinstance(obj, np.generic):
+        return obj.item()
+    if isinstance(obj, np.ndarray):
+        return obj.tolist()
+    if isinstance(obj, (str, int, float, bool)) or obj is None:
+        return obj
+    return str(obj)
+
+
+def packed_from_entries(corpus, pentry, *, pad_id=None, ignore_index=-100) -> Packed:
+    a = pentry.arrays
+    p = Plan(doc_index=a["doc_index"], doc_start=a["doc_start"], doc_length=a["doc_length"],
+             pack_offsets=a["pack_offsets"], max_len=int(pentry.meta["inputs"]["max_len"]),
+             stats=dict(pentry.meta.get("stats", {})))
+    if pad_id is None:
+        pad_id = int(corpus.meta.get("pad_id", 0))
+    # The entries' sizes and headers were checked on open and the plan was checked against
+    # this corpus when it was built: skip the O(documents) re-check so a reopen stays lazy.
+    return Packed(corpus.arrays["tokens"], corpus.arrays["offsets"], p, labels=corpus_labels(corpus.arrays),
+                  pad_id=pad_id, ignore_index=ignore_index, validate=False)

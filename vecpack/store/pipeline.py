@@ -1,0 +1,270 @@
+"""The route of a build: request -> corpora -> plan -> packs, one direction, one pipeline for every kind.
+
+::
+
+    Request (resolved once: vecpack.request)
+       │
+       ├─ corpus stage, per input ── corpus-<key>/ (cache)  or  Tokenized (cache=False)
+       │     key: vecpack.request.keys.corpus_key; on a miss: vecpack.tokenizing.corpus.tokenize_input
+       ├─ plan stage ────────────── plan- / pairs- / mix-<key>/  (vecpack.store.planners)
+       ├─ pack stage ────────────── Packed / PackedPairs over the corpora's arrays
+       └─ BuildInfo, the useless-output check, one log line
+
+Plain inputs, preference pairs, mixtures and mixtures of pairs take the same
+route; only the planner differs (:func:`~vecpack.store.planners.planner_for`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+import pathlib
+import time
+
+import numpy as np
+
+from vecpack.errors import UselessOutputError
+from vecpack.options import useless_reason
+from vecpack.packing.packed import warm_kernels
+from vecpack.request.keys import corpus_key
+from vecpack.store import cache as _cache
+from vecpack.store import mixed as _mixed
+from vecpack.store.fingerprint import describe
+from vecpack.store.info import BuildInfo, jsonable
+from vecpack.store.planners import planner_for
+from vecpack.tokenizing.spec import default_pad_id
+from vecpack.tokenizing.tokenized import merge_stats
+
+__all__ = ["Corpus", "EARLY_START_BYTES", "corpus_entry", "run_build", "stores_bits"]
+
+logger = logging.getLogger("vecpack")
+
+_CORPUS_ARRAYS = ("tokens", "offsets", "row_ids")  # and labels: "trained" bits or "labels" (corpus_labels)
+
+
+@dataclasses.dataclass
+class Corpus:
+    """One input's tokenized corpus: a cache entry's arrays, or arrays made now in memory.
+
+    Attributes:
+        input: the request's :class:`~vecpack.request.request.Input`.
+        arrays: ``tokens``, ``offsets``, ``row_ids`` and ``labels`` (or ``trained`` bits).
+        stats: the stats of the tokenize run that made it.
+        pad_id: the tokenizer's pad id (else its eos id, else 0).
+        described: readable inputs (paths as given, the tokenizer).
+        key, path, manifest: the cache entry's (None / empty with ``cache=False``).
+        hit: read from the cache rather than made now.
+    """
+
+    input: object
+    arrays: dict
+    stats: dict
+    pad_id: int
+    described: dict
+    key: str | None = None
+    path: pathlib.Path | None = None
+    hit: bool = False
+    manifest: dict = dataclasses.field(default_factory=dict)
+
+
+def run_build(request, t0: float | None = None):
+    """Run a build :class:`~vecpack.request.request.Request`; returns a ``Packed`` (``PackedPairs`` for pairs)."""
+    t0 = time.perf_counter() if t0 is None else t0
+    store = _cache.Cache(request.run.cache_dir) if request.run.cache else None
+    corpora = []
+    for inp in request.inputs:
+        corpora.append(corpus_of(request, inp, store, keep=[c.key for c in corpora]))
+    planner = planner_for(request)
+    plan, entry = _plan_stage(planner, corpora, store, request.run.verify)
+    packed = planner.packed(corpora, plan, validate=entry is None)
+    _check_useful(request, planner.useful(plan), corpora)
+    packed.build_info = _build_info(request, corpora, entry, store, time.perf_counter() - t0)
+    if store is not None:
+        _log(request, packed, plan, corpora, entry, store)
+    return packed
+
+
+# --------------------------------------------------------------------------- the corpus stage
+
+
+def corpus_of(request, inp, store, keep=()) -> Corpus:
+    """The corpus of one input: from the cache (made on a miss), or made now with ``store=None``."""
+    tok, run, pk = request.tokenizer, request.run, request.pack
+    kernels = None if request.pairs else (lambda: warm_kernels(pk.strategy, pk.long, bits=store is not None
+                                                               and stores_bits(tok.encoder)))
+    if store is None:
+        if kernels is not None:
+            kernels()  # they load while the tokenizer loads
+        t = _tokenize_input(inp, tok, run)
+        arrays = {"tokens": t.tokens, "labels": t.labels, "offsets": t.offsets, "row_ids": np.asarray(t.row_ids)}
+        return Corpus(inp, arrays, dict(t.stats), default_pad_id(tok.tokenizer, t.encoder or tok.encoder),
+                      describe(inp.data, tok.tokenizer, tok.encoder))
+    early = _start_early(request, inp) if not (request.pairs or request.mixture) else None
+    inputs, described = corpus_key(inp, tok, run, root=store.root, on_read=early)
+
+    def make(tmp):
+        t = _tokenize_input(inp, tok, run, tmp)
+        return t, default_pad_id(tok.tokenizer, t.encoder or tok.encoder)
+
+    entry = corpus_entry(store, inputs, described, make, bits=stores_bits(tok.encoder), verify=run.verify,
+                         keep=keep, before=kernels)
+    return Corpus(inp, entry.arrays, dict(entry.meta.get("stats") or {}), int(entry.meta.get("pad_id", 0) or 0),
+                  described, entry.key, entry.path, not entry.built, entry.manifest)
+
+
+def corpus_entry(store: _cache.Cache, inputs: dict, described: dict, make, *, bits: bool, verify: bool = False,
+                 keep=(), before=None):
+    """The tokenized corpus (``tokens``, labels, ``offsets``, ``row_ids``) as a cache entry.
+
+    Keyed by ``inputs`` (:func:`vecpack.request.keys.corpus_key`); on a miss
+    ``make(tmp)`` writes it into ``tmp`` and returns ``(Tokenized, pad_id)``,
+    under the cache lock (``before()`` runs first). ``keep``: entries the size
+    cap must not evict now (a mixture's other corpora). ``bits``: the labels are
+    stored as bits (``trained.npy``, a 32nd of ``labels.npy``) where every label
+    is its token or -100 (:func:`stores_bits`).
+    """
+    def build_corpus(tmp: pathlib.Path) -> dict:
+        from vecpack.tokenizing.merge import trained_bits  # (tokenizing code: only on a miss)
+
+        if before is not None:
+            before()
+        with trained_bits() if bits else contextlib.nullcontext():
+            t, pad_id = make(tmp)
+        missing = [n for n in _CORPUS_ARRAYS if not (tmp / f"{n}.npy").exists()]
+        if not (tmp / "labels.npy").exists() and not (tmp / "trained.npy").exists():
+            missing.append("labels")
+        if missing:
+            raise RuntimeError(f"vecpack.tokenize(out_dir=...) did not write {missing}")
+        return {"stats": jsonable(dict(t.stats)), "pad_id": pad_id}
+
+    return store.get_or_build(_cache.make_key("corpus", inputs), build_corpus, kind="corpus", verify=verify,
+                              meta={"inputs": inputs, "described": described}, keep=keep)
+
+
+#: The encoders whose corpus entries keep their labels as bits: vecpack's own chat and pair encoders.
+_BITS_ENCODERS = ("vecpack.tokenizing.encoder", "vecpack.preference.encoder")
+
+
+def stores_bits(encoder, tokenize=None) -> bool:
+    """Whether a corpus entry stores its labels as bits (``trained.npy``) rather than int32 ``labels.npy``.
+
+    Bits for vecpack's own chat and pair encoders (made from a tokenizer, or
+    given as ``encoder=``), which label each token with itself or -100 (the
+    merger checks every label, and writes ``labels.npy`` if one is not so).
+    torchtune's corpora (a ``TorchtuneEncoder``, or ``ds[i]`` through ``tokenize=``)
+    keep int32 labels: :mod:`vecpack.torchtune.corpus` reads them as such, and
+    ``ds[i]`` may give any labels; so does any other caller's encoder.
+    """
+    return tokenize is None and (encoder is None or type(encoder).__module__ in _BITS_ENCODERS)
+
+
+#: Unknown input bytes from which a build starts the workers before it reads them to hash them.
+EARLY_START_BYTES = 32 << 20
+
+
+def _start_early(request, inp):
+    """``on_read`` for :func:`~vecpack.request.keys.corpus_key`: inputs that the hash memo does not know
+    are new data, most likely tokenized next (a cache miss), so the worker pool and the packing kernels
+    start loading now, while the driver reads them to hash them (I/O-bound when they are not in the
+    page cache). Small inputs are read at once: nothing to hide (and a hit on them, as a file written
+    just before it was last hashed can be, imports no tokenizer code). A hit after all leaves the pool
+    up for the next call."""
+    tok, run, pk = request.tokenizer, request.run, request.pack
+
+    def on_read(nbytes: int) -> None:
+        if tok.encoder is not None or nbytes < EARLY_START_BYTES:
+            return
+        try:
+            from vecpack.tokenizing.corpus import warm_for
+
+            if warm_for(inp.files, tok.tokenizer, n_jobs=run.n_jobs, backend=run.executor):
+                warm_kernels(pk.strategy, pk.long)
+        except Exception:  # noqa: BLE001 - only a head start: the build itself reports any error
+            pass
+
+    return on_read
+
+
+def _tokenize_input(inp, tok, run, out_dir=None):
+    """The tokenize stage, imported only when something is tokenized (a cache hit loads no tokenizer)."""
+    from vecpack.tokenizing.corpus import tokenize_input
+
+    return tokenize_input(inp, tok, run, out_dir)
+
+
+# --------------------------------------------------------------------------- the plan stage
+
+
+def _plan_stage(planner, corpora, store, verify: bool):
+    """(the plan, its cache entry or None): through the cache when there is one and the planner keys it."""
+    key = planner.key(corpora) if store is not None else None
+    if key is None:
+        return planner.finish(planner.make(corpora)), None
+    kind, inputs = key
+
+    def build_plan(tmp: pathlib.Path) -> dict:
+        p = planner.make(corpora)
+        planner.save(p, tmp)
+        return {"stats": jsonable(dict(p.stats))}
+
+    keys = [c.key for c in corpora]
+    meta = ({"inputs": inputs, "corpora": keys, "described": _described(planner.request, corpora)} if kind == "mix"
+            else {"inputs": inputs, "corpus": keys[0]})
+    entry = store.get_or_build(_cache.make_key(kind, inputs), build_plan, kind="mix" if kind == "mix" else "plan",
+                               verify=verify, keep=keys, meta=meta)
+    return planner.finish(planner.load(entry)), entry
+
+
+# --------------------------------------------------------------------------- what the call reports
+
+
+def _check_useful(request, stats: dict, corpora) -> None:
+    """Raise :class:`UselessOutputError` when the packs would train on nothing or on little of the input."""
+    if request.run.allow_useless:
+        return
+    masking = "assistant" if request.pairs else "/".join(sorted({i.chat.masking for i in request.inputs}))
+    tstats = _tokenize_stats(request, corpora)
+    reason = useless_reason(stats, rows=tstats.get("rows"), rejected=int(tstats.get("rejected") or 0),
+                            masking=masking)
+    if reason:
+        raise UselessOutputError(f"{reason}. allow_useless=True (--allow-useless) keeps such a result")
+
+
+def _tokenize_stats(request, corpora) -> dict:
+    if not request.mixture:
+        return dict(corpora[0].stats)
+    return merge_stats([dict(c.stats) for c in corpora], [i.name for i in request.inputs])
+
+
+def _described(request, corpora) -> dict:
+    if not request.mixture:
+        return corpora[0].described
+    tok = request.tokenizer
+    return {"data_files": [n for i in request.inputs for n in describe(i.data, tok.tokenizer, None)["data_files"]],
+            "tokenizer": describe([], tok.tokenizer, tok.encoder)["tokenizer"]}
+
+
+def _build_info(request, corpora, entry, store, seconds: float) -> BuildInfo:
+    one = corpora[0] if not request.mixture else None
+    row_ids = one.arrays.get("row_ids") if one is not None else _mixed.row_ids(corpora)
+    return BuildInfo(
+        cache_dir=None if store is None else store.root,
+        corpus_key=None if one is None else one.key, plan_key=None if entry is None else entry.key,
+        corpus_path=None if one is None else one.path, plan_path=None if entry is None else entry.path,
+        corpus_hit=all(c.hit for c in corpora), plan_hit=entry is not None and not entry.built,
+        tokenize_stats=_tokenize_stats(request, corpora), row_ids=row_ids, seconds=seconds,
+        described=_described(request, corpora),
+        sources=() if one is not None else _mixed.source_infos(request.inputs, corpora))
+
+
+def _log(request, packed, plan, corpora, entry, store) -> None:
+    from vecpack.store.logs import log_build, log_mixture, log_pairs
+
+    if request.mixture:
+        if not request.pairs:
+            log_mixture(packed, corpora, entry)
+    elif request.pairs:
+        log_pairs(packed, plan.stats, corpora[0], entry)
+    else:
+        log_build(packed, corpora[0], entry, store)
