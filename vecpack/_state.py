@@ -220,8 +220,11 @@ def _compile_ahead(module_name: str) -> bool:
     try:
         from numba.core.compiler_lock import global_compiler_lock
 
-        if type(disp._cache).__name__ == "NullCache" or disp._cache.load_overload(sig, disp.targetctx):
-            return False  # no disk cache, or compiled before (the halves are cached together)
+        # (under the compiler lock, as numba loads its cache: a load beside another thread's compilation
+        # can leave that thread's typing half-refreshed, e.g. "Unknown attribute 'shape' of type array")
+        with global_compiler_lock:
+            if type(disp._cache).__name__ == "NullCache" or disp._cache.load_overload(sig, disp.targetctx):
+                return False  # no disk cache, or compiled before (the halves are cached together)
     except Exception:  # noqa: BLE001 - numba without this cache API (or jit disabled): fn() does it all
         return False
     proc = _start_compiler(module_name)
