@@ -125,3 +125,55 @@ def xlam_rows(n: int, seed: int = 0) -> list[dict]:
                                   {"role": "assistant", "content": "", "tool_calls": calls}],
                      "tools": json.dumps(tools)})
     return rows
+
+
+_ARG_KEYS = ("q", "city", "days", "items", "flag")  # one order: a unified Arrow struct keeps the first-seen order
+_TOOL_ARGS = {"search": ("q",), "weather": ("city", "days"), "basket": ("items", "flag"),
+              "mixed": ("q", "days", "flag"), "every": _ARG_KEYS}
+
+
+def _schema(name: str, keys) -> dict:
+    types = {"q": ("string", "the query"), "city": ("string", "a city"), "days": ("integer", "how many days"),
+             "items": ("array", "the items"), "flag": ("boolean", "whether")}
+    return {"type": "function", "function": {"name": name, "description": f"The {name} tool.", "parameters": {
+        "type": "object", "properties": {k: {"type": types[k][0], "description": types[k][1]} for k in keys},
+        "required": list(keys[:1])}}}
+
+
+def heterogeneous_rows(n: int, seed: int = 0, *, as_text: bool = False) -> list[dict]:
+    """Tool rows whose arguments and schemas differ from row to row (keys a struct column unifies),
+    written so that a unified struct can give them back (see ``vecpack.inputs.arrow_rows``): keys in one
+    order (row 0 has every key, so the union keeps it), no JSON null inside arguments or schemas,
+    integers where integers. ``as_text``: arguments and
+    tools as JSON text (the form TRL advises for Arrow and Parquet)."""
+    rng = random.Random(seed)
+    rows = []
+    for k in range(n):
+        names = ["every"] if k == 0 else rng.sample(sorted(_TOOL_ARGS), rng.randint(1, 3))  # row 0: every key
+        tools = [_schema(t, _TOOL_ARGS[t]) for t in names]
+        msgs = [{"role": "user", "content": f"Task {k}: " + rng.choice(AWKWARD)}]
+        calls = []
+        for c in range(rng.randint(1, 2)):
+            name = rng.choice(names)
+            values = {"q": rng.choice(AWKWARD), "city": rng.choice(AWKWARD[:5]), "days": rng.randint(1, 9),
+                      "items": [rng.choice(AWKWARD[:4]) for _ in range(rng.randint(0, 2))], "flag": rng.random() < .5}
+            args = {key: values[key] for key in _ARG_KEYS if key in _TOOL_ARGS[name]}
+            call = {"type": "function", "function": {"name": name, "arguments": args}}
+            if k == c == 0 or rng.random() < 0.5:
+                call = {"id": f"call_{k}_{c}", **call}
+            calls.append(call)
+        a = {"role": "assistant", "content": rng.choice([None, "", "On it."]), "tool_calls": calls}
+        if rng.random() < 0.5:
+            a["reasoning_content"] = "think " + rng.choice(AWKWARD)
+        msgs.append(a)
+        for call in calls:
+            t = {"role": "tool", "content": json.dumps({"ok": k}), "name": call["function"]["name"]}
+            if "id" in call and rng.random() < 0.7:
+                t["tool_call_id"] = call["id"]
+            msgs.append(t)
+        msgs.append({"role": "assistant", "content": "Done " + rng.choice(AWKWARD)})
+        if as_text:
+            for call in calls:
+                call["function"]["arguments"] = json.dumps(call["function"]["arguments"], ensure_ascii=False)
+        rows.append({"messages": msgs, "tools": json.dumps(tools) if as_text else tools})
+    return rows
