@@ -32,6 +32,7 @@ from vecpack.packing.packed import Packed
 from vecpack.packing.plan import Plan
 from vecpack.store import cache as _cache
 from vecpack.store import entries as _entries
+from vecpack.store import objects as _objects
 from vecpack.store._fs import fsync_path, iso, try_link
 from vecpack.store.build import BuildInfo, jsonable, packed_from_entries
 from vecpack.store.hashing import checksum_algorithm
@@ -257,6 +258,9 @@ def load(path: str | os.PathLike, *, verify: bool = False, pad_id: int | None = 
 
     Args:
         path: a directory written by :func:`save` (or ``vecpack pack -o``),
+            a cluster build (``s3://bucket/run``, another store's URL, or its
+            shared directory: a :class:`~vecpack.cluster.reading.ShardedPacked`
+            whose shards are fetched into the local cache as they are used),
             or a ``plan-...`` cache entry (its corpus entry is found next to it),
             or a mixture's ``mix-...`` entry (its sources' corpus entries too).
             Preference pairs (``style="preference"``) open as a
@@ -269,6 +273,10 @@ def load(path: str | os.PathLike, *, verify: bool = False, pad_id: int | None = 
         FileNotFoundError: nothing at ``path``.
         ValueError: not a vecpack dataset, or a damaged one (naming the file).
     """
+    if _objects.is_url(path) or _sharded(path):  # a cluster build (vecpack.cluster), on a store or a shared path
+        from vecpack.cluster.reading import open_packed
+
+        return open_packed(os.fspath(path), pad_id=pad_id, ignore_index=ignore_index)
     path = pathlib.Path(path)
     if not path.exists():
         raise FileNotFoundError(f"load: no such dataset: {str(path)!r}")
@@ -340,6 +348,15 @@ def load(path: str | os.PathLike, *, verify: bool = False, pad_id: int | None = 
         raise ValueError(f"load: {str(path)!r} is a tokenized corpus without a packing; open a "
                          f"plan-... entry, or call vecpack.build(..., max_len=...)")
     raise ValueError(f"load: {str(path)!r} is not a vecpack dataset (manifest kind {kind!r})")
+
+
+def _sharded(path) -> bool:
+    """Whether ``path`` is a local directory holding a cluster build's manifest (``kind: packed-shards``)."""
+    try:
+        with open(os.path.join(os.fspath(path), "manifest.json"), "rb") as f:
+            return json.loads(f.read()).get("kind") == "packed-shards"
+    except (OSError, ValueError, AttributeError, TypeError):
+        return False
 
 
 def _open_saved(path: pathlib.Path, manifest: dict, verify: bool) -> tuple[dict, dict]:
