@@ -83,14 +83,19 @@ def s3_endpoint():
 
 class SlowEncoder:
     """A chat encoder that takes ``delay`` seconds a row (row by row), so that a run is long enough to be
-    interrupted; its fingerprint is its own, so its units never mix with the plain encoder's."""
+    interrupted; its fingerprint is its own, so its units never mix with the plain encoder's. With ``trace``
+    (a directory of the test's), each row encoded appends a byte to ``trace/<node>``."""
 
-    def __init__(self, inner, delay: float):
-        self.inner, self.delay = inner, delay
+    def __init__(self, inner, delay: float, trace: str | None = None):
+        self.inner, self.delay, self.trace = inner, delay, trace
         self.backend = inner.backend
         self.pad_id, self.eos_id = inner.pad_id, inner.eos_id
         self.fingerprint = f"{inner.fingerprint}-slow"
 
     def encode_row(self, row):
+        if self.trace:   # a byte a row, in a file named after the node (its TMPDIR's parent)
+            node = os.path.basename(os.path.dirname(os.environ.get("TMPDIR", "/none/x")))
+            with open(os.path.join(self.trace, node), "ab") as f:
+                f.write(b".")
         time.sleep(self.delay)
         return self.inner.encode_row(row)

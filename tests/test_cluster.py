@@ -158,6 +158,21 @@ def test_a_bad_row_on_the_store_is_located(nodes, qwen_dir):
     assert not objects.exists(f"s3://{BUCKET}/runs/bad/manifest.json")
 
 
+def test_parquet_row_groups_on_the_store(nodes, data, qwen_dir, tmp_path):
+    import pyarrow.json as pj
+    import pyarrow.parquet as pq
+
+    table = pj.read_json(data["parts"][0])
+    local = tmp_path / "rows.parquet"
+    pq.write_table(table, local, row_group_size=20)   # 9 row groups
+    objects.put(f"s3://{BUCKET}/pq/rows.parquet", local.read_bytes())
+    expected = vecpack.build(str(local), qwen_dir, MAX_LEN, progress=False, cache_dir=tmp_path / "cache")
+    out = f"s3://{BUCKET}/runs/parquet"
+    r = build_on_cluster(f"s3://{BUCKET}/pq/rows.parquet", qwen_dir, MAX_LEN, output=out, unit_bytes=UNIT // 2)
+    assert r.units > 2
+    _same_packs(expected, vecpack.load(out))
+
+
 def _wait_for(cond, what: str, timeout: float = 120.0):
     deadline = time.monotonic() + timeout
     while not cond():
@@ -166,8 +181,10 @@ def _wait_for(cond, what: str, timeout: float = 120.0):
         time.sleep(0.05)
 
 
-def test_a_lost_node_changes_nothing(nodes, data, qwen_dir):
-    enc = SlowEncoder(ChatEncoder.from_tokenizer(qwen_dir), 0.01)
+def test_a_lost_node_changes_nothing(nodes, data, qwen_dir, tmp_path):
+    trace = tmp_path / "trace"   # the test's own instrument: which node encodes rows, and how many
+    trace.mkdir()
+    enc = SlowEncoder(ChatEncoder.from_tokenizer(qwen_dir), 0.01, trace=str(trace))
     out = f"s3://{BUCKET}/runs/lost-node"
     result, failure = {}, []
 
@@ -177,19 +194,28 @@ def test_a_lost_node_changes_nothing(nodes, data, qwen_dir):
         except BaseException as e:  # noqa: BLE001 - reported by the test thread
             failure.append(e)
 
+    victim = next(iter(nodes.workers))
+    tag = os.path.basename(nodes.workers[victim])
+
+    def rows() -> int:
+        return (trace / tag).stat().st_size if (trace / tag).exists() else 0
+
     t = threading.Thread(target=run)
     t.start()
     try:
         _wait_for(lambda: len(_receipts(out)) >= 2 or not t.is_alive(), "the first receipts")
+        seen = rows()
+        _wait_for(lambda: rows() > seen or not t.is_alive(), "the victim encoding a unit")   # busy right now
         assert t.is_alive(), f"the run ended before a node could be lost: {failure}"
-        victim = next(iter(nodes.workers))
-        nodes.remove(victim)
+        nodes.remove(victim)   # mid-unit
         nodes.add()
     finally:
         t.join(300)
     assert not failure, failure
     r = result["r"]
     assert r.units_tokenized == r.units
+    encoded = sum(p.stat().st_size for p in trace.iterdir())
+    assert encoded > 300, "no unit was redone: the node was not lost mid-unit, the test proves nothing"
     names = [u["name"] for u in r.manifest["units"]]
     assert len(names) == len(set(names)) == r.units      # no unit twice in the manifest
     _same_packs(data["local"], vecpack.load(out))
@@ -211,7 +237,7 @@ def test_a_killed_driver_reruns_only_the_unfinished_units(nodes, data, qwen_dir,
     child = subprocess.Popen([sys.executable, "-c", script], env=dict(os.environ), start_new_session=True,
                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
-        _wait_for(lambda: len(_receipts(out)) >= 3 or child.poll() is not None, "the killed driver's receipts")
+        _wait_for(lambda: len(_receipts(out)) >= 2 or child.poll() is not None, "the killed driver's receipts")
         assert child.poll() is None, f"the driver ended before it was killed: {child.stderr.read()[-2000:]!r}"
         os.kill(child.pid, signal.SIGKILL)
     finally:
@@ -221,9 +247,9 @@ def test_a_killed_driver_reruns_only_the_unfinished_units(nodes, data, qwen_dir,
         child.stderr.close()
     before = {u.rsplit("/", 2)[-2] for u in _receipts(out)}
     assert not objects.exists(objects.join(out, "manifest.json"))
-    enc = SlowEncoder(ChatEncoder.from_tokenizer(qwen_dir), 0.02)
+    enc = SlowEncoder(ChatEncoder.from_tokenizer(qwen_dir), 0.0)   # the same fingerprint: the same units
     r = build_on_cluster(data["glob"], None, MAX_LEN, output=out, encoder=enc, unit_bytes=UNIT)
-    assert r.units_reused >= len(before) >= 3
+    assert r.units_reused >= len(before) >= 2
     assert r.units_tokenized == r.units - r.units_reused < r.units
     per_unit: dict = {}
     for u in _receipts(out):
