@@ -7,9 +7,11 @@
             plan(lengths) ─► pack_shard on nodes ─► <output>/shards/<s>/<attempt>/*.npy
             <output>/manifest.json, written last: the run committed
 
-The driver holds the documents' lengths and the plan, nothing else: about 40
-bytes a document (lengths and offsets 16, the plan's three int64 arrays 24),
-so 40 GB per billion documents plus the planner's own scratch (see
+The driver holds the documents' lengths and the plan, nothing else: while it
+plans, 16 bytes a document of lengths (the units' arrays and their
+concatenation) and the planner's scratch; afterwards about 34 (the plan's
+three int64 arrays, the documents' offsets, the pack offsets). That is about
+50 GB at the peak per billion documents, 34 GB kept (see
 ``asv_bench/benchmarks/bench_cluster_plan.py``). Tokens never pass through it.
 
 Faults: Ray re-runs a task whose worker or node died (``max_retries``), on
@@ -29,12 +31,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from vecpack.cluster.shards import cut_shards, pack_shard, shard_packs, shard_prefix
+from vecpack.cluster.shards import pack_shard, plan_shards, shard_prefix
 from vecpack.cluster.tokenize import locate_example, read_receipts, tokenize_unit, unit_arrays
 from vecpack.cluster.units import UNIT_BYTES, expand_inputs, plan_units
 from vecpack.errors import EncoderError, InputError, WorkerDiedError
 from vecpack.options import check_max_len, check_options
-from vecpack.packing.plan import plan as make_plan
 from vecpack.store import objects
 from vecpack.tokenizing.spec import default_pad_id
 
@@ -125,8 +126,8 @@ def build_on_cluster(data_files, tokenizer=None, max_len: int | None = None, *, 
     todo = [u for u in units if u.index not in results]
     remote = ray.remote(num_cpus=1, max_retries=max_retries, retry_exceptions=False)(tokenize_unit)
     enc_ref = ray.put(encoder)
-    refs = {remote.remote(u, enc_ref, work, on_error): u for u in todo}
-    error = _collect(ray, refs, results, max_retries)
+    error = _collect(ray, ((u, lambda u=u: remote.remote(u, enc_ref, work, on_error)) for u in todo), results,
+                     max_retries)
     if error is not None:
         u, (reason, line, row, crash) = error
         raise (EncoderError if crash else InputError)(reason, file=u.url, line=line, row=row)
@@ -137,25 +138,24 @@ def build_on_cluster(data_files, tokenizer=None, max_len: int | None = None, *, 
         out.seconds = time.perf_counter() - t0
         return out
 
-    lengths = np.concatenate([results[u.index]["lengths"] for u in units]) if units else np.zeros(0, np.int64)
-    p = make_plan(lengths, max_len, strategy=strategy, long=long, shuffle_seed=shuffle_seed)
-    doc_offsets = np.zeros(len(lengths) + 1, np.int64)
-    np.cumsum(lengths, out=doc_offsets[1:])
-    per_unit_docs = np.array([len(results[u.index]["lengths"]) for u in units], np.int64)
-    unit_doc_offsets = np.concatenate([[0], np.cumsum(per_unit_docs)])[:-1]
-    unit_token_offsets = doc_offsets[unit_doc_offsets]
-    del lengths
+    planned = plan_shards([results[u.index]["lengths"] for u in units], max_len, strategy=strategy, long=long,
+                          shuffle_seed=shuffle_seed)
+    p = planned.plan
+    for r in results.values():   # the plan holds what is needed now
+        r.pop("lengths", None)
     attempts = [results[u.index]["attempt"] for u in units]
     names = [u.name for u in units]
-    per_shard = shard_packs(max_len, len(p.pack_offsets) - 1)
     packer = ray.remote(num_cpus=1, max_retries=max_retries, retry_exceptions=False)(pack_shard)
     names_ref, attempts_ref = ray.put(names), ray.put(attempts)
-    shard_refs, spans = {}, {}
-    for s, p0, p1, w in cut_shards(p, unit_doc_offsets, doc_offsets, unit_token_offsets, per_shard):
-        shard_refs[packer.remote(s, w, attempts_ref, work, names_ref, output)] = s
-        spans[s] = (p0, p1)
+    spans: dict[int, tuple] = {}
+
+    def shard_jobs():   # the shards' work made as tasks are submitted, a few at a time
+        for s, p0, p1, w in planned.shards():
+            spans[s] = (p0, p1)
+            yield s, lambda s=s, w=w: packer.remote(s, w, attempts_ref, work, names_ref, output)
+
     shards: dict[int, dict] = {}
-    _collect(ray, shard_refs, shards, max_retries, what="shard")
+    _collect(ray, shard_jobs(), shards, max_retries, what="shard")
     stats = dict(p.stats)
     stats["trained_tokens"] = sum(r["trained"] for r in shards.values())
     pad = default_pad_id(tokenizer, encoder) if pad_id is None else int(pad_id)
@@ -177,20 +177,37 @@ def build_on_cluster(data_files, tokenizer=None, max_len: int | None = None, *, 
     return out
 
 
-def _collect(ray, refs: dict, results: dict, max_retries: int, what: str = "unit"):
-    """Wait for every task; fill ``results``; return the first located row error in input order (or None)."""
+def _collect(ray, jobs, results: dict, max_retries: int, what: str = "unit"):
+    """Run ``jobs`` (``(item, submit)`` pairs, at most a few per CPU of the cluster in flight at once); fill
+    ``results``; return the first located row error in input order (or None). A task that failed
+    otherwise (a store error naming its object, a worker dead on every retry) is raised."""
     from ray.exceptions import RayTaskError, WorkerCrashedError
 
     try:
         from ray.exceptions import NodeDiedError
     except ImportError:  # pragma: no cover - older Ray
         NodeDiedError = WorkerCrashedError
-    pending, first, failure = list(refs), None, None
+    window = max(4, 2 * int(ray.cluster_resources().get("CPU", 1)))
+    jobs = iter(jobs)
+    refs: dict = {}
+    pending: list = []
+    first = failure = None
+
+    def fill():
+        for item, submit in jobs:
+            ref = submit()
+            refs[ref] = item
+            pending.append(ref)
+            if len(pending) >= window:
+                return
+
     try:
+        fill()
         while pending:
-            ready, pending = ray.wait(pending, num_returns=1, timeout=1.0)
+            ready, rest = ray.wait(pending, num_returns=1, timeout=1.0)
+            pending[:] = rest
             for ref in ready:
-                item = refs[ref]
+                item = refs.pop(ref)
                 key = getattr(item, "index", item)
                 try:
                     r = ray.get(ref)
@@ -210,6 +227,7 @@ def _collect(ray, refs: dict, results: dict, max_retries: int, what: str = "unit
                 for ref in pending:
                     ray.cancel(ref, force=True)
                 break
+            fill()
     except BaseException:
         for ref in pending:
             ray.cancel(ref, force=True)

@@ -20,14 +20,16 @@ single-machine ``Packed[i]`` byte for byte, document ids included.
 from __future__ import annotations
 
 import io
+from dataclasses import dataclass
 
 import numpy as np
 
 from vecpack.cluster.tokenize import unit_arrays
 from vecpack.options import IGNORE_INDEX
+from vecpack.packing.plan import plan as make_plan
 from vecpack.store import objects
 
-__all__ = ["SHARD_ARRAYS", "cut_shards", "pack_shard", "shard_packs"]
+__all__ = ["SHARD_ARRAYS", "PlannedShards", "cut_shards", "pack_shard", "plan_shards", "shard_packs"]
 
 SHARD_ARRAYS = ("tokens", "labels", "entry_offsets", "doc_ids", "pack_offsets")
 _SHARD_TOKENS = 64 << 20     # tokens per shard, at most (a shard is about 512 MB of int32 tokens and labels)
@@ -60,6 +62,49 @@ def cut_shards(plan, unit_doc_offsets: np.ndarray, doc_offsets: np.ndarray, unit
         yield s, p0, p1, {"unit": unit.astype(np.int64), "start": start.astype(np.int64),
                           "length": np.asarray(plan.doc_length[e0:e1], np.int64), "doc_ids": docs,
                           "pack_offsets": np.asarray(plan.pack_offsets[p0:p1 + 1], np.int64) - e0}
+
+
+@dataclass
+class PlannedShards:
+    """The driver's plan: the packs (a :class:`~vecpack.packing.plan.Plan`) and where each document's tokens
+    are (its unit, its offset); about 40 bytes a document in all."""
+
+    plan: object
+    doc_offsets: np.ndarray         # int64 [D+1]: each document's first token in the whole corpus
+    unit_doc_offsets: np.ndarray    # int64 [U]: each unit's first document
+    unit_token_offsets: np.ndarray  # int64 [U]: each unit's first token
+    per_shard: int
+
+    def shards(self):
+        """``(shard, p0, p1, work)`` for each shard (see :func:`cut_shards`)."""
+        return cut_shards(self.plan, self.unit_doc_offsets, self.doc_offsets, self.unit_token_offsets,
+                          self.per_shard)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the arrays the driver holds."""
+        p = self.plan
+        return int(sum(a.nbytes for a in (self.doc_offsets, self.unit_doc_offsets, self.unit_token_offsets,
+                                           p.doc_index, p.doc_start, p.doc_length, p.pack_offsets)))
+
+
+def plan_shards(unit_lengths: list, max_len: int, **plan_kw) -> PlannedShards:
+    """The packs of every document, from the units' lengths (in unit order) alone: what the driver runs.
+
+    >>> import numpy as np
+    >>> ps = plan_shards([np.array([3, 5]), np.array([4])], 8, strategy="greedy")
+    >>> ps.plan.pack_offsets.tolist(), ps.unit_token_offsets.tolist()
+    ([0, 2, 3], [0, 8])
+    """
+    lengths = np.concatenate(unit_lengths) if unit_lengths else np.zeros(0, np.int64)
+    p = make_plan(lengths, max_len, **plan_kw)
+    doc_offsets = np.zeros(len(lengths) + 1, np.int64)
+    np.cumsum(lengths, out=doc_offsets[1:])
+    del lengths
+    counts = np.array([len(x) for x in unit_lengths], np.int64)
+    unit_doc_offsets = np.concatenate([[0], np.cumsum(counts)])[:-1].astype(np.int64)
+    return PlannedShards(p, doc_offsets, unit_doc_offsets, doc_offsets[unit_doc_offsets],
+                         shard_packs(max_len, len(p.pack_offsets) - 1))
 
 
 def _ranges(starts: np.ndarray, stops: np.ndarray) -> list[tuple[int, int]]:
