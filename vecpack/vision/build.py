@@ -72,6 +72,7 @@ def build_vision(data_files, processor, max_len: int, *, masking: str = "assista
     from vecpack.vision.packed import PackedVision
     from vecpack.vision.pixels import LazyPixels, MappedPixels
     from vecpack.vision.processor import load_processor
+    from vecpack.vision.workers import Workers
 
     t0 = time.perf_counter()
     check_max_len(max_len)
@@ -81,15 +82,16 @@ def build_vision(data_files, processor, max_len: int, *, masking: str = "assista
     jobs = n_workers(n_jobs)
     proc = load_processor(processor)
     encoder = VisionEncoder(proc, masking=masking, column=column)
-    corpus = encode_files(files, encoder, n_jobs=jobs)
-    t1 = time.perf_counter()
     hit = None
-    if pixels == "lazy":
-        store = LazyPixels(corpus, encoder)
-    else:
-        entry = _pixels_entry(corpus, encoder, jobs, cache_dir)
-        hit = not entry.built
-        store = MappedPixels(entry.arrays["pixels"], np.asarray(entry.arrays["pixel_offsets"]))
+    with Workers(encoder, jobs) as workers:
+        corpus = encode_files(files, encoder, workers)
+        t1 = time.perf_counter()
+        if pixels == "lazy":
+            store = LazyPixels(corpus, encoder)
+        else:
+            entry = _pixels_entry(corpus, encoder, workers, cache_dir)
+            hit = not entry.built
+            store = MappedPixels(entry.arrays["pixels"], np.asarray(entry.arrays["pixel_offsets"]))
     packed = PackedVision(corpus, store, max_len, strategy=strategy, long=long, shuffle_seed=shuffle_seed,
                           pad_id=pad_id)
     lengths = np.diff(corpus.offsets)
@@ -111,7 +113,7 @@ def _padded(lengths: np.ndarray, batch: int) -> int:
     return int(full.reshape(-1, batch).max(axis=1).sum() * batch)
 
 
-def _pixels_entry(corpus, encoder, jobs: int, cache_dir):
+def _pixels_entry(corpus, encoder, workers, cache_dir):
     from vecpack.store.cache import Cache
     from vecpack.store.hashing import make_key
     from vecpack.vision.pixels import write_pixels
@@ -121,7 +123,7 @@ def _pixels_entry(corpus, encoder, jobs: int, cache_dir):
 
     def build_fn(tmp):
         np.save(tmp / "grids.npy", corpus.grids)
-        return write_pixels(tmp, corpus, encoder, n_jobs=jobs)
+        return write_pixels(tmp, corpus, encoder, workers)
 
     return Cache(cache_dir).get_or_build(key, build_fn, kind="vision_pixels", meta={"images": len(corpus.digests)})
 

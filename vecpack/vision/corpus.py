@@ -17,12 +17,12 @@ from __future__ import annotations
 
 import json
 import os
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from vecpack.errors import InputError
+from vecpack.vision.workers import current_encoder
 
 __all__ = ["VisionCorpus", "encode_files", "plan_tasks"]
 
@@ -112,20 +112,13 @@ def _rows(task):
         yield line + k, row
 
 
-_WORKER: dict = {}
-
-
-def _init_worker(encoder) -> None:
-    _WORKER["encoder"] = encoder
-
-
 def _source(ref, f: str, where: int) -> list:
     return [ref.path] if ref.path is not None else [f, where, ref.where]
 
 
 def encode_task(task, encoder=None) -> dict:
     """One task's rows encoded: flat tokens/labels, lengths, lines, and per image slot grid/digest/source."""
-    enc = encoder or _WORKER["encoder"]
+    enc = encoder or current_encoder()
     fi, f, kind = task[:3]
     base = os.path.dirname(os.path.abspath(f))
     toks, labs, lengths, lines, n_images, grids, digests, sources = [], [], [], [], [], [], [], []
@@ -153,34 +146,18 @@ def _cat(arrays: list, dtype, empty=(0,)) -> np.ndarray:
     return np.concatenate(arrays).astype(dtype, copy=False) if arrays else np.zeros(empty, dtype)
 
 
-def run_tasks(fn, tasks: list, n_jobs: int, initargs: tuple) -> list:
-    """``fn(task)`` over ``tasks`` in order, on ``n_jobs`` spawned processes (inline for 1); workers end with it."""
-    if n_jobs <= 1 or len(tasks) <= 1:
-        _init_worker(*initargs)
-        try:
-            return [fn(t) for t in tasks]
-        finally:
-            _WORKER.clear()
-    import multiprocessing
-
-    with ProcessPoolExecutor(min(n_jobs, len(tasks)), mp_context=multiprocessing.get_context("spawn"),
-                             initializer=_init_worker, initargs=initargs) as pool:
-        futures = [pool.submit(fn, t) for t in tasks]
-        try:
-            return [fut.result() for fut in futures]
-        except BaseException:
-            for fut in futures:
-                fut.cancel()
-            raise
-
-
-def encode_files(files: list[str], encoder, *, n_jobs: int = 1) -> VisionCorpus:
-    """Every row of ``files`` encoded on ``n_jobs`` processes -> :class:`VisionCorpus` (images unique by digest)."""
+def encode_files(files: list[str], encoder, workers=None) -> VisionCorpus:
+    """Every row of ``files`` encoded on ``workers`` (a :class:`~vecpack.vision.workers.Workers`; inline when
+    None) -> :class:`VisionCorpus` (images unique by digest)."""
     files = [os.path.abspath(f) for f in files]
     for f in files:
         if not os.path.exists(f):
             raise FileNotFoundError(f"data file not found: {f}")
-    parts = run_tasks(encode_task, plan_tasks(files), n_jobs, (encoder,))
+    tasks = plan_tasks(files)
+    if workers is None:
+        parts = [encode_task(t, encoder) for t in tasks]
+    else:
+        parts = workers.map(encode_task, tasks)
     lengths = _cat([p["lengths"] for p in parts], np.int64)
     n_images = _cat([p["n_images"] for p in parts], np.int64)
     slot_grids = _cat([p["grids"] for p in parts], np.int64, (0, 3))

@@ -14,6 +14,7 @@ import numpy as np
 
 from vecpack.errors import InputError
 from vecpack.vision.images import ImageRef, open_image, read_images
+from vecpack.vision.workers import current_encoder
 
 __all__ = ["LazyPixels", "MappedPixels", "load_image", "patch_dim", "write_pixels"]
 
@@ -65,10 +66,8 @@ def _line(f: str, line: int) -> dict:
 
 def _preprocess_into(task) -> int:
     """Worker: preprocess images ``[a, b)`` into ``pixels.npy`` (opened in place); returns rows written."""
-    from vecpack.vision.corpus import _WORKER
-
     path, a, b, sources, offsets, grids = task
-    enc = _WORKER["encoder"]
+    enc = current_encoder()
     out = np.load(path, mmap_mode="r+")
     try:
         for k, u in enumerate(range(a, b)):
@@ -76,7 +75,7 @@ def _preprocess_into(task) -> int:
                 rows, grid = enc.processor.preprocess(load_image(sources[k], enc))
             except InputError:
                 raise
-            except ValueError as e:
+            except ValueError as e:  # the processor refuses it
                 raise InputError(f"the processor refuses image {sources[k][0]}: {e}") from None
             if tuple(grid) != tuple(grids[k]) or len(rows) != offsets[u + 1] - offsets[u]:
                 raise RuntimeError(f"image {sources[k]}: the processor made grid {tuple(grid)}, its header "
@@ -88,11 +87,9 @@ def _preprocess_into(task) -> int:
     return int(offsets[b] - offsets[a])
 
 
-def write_pixels(out_dir, corpus, encoder, *, n_jobs: int = 1) -> dict:
+def write_pixels(out_dir, corpus, encoder, workers) -> dict:
     """Preprocess every unique image of ``corpus`` into ``out_dir/pixels.npy`` + ``pixel_offsets.npy``."""
     import os
-
-    from vecpack.vision.corpus import run_tasks
 
     counts = np.prod(corpus.grids, axis=1) if len(corpus.grids) else np.zeros(0, np.int64)
     offsets = np.concatenate(([0], np.cumsum(counts))).astype(np.int64)
@@ -102,10 +99,10 @@ def write_pixels(out_dir, corpus, encoder, *, n_jobs: int = 1) -> dict:
     del arr
     np.save(os.path.join(str(out_dir), "pixel_offsets.npy"), offsets)
     U = len(corpus.grids)
-    step = max(1, -(-U // max(1, 4 * n_jobs)))
+    step = max(1, -(-U // max(1, 4 * workers.n_jobs)))
     tasks = [(path, a, min(U, a + step), corpus.sources[a:a + step], offsets, corpus.grids[a:a + step])
              for a in range(0, U, step)]
-    run_tasks(_preprocess_into, tasks, n_jobs, (encoder,))
+    workers.map(_preprocess_into, tasks)
     return {"images": U, "pixel_rows": int(offsets[-1]), "patch_dim": dim}
 
 
