@@ -297,3 +297,41 @@ def test_four_ranks_stopped_then_three_resume_every_pack_once(nodes, data, qwen_
     assert sorted(seen) == list(range(len(local)))
     assert len(seen) == len(set(seen))
     assert np.array_equal(np.sort(seen), np.arange(len(local)))
+
+
+def _can_hide_dirs() -> bool:
+    if not shutil.which("unshare") or sys.platform != "linux":
+        return False
+    return subprocess.run(["unshare", "-m", "sh", "-c", "mount -t tmpfs tmpfs /mnt && true"],
+                          capture_output=True).returncode == 0
+
+
+def test_a_node_that_cannot_see_the_chunk_dir_is_named(nodes, data, qwen_dir, tmp_path):
+    """The shared-filesystem path (``backend="ray"``) on a node in a mount namespace of its own, where the
+    driver's chunk directory is hidden: the error says that node cannot see it (not that it was removed)."""
+    if not _can_hide_dirs():
+        pytest.skip("needs unshare -m (root or user namespaces)")
+    hidden = tmp_path / "hidden"
+    (hidden / "chunks").mkdir(parents=True)
+    ray_bin = os.path.join(os.path.dirname(sys.executable), "ray")
+    node_dir = os.path.join(nodes.root, "unshared")
+    os.makedirs(node_dir)
+    start = (f"mount -t tmpfs tmpfs {hidden} && exec {ray_bin} start --address={nodes.cluster.address} "
+             f"--num-cpus=1 --block --disable-usage-stats --temp-dir={node_dir}")
+    for node in list(nodes.workers):   # only the node that cannot see the directory is left to run tasks
+        nodes.remove(node)
+    child = subprocess.Popen(["unshare", "-m", "sh", "-c", start], start_new_session=True,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        _wait_for(lambda: sum(n["Alive"] and n["Resources"].get("CPU", 0) > 0 for n in ray.nodes()) == 1,
+                  "the unshared node")
+        with pytest.raises(RuntimeError, match=r"ran on node .*, which cannot see the chunk directory .*hidden"):
+            vecpack.tokenize(data["parts"][0], qwen_dir, backend="ray", out_dir=hidden / "chunks", progress=False)
+    finally:
+        os.killpg(child.pid, signal.SIGTERM)
+        try:
+            child.wait(60)
+        except subprocess.TimeoutExpired:
+            os.killpg(child.pid, signal.SIGKILL)
+            child.wait()
+        nodes.add()
