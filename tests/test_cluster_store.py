@@ -102,3 +102,77 @@ def test_urls_never_go_through_pathlib(tmp_path):
     assert objects.join("s3://b/run", "shards", "000001") == "s3://b/run/shards/000001"
     assert objects.parent("s3://b/run/manifest.json") == "s3://b/run"
     assert objects.is_url("gs://b/k") and objects.is_url("hf://datasets/x/y") and not objects.is_url("b/k")
+
+
+def _small_packed(seed=0):
+    import numpy as np
+
+    import vecpack
+
+    rng = np.random.default_rng(seed)
+    lengths = rng.integers(1, 60, 200)
+    offsets = np.concatenate([[0], np.cumsum(lengths)])
+    tokens = rng.integers(0, 1000, int(offsets[-1])).astype(np.int32)
+    labels = np.where(rng.random(tokens.size) < 0.5, tokens, -100).astype(np.int32)
+    return vecpack.pack(tokens, offsets, 128, labels=labels)
+
+
+def test_save_to_and_load_from_the_store(bucket, tmp_path, monkeypatch):
+    import vecpack
+
+    monkeypatch.setenv("VECPACK_CACHE", str(tmp_path / "cache"))
+    packed = _small_packed()
+    url = f"{bucket}/saved/run-1"
+    assert vecpack.save(packed, url, progress=False) == url
+    assert objects.exists(f"{url}/manifest.json")
+    got = vecpack.load(url)   # fetched into the local cache once, memory-mapped
+    assert len(got) == len(packed)
+    for i in range(len(packed)):
+        a, b = packed[i], got[i]
+        assert all(a[k].tobytes() == b[k].tobytes() for k in a)
+    assert str(tmp_path / "cache") in str(got.tokens.filename)
+    with pytest.raises(FileExistsError, match="already holds a dataset"):
+        vecpack.save(packed, url, overwrite=False, progress=False)
+    other = _small_packed(seed=1)
+    vecpack.save(other, url, progress=False)   # a new commit: new data keys, the manifest names them
+    again = vecpack.load(url)
+    assert again[0]["input_ids"].tobytes() == other[0]["input_ids"].tobytes()
+
+
+def test_load_of_a_run_that_never_committed_says_so(bucket):
+    import vecpack
+
+    objects.put(f"{bucket}/half/_work/x.bin", b"partial")
+    with pytest.raises(FileNotFoundError, match=r"s3://store-test/half/manifest\.json is missing .*did not commit"):
+        vecpack.load(f"{bucket}/half")
+
+
+def test_a_glob_that_matches_nothing_names_itself(bucket):
+    from vecpack.cluster.units import expand_inputs
+
+    with pytest.raises(vecpack_input_error(), match=r"s3://store-test/none/\*\.jsonl: no such object"):
+        expand_inputs(f"{bucket}/none/*.jsonl")
+    objects.put(f"{bucket}/in/a.txt", b"x")
+    from vecpack.cluster.units import plan_units
+
+    with pytest.raises(vecpack_input_error(), match=r"a\.txt: a cluster build reads \.jsonl and \.parquet"):
+        plan_units([f"{bucket}/in/a.txt"])
+
+
+def vecpack_input_error():
+    from vecpack.errors import InputError
+
+    return InputError
+
+
+def test_units_are_fixed_by_the_input(bucket):
+    from vecpack.cluster.units import plan_units
+
+    data = b"".join(b'{"text": "%d"}\n' % i for i in range(3000))
+    objects.put(f"{bucket}/units/a.jsonl", data)
+    units = plan_units([f"{bucket}/units/a.jsonl"], unit_bytes=4096)
+    assert units == plan_units([f"{bucket}/units/a.jsonl"], unit_bytes=4096)
+    assert units[0].start == 0 and units[-1].stop == len(data) and len(units) > 5
+    assert all(a.stop == b.start for a, b in zip(units, units[1:]))
+    assert all(data[u.start - 1:u.start] == b"\n" for u in units[1:])     # each starts at a line start
+    assert len({u.name for u in units}) == len(units)

@@ -106,11 +106,7 @@ class ShardedPacked:
         try:
             remote = objects.join(self.url, self._shards[s]["path"])
             for k in _SHARD_ARRAYS:
-                data = objects.get(objects.join(remote, f"{k}.npy"))
-                with open(os.path.join(tmp, f"{k}.npy"), "wb") as f:
-                    f.write(data)
-                    f.flush()
-                    os.fsync(f.fileno())
+                objects.get_file(objects.join(remote, f"{k}.npy"), os.path.join(tmp, f"{k}.npy"))
             try:
                 os.rename(tmp, final)
             except OSError:   # another process (a rank on this machine) put it there first

@@ -38,8 +38,8 @@ import uuid
 
 from vecpack import _state
 
-__all__ = ["ObjectStoreError", "RETRIES", "attempt_id", "delete", "exists", "filesystem", "get", "glob",
-           "is_url", "join", "listing", "put", "retrying", "size", "stat"]
+__all__ = ["ObjectStoreError", "RETRIES", "attempt_id", "delete", "exists", "filesystem", "get", "get_file", "glob",
+           "is_url", "join", "listing", "put", "put_file", "retrying", "size", "stat"]
 
 #: attempts of one call before a transient error is given up on
 RETRIES = 6
@@ -179,6 +179,43 @@ def put(url: str, data) -> None:
             f.write(data)
 
     retrying(write, url)
+
+
+_PIECE = 64 << 20   # bytes a call moves when streaming a file to or from the store
+
+
+def put_file(url: str, path) -> None:
+    """Upload the local file ``path`` as the object ``url``, streamed in 64 MiB pieces."""
+    fs, key = filesystem(url)
+    if not is_url(url):
+        os.makedirs(os.path.dirname(key), exist_ok=True)
+
+    def write():
+        with open(path, "rb") as src, fs.open_output_stream(key) as f:
+            while True:
+                piece = src.read(_PIECE)
+                if not piece:
+                    break
+                f.write(piece)
+
+    retrying(write, url)
+
+
+def get_file(url: str, path) -> None:
+    """Download the object ``url`` into the local file ``path`` (made anew), streamed in 64 MiB pieces."""
+    fs, key = filesystem(url)
+
+    def read():
+        with fs.open_input_stream(key) as src, open(path, "wb") as f:
+            while True:
+                piece = src.read(_PIECE)
+                if not piece:
+                    break
+                f.write(piece)
+            f.flush()
+            os.fsync(f.fileno())
+
+    retrying(read, url)
 
 
 def stat(url: str):
