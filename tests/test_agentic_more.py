@@ -124,3 +124,201 @@ def test_unified_struct_limits_are_as_documented():
     assert to_rows(pa.Table.from_pylist(rows)) == [{"a": {"y": 1}}, {"a": {"y": 2}}]
     text = [{"a": json.dumps(r["a"])} for r in rows]
     assert [json.loads(r["a"]) for r in to_rows(pa.Table.from_pylist(text))] == [r["a"] for r in rows]
+
+
+# ----------------------------------------------------------------------------- Mistral Tekken
+
+
+@pytest.fixture(scope="module")
+def tekken_dir(llama3_dir, tmp_path_factory):
+    from tests.agentic_data import tekken_like
+
+    return tekken_like(llama3_dir, tmp_path_factory.mktemp("tekken") / "tok")
+
+
+@pytest.mark.parametrize("engine", ["fastokens", "tiktoken", "tokenizers"])
+def test_mistral_tekken_tool_template_ids_and_turn_masks(tekken_dir, engine):
+    """Mistral-Nemo's tool template ([AVAILABLE_TOOLS], [TOOL_CALLS], [TOOL_RESULTS]): ids equal
+    apply_chat_template; each assistant turn (calls or answer) is trained whole with its </s>, nothing else."""
+    from transformers import AutoTokenizer
+
+    from tests.agentic_data import hf_tools, mistral_rows
+    from vecpack.tokenizing.encoder import ChatEncoder
+
+    tok = AutoTokenizer.from_pretrained(tekken_dir)
+    rows = mistral_rows(40, seed=12) + mistral_rows(40, seed=12)  # the second sight runs the compiled structures
+    enc = ChatEncoder.from_tokenizer(tekken_dir, style="openai", backend=engine, sample_rows=rows)
+    assert enc.backend == engine
+    eos = tok.convert_tokens_to_ids("</s>")
+    calls_seen = 0
+    for row in rows:
+        ref = tok.apply_chat_template(row["messages"], tools=hf_tools(row), tokenize=True, return_dict=True)
+        tokens, labels = enc.encode_row(row)
+        assert tokens.tolist() == list(ref["input_ids"])
+        runs, cur = [], []
+        for t, lab in zip(tokens.tolist(), labels.tolist()):
+            if lab != -100:
+                cur.append(t)
+            elif cur:
+                runs.append(cur)
+                cur = []
+        if cur:
+            runs.append(cur)
+        assistants = [m for m in row["messages"] if m["role"] == "assistant"]
+        assert len(runs) == len(assistants)
+        for run, m in zip(runs, assistants):
+            text = tok.decode(run)
+            assert run[-1] == eos
+            if m.get("tool_calls"):
+                calls_seen += 1
+                assert text.startswith("[TOOL_CALLS][{") and text.endswith("]</s>")
+            else:
+                assert text == m["content"] + "</s>"
+    assert calls_seen > 20
+
+
+# ----------------------------------------------------------------------------- TRL plain-text prompt-completion
+
+
+def _trl_prepared(tok_dir, rows, tmp_path, **config):
+    """TRL's own SFTTrainer preparation of ``rows`` (a tiny random Qwen2, CPU): its input_ids and labels."""
+    import datasets
+    import torch
+    import transformers
+    import trl
+
+    tok = transformers.AutoTokenizer.from_pretrained(tok_dir)
+    torch.manual_seed(0)
+    model = transformers.Qwen2ForCausalLM(transformers.Qwen2Config(
+        vocab_size=len(tok), hidden_size=8, intermediate_size=16, num_hidden_layers=1, num_attention_heads=2,
+        num_key_value_heads=1))
+    args = trl.SFTConfig(output_dir=str(tmp_path / "trl"), report_to="none", use_cpu=True, bf16=False,
+                         gradient_checkpointing=False, max_length=None, save_strategy="no", max_steps=1, **config)
+    # an IterableDataset: TRL prepares it the same way, without datasets hashing the tokenizer (20 s)
+    trainer = trl.SFTTrainer(model=model, args=args, train_dataset=datasets.IterableDataset.from_generator(
+        lambda: iter(rows)), processing_class=tok)
+    out = list(trainer.train_dataset)
+    return [list(r["input_ids"]) for r in out], [list(r["labels"]) for r in out]
+
+
+TEXT_ROWS = [{"prompt": "The capital of France is", "completion": " Paris."},
+             {"prompt": "2 + 2 = ", "completion": "4"},
+             {"prompt": "Hello wor", "completion": "ld, and then some"},  # a token across the boundary
+             {"prompt": "Trailing spaces  ", "completion": "next"},  # tokens that part before the boundary
+             {"prompt": "ünïcödé 😀", "completion": " 中文 <|im_end|>"},
+             {"prompt": "Already ends", "completion": " with eos<|im_end|>"},
+             {"prompt": "", "completion": "no prompt"},
+             {"prompt": "no completion", "completion": ""}]
+
+
+@pytest.mark.parametrize("base", ["qwen2.5", "llama3"])
+def test_text_prompt_completion_equals_trl(qwen_dir, llama3_dir, tmp_path, base):
+    """Plain-text prompt-completion rows: ids and labels equal TRL's SFTTrainer preparation (eos appended,
+    the prompt's tokens as their common prefix, completion_only_loss), on every engine, through tokenize."""
+    import vecpack
+    from vecpack.tokenizing.encoder import ChatEncoder
+
+    d = qwen_dir if base == "qwen2.5" else llama3_dir
+    rows = [dict(r, completion=r["completion"].replace("<|im_end|>", "<|eot_id|>")) if base == "llama3" else r
+            for r in TEXT_ROWS]
+    want_ids, want_labels = _trl_prepared(d, rows, tmp_path)
+    assert any(-100 in lab for lab in want_labels)  # TRL did mask the prompts
+    for engine in ("fastokens", "tiktoken", "tokenizers"):
+        enc = ChatEncoder.from_tokenizer(d, style="openai", backend=engine, sample_rows=rows)
+        got = [enc.encode_row(r) for r in rows]
+        assert [t.tolist() for t, _ in got] == want_ids, engine
+        assert [lab.tolist() for _, lab in got] == want_labels, engine
+    t = vecpack.tokenize(write_jsonl(tmp_path / "pc.jsonl", rows), d, style="openai", n_jobs=1, progress=False)
+    assert np.asarray(t.tokens).tolist() == [i for ids in want_ids for i in ids]
+    assert np.asarray(t.labels).tolist() == [i for lab in want_labels for i in lab]
+    everything = ChatEncoder.from_tokenizer(d, style="openai", masking="all").encode_row(rows[2])
+    assert everything[1].tolist() == everything[0].tolist() == want_ids[2]
+
+
+def test_text_prompt_completion_mixed_forms_are_one_line_errors():
+    from vecpack.chat.conversation import read_row
+    from vecpack.errors import InputError
+
+    with pytest.raises(InputError, match="'prompt' is a str and 'completion' a list"):
+        read_row({"prompt": "x", "completion": [{"role": "assistant", "content": "y"}]}, "openai")
+
+
+# ----------------------------------------------------------------------------- call-level options (the encoder's)
+
+_GREETING = ("{% for m in messages %}{{ greeting | default('') }}<{{ m.role }}>{{ m.content }}"
+             "{% if m.reasoning_content %}[r]{{ m.reasoning_content }}[/r]{% endif %}<|im_end|>{% endfor %}")
+
+
+def test_call_chat_template_kwargs_under_each_rows_own(qwen_dir, tmp_path):
+    """``chat_template_kwargs=`` of the encoder: every row renders with it (plain rows on the compiled path
+    too), a row's own ``chat_template_kwargs`` win; ids equal apply_chat_template(**merged); the fingerprint
+    changes with it."""
+    import shutil
+
+    from transformers import AutoTokenizer
+
+    from vecpack.tokenizing.encoder import ChatEncoder
+
+    d = tmp_path / "tok"
+    shutil.copytree(qwen_dir, d)
+    (d / "chat_template.jinja").write_text(_GREETING, encoding="utf-8")
+    tok = AutoTokenizer.from_pretrained(d)
+    plain = {"messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Yo"}]}
+    own = {**plain, "chat_template_kwargs": {"greeting": "Row! "}}
+    rows = [plain, own, plain, own]
+    enc = ChatEncoder.from_tokenizer(d, style="openai", chat_template_kwargs={"greeting": "Call! "},
+                                     backend="tokenizers")  # the option lives in the template: any engine
+    base = ChatEncoder.from_tokenizer(d, style="openai", backend="tokenizers")
+    assert enc.fingerprint != base.fingerprint
+    for row in rows:
+        kw = {"greeting": "Call! ", **row.get("chat_template_kwargs", {})}
+        want = tok.apply_chat_template(row["messages"], tokenize=True, return_dict=True, **kw)["input_ids"]
+        assert enc.encode_row(row)[0].tolist() == list(want)
+    assert base.encode_row(plain)[0].tolist() != enc.encode_row(plain)[0].tolist()
+    with pytest.raises(ValueError, match="tools"):
+        ChatEncoder.from_tokenizer(d, style="openai", chat_template_kwargs={"tools": []}, backend="tokenizers")
+
+
+def _reasoning_holes(text: str, messages) -> list:
+    """The character spans of each reasoning text as a template that writes it verbatim renders it."""
+    holes, at = [], 0
+    for m in messages:
+        r = m.get("reasoning_content")
+        if m["role"] == "assistant" and r:
+            k = text.find(r.strip(), at)
+            if k >= 0:
+                holes.append((k, k + len(r.strip())))
+                at = k + len(r.strip())
+    return holes
+
+
+@pytest.mark.parametrize("name", ["qwen3", "qwen3_training"])
+def test_reasoning_kept_out_of_the_loss(templated, name):  # noqa: F811
+    """``train_reasoning=False``: the tokens wholly inside a rendered reasoning text are untrained, every
+    other label as with the default, on a probe-masked (Qwen3) and a generation-tagged template, both on
+    Jinja and on the compiled structures (each row twice)."""
+    from tests.agentic_data import agentic_rows, hf_tools
+    from tests.test_agentic import hf
+    from vecpack.tokenizing.encoder import ChatEncoder
+
+    d = templated("qwen2.5", name)
+    tok = hf(d)
+    rows = [r for r in agentic_rows(30, seed=21) if r["messages"][-1].get("reasoning_content")][:6] * 2
+    assert len(rows) >= 12
+    on = ChatEncoder.from_tokenizer(d, style="openai", backend="tiktoken")
+    off = ChatEncoder.from_tokenizer(d, style="openai", train_reasoning=False, backend="tiktoken")
+    assert on.fingerprint != off.fingerprint
+    removed = 0
+    for row in rows:
+        text = tok.apply_chat_template(row["messages"], tools=hf_tools(row), tokenize=False)
+        holes = _reasoning_holes(text, row["messages"])
+        assert holes  # the last turn's reasoning is rendered
+        enc = tok(text, add_special_tokens=False, return_offsets_mapping=True)
+        t_on, l_on = on.encode_row(row)
+        t_off, l_off = off.encode_row(row)
+        assert t_on.tolist() == t_off.tolist() == enc["input_ids"]
+        inside = [any(h <= a and b <= k for h, k in holes) for a, b in enc["offset_mapping"]]
+        want = [-100 if hole else lab for lab, hole in zip(l_on.tolist(), inside)]
+        assert l_off.tolist() == want
+        removed += sum(1 for a, b in zip(l_on.tolist(), l_off.tolist()) if a != b)
+    assert removed > 50
