@@ -116,7 +116,7 @@ def data(nodes, tmp_path_factory, qwen_dir):
         objects.put(f"s3://{BUCKET}/in/part-{i}.jsonl", p.read_bytes())
         parts.append(str(p))
     local = vecpack.build(parts, qwen_dir, MAX_LEN, progress=False, cache_dir=d / "cache")
-    return {"parts": parts, "glob": f"s3://{BUCKET}/in/part-*.jsonl", "local": local, "dir": d}
+    return {"parts": parts, "glob": f"s3://{BUCKET}/in/part-*.jsonl", "local": local, "dir": d, "tokenizer": qwen_dir}
 
 
 def _same_packs(local, got) -> None:
@@ -219,6 +219,20 @@ def test_a_lost_node_changes_nothing(nodes, data, qwen_dir, tmp_path):
     names = [u["name"] for u in r.manifest["units"]]
     assert len(names) == len(set(names)) == r.units      # no unit twice in the manifest
     _same_packs(data["local"], vecpack.load(out))
+    _same_objects(r.manifest, out, data)
+
+
+def _same_objects(manifest: dict, out: str, data) -> None:
+    """Every shard object is byte-identical to the plain run's (other attempts, same bytes)."""
+    plain = f"s3://{BUCKET}/runs/plain"
+    if not objects.exists(objects.join(plain, "manifest.json")):
+        build_on_cluster(data["glob"], data["tokenizer"], MAX_LEN, output=plain, unit_bytes=UNIT)
+    other = json.loads(objects.get(objects.join(plain, "manifest.json")))
+    assert len(manifest["shards"]) == len(other["shards"])
+    for a, b in zip(manifest["shards"], other["shards"]):
+        assert a["path"] != b["path"]
+        for name in ("tokens", "labels", "entry_offsets", "doc_ids", "pack_offsets"):
+            assert objects.get(f"{out}/{a['path']}/{name}.npy") == objects.get(f"{plain}/{b['path']}/{name}.npy")
 
 
 def test_a_killed_driver_reruns_only_the_unfinished_units(nodes, data, qwen_dir, tmp_path):
@@ -258,6 +272,7 @@ def test_a_killed_driver_reruns_only_the_unfinished_units(nodes, data, qwen_dir,
     assert all(per_unit[name] == 1 for name in before)    # a finished unit was never tokenized again
     assert {u["name"] for u in r.manifest["units"]} == set(per_unit)
     _same_packs(data["local"], vecpack.load(out))
+    _same_objects(r.manifest, out, data)
 
 
 def test_nothing_relies_on_a_node_keeping_its_files(nodes, data, qwen_dir):
