@@ -156,6 +156,12 @@ def test_a_bad_row_on_the_store_is_located(nodes, qwen_dir):
         build_on_cluster(f"s3://{BUCKET}/bad/*.jsonl", qwen_dir, MAX_LEN, output=f"s3://{BUCKET}/runs/bad",
                          unit_bytes=4 << 10)
     assert not objects.exists(f"s3://{BUCKET}/runs/bad/manifest.json")
+    # skipped instead: counted, and the example located at the same line
+    r = build_on_cluster(f"s3://{BUCKET}/bad/*.jsonl", qwen_dir, MAX_LEN, output=f"s3://{BUCKET}/runs/bad",
+                         unit_bytes=4 << 10, on_error="skip")
+    assert r.tokenize_stats["rejected"] == 1 and r.tokenize_stats["rows"] == 206
+    assert r.tokenize_stats["rejected_examples"][0].startswith("s3://cluster-test/bad/rows.jsonl:201: ")
+    assert len(vecpack.load(f"s3://{BUCKET}/runs/bad")) == r.stats["num_packs"] > 0
 
 
 def test_parquet_row_groups_on_the_store(nodes, data, qwen_dir, tmp_path):
