@@ -327,27 +327,37 @@ def _can_hide_dirs() -> bool:
                           capture_output=True).returncode == 0
 
 
-def test_a_node_that_cannot_see_the_chunk_dir_is_named(nodes, data, qwen_dir, tmp_path):
-    """The shared-filesystem path (``backend="ray"``) on a node in a mount namespace of its own, where the
-    driver's chunk directory is hidden: the error says that node cannot see it (not that it was removed)."""
+def test_a_node_that_sees_none_of_the_drivers_files(nodes, data, qwen_dir, tmp_path, tmp_path_factory):
+    """One worker node in a mount namespace of its own, where everything the test process wrote (the local
+    copies of the input, the driver's cache and chunk directories) is hidden under an empty tmpfs.
+    The shared-filesystem path (``backend="ray"``) says that node cannot see the chunk directory (not that
+    it was removed); the store-to-store path runs on that node alone and gives the local build's packs."""
     if not _can_hide_dirs():
         pytest.skip("needs unshare -m (root or user namespaces)")
     hidden = tmp_path / "hidden"
     (hidden / "chunks").mkdir(parents=True)
+    base = str(tmp_path_factory.getbasetemp())
+    assert str(hidden).startswith(base) and data["parts"][0].startswith(base)
     ray_bin = os.path.join(os.path.dirname(sys.executable), "ray")
     node_dir = os.path.join(nodes.root, "unshared")
-    os.makedirs(node_dir)
-    start = (f"mount -t tmpfs tmpfs {hidden} && exec {ray_bin} start --address={nodes.cluster.address} "
-             f"--num-cpus=1 --block --disable-usage-stats --temp-dir={node_dir}")
-    for node in list(nodes.workers):   # only the node that cannot see the directory is left to run tasks
+    for sub in ("tmp", "cache"):
+        os.makedirs(os.path.join(node_dir, sub))
+    start = (f"mount -t tmpfs tmpfs {base} && exec {ray_bin} start --address={nodes.cluster.address} "
+             f"--num-cpus=1 --block --disable-usage-stats --temp-dir={node_dir}/ray")
+    env = dict(os.environ, TMPDIR=os.path.join(node_dir, "tmp"), VECPACK_CACHE=os.path.join(node_dir, "cache"))
+    for node in list(nodes.workers):   # only the node that sees none of it is left to run tasks
         nodes.remove(node)
-    child = subprocess.Popen(["unshare", "-m", "sh", "-c", start], start_new_session=True,
+    child = subprocess.Popen(["unshare", "-m", "sh", "-c", start], start_new_session=True, env=env,
                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         _wait_for(lambda: sum(n["Alive"] and n["Resources"].get("CPU", 0) > 0 for n in ray.nodes()) == 1,
                   "the unshared node")
         with pytest.raises(RuntimeError, match=r"ran on node .*, which cannot see the chunk directory .*hidden"):
             vecpack.tokenize(data["parts"][0], qwen_dir, backend="ray", out_dir=hidden / "chunks", progress=False)
+        out = f"s3://{BUCKET}/runs/unshared"
+        r = build_on_cluster(data["glob"], qwen_dir, MAX_LEN, output=out, unit_bytes=UNIT)
+        assert r.units_tokenized == r.units
+        _same_packs(data["local"], vecpack.load(out))
     finally:
         os.killpg(child.pid, signal.SIGTERM)
         try:
