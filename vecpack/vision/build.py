@@ -98,7 +98,7 @@ def build_vision(data_files, processor, max_len: int, *, masking: str = "assista
     packed.stats.update(
         rows=len(corpus), image_processor=proc.image_processor_class, pixels_hit=hit, unique_images=len(corpus.grids),
         padded_tokens=_padded(lengths, min(8, max(1, len(lengths)))), encode_seconds=t1 - t0,
-        seconds=time.perf_counter() - t0, n_jobs=jobs)
+        seconds=time.perf_counter() - t0, n_jobs=jobs, tasks=corpus.stats["tasks"])
     packed.encoder = encoder
     return packed
 

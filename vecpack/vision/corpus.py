@@ -63,8 +63,9 @@ class VisionCorpus:
         return {"file": f, key: int(self.lines[d])}
 
 
-def plan_tasks(files: list[str]) -> list[tuple]:
-    """``(file index, file, kind, start, stop, first line)`` tasks in input order."""
+def plan_tasks(files: list[str], chunk_bytes: int = _CHUNK_BYTES) -> list[tuple]:
+    """``(file index, file, kind, start, stop, first line)`` tasks in input order (JSONL ranges of about
+    ``chunk_bytes``, whole lines)."""
     tasks = []
     for fi, f in enumerate(files):
         if f.endswith(".parquet"):
@@ -77,7 +78,7 @@ def plan_tasks(files: list[str]) -> list[tuple]:
         newlines = np.flatnonzero(data == 10)
         start, line = 0, 1
         while start < len(data):
-            stop = start + _CHUNK_BYTES
+            stop = start + chunk_bytes
             k = np.searchsorted(newlines, stop - 1)
             stop = int(newlines[k]) + 1 if k < len(newlines) else len(data)
             tasks.append((fi, f, "jsonl", start, stop, line))
@@ -153,7 +154,9 @@ def encode_files(files: list[str], encoder, workers=None) -> VisionCorpus:
     for f in files:
         if not os.path.exists(f):
             raise FileNotFoundError(f"data file not found: {f}")
-    tasks = plan_tasks(files)
+    jobs = 1 if workers is None else workers.n_jobs
+    size = sum(os.path.getsize(f) for f in files)
+    tasks = plan_tasks(files, min(_CHUNK_BYTES, size // (4 * jobs) + 1))
     if workers is None:
         parts = [encode_task(t, encoder) for t in tasks]
     else:
@@ -180,4 +183,5 @@ def encode_files(files: list[str], encoder, workers=None) -> VisionCorpus:
         grids=np.asarray(grids, np.int64).reshape(-1, 3), digests=digests, sources=sources,
         lines=_cat([p["lines"] for p in parts], np.int64),
         doc_file=_cat([np.full(len(p["lengths"]), p["file"], np.int32) for p in parts], np.int32),
-        files=files, image_token_id=proc.image_token_id, merge=proc.merge, pad_id=int(proc.pad_id))
+        files=files, image_token_id=proc.image_token_id, merge=proc.merge, pad_id=int(proc.pad_id),
+        stats={"tasks": len(tasks)})

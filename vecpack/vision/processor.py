@@ -28,7 +28,11 @@ import sys
 
 import numpy as np
 
+from vecpack._state import memo
+
 __all__ = ["VisionProcessor", "grid_tokens", "load_processor"]
+
+_LOADED = memo("vision-processors", 4)
 
 _TEMPLATE_FILES = ("chat_template.jinja", "chat_template.json", "tokenizer_config.json")
 
@@ -85,7 +89,6 @@ class VisionProcessor:
                              "tokenizer_config.json's chat_template)")
         self.fingerprint = hashlib.blake2b((_digest(self.path) + self.chat_template).encode(),
                                            digest_size=16).hexdigest()
-        self._parts = None
         self._load()
 
     def __getstate__(self):
@@ -95,38 +98,14 @@ class VisionProcessor:
         self.path = pathlib.Path(state["path"])
         self.chat_template = state["chat_template"]
         self.fingerprint = state["fingerprint"]
-        self._parts = None
         self._load()
 
     def _load(self) -> None:
-        import transformers
-        from transformers import AutoImageProcessor, AutoTokenizer
-
-        verbosity = transformers.logging.get_verbosity()
-        transformers.logging.set_verbosity_error()
-        try:
-            self.image_processor = AutoImageProcessor.from_pretrained(self.path)
-            self.tokenizer = AutoTokenizer.from_pretrained(self.path)
-        finally:
-            transformers.logging.set_verbosity(verbosity)
-        ip = self.image_processor
-        self.image_processor_class = type(ip).__name__
-        self._resize = getattr(sys.modules[type(ip).__module__], "smart_resize", None)
-        self.patch = int(getattr(ip, "patch_size", 14))
-        self.merge = int(getattr(ip, "merge_size", 1))
-        self.mrope = self._resize is not None and hasattr(ip, "temporal_patch_size")
-        if not self.mrope:
-            raise ValueError(f"{self.path}: image processor {self.image_processor_class} is not supported yet "
-                             "(supported: the Qwen2-VL family's, which Qwen2.5-VL and Qwen3-VL share)")
-        tok = self.tokenizer
-        self.image_token = getattr(tok, "image_token", None) or "<|image_pad|>"
-        ids = tok.convert_tokens_to_ids([self.image_token, "<|vision_start|>", "<|vision_end|>"])
-        if any(i is None or i == tok.unk_token_id for i in ids):
-            raise ValueError(f"{self.path}: the tokenizer lacks {self.image_token}, <|vision_start|> or "
-                             "<|vision_end|> as tokens")
-        self.image_token_id, self.vision_start_id, self.vision_end_id = (int(i) for i in ids)
-        self.pad_id = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
-        self.eos_token = tok.eos_token
+        key = (str(self.path), self.fingerprint)
+        parts = _LOADED.get(key)
+        if parts is None:
+            parts = _LOADED[key] = _load_parts(self.path)
+        self.__dict__.update(parts)
 
     # ------------------------------------------------------------------ sizes -> grids
 
@@ -157,6 +136,34 @@ class VisionProcessor:
         """The chat template's text of ``messages`` (transformers' own Jinja rendering)."""
         return self.tokenizer.apply_chat_template(messages, tokenize=False, chat_template=self.chat_template,
                                                   add_generation_prompt=add_generation_prompt)
+
+
+def _load_parts(path: pathlib.Path) -> dict:
+    """The image processor, the tokenizer and what the encoder reads from them."""
+    import transformers
+    from transformers import AutoImageProcessor, AutoTokenizer
+
+    verbosity = transformers.logging.get_verbosity()
+    transformers.logging.set_verbosity_error()
+    try:
+        ip = AutoImageProcessor.from_pretrained(path)
+        tok = AutoTokenizer.from_pretrained(path)
+    finally:
+        transformers.logging.set_verbosity(verbosity)
+    name = type(ip).__name__
+    resize = getattr(sys.modules[type(ip).__module__], "smart_resize", None)
+    if resize is None or not hasattr(ip, "temporal_patch_size"):
+        raise ValueError(f"{path}: image processor {name} is not supported yet (supported: the Qwen2-VL "
+                         "family's, which Qwen2.5-VL and Qwen3-VL share)")
+    image_token = getattr(tok, "image_token", None) or "<|image_pad|>"
+    ids = tok.convert_tokens_to_ids([image_token, "<|vision_start|>", "<|vision_end|>"])
+    if any(i is None or i == tok.unk_token_id for i in ids):
+        raise ValueError(f"{path}: the tokenizer lacks {image_token}, <|vision_start|> or <|vision_end|> as tokens")
+    return {"image_processor": ip, "tokenizer": tok, "image_processor_class": name, "_resize": resize,
+            "patch": int(ip.patch_size), "merge": int(ip.merge_size), "mrope": True, "image_token": image_token,
+            "image_token_id": int(ids[0]), "vision_start_id": int(ids[1]), "vision_end_id": int(ids[2]),
+            "pad_id": tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id,
+            "eos_token": tok.eos_token}
 
 
 def load_processor(path, *, chat_template: str | None = None) -> VisionProcessor:
