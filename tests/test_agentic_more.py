@@ -3,6 +3,7 @@ from row to row, a Mistral Tekken tool template, TRL's plain-text prompt-complet
 and the call-level options (default chat_template_kwargs, reasoning kept out of the loss)."""
 
 import json
+import re
 
 import numpy as np
 import pytest
@@ -322,3 +323,91 @@ def test_reasoning_kept_out_of_the_loss(templated, name):  # noqa: F811
         assert l_off.tolist() == want
         removed += sum(1 for a, b in zip(l_on.tolist(), l_off.tolist()) if a != b)
     assert removed > 50
+
+
+# ----------------------------------------------------------------------------- front doors
+
+
+def _documents(packs) -> list:
+    out = []
+    for pack in packs:
+        ids, at = np.asarray(pack["input_ids"]), 0
+        for n in np.asarray(pack["seq_lens"]).tolist():
+            out.append(ids[at:at + n].tolist())
+            at += n
+    return out
+
+
+def test_stats_count_agentic_rows_on_hf_tokenizers(templated, tmp_path):  # noqa: F811
+    """``stats["agentic"]`` when HF tokenizers is the engine (a RowSink counts), equal to the fast engine's."""
+    import warnings
+
+    import vecpack
+    from tests.agentic_data import agentic_rows
+    from vecpack.tokenizing.encoder import ChatEncoder
+
+    d = templated("qwen2.5", "qwen3")
+    rows = agentic_rows(40, seed=31)
+    path = write_jsonl(tmp_path / "t.jsonl", rows)
+    got = {}
+    for engine in ("tokenizers", "tiktoken"):
+        enc = ChatEncoder.from_tokenizer(d, style="openai", backend=engine, sample_rows=rows)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            t = vecpack.tokenize(path, encoder=enc, n_jobs=1, progress=False)
+        got[engine] = (t.stats["agentic"], _arrays(t))
+    want: dict = {}
+    for row in rows:
+        for k, v in (enc.encode_row_counted(row)[2] or {}).items():
+            want[k] = want.get(k, 0) + v
+    assert want["tool_calls"] > 0 and want["reasoning"] > 0
+    assert got["tokenizers"][0] == got["tiktoken"][0] == want
+    assert got["tokenizers"][1] == got["tiktoken"][1]
+
+
+def test_mixture_hf_dataset_export_and_inspect_carry_tool_rows(templated, tmp_path, cache_dir, capsys):  # noqa: F811
+    """A mixture of tool rows and plain rows (build and stream), hf_dataset, export and inspect."""
+    import vecpack
+    from tests.agentic_data import agentic_rows
+    from vecpack.cli import main
+    from vecpack.tokenizing.encoder import ChatEncoder
+
+    d = templated("qwen2.5", "qwen2_5")
+    tools = agentic_rows(30, seed=41, reasoning=False)
+    plain = [{"messages": [{"role": "user", "content": f"q{k}"}, {"role": "assistant", "content": f"a{k}"}]}
+             for k in range(30)]
+    p1, p2 = write_jsonl(tmp_path / "tools.jsonl", tools), write_jsonl(tmp_path / "plain.jsonl", plain)
+    enc = ChatEncoder.from_tokenizer(d, style="openai")
+    want = sorted(enc.encode_row(r)[0].tolist() for r in tools + plain)
+    sources = [vecpack.Source(p1, style="openai"), vecpack.Source(p2, style="openai")]
+    packed = vecpack.build(sources, d, max_len=4096, n_jobs=1, progress=False, mix_repeat=False)
+    docs = _documents(packed[i] for i in range(len(packed)))
+    assert set(map(tuple, docs)) <= set(map(tuple, want)) and any(len(x) > 60 for x in docs)
+    stream = vecpack.StreamingPackedDataset(sources, d, max_len=4096, n_jobs=1, seed=None)
+    streamed = _documents(pack for _, pack in zip(range(50), stream))
+    assert set(map(tuple, streamed)) <= set(map(tuple, want)) and any(len(x) > 60 for x in streamed)
+
+    single = vecpack.build(p1, d, style="openai", max_len=4096, n_jobs=1, progress=False)
+    ds = vecpack.hf_dataset(single)
+    tool_docs = sorted(enc.encode_row(r)[0].tolist() for r in tools)
+    assert sorted(_documents({"input_ids": np.asarray(ds[i]["input_ids"]).reshape(-1),
+                              "seq_lens": np.asarray(ds[i]["seq_lengths"]).reshape(-1)} for i in range(len(ds)))) \
+        == tool_docs
+    saved = vecpack.save(single, tmp_path / "packed")
+    assert main(["export", str(saved), "--format", "jsonl", "-o", str(tmp_path / "out.jsonl")]) == 0
+    exported = [json.loads(line) for line in (tmp_path / "out.jsonl").read_text().splitlines()]
+    assert sorted(_documents({"input_ids": r["input_ids"], "seq_lens": r["seq_lengths"]} for r in exported)) == \
+        tool_docs
+    capsys.readouterr()
+    assert main(["inspect", str(saved), "--pack", "0", "--tokenizer", str(d), "--color", "never"]) == 0
+    text = capsys.readouterr().out
+    assert " tool call" in text and " tool result" in text
+
+    def trained_at(k):  # inside a «trained» span
+        return text.count("«", 0, k) > text.count("»", 0, k)
+
+    calls = [k for k in range(len(text)) if text.startswith('<tool_call>\n{"name": "', k)]
+    results = [k for k in range(len(text)) if text.startswith("<tool_response>", k)]
+    assert calls and results
+    assert sum(int(n) for n in re.findall(r"· (\d+) tool calls?", text)) == len(calls)  # the headers count them
+    assert all(map(trained_at, calls)) and not any(map(trained_at, results))

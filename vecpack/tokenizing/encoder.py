@@ -62,7 +62,7 @@ from vecpack.tokenizing import backend as _backend
 from vecpack.tokenizing.labels import label_runs, labels_from_parts, part_sizes
 from vecpack.tokenizing.lane import lane_for
 from vecpack.tokenizing.runtime import Runtime, hf_facts, is_nfc, runtime
-from vecpack.tokenizing.sink import _PREFIX_MAX_CHARS, ChunkSink, _with_heads  # noqa: F401  (re-exported)
+from vecpack.tokenizing.sink import _PREFIX_MAX_CHARS, ChunkSink, RowSink, _with_heads  # noqa: F401  (re-exported)
 from vecpack.tokenizing.spec import SPEC_VERSION, materialize, read_dir
 
 __all__ = ["BACKENDS", "ChatEncoder", "ChunkSink", "encoder_for"]
@@ -296,12 +296,18 @@ class ChatEncoder:
         Raises:
             InputError: the row is unusable (reason only; the caller adds the location).
         """
+        return self.encode_row_counted(row)[:2]
+
+    def encode_row_counted(self, row: dict) -> tuple[np.ndarray, np.ndarray, dict | None]:
+        """``(tokens, labels, counts)``: :meth:`encode_row`, and an agentic row's tool calls, results and
+        reasoning traces (``None`` for other rows; see :func:`vecpack.chat.spans.conversation_parts`)."""
         got = read_row(row, self.style, self.column)
         if type(got) is tuple:
-            return self.encode_messages([{"role": r, "content": c} for r, c in zip(*got)])
+            return (*self.encode_messages([{"role": r, "content": c} for r, c in zip(*got)]), None)
         if type(got) is TextCompletion:
-            return self.encode_completion(got)
-        return self._encode_parts(self.template.conversation_parts(got)[:2] + (0, None))
+            return (*self.encode_completion(got), None)
+        parts, train, info = self.template.conversation_parts(got)
+        return (*self._encode_parts((parts, train, 0, None)), info)
 
     def encode_messages(self, messages: list[dict]) -> tuple[np.ndarray, np.ndarray]:
         """``(tokens, labels)`` of a conversation ``[{"role", "content"}, ...]``.
@@ -403,11 +409,15 @@ class ChatEncoder:
     def chunk_sink(self) -> "ChunkSink | None":
         """A collector that encodes many rows at once and labels them in one vectorized pass.
 
-        ``None`` when this encoder has no such path (HF tokenizers backend, text
-        style); callers then use :meth:`encode_row`. The result is identical.
+        ``None`` when this encoder has no such path (text style, or a subclass on
+        HF tokenizers); callers then use :meth:`encode_row`. The result is
+        identical. On HF tokenizers a :class:`~vecpack.tokenizing.sink.RowSink`
+        encodes row by row and keeps the agentic counts.
         """
-        if self.backend == "tokenizers" or self.template is None:
+        if self.template is None:
             return None
+        if self.backend == "tokenizers":
+            return RowSink(self) if type(self) is ChatEncoder else None
         return ChunkSink(self)
 
     def _encode_tokenizers(self, parts, train):

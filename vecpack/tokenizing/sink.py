@@ -15,10 +15,11 @@ import numpy as np
 
 from vecpack.chat.conversation import TextCompletion, read_row
 from vecpack.errors import InputError
+from vecpack.options import IGNORE_INDEX
 from vecpack.tokenizing.labels import part_sizes
 from vecpack.tokenizing.lane import splice_heads
 
-__all__ = ["ChunkSink"]
+__all__ = ["ChunkSink", "RowSink", "add_counts"]
 
 _PREFIX_MAX_CHARS = 32_768      # longer prefixes are not cached
 
@@ -62,9 +63,7 @@ class ChunkSink:
         if type(got) is not tuple:  # tools, calls, reasoning...: rendered by Jinja, its spans found
             parts, train, info = enc.template.conversation_parts(got)
             self.add_parts(parts, train, 0, None)
-            counts = self.counts
-            for k, v in info.items():
-                counts[k] = counts.get(k, 0) + v
+            add_counts(self.counts, info)
             return
         try:
             rendered = enc.template.parts_of(*got)
@@ -171,3 +170,36 @@ def _with_heads(ids: np.ndarray, lengths: np.ndarray, heads: list) -> tuple[np.n
     if none >= 0:  # rows without a prefix: index -1
         head_of[head_of == none] = -1
     return splice_heads(ids, lengths, head_of, table)
+
+
+def add_counts(counts: dict, info: dict | None) -> None:
+    """Add one row's agentic counts (``None``: none) into ``counts``."""
+    for k, v in (info or {}).items():
+        counts[k] = counts.get(k, 0) + v
+
+
+class RowSink:
+    """A chunk's rows on HF tokenizers: encoded one by one (as ``encode_row``), with the agentic
+    counts a :class:`ChunkSink` keeps (``stats["agentic"]`` on every engine)."""
+
+    def __init__(self, encoder):
+        self.enc = encoder
+        self.toks: list = []
+        self.labs: list = []
+        self.counts: dict[str, int] = {}
+        self.trainable = 0
+
+    def add(self, row) -> None:
+        """Take one row. Raises :class:`InputError` (nothing kept) when it is unusable."""
+        tokens, labels, info = self.enc.encode_row_counted(row)
+        self.toks.append(np.asarray(tokens, np.int32))
+        self.labs.append(np.asarray(labels, np.int32))
+        add_counts(self.counts, info)
+
+    def finish(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``(tokens, labels, lengths)`` of every row added, back to back."""
+        lengths = np.fromiter(map(len, self.toks), np.int64, len(self.toks))
+        tokens = np.concatenate(self.toks) if self.toks else np.zeros(0, np.int32)
+        labels = np.concatenate(self.labs) if self.labs else np.zeros(0, np.int32)
+        self.trainable = int(np.count_nonzero(labels != IGNORE_INDEX))
+        return tokens, labels, lengths
