@@ -20,6 +20,7 @@ single-machine ``Packed[i]`` byte for byte, document ids included.
 from __future__ import annotations
 
 import io
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
@@ -34,6 +35,7 @@ __all__ = ["SHARD_ARRAYS", "PlannedShards", "cut_shards", "pack_shard", "plan_sh
 SHARD_ARRAYS = ("tokens", "labels", "entry_offsets", "doc_ids", "pack_offsets")
 _SHARD_TOKENS = 64 << 20     # tokens per shard, at most (a shard is about 512 MB of int32 tokens and labels)
 _JOIN_GAP = 1 << 16          # tokens between two ranges read as one GET
+_GETS_IN_FLIGHT = 16         # ranged GETs a pack task has in flight (a store's latency, not its bandwidth, limits)
 
 
 def shard_packs(max_len: int, num_packs: int) -> int:
@@ -119,15 +121,25 @@ def _ranges(starts: np.ndarray, stops: np.ndarray) -> list[tuple[int, int]]:
     return [(a, b) for a, b in out]
 
 
-def _gather(url: str, starts: np.ndarray, lengths: np.ndarray, out: np.ndarray, at: np.ndarray) -> None:
-    """Copy int32 ranges ``[starts, starts + lengths)`` of object ``url`` into ``out[at:at + lengths]``."""
+def _gather(url: str, starts: np.ndarray, lengths: np.ndarray, out: np.ndarray, at: np.ndarray, pool) -> None:
+    """Copy int32 ranges ``[starts, starts + lengths)`` of object ``url`` into ``out[at:at + lengths]``:
+    one ranged GET per group of neighbouring ranges, several GETs in flight (``pool``)."""
     stops = starts + lengths
-    for a, b in _ranges(starts, stops):
+    ranges = _ranges(starts, stops)
+    first = np.array([a for a, _ in ranges], np.int64)
+    which = np.searchsorted(first, starts, side="right") - 1     # the group of each entry
+    order = np.argsort(which, kind="stable")
+    bounds = np.searchsorted(which[order], np.arange(len(ranges) + 1))
+
+    def one(k: int) -> None:
+        a, b = ranges[k]
         block = np.frombuffer(objects.get(url, 4 * a, 4 * b), np.int32)
-        inside = np.nonzero((starts >= a) & (stops <= b))[0]
-        for i in inside.tolist():
+        for i in order[bounds[k]:bounds[k + 1]].tolist():
             s, n, o = int(starts[i]) - a, int(lengths[i]), int(at[i])
-            out[o:o + n] = block[s:s + n]
+            out[o:o + n] = block[s:s + n]   # disjoint slices: the threads never write the same bytes
+
+    for _ in pool.map(one, range(len(ranges))):
+        pass
 
 
 def pack_shard(shard: int, work: dict, attempts: list[str], work_url: str, unit_names: list[str],
@@ -143,11 +155,15 @@ def pack_shard(shard: int, work: dict, attempts: list[str], work_url: str, unit_
     tokens = np.empty(total, np.int32)
     labels = np.empty(total, np.int32)
     units = work["unit"]
-    for u in np.unique(units).tolist():
-        mine = np.nonzero(units == u)[0]
-        prefix = unit_arrays(work_url, unit_names[u], attempts[u])
-        for name, out in (("tokens.i32", tokens), ("labels.i32", labels)):
-            _gather(objects.join(prefix, name), work["start"][mine], lengths[mine], out, entry_offsets[mine])
+    by_unit = np.argsort(units, kind="stable")
+    cuts = np.flatnonzero(np.diff(units[by_unit])) + 1
+    with ThreadPoolExecutor(_GETS_IN_FLIGHT) as pool:
+        for mine in np.split(by_unit, cuts) if len(units) else []:
+            u = int(units[mine[0]])
+            prefix = unit_arrays(work_url, unit_names[u], attempts[u])
+            for name, out in (("tokens.i32", tokens), ("labels.i32", labels)):
+                _gather(objects.join(prefix, name), work["start"][mine], lengths[mine], out, entry_offsets[mine],
+                        pool)
     firsts = entry_offsets[:-1][lengths > 0]
     trained = int(np.count_nonzero(labels != IGNORE_INDEX) - np.count_nonzero(labels[firsts] != IGNORE_INDEX))
     attempt = objects.attempt_id()
