@@ -49,3 +49,7 @@ def test_shards_equal_the_packs_of_the_whole_corpus(tmp_path, strategy, long):
         a, b = expected[i], got[i]
         for k in a:
             assert a[k].dtype == b[k].dtype and a[k].tobytes() == b[k].tobytes(), (i, k)
+    a, b = expected.rows(5, 60), got.rows(5, 60)   # a range across shards
+    assert sorted(a) == sorted(b)
+    for k in a:
+        assert a[k].dtype == b[k].dtype and a[k].tobytes() == b[k].tobytes(), k

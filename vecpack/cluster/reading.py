@@ -135,6 +135,23 @@ class ShardedPacked:
         out["seq_lens"] = lengths.astype(np.int32)
         return out
 
+    def rows(self, start: int, stop: int) -> dict:
+        """Packs ``start:stop`` as [stop-start, max_len] int32 arrays, with ``seq_lens`` (int32) and
+        ``seq_lens_offsets`` (int64, from 0), as :meth:`vecpack.Packed.rows` gives them."""
+        if not (0 <= start <= stop <= len(self)):
+            raise ValueError(f"rows({start}, {stop}) outside 0..{len(self)}")
+        out = {name: np.empty((stop - start, self.max_len), np.int32) for name in _ARRAYS}
+        seq_lens, offsets = [], [0]
+        for k, i in enumerate(range(start, stop)):
+            row = self[i]
+            for name in _ARRAYS:
+                out[name][k] = row[name]
+            seq_lens.append(row["seq_lens"])
+            offsets.append(offsets[-1] + len(row["seq_lens"]))
+        out["seq_lens"] = np.concatenate(seq_lens) if seq_lens else np.zeros(0, np.int32)
+        out["seq_lens_offsets"] = np.asarray(offsets, np.int64)
+        return out
+
     def __iter__(self):
         for i in range(len(self)):
             yield self[i]
