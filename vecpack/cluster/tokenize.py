@@ -123,5 +123,10 @@ def read_receipts(work: str) -> dict[str, tuple[str, dict]]:
         attempt = url.rsplit("/", 1)[-1][:-len(RECEIPT)]
         if name in found and found[name][0] <= attempt:
             continue
-        found[name] = (attempt, json.loads(objects.get(url)))
+        try:
+            receipt = json.loads(objects.get(url))
+        except (ValueError, FileNotFoundError):   # half-written on a shared filesystem, or removed since
+            continue
+        if isinstance(receipt, dict) and receipt.get("attempt") == attempt and "counts" in receipt:
+            found[name] = (attempt, receipt)
     return found
