@@ -192,3 +192,20 @@ def test_two_workers_give_the_bytes_of_one(tmp_path, proc_dir):
     for i in range(len(one)):
         for key in ("input_ids", "labels", "position_ids", "pixel_values", "image_grid_thw"):
             np.testing.assert_array_equal(one[i][key], two[i][key])
+
+
+@pytest.mark.slow
+def test_a_bad_row_in_a_worker_is_the_same_error_and_no_worker_is_left(tmp_path, processor):
+    import multiprocessing
+
+    rows = make_rows(tmp_path, 8, seed=4)
+    bad = 6
+    rows[bad] = dict(rows[bad], images=["gone.png"] * len(rows[bad]["images"]))
+    if not rows[bad]["images"]:
+        rows[bad] = {"messages": [{"role": "user", "content": "<image>x"}, {"role": "assistant", "content": "y"}],
+                     "images": ["gone.png"]}
+    data = write_jsonl(tmp_path / "t.jsonl", rows)
+    for n_jobs in (1, 2):
+        with pytest.raises(InputError, match=rf"t\.jsonl:{bad + 1}: image 1: image file not found"):
+            build_vision(data, processor, 512, n_jobs=n_jobs, pixels="lazy")
+    assert multiprocessing.active_children() == []
