@@ -154,7 +154,7 @@ def test_the_three_input_forms_and_bytes_give_the_same_ids(tmp_path, processor):
 
     pq.write_table(pa.Table.from_pylist([forms[3]]), tmp_path / "t.parquet")
     write_jsonl(tmp_path / "t.jsonl", [forms[0]])
-    a = build_vision(tmp_path / "t.parquet", processor, 256, n_jobs=1, pixels="lazy")[0]
+    a = build_vision(tmp_path / "t.parquet", processor, 256, n_jobs=1, cache_dir=tmp_path / "c")[0]
     b = build_vision(tmp_path / "t.jsonl", processor, 256, n_jobs=1, pixels="lazy")[0]
     for key in ("input_ids", "pixel_values", "image_grid_thw", "position_ids"):
         np.testing.assert_array_equal(a[key], b[key])

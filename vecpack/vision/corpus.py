@@ -113,8 +113,9 @@ def _rows(task):
         yield line + k, row
 
 
-def _source(ref, f: str, where: int) -> list:
-    return [ref.path] if ref.path is not None else [f, where, ref.where]
+def _source(ref, task, position: int) -> list:
+    """Where to read an image again: ``[path]``, or ``[parquet file, row group, row in it, image index]``."""
+    return [ref.path] if ref.path is not None else [task[1], task[3], position, ref.index]
 
 
 def encode_task(task, encoder=None) -> dict:
@@ -123,7 +124,7 @@ def encode_task(task, encoder=None) -> dict:
     fi, f, kind = task[:3]
     base = os.path.dirname(os.path.abspath(f))
     toks, labs, lengths, lines, n_images, grids, digests, sources = [], [], [], [], [], [], [], []
-    for where, row in _rows(task):
+    for position, (where, row) in enumerate(_rows(task)):
         loc = {"file": f, ("row" if kind == "parquet" else "line"): where}
         try:
             e = enc.encode_row(row, base=base)
@@ -136,7 +137,7 @@ def encode_task(task, encoder=None) -> dict:
         n_images.append(len(e.refs))
         grids.append(e.grids)
         digests.extend(e.digests)
-        sources.extend(_source(r, f, where) for r in e.refs)
+        sources.extend(_source(r, task, position) for r in e.refs)
     return {"file": fi, "tokens": _cat(toks, np.int32), "labels": _cat(labs, np.int32),
             "lengths": np.asarray(lengths, np.int64), "lines": np.asarray(lines, np.int64),
             "n_images": np.asarray(n_images, np.int64), "grids": _cat(grids, np.int64, (0, 3)),

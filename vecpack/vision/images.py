@@ -36,11 +36,13 @@ _ROLES = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "ass
 
 @dataclass(frozen=True)
 class ImageRef:
-    """One image of a row: a resolved ``path`` or its ``data`` bytes; ``where`` names it in errors."""
+    """One image of a row: a resolved ``path`` or its ``data`` bytes; ``where`` names it in errors; ``index``
+    is its place among the row's images."""
 
     path: str | None
     data: bytes | None
     where: str
+    index: int = 0
 
     def read(self) -> bytes:
         """The image file's bytes (``InputError`` if the file is missing)."""
@@ -55,20 +57,25 @@ class ImageRef:
             raise InputError(f"{self.where}: cannot read image file {self.path}: {e.strerror}") from None
 
 
-def _ref(value, base: str, where: str) -> ImageRef:
+def _ref(value, base: str, index: int) -> ImageRef:
+    where = f"image {index + 1}"
     if isinstance(value, dict):
-        if value.get("bytes") is not None:
-            return ImageRef(None, bytes(value["bytes"]), where)
+        data = value.get("bytes")
+        if data is not None:
+            if not isinstance(data, (bytes, bytearray)):
+                raise InputError(f"{where}: 'bytes' must hold the image file's bytes (as datasets.Image stores them "
+                                 f"in Parquet or Arrow), got {type(data).__name__}")
+            return ImageRef(None, bytes(data), where, index)
         value = value.get("path")
     if isinstance(value, (bytes, bytearray)):
-        return ImageRef(None, bytes(value), where)
+        return ImageRef(None, bytes(value), where, index)
     if not isinstance(value, str) or not value:
         raise InputError(f"{where}: an image must be a path or {{'bytes': ...}}, got {type(value).__name__}")
     if "://" in value or value.startswith("data:"):
         raise InputError(f"{where} is a URL ({value[:60]}): vecpack downloads nothing; download the image and "
                          "give its path")
     path = value if os.path.isabs(value) else os.path.join(base, value)
-    return ImageRef(os.path.normpath(path), None, where)
+    return ImageRef(os.path.normpath(path), None, where, index)
 
 
 def _content(content, column_images: list, refs: list, base: str, placeholders: bool) -> list | str:
@@ -94,7 +101,7 @@ def _content(content, column_images: list, refs: list, base: str, placeholders: 
         if kind == "image" or (kind is None and "image" in part):
             n = len(refs)
             if part.get("image") is not None:
-                refs.append(_ref(part["image"], base, f"image {n + 1}"))
+                refs.append(_ref(part["image"], base, n))
             else:
                 refs.append(None)
             out.append({"type": "image"})
@@ -135,7 +142,7 @@ def read_images(row: dict, *, base: str, column: str | None = None) -> tuple[lis
         raise InputError(f"the row has {len(free)} image placeholder(s) and {len(column_images)} image(s) in "
                          "'images'; give one image per placeholder")
     for k, value in zip(free, column_images):
-        refs[k] = _ref(value, base, f"image {k + 1}")
+        refs[k] = _ref(value, base, k)
     return messages, refs
 
 

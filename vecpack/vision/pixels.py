@@ -10,6 +10,9 @@ from its header before any pixel is decoded), with ``pixel_offsets`` int64
 
 from __future__ import annotations
 
+import functools
+import os
+
 import numpy as np
 
 from vecpack.errors import InputError
@@ -26,42 +29,23 @@ def patch_dim(processor) -> int:
 
 
 def load_image(source: list, encoder):
-    """The PIL image of a corpus source: ``[path]``, or ``[data file, line or row, "image N"]`` (bytes in a row)."""
+    """The PIL image of a corpus source: ``[path]``, or ``[parquet file, row group, row in it, image index]``."""
     if len(source) == 1:
         return open_image(ImageRef(source[0], None, "image"))
-    from vecpack.vision.corpus import _rows
-
-    f, where, name = source
-    k = int(name.split()[-1]) - 1
-    task = (0, f, "parquet", 0, 0, 0) if f.endswith(".parquet") else None
-    if task is not None:
-        import pyarrow.parquet as pq
-
-        pf = pq.ParquetFile(f)
-        first = 0
-        for g in range(pf.num_row_groups):
-            n = pf.metadata.row_group(g).num_rows
-            if first + n > where:
-                task = (0, f, "parquet", g, g + 1, 0)
-                break
-            first += n
-        row = dict(_rows(task))[where]
-    else:
-        row = _line(f, where)
-    import os
-
+    f, group, position, index = source
+    st = os.stat(f)
+    row = _row_group(f, group, st.st_mtime_ns, st.st_size)[position]
     _, refs = read_images(row, base=os.path.dirname(f), column=encoder.column)
-    return open_image(refs[k])
+    return open_image(refs[index])
 
 
-def _line(f: str, line: int) -> dict:
-    import json
+@functools.lru_cache(maxsize=1)
+def _row_group(f: str, group: int, mtime_ns: int, size: int) -> list:
+    """The rows of one row group (the last one read is kept: images are preprocessed in row order; the file's
+    stat is in the key, so a rewritten file is read again)."""
+    import pyarrow.parquet as pq
 
-    with open(f, "rb") as fh:
-        for n, raw in enumerate(fh, 1):
-            if n == line:
-                return json.loads(raw)
-    raise InputError("line not found", file=f, line=line)
+    return pq.ParquetFile(f).read_row_group(group).to_pylist()
 
 
 def _preprocess_into(task) -> int:
@@ -89,8 +73,6 @@ def _preprocess_into(task) -> int:
 
 def write_pixels(out_dir, corpus, encoder, workers) -> dict:
     """Preprocess every unique image of ``corpus`` into ``out_dir/pixels.npy`` + ``pixel_offsets.npy``."""
-    import os
-
     counts = np.prod(corpus.grids, axis=1) if len(corpus.grids) else np.zeros(0, np.int64)
     offsets = np.concatenate(([0], np.cumsum(counts))).astype(np.int64)
     dim = patch_dim(encoder.processor)
