@@ -31,7 +31,9 @@ for parallel calls) and ``observation`` (the result), a ``tools`` column and a
 
 TRL's prompt-completion rows (``{"prompt": [messages], "completion":
 [messages]}``, any style) are read the same way; :attr:`Conversation.prompt_len`
-says where the completion starts.
+says where the completion starts. Plain-text ones (``{"prompt": "...",
+"completion": "..."}``, any style) become a :class:`TextCompletion`, which the
+encoder tokenizes as TRL's ``SFTTrainer`` does.
 
 >>> c = read_conversation({"messages": [
 ...     {"role": "user", "content": "Weather in Paris?"},
@@ -54,7 +56,8 @@ from vecpack.chat.formats import DEFAULT_COLUMNS, MESSAGE_SHAPES, OPENAI_ROLES, 
 from vecpack.errors import InputError
 from vecpack.options import CONVERSATION_STYLES
 
-__all__ = ["Conversation", "REASONING_KEYS", "is_plain", "read_conversation", "read_row", "template_kwargs"]
+__all__ = ["Conversation", "REASONING_KEYS", "TextCompletion", "is_plain", "read_conversation", "read_row",
+           "template_kwargs"]
 
 #: The names a message's reasoning goes by (transformers fills every one from the first set).
 REASONING_KEYS = ("reasoning_content", "thinking", "reasoning")
@@ -98,6 +101,33 @@ class Conversation:
 
     def __repr__(self) -> str:
         return f"Conversation({self.messages!r}, kwargs={self.kwargs!r}, prompt_len={self.prompt_len})"
+
+
+class TextCompletion:
+    """TRL's plain-text prompt-completion row: two strings, the completion trained.
+
+    >>> read_row({"prompt": "2 + 2 =", "completion": " 4"}, "openai")
+    TextCompletion(' 4' after '2 + 2 =')
+    """
+
+    __slots__ = ("prompt", "completion")
+
+    def __init__(self, prompt: str, completion: str):
+        self.prompt, self.completion = prompt, completion
+
+    def __repr__(self) -> str:
+        return f"TextCompletion({self.completion!r} after {self.prompt!r})"
+
+
+def _text_completion(row: dict):
+    """A :class:`TextCompletion` of a row whose ``prompt`` and ``completion`` are both strings, else ``None``."""
+    prompt, completion = row["prompt"], row["completion"]
+    if type(prompt) is str and type(completion) is str:
+        return TextCompletion(prompt, completion)
+    if isinstance(prompt, str) or isinstance(completion, str):
+        raise InputError(f"'prompt' is a {_kind(prompt)} and 'completion' a {_kind(completion)}: give both as "
+                         "strings (plain text) or both as lists of messages (conversational)")
+    return None
 
 
 def _kind(value) -> str:
@@ -262,8 +292,9 @@ def _list(row: dict, column: str) -> list:
     return value
 
 
-def read_conversation(row: dict, style: str, column: str | None = None) -> Conversation:
-    """Read one row of a chat style (``sharegpt`` or ``openai``) into a :class:`Conversation`.
+def read_conversation(row: dict, style: str, column: str | None = None) -> Conversation | TextCompletion:
+    """Read one row of a chat style (``sharegpt`` or ``openai``) into a :class:`Conversation` (a
+    :class:`TextCompletion` for a plain-text prompt-completion row).
 
     Raises:
         InputError: the row cannot be used; the reason names the message and
@@ -275,11 +306,13 @@ def read_conversation(row: dict, style: str, column: str | None = None) -> Conve
     state = {"tool_calls": 0, "tool_results": 0, "reasoning": 0, "open": False, "untrained": []}
     prompt_len = None
     if column not in row and "prompt" in row and "completion" in row:  # TRL's prompt-completion
+        text = _text_completion(row)
+        if text is not None:
+            return text
         prompt, completion = row["prompt"], row["completion"]
         if not (isinstance(prompt, list) and isinstance(completion, list)):
             raise InputError("'prompt' and 'completion' must both be lists of messages (conversational "
-                             f"prompt-completion), got {_kind(prompt)} and {_kind(completion)}; plain-text "
-                             "prompt-completion rows are not read yet: join them into one 'text'")
+                             f"prompt-completion) or both strings, got {_kind(prompt)} and {_kind(completion)}")
         if not completion:
             raise InputError("empty 'completion'")
         messages = _messages(prompt + completion, style, state)
@@ -315,6 +348,11 @@ def read_row(row, style: str, column: str | None = None):
     """
     fast = MESSAGE_SHAPES.get(style)
     if fast is None:
+        if (type(row) is dict and (column or DEFAULT_COLUMNS.get(style, "text")) not in row and "prompt" in row
+                and "completion" in row):
+            got = _text_completion(row)
+            if got is not None:
+                return got
         messages = to_messages(row, style, column)
         return tuple(m["role"] for m in messages), [m["content"] for m in messages]
     roles, key, value = fast
@@ -330,6 +368,8 @@ def read_row(row, style: str, column: str | None = None):
     except (KeyError, TypeError):
         pass
     conv = read_conversation(row, style, column)
+    if type(conv) is TextCompletion:
+        return conv
     messages = conv.messages
     if (not conv.kwargs and not conv.untrained and conv.prompt_len is None
             and all(len(m) == 2 and m["role"] in _PLAIN_ROLES and type(m.get("content")) is str for m in messages)):

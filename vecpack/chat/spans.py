@@ -21,7 +21,11 @@ The text is what ``apply_chat_template(messages, tools=tools,
 
 Tool results, tool schemas and system text are never trained. ``"last"``
 trains the last assistant turn only, ``"all"`` every character. A message
-marked ``"train": false`` is left out.
+marked ``"train": false`` is left out. With ``template.train_reasoning``
+false, each assistant message's reasoning is cut out of its trained span: the
+characters its reasoning renders as, found by rendering the conversation with
+that reasoning replaced by a probe (the ``<think>`` tags and the rest of the
+turn stay trained, so the model still learns to open and close the block).
 
 >>> from vecpack.chat.conversation import read_conversation
 >>> from vecpack.chat.template import ChatTemplate
@@ -121,7 +125,10 @@ def _turn_span(template, messages, kwargs, i: int, text: str, lo: int) -> tuple[
     """``(start, end)`` of assistant message ``i``'s trained turn in ``text`` (its render)."""
     probe = list(messages)
     probe[i] = {"role": "assistant", "content": _PROBE}
-    other = template.render(probe, extra=kwargs)
+    try:
+        other = template.render(probe, extra=kwargs)
+    except InputError:  # a template that checks the turn's shape (Mistral: calls outside the role alternation)
+        return _deleted_turn_span(template, messages, kwargs, i, text)
     p = _common_prefix(text, other)
     end = len(text) - _common_suffix(text, other, min(len(text), len(other)) - p)
     if end <= p:  # the turn renders nothing of its own (a template that drops it)
@@ -138,6 +145,28 @@ def _turn_span(template, messages, kwargs, i: int, text: str, lo: int) -> tuple[
         if m:
             end = m.end()
     return start, end
+
+
+def _deleted_turn_span(template, messages, kwargs, i: int, text: str) -> tuple[int, int]:
+    """``(start, end)`` of assistant message ``i``'s turn, found by rendering the conversation without it.
+
+    The turn is the ``len(text) - len(other)`` characters the render lost. Where
+    its first characters equal what follows it (``[TOOL_CALLS]...`` before
+    ``[TOOL_RESULTS]``) the place is ambiguous: the turn is the one of those
+    places that ends with the end-of-turn token."""
+    other = template.render(messages[:i] + messages[i + 1:], extra=kwargs)
+    n = len(text) - len(other)
+    p = _common_prefix(text, other)
+    if n <= 0:
+        return p, p
+    lo = len(other) - _common_suffix(text, other, len(other))  # text[b + n:] == other[b:] from b = lo on
+    eot = template.eot_re
+    if eot is not None:
+        for b in range(p, lo - 1, -1):
+            for m in eot.finditer(text, b, b + n):
+                if m.end() == b + n:
+                    return b, b + n
+    return p, p + n
 
 
 def conversation_parts(template, conv, *, compiled: bool = True) -> tuple[list[str], list[bool], dict]:
@@ -186,6 +215,8 @@ def conversation_parts(template, conv, *, compiled: bool = True) -> tuple[list[s
             if span[1] > span[0]:
                 spans.append(span)
                 lo = span[1]
+    if not template.train_reasoning and conv.counts["reasoning"] and masking != "all":
+        spans = _without(spans, _reasoning_spans(template, messages, kwargs, text))
     parts, train, at = [], [], 0
     for a, b in sorted(spans):
         a = max(a, at)
@@ -199,6 +230,43 @@ def conversation_parts(template, conv, *, compiled: bool = True) -> tuple[list[s
     parts.append(text[at:])
     train.append(False)
     return parts, train, _info(conv, text)
+
+
+def _reasoning_spans(template, messages, kwargs, text: str) -> list[tuple[int, int]]:
+    """``(start, end)`` of each assistant reasoning as rendered in ``text`` (none where the template drops it)."""
+    from vecpack.chat.conversation import REASONING_KEYS
+
+    out = []
+    for i, m in enumerate(messages):
+        if m["role"] != "assistant" or not any(m.get(k) for k in REASONING_KEYS):
+            continue
+        probe = list(messages)
+        probe[i] = {**m, **{k: _PROBE for k in REASONING_KEYS if k in m}}
+        other = template.render(probe, extra=kwargs)
+        p = _common_prefix(text, other)
+        end = len(text) - _common_suffix(text, other, min(len(text), len(other)) - p)
+        if end > p:
+            out.append((p, end))
+    return out
+
+
+def _without(spans, holes) -> list[tuple[int, int]]:
+    """``spans`` with the characters of ``holes`` taken out.
+
+    >>> _without([(0, 10), (20, 30)], [(2, 4), (25, 40)])
+    [(0, 2), (4, 10), (20, 25)]
+    """
+    out = []
+    for a, b in sorted(spans):
+        for h, k in sorted(holes):
+            if k <= a or h >= b:
+                continue
+            if h > a:
+                out.append((a, h))
+            a = max(a, k)
+        if b > a:
+            out.append((a, b))
+    return out
 
 
 def _info(conv, text) -> dict:

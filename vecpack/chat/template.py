@@ -212,6 +212,9 @@ class ChatTemplate:
             tokens (``bos_token``, ``eos_token``...), as transformers passes them.
         added_tokens: the tokenizer's added tokens (to find end-of-turn tokens).
         masking: ``"assistant"``, ``"last"`` or ``"all"``.
+        train_reasoning: ``False`` leaves the text of each assistant message's
+            reasoning untrained (the rest of its turn stays trained; see
+            :mod:`vecpack.chat.spans`).
 
     Attributes:
         mode: ``"compiled"`` (per-role-sequence layouts) or ``"jinja"``.
@@ -223,7 +226,8 @@ class ChatTemplate:
     """
 
     def __init__(self, source: str, *, variables: dict | None = None, added_tokens=(),
-                 masking: str = "assistant", mode: str = "compiled", origin: str | None = None):
+                 masking: str = "assistant", mode: str = "compiled", origin: str | None = None,
+                 train_reasoning: bool = True):
         if not isinstance(source, str) or not source:
             raise ValueError("the tokenizer has no chat template (tokenizer_config.json 'chat_template')")
         check_choice(masking, "masking", MASKINGS)
@@ -235,6 +239,7 @@ class ChatTemplate:
         self.masking = masking
         self.mode = mode
         self.origin = origin
+        self.train_reasoning = bool(train_reasoning)  # False: reasoning texts untrained (chat.spans)
         try:
             self._setup()
         except Exception as e:
@@ -263,9 +268,11 @@ class ChatTemplate:
 
     def __getstate__(self):
         return {"source": self.source, "variables": self.variables, "added_tokens": self.added_tokens,
-                "masking": self.masking, "mode": self.mode, "origin": self.origin}
+                "masking": self.masking, "mode": self.mode, "origin": self.origin,
+                "train_reasoning": self.train_reasoning}
 
     def __setstate__(self, state):
+        state.setdefault("train_reasoning", True)
         self.__dict__.update(state)
         self._setup()
 

@@ -35,6 +35,7 @@ import json
 import math
 import os
 import pathlib
+import re
 from collections.abc import Sequence
 
 import numpy as np
@@ -488,9 +489,33 @@ def decode_spans(ids, is_trained, decoder: TokenDecoder, *, color: bool = False)
     return "".join(out)
 
 
+#: what marks a tool call (followed by its JSON object), a tool result and a reasoning trace in the text of the
+#: common chat templates (Hermes / Qwen, Mistral, Llama 3.x); Llama 3.1's bare JSON calls carry no mark, and a
+#: Mistral turn's parallel calls count once
+_AGENTIC_MARKS = (("tool call", re.compile(r'(?:<tool_call>|\[TOOL_CALLS\]\[?|<\|python_tag\|>)\s*\{"name": "')),
+                  ("tool result", re.compile(r"<tool_response>|\[TOOL_RESULTS\]|<\|start_header_id\|>ipython")),
+                  ("reasoning", re.compile(r"<think>\s*[^<\s]")))
+
+
+def agentic_marks(text: str) -> list[str]:
+    """What a document holds of tool calls, tool results and (non-empty) reasoning traces, as counted
+    from the marks the common templates write (``[]`` for a plain conversation).
+
+    >>> agentic_marks('<think>hm</think><tool_call>{"name": "f"}</tool_call><tool_response>1</tool_response>')
+    ['1 tool call', '1 tool result', '1 reasoning']
+    """
+    out = []
+    for what, mark in _AGENTIC_MARKS:
+        n = sum(1 for _ in mark.finditer(text))
+        if n:
+            out.append(plural(n, what))
+    return out
+
+
 def render_pack(packed, index: int, decoder: TokenDecoder, *, color: bool = False,
                 row_ids=None) -> str:
-    """Pack ``index`` decoded, with document boundaries and trained spans marked.
+    """Pack ``index`` decoded, with document boundaries and trained spans marked; a document's header
+    counts its tool calls, tool results and reasoning traces (:func:`agentic_marks`).
 
     Args:
         packed: the packed dataset.
@@ -540,8 +565,9 @@ def render_pack(packed, index: int, decoder: TokenDecoder, *, color: bool = Fals
         start = int(doc_start[k])
         if start or length < doc_full[doc]:
             header.append(f"tokens {start:,}-{start + length - 1:,} of {int(doc_full[doc]):,}")
-        out.append(style("⟦" + " · ".join(header) + "⟧", _DOC) + "\n")
         ids = input_ids[pos:pos + length]
+        header.extend(agentic_marks(decoder.decode(ids.tolist())))
+        out.append(style("⟦" + " · ".join(header) + "⟧", _DOC) + "\n")
         out.append(decode_spans(ids, labels[pos:pos + length] != packed.ignore_index, decoder, color=color))
         if not out[-1].endswith("\n") and not out[-1].endswith("\n" + _RESET):
             out.append("\n")

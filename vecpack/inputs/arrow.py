@@ -24,6 +24,7 @@ from __future__ import annotations
 import numpy as np
 
 from vecpack.errors import InputError
+from vecpack.inputs.arrow_rows import to_rows
 from vecpack.inputs.base import Reader
 from vecpack.inputs.parquet import iter_rows, scan_batches
 
@@ -72,7 +73,7 @@ class _ArrowReader(Reader):
 
     def head(self, src, n):
         bs = batches(src.name)
-        return iter(bs[0].slice(0, n).to_pylist()) if bs else iter(())
+        return iter(to_rows(bs[0].slice(0, n))) if bs else iter(())
 
     def known_rows(self, name, start, stop):
         return stop - start
@@ -94,14 +95,14 @@ class _ArrowReader(Reader):
     def fetch(self, src, positions):
         import pyarrow as pa
 
-        return pa.Table.from_batches(batches(src.name)).take(np.asarray(positions, np.int64)).to_pylist()
+        return to_rows(pa.Table.from_batches(batches(src.name)).take(np.asarray(positions, np.int64)))
 
     def units(self, src):
         bs = batches(src.name)
         return np.asarray([b.num_rows for b in bs], np.int64), _rows(bs)
 
     def read_unit(self, src, index, unit, n, rows_in):
-        payloads = batches(src.name)[unit].take(rows_in).to_pylist()
+        payloads = to_rows(batches(src.name)[unit].take(rows_in))
         return payloads, int(index[unit]) + rows_in, np.full(len(rows_in), -1, np.int64)
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from vecpack.inputs.arrow_rows import to_rows
 from vecpack.inputs.base import Reader
 
 __all__ = ["READER", "iter_rows", "scan_batches"]
@@ -18,7 +19,7 @@ def iter_rows(table):
     """``(row index, dict)`` of an Arrow table, 1024 rows converted at a time."""
     i = 0
     for batch in table.to_batches(max_chunksize=1024):
-        for row in batch.to_pylist():
+        for row in to_rows(batch):
             yield i, row
             i += 1
 
@@ -31,7 +32,7 @@ def scan_batches(record_batches, pos: int, row: int, shard: int, nshards: int):
         local = np.arange(n, dtype=np.int64)
         mine = local[(row + local) % nshards == shard]
         if len(mine):
-            for k, payload in zip(mine.tolist(), rb.take(mine).to_pylist()):
+            for k, payload in zip(mine.tolist(), to_rows(rb.take(mine))):
                 yield pos + k, -1, pos + k + 1, -1, row + k, payload
         pos += n
         row += n
@@ -119,7 +120,7 @@ class _ParquetReader(Reader):
         out: list = [None] * len(pos)
         for g in np.unique(groups):
             sel = np.flatnonzero(groups == g)
-            rows = pf.read_row_group(int(g)).take(pos[sel] - starts[g]).to_pylist()
+            rows = to_rows(pf.read_row_group(int(g)).take(pos[sel] - starts[g]))
             for k, r in zip(sel, rows):
                 out[k] = r
         return out
@@ -135,7 +136,7 @@ class _ParquetReader(Reader):
 
         if index["group"] is None or index["group"][0] != unit:  # consecutive reads of one group
             index["group"] = (unit, pq.ParquetFile(src.name).read_row_group(unit))
-        payloads = index["group"][1].take(rows_in).to_pylist()
+        payloads = to_rows(index["group"][1].take(rows_in))
         return payloads, int(index["starts"][unit]) + rows_in, np.full(len(rows_in), -1, np.int64)
 
 

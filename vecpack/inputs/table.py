@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from vecpack.inputs.arrow_rows import to_rows
 from vecpack.inputs.base import Reader
 from vecpack.inputs.parquet import iter_rows, scan_batches
 
@@ -58,7 +59,7 @@ class _TableReader(Reader):
         return (yield from scan_batches(batches, pos, row, shard, nshards))
 
     def fetch(self, src, positions):
-        return src.table.take(np.asarray(positions, np.int64)).to_pylist()
+        return to_rows(src.table.take(np.asarray(positions, np.int64)))
 
     def units(self, src):
         n = int(src.size)
@@ -67,7 +68,7 @@ class _TableReader(Reader):
 
     def read_unit(self, src, index, unit, n, rows_in):
         pos = unit * _UNIT_ROWS + rows_in
-        return src.table.take(pos).to_pylist(), pos, np.full(len(rows_in), -1, np.int64)
+        return to_rows(src.table.take(pos)), pos, np.full(len(rows_in), -1, np.int64)
 
 
 READER = _TableReader()

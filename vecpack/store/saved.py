@@ -22,16 +22,19 @@ import mmap
 import os
 import pathlib
 import shutil
+import tempfile
 import time
 import uuid
 
 import numpy as np
 
+from vecpack import options as _options
 from vecpack._version import __version__
 from vecpack.packing.packed import Packed
 from vecpack.packing.plan import Plan
 from vecpack.store import cache as _cache
 from vecpack.store import entries as _entries
+from vecpack.store import objects as _objects
 from vecpack.store._fs import fsync_path, iso, try_link
 from vecpack.store.build import BuildInfo, jsonable, packed_from_entries
 from vecpack.store.hashing import checksum_algorithm
@@ -76,6 +79,8 @@ def save(packed: Packed, out_dir: str | os.PathLike, *, overwrite: bool = True,
     pairs = type(packed).__name__ == "PackedPairs"  # vecpack.preference.packed (not imported here)
     if not (isinstance(packed, Packed) or pairs):
         raise TypeError(f"packed must be a vecpack.Packed or PackedPairs, got {type(packed).__name__}")
+    if _objects.is_url(out_dir):
+        return _save_to_store(packed, out_dir, overwrite, progress)
     out = pathlib.Path(out_dir)
     if out.exists():
         if not out.is_dir():
@@ -257,6 +262,9 @@ def load(path: str | os.PathLike, *, verify: bool = False, pad_id: int | None = 
 
     Args:
         path: a directory written by :func:`save` (or ``vecpack pack -o``),
+            a cluster build (``s3://bucket/run``, another store's URL, or its
+            shared directory: a :class:`~vecpack.cluster.reading.ShardedPacked`
+            whose shards are fetched into the local cache as they are used),
             or a ``plan-...`` cache entry (its corpus entry is found next to it),
             or a mixture's ``mix-...`` entry (its sources' corpus entries too).
             Preference pairs (``style="preference"``) open as a
@@ -269,6 +277,12 @@ def load(path: str | os.PathLike, *, verify: bool = False, pad_id: int | None = 
         FileNotFoundError: nothing at ``path``.
         ValueError: not a vecpack dataset, or a damaged one (naming the file).
     """
+    if _objects.is_url(path) and _remote_kind(path) in ("packed", "pairs"):  # save(packed, url)
+        path = _fetch_saved(path)
+    elif _objects.is_url(path) or _sharded(path):  # a cluster build (vecpack.cluster), on a store or a shared path
+        from vecpack.cluster.reading import open_packed
+
+        return open_packed(os.fspath(path), pad_id=pad_id, ignore_index=ignore_index)
     path = pathlib.Path(path)
     if not path.exists():
         raise FileNotFoundError(f"load: no such dataset: {str(path)!r}")
@@ -340,6 +354,76 @@ def load(path: str | os.PathLike, *, verify: bool = False, pad_id: int | None = 
         raise ValueError(f"load: {str(path)!r} is a tokenized corpus without a packing; open a "
                          f"plan-... entry, or call vecpack.build(..., max_len=...)")
     raise ValueError(f"load: {str(path)!r} is not a vecpack dataset (manifest kind {kind!r})")
+
+
+def _save_to_store(packed, url: str, overwrite: bool, progress: bool) -> str:
+    """:func:`save` to a store: the directory made locally, its arrays uploaded under ``<url>/data-<attempt>/``
+    (a key of their own: a store has no rename), then ``<url>/manifest.json``, last, naming them."""
+    kind = _remote_kind(url)
+    if kind not in (None, "packed", "pairs"):
+        raise FileExistsError(f"save: {url} holds a manifest of kind {kind!r}, not a saved dataset; refusing to "
+                              "overwrite it")
+    if kind is not None and not overwrite:
+        raise FileExistsError(f"save: {url} already holds a dataset (overwrite=False)")
+    tmp = pathlib.Path(tempfile.mkdtemp(prefix="vecpack-save-"))
+    try:
+        local = save(packed, tmp / "ds", progress=progress)
+        manifest = _entries.read_manifest(local)
+        data = f"data-{_objects.attempt_id()}"
+        for rec in manifest["arrays"].values():
+            _objects.put_file(_objects.join(url, data, rec["file"]), local / rec["file"])
+        manifest["remote_dir"] = data
+        _objects.put(_objects.join(url, "manifest.json"), json.dumps(manifest, indent=1).encode())
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return url
+
+
+def _remote_kind(url: str):
+    """The ``kind`` of the manifest at ``url``, ``None`` when there is none."""
+    try:
+        return json.loads(_objects.get(_objects.join(url, "manifest.json"))).get("kind")
+    except FileNotFoundError:
+        return None
+    except (ValueError, AttributeError):
+        return "unreadable"
+
+
+def _fetch_saved(url: str) -> pathlib.Path:
+    """A dataset :func:`save` wrote to a store, copied into the local cache (once; renamed into place)."""
+    import hashlib
+
+    manifest = json.loads(_objects.get(_objects.join(url, "manifest.json")))
+    data = manifest.get("remote_dir", "")
+    root = _options.cache_root() / "remote"
+    final = root / hashlib.sha256(f"{url}\0{data}".encode()).hexdigest()[:24]
+    if (final / "manifest.json").is_file():
+        return final
+    root.mkdir(parents=True, exist_ok=True)
+    tmp = root / f".{final.name}.incomplete-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    tmp.mkdir()
+    try:
+        for rec in manifest["arrays"].values():
+            _objects.get_file(_objects.join(url, data, rec["file"]), tmp / rec["file"])
+        _entries.write_manifest(tmp, manifest)
+        fsync_path(tmp, directory=True)
+        try:
+            os.rename(tmp, final)
+        except OSError:   # another process fetched it first
+            if not (final / "manifest.json").is_file():
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return final
+
+
+def _sharded(path) -> bool:
+    """Whether ``path`` is a local directory holding a cluster build's manifest (``kind: packed-shards``)."""
+    try:
+        with open(os.path.join(os.fspath(path), "manifest.json"), "rb") as f:
+            return json.loads(f.read()).get("kind") == "packed-shards"
+    except (OSError, ValueError, AttributeError, TypeError):
+        return False
 
 
 def _open_saved(path: pathlib.Path, manifest: dict, verify: bool) -> tuple[dict, dict]:

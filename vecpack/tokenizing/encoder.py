@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import hashlib
 import itertools
+import json
 import os
 import pathlib
 import warnings
@@ -53,14 +54,15 @@ import warnings
 import numpy as np
 
 from vecpack._state import memo
-from vecpack.chat.conversation import read_row
+from vecpack.chat.conversation import TextCompletion, read_row
 from vecpack.chat.template import ChatTemplate
 from vecpack.errors import InputError
 from vecpack.options import ENGINES, check_choice, check_options
 from vecpack.tokenizing import backend as _backend
 from vecpack.tokenizing.labels import label_runs, labels_from_parts, part_sizes
-from vecpack.tokenizing.lane import lane_for, splice_heads
+from vecpack.tokenizing.lane import lane_for
 from vecpack.tokenizing.runtime import Runtime, hf_facts, is_nfc, runtime
+from vecpack.tokenizing.sink import _PREFIX_MAX_CHARS, ChunkSink, RowSink, _with_heads  # noqa: F401  (re-exported)
 from vecpack.tokenizing.spec import SPEC_VERSION, materialize, read_dir
 
 __all__ = ["BACKENDS", "ChatEncoder", "ChunkSink", "encoder_for"]
@@ -68,7 +70,6 @@ __all__ = ["BACKENDS", "ChatEncoder", "ChunkSink", "encoder_for"]
 BACKENDS = ENGINES
 
 _MAX_SAMPLE_ROWS = 256         # rows of the dataset the self-checks look at
-_PREFIX_MAX_CHARS = 32_768      # longer prefixes are not cached
 
 
 class ChatEncoder:
@@ -98,7 +99,7 @@ class ChatEncoder:
     def __init__(self, path, *, masking: str = "assistant", style: str = "sharegpt", column: str | None = None,
                  backend: str = "fastokens", backend_reason: str = "", template: ChatTemplate | None = None,
                  text_affixes: tuple[tuple[int, ...], tuple[int, ...]] = ((), ()),
-                 ids: dict | None = None):
+                 ids: dict | None = None, chat_template_kwargs: dict | None = None, train_reasoning: bool = True):
         check_options(masking=masking, style=style)
         check_choice(backend, "backend", BACKENDS)
         self.path = str(path)
@@ -109,6 +110,8 @@ class ChatEncoder:
         self.backend_reason = backend_reason
         self.template = template
         self.text_affixes = (tuple(text_affixes[0]), tuple(text_affixes[1]))
+        self.chat_template_kwargs = _call_kwargs(chat_template_kwargs)
+        self.train_reasoning = bool(train_reasoning)
         ids = ids or {}
         self.bos_id, self.eos_id, self.pad_id = ids.get("bos"), ids.get("eos"), ids.get("pad")
         self.pending_check = None  # sample texts of a deferred parity check (see from_tokenizer)
@@ -119,7 +122,8 @@ class ChatEncoder:
     @classmethod
     def from_tokenizer(cls, tokenizer, *, masking: str = "assistant", style: str = "sharegpt",
                        column: str | None = None, sample_rows=None, backend: str = "auto",
-                       defer_check: bool = False) -> "ChatEncoder":
+                       defer_check: bool = False, chat_template_kwargs: dict | None = None,
+                       train_reasoning: bool = True) -> "ChatEncoder":
         """Build an encoder and choose its backend.
 
         Args:
@@ -141,6 +145,12 @@ class ChatEncoder:
                 :class:`~vecpack.tokenizing.backend.Pending` as
                 :func:`vecpack.tokenize` does, overlapping the check with the
                 tokenizing).
+            chat_template_kwargs: template variables for every row (TRL's
+                ``chat_template_kwargs``, e.g. ``{"enable_thinking": False}``),
+                under each row's own ``chat_template_kwargs``; plain rows render
+                with them too. Not ``tools`` (a row's ``tools`` column).
+            train_reasoning: ``False`` leaves each assistant message's reasoning
+                text untrained, the rest of its turn trained.
 
         >>> from vecpack.testing import cached_tokenizer_dir
         >>> ChatEncoder.from_tokenizer(cached_tokenizer_dir("qwen2.5"), backend="tokenizers").backend
@@ -157,12 +167,14 @@ class ChatEncoder:
             path = materialize(tokenizer)
         source, variables = read_dir(path)
         facts = hf_facts(path, variables)
+        chat_template_kwargs = _call_kwargs(chat_template_kwargs)
         template = None
         if style != "text":
             if not source and cls.needs_template:
                 raise ValueError(f"tokenizer {str(path)!r} has no chat_template; use style='text' or add one")
             if source:
-                template = ChatTemplate(source, variables=variables, added_tokens=facts["added"], masking=masking,
+                template = ChatTemplate(source, variables={**variables, **chat_template_kwargs},
+                                        added_tokens=facts["added"], masking=masking, train_reasoning=train_reasoning,
                                         origin=str(path / ("chat_template.jinja" if (path / "chat_template.jinja")
                                                            .exists() else "tokenizer_config.json")))
         ids = {k: (facts["ids"].get(variables[f"{k}_token"]) if variables.get(f"{k}_token") else None)
@@ -171,7 +183,8 @@ class ChatEncoder:
             ids["pad"] = ids["eos"]
         affixes = facts["affixes"]
         enc = cls(path, masking=masking, style=style, column=column, backend="tokenizers",
-                  template=template, text_affixes=affixes, ids=ids)
+                  template=template, text_affixes=affixes, ids=ids, chat_template_kwargs=chat_template_kwargs,
+                  train_reasoning=train_reasoning)
 
         conversations = enc._conversations(sample_rows)
         enc._verify(conversations)
@@ -201,7 +214,9 @@ class ChatEncoder:
         texts = []
         for conv in conversations:
             try:
-                if self.template is None:
+                if type(conv) is TextCompletion:
+                    texts.append(conv.prompt + conv.completion)
+                elif self.template is None:
                     texts.append(conv[0]["content"])
                 elif type(conv) is list:
                     texts.append(self.template.render(conv))
@@ -254,7 +269,9 @@ class ChatEncoder:
     @property
     def fingerprint(self) -> str:
         """A hash of the tokenizer files and every option that changes the output."""
-        key = (self.masking, self.style, self.column, self.text_affixes)
+        key = (self.masking, self.style, self.column, self.text_affixes,
+               json.dumps(self.__dict__.get("chat_template_kwargs") or {}, sort_keys=True, default=repr),
+               self.__dict__.get("train_reasoning", True))
         memo = self.__dict__.get("_fingerprint")
         if memo is not None and memo[0] == key:
             return memo[1]
@@ -279,10 +296,18 @@ class ChatEncoder:
         Raises:
             InputError: the row is unusable (reason only; the caller adds the location).
         """
+        return self.encode_row_counted(row)[:2]
+
+    def encode_row_counted(self, row: dict) -> tuple[np.ndarray, np.ndarray, dict | None]:
+        """``(tokens, labels, counts)``: :meth:`encode_row`, and an agentic row's tool calls, results and
+        reasoning traces (``None`` for other rows; see :func:`vecpack.chat.spans.conversation_parts`)."""
         got = read_row(row, self.style, self.column)
         if type(got) is tuple:
-            return self.encode_messages([{"role": r, "content": c} for r, c in zip(*got)])
-        return self._encode_parts(self.template.conversation_parts(got)[:2] + (0, None))
+            return (*self.encode_messages([{"role": r, "content": c} for r, c in zip(*got)]), None)
+        if type(got) is TextCompletion:
+            return (*self.encode_completion(got), None)
+        parts, train, info = self.template.conversation_parts(got)
+        return (*self._encode_parts((parts, train, 0, None)), info)
 
     def encode_messages(self, messages: list[dict]) -> tuple[np.ndarray, np.ndarray]:
         """``(tokens, labels)`` of a conversation ``[{"role", "content"}, ...]``.
@@ -311,6 +336,35 @@ class ChatEncoder:
             return self.template.parts(messages)
         except (KeyError, TypeError) as e:
             raise InputError(f"malformed message: {e!r}") from None
+
+    def encode_completion(self, row: TextCompletion) -> tuple[np.ndarray, np.ndarray]:
+        """``(tokens, labels)`` of a plain-text prompt-completion row, as TRL's ``SFTTrainer`` prepares it.
+
+        The completion gets the eos token's text unless it ends with it; the
+        tokens are ``tokenizer(prompt + completion)`` (special tokens added as
+        the tokenizer adds them); the completion starts where those tokens and
+        ``tokenizer(prompt)``'s part ways (TRL's ``common_prefix_length``), and
+        is what is trained (``completion_only_loss``); ``masking="all"`` trains
+        every token.
+        """
+        rt = self.runtime
+        completion = row.completion
+        eos = None if self.eos_id is None else rt.hf().id_to_token(self.eos_id)
+        if eos and not completion.endswith(eos):
+            completion += eos
+        pre, post = self.text_affixes
+        try:
+            whole = np.array([*pre, *rt.ids(row.prompt + completion).tolist(), *post], np.int32)
+            prompt = np.array([*pre, *rt.ids(row.prompt).tolist(), *post], np.int32)
+        except (UnicodeEncodeError, TypeError):
+            raise InputError("text contains a lone surrogate (invalid Unicode)") from None
+        n = min(len(whole), len(prompt))
+        differ = np.flatnonzero(whole[:n] != prompt[:n])
+        start = int(differ[0]) if len(differ) else n
+        labels = whole.copy()
+        if self.masking != "all":
+            labels[:start] = -100
+        return whole, labels
 
     def _encode_text(self, text: str):
         try:
@@ -355,11 +409,15 @@ class ChatEncoder:
     def chunk_sink(self) -> "ChunkSink | None":
         """A collector that encodes many rows at once and labels them in one vectorized pass.
 
-        ``None`` when this encoder has no such path (HF tokenizers backend, text
-        style); callers then use :meth:`encode_row`. The result is identical.
+        ``None`` when this encoder has no such path (text style, or a subclass on
+        HF tokenizers); callers then use :meth:`encode_row`. The result is
+        identical. On HF tokenizers a :class:`~vecpack.tokenizing.sink.RowSink`
+        encodes row by row and keeps the agentic counts.
         """
-        if self.backend == "tokenizers" or self.template is None:
+        if self.template is None:
             return None
+        if self.backend == "tokenizers":
+            return RowSink(self) if type(self) is ChatEncoder else None
         return ChunkSink(self)
 
     def _encode_tokenizers(self, parts, train):
@@ -396,6 +454,17 @@ class ChatEncoder:
         return tokens, labels
 
 
+def _call_kwargs(kwargs) -> dict:
+    """A call's ``chat_template_kwargs``, checked (a dict of template variables, without ``tools``)."""
+    if kwargs is None:
+        return {}
+    if not isinstance(kwargs, dict) or not all(isinstance(k, str) for k in kwargs):
+        raise TypeError(f"chat_template_kwargs must be a dict of template variables, got {type(kwargs).__name__}")
+    if "tools" in kwargs:
+        raise ValueError("chat_template_kwargs cannot hold 'tools': give each row its tools (a 'tools' column)")
+    return dict(kwargs)
+
+
 def _literal_specials(layout, rt: "Runtime"):
     """Added tokens inside a layout's literals, or ``False`` if one could span a literal and a content."""
     slots = [pos for pos, _, _ in layout.slots]
@@ -412,152 +481,6 @@ def _literal_specials(layout, rt: "Runtime"):
         if g > 0 and any(text[:i] in rt.partial_tails for i in range(1, longest + 1)):
             return False  # content + "_end|>..."
     return frozenset(found)
-
-
-class ChunkSink:
-    """The rows of one chunk, encoded with the fast engine and labelled in one pass.
-
-    Per row, :meth:`add` renders the conversation and keeps its text and the
-    UTF-8 size and trainability of each piece (references only: they are
-    flattened once, at :meth:`finish`). A prefix holding only template text and
-    the system prompt (the same in many rows) is tokenized once per process,
-    and its ids are spliced in front of the rows that start with it, all rows
-    at once. With fastokens every row's text is encoded in one
-    ``encode_batch_flat`` call at :meth:`finish`; with tiktoken, row by row as
-    it comes. :meth:`finish` labels the whole chunk with
-    :meth:`~vecpack.tokenizing.runtime.Runtime.labels`. A row the fast engine
-    cannot take exactly (see :meth:`~vecpack.tokenizing.runtime.Runtime.exact`)
-    is encoded by HF tokenizers on its own and slotted in at its place.
-    """
-
-    def __init__(self, encoder: ChatEncoder):
-        self.enc = encoder
-        self.rt = encoder.runtime
-        self.heads: list = []            # fast rows: cached prefix ids (or None)
-        self.texts: list[str] = []       # fast rows: the text after the prefix (batch engines)
-        self.ids: list[np.ndarray] = []  # fast rows: its ids (engines that encode text by text)
-        self.sizes: list = []            # fast rows: the UTF-8 size of each piece
-        self.train: list = []            # fast rows: whether each piece is trained
-        self.slow: dict[int, tuple] = {}  # row index -> (tokens, labels) of a row HF encoded
-        self.rows = 0
-        self.counts: dict[str, int] = {}  # agentic rows' tool calls, results, reasoning (spans.conversation_parts)
-
-    def add(self, row) -> None:
-        """Take one row. Raises :class:`InputError` (nothing kept) when it is unusable."""
-        enc = self.enc
-        got = read_row(row, enc.style, enc.column)
-        if type(got) is not tuple:  # tools, calls, reasoning...: rendered by Jinja, its spans found
-            parts, train, info = enc.template.conversation_parts(got)
-            self.add_parts(parts, train, 0, None)
-            counts = self.counts
-            for k, v in info.items():
-                counts[k] = counts.get(k, 0) + v
-            return
-        try:
-            rendered = enc.template.parts_of(*got)
-        except (KeyError, TypeError) as e:
-            raise InputError(f"malformed message: {e!r}") from None
-        self.add_parts(*rendered)
-
-    def add_parts(self, parts, train, n_cache, layout) -> None:
-        """Take one rendered row: ``template.parts(...)``'s output."""
-        rt = self.rt
-        try:
-            sizes = part_sizes(parts, layout)
-        except UnicodeEncodeError:
-            raise InputError("text contains a lone surrogate (invalid Unicode)") from None
-        text = rest = "".join(parts)
-        head, exact = None, None
-        if n_cache:
-            c = sum(map(len, parts[:n_cache])) if n_cache > 1 else len(parts[0])
-            if 0 < c <= _PREFIX_MAX_CHARS:
-                key = text[:c]
-                k, ids, prefix_exact = rt.cache_prefix(key)
-                if k:
-                    head, rest = ids, text[k:]
-                    # an exact prefix and an exact rest that starts with an ASCII character make an exact
-                    # whole (nothing composes or reorders across that boundary): the prefix is not re-scanned
-                    if prefix_exact and rest[:1].isascii():
-                        exact = rt.exact(rest)
-        if not (rt.exact(text) if exact is None else exact):
-            self.slow[self.rows] = self.enc._encode_tokenizers(parts, train)
-            self.rows += 1
-            return
-        if rt.batch:
-            self.texts.append(rest)
-        else:
-            self.ids.append(rt.encode(rest, rt.allowed if layout is None else self.enc._allowed(layout, parts)))
-        self.heads.append(head)
-        self.sizes.append(sizes)
-        self.train.append(train)
-        self.rows += 1
-
-    def finish(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """``(tokens, labels, lengths)``: every row added, back to back (int32), and each row's length.
-
-        ``self.trainable`` is then the number of trained tokens.
-        """
-        rt = self.rt
-        if rt.batch:
-            ids, offsets = rt.encode_batch(self.texts) if self.texts else (np.zeros(0, np.int32),
-                                                                           np.zeros(1, np.int64))
-            lengths = np.diff(offsets)
-        else:
-            lengths = np.fromiter(map(len, self.ids), np.int64, len(self.ids))
-            ids = np.concatenate(self.ids) if self.ids else np.zeros(0, np.int32)
-        ids, lengths = _with_heads(ids, lengths, self.heads)
-        chain = itertools.chain.from_iterable
-        sizes = np.fromiter(chain(self.sizes), np.int64)
-        train = np.fromiter(chain(self.train), np.int8, len(sizes))
-        done = rt.labels(ids, lengths, sizes, train, masking_all=self.enc.masking == "all")
-        if done is None:  # pragma: no cover - the engine's tokens do not spell the text
-            raise RuntimeError(f"the tokens of a chunk cover other bytes than its text's {int(sizes.sum())}")
-        labels, self.trainable = done
-        if not self.slow:
-            return ids, labels, lengths
-        return self._with_slow_rows(ids, labels, lengths)
-
-    def _with_slow_rows(self, ids, labels, lengths):
-        """Slot the rows HF encoded in between the fast ones, at their places."""
-        toks, labs, lens = [], [], []
-        fast_at = np.concatenate([[0], np.cumsum(lengths)])
-        j = 0
-        for i in range(self.rows):
-            if i in self.slow:
-                t, lab = self.slow[i]
-                self.trainable += int(np.count_nonzero(lab != -100))
-            else:
-                t, lab = ids[fast_at[j]:fast_at[j + 1]], labels[fast_at[j]:fast_at[j + 1]]
-                j += 1
-            toks.append(t)
-            labs.append(lab)
-            lens.append(len(t))
-        return (np.concatenate(toks).astype(np.int32, copy=False), np.concatenate(labs).astype(np.int32, copy=False),
-                np.asarray(lens, np.int64))
-
-
-def _with_heads(ids: np.ndarray, lengths: np.ndarray, heads: list) -> tuple[np.ndarray, np.ndarray]:
-    """``(ids, lengths)`` with each row's cached prefix ids (``heads[i]``, or ``None``) in front of it.
-
-    ``ids`` holds the rows' other tokens back to back, ``lengths[i]`` row i's
-    count of them.
-
-    >>> ids, lengths = _with_heads(np.array([7, 8, 9], np.int32), np.array([1, 2]),
-    ...                            [np.array([1, 2], np.int32), None])
-    >>> ids.tolist(), lengths.tolist()
-    ([1, 2, 7, 8, 9], [3, 2])
-    """
-    keys = np.fromiter(map(id, heads), np.int64, len(heads))
-    if not len(keys) or (keys == id(None)).all():
-        return ids, lengths
-    distinct, head_of = np.unique(keys, return_inverse=True)
-    by_id = {id(h): h for h in heads if h is not None}
-    table = [by_id.get(key) for key in distinct.tolist()]
-    head_of = head_of.reshape(-1).astype(np.int64)
-    none = next((d for d, h in enumerate(table) if h is None), -1)
-    if none >= 0:  # rows without a prefix: index -1
-        head_of[head_of == none] = -1
-    return splice_heads(ids, lengths, head_of, table)
 
 
 # --------------------------------------------------------------------------- one encoder per process

@@ -65,16 +65,48 @@ def _cancelled(out_dir: str) -> bool:
     return os.path.exists(os.path.join(out_dir, CANCELLED)) or not os.path.isdir(out_dir)
 
 
+class Unseen(str):
+    """What a task returns when ``out_dir`` does not exist on its node: the node's name."""
+
+
+def _node_name() -> str:
+    """This node's address (and host name), for messages."""
+    import socket
+
+    try:
+        import ray
+
+        ip = ray.util.get_node_ip_address()
+    except Exception:  # noqa: BLE001 - outside Ray (tests), or Ray shutting down
+        ip = "?"
+    return f"{ip} ({socket.gethostname()})"
+
+
+def unseen_error(index: int, shown: str, out_dir: str, node: str) -> RuntimeError:
+    """The error of a task whose node cannot see ``out_dir`` (the driver still has it: no shared filesystem).
+
+    >>> str(unseen_error(3, "a.jsonl", "/cache/x", "10.0.0.7 (w1)")).split(";")[0]
+    'chunk 3 of a.jsonl ran on node 10.0.0.7 (w1), which cannot see the chunk directory /cache/x'
+    """
+    return RuntimeError(
+        f"chunk {index} of {shown} ran on node {node}, which cannot see the chunk directory {out_dir}; "
+        "backend='ray' writes chunks into a directory every node shares: point cache_dir (or $VECPACK_CACHE) at "
+        "a shared filesystem mounted at the same path on every node, or build from and to object storage with "
+        "vecpack.cluster.build_on_cluster (docs/ray.md)")
+
+
 def _run_task(task, encoder, out_dir: str, on_error: str):
     """Body of one Ray task: tokenize into a private directory, then publish atomically.
 
-    Returns the :class:`~vecpack.tokenizing.tasks.ChunkMeta`, or ``None`` when
+    Returns the :class:`~vecpack.tokenizing.tasks.ChunkMeta`; an :class:`Unseen` (the node's name) when
+    ``out_dir`` does not exist on this node at the start; or ``None`` when
     the run was cancelled meanwhile: whatever failed then (the driver removed
     ``out_dir`` under the task: ``FileNotFoundError``) is the cancellation's
     doing, not an error of this task, and must not reach the driver as one.
     """
     if _cancelled(out_dir):   # started (or retried) after the run was stopped: nothing to do
-        return None
+        # ... or this node never saw out_dir (no shared filesystem): the driver tells which, as only it knows
+        return None if os.path.isdir(out_dir) else Unseen(_node_name())
     attempt = os.path.join(out_dir, f"attempt-{task.index:06d}-{uuid.uuid4().hex[:12]}")
     try:
         os.mkdir(attempt)   # not makedirs: a task still running after the driver removed out_dir must not remake it
@@ -149,7 +181,9 @@ def execute(tasks, encoder, out_dir: str, *, on_error: str, done, address: str |
                         f"a Ray worker died on every one of {max_retries + 1} attempts at "
                         f"chunk {i} of {tasks[i].shown} (likely out of memory on its node): {e}")))
                     continue
-                if meta is None:   # out_dir vanished under a running task, outside a cancel
+                if isinstance(meta, Unseen) and os.path.isdir(out_dir):   # the driver has it, the node not
+                    error = _first(error, ((len(tasks), 0), unseen_error(i, tasks[i].shown, out_dir, meta)))
+                elif meta is None or isinstance(meta, Unseen):   # out_dir vanished under a task, outside a cancel
                     error = _first(error, ((len(tasks), 0), RuntimeError(
                         f"the chunk directory {out_dir} was removed while chunk {i} was tokenizing")))
                 elif error is None:

@@ -1,0 +1,161 @@
+"""Fixtures of the vision tests: a processor directory as a checkpoint ships it, images, rows, tiny models.
+
+Everything is offline: the tokenizer is vecpack's Qwen2.5 fixture (it has the
+vision tokens), the image processor is built from arguments, the chat template
+is Qwen2-VL-Instruct's, the models are random and built from configs.
+"""
+
+from __future__ import annotations
+
+import json
+import pathlib
+import random
+import shutil
+
+import numpy as np
+
+from vecpack.testing import cached_tokenizer_dir
+
+# Qwen2-VL-Instruct's chat template (images and videos; add_vision_id as the checkpoint has it).
+QWEN2_VL_TEMPLATE = (
+    "{% set image_count = namespace(value=0) %}{% set video_count = namespace(value=0) %}"
+    "{% for message in messages %}{% if loop.first and message['role'] != 'system' %}"
+    "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n{% endif %}"
+    "<|im_start|>{{ message['role'] }}\n"
+    "{% if message['content'] is string %}{{ message['content'] }}<|im_end|>\n"
+    "{% else %}{% for content in message['content'] %}"
+    "{% if content['type'] == 'image' or 'image' in content or 'image_url' in content %}"
+    "{% set image_count.value = image_count.value + 1 %}"
+    "{% if add_vision_id %}Picture {{ image_count.value }}: {% endif %}<|vision_start|><|image_pad|><|vision_end|>"
+    "{% elif content['type'] == 'video' or 'video' in content %}{% set video_count.value = video_count.value + 1 %}"
+    "{% if add_vision_id %}Video {{ video_count.value }}: {% endif %}<|vision_start|><|video_pad|><|vision_end|>"
+    "{% elif 'text' in content %}{{ content['text'] }}{% endif %}{% endfor %}<|im_end|>\n"
+    "{% endif %}{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+# Small images keep the tiny models fast: 4 to 64 merged tokens an image.
+MIN_PIXELS = 28 * 28 * 4
+MAX_PIXELS = 28 * 28 * 64
+IMAGE_CONFIG = {"image_processor_type": "Qwen2VLImageProcessor", "min_pixels": MIN_PIXELS,
+                "max_pixels": MAX_PIXELS, "patch_size": 14, "merge_size": 2, "temporal_patch_size": 2}
+
+# (width, height): squares, wide and tall, tiny (scaled up) and large (scaled down), odd sizes.
+SIZES = [(56, 56), (100, 60), (40, 300), (333, 77), (17, 23), (640, 480), (120, 121), (29, 500), (250, 250),
+         (64, 200)]
+
+
+def make_processor_dir(out, *, template: str = QWEN2_VL_TEMPLATE) -> pathlib.Path:
+    """A processor directory: ``preprocessor_config.json``, the Qwen2.5 tokenizer files, ``chat_template.jinja``."""
+    out = pathlib.Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    for f in cached_tokenizer_dir().iterdir():
+        if f.name.startswith("tokenizer") or f.name.endswith(".json"):
+            shutil.copy(f, out / f.name)
+    (out / "preprocessor_config.json").write_text(json.dumps(IMAGE_CONFIG))
+    (out / "chat_template.jinja").write_text(template)
+    return out
+
+
+def reference_processor(path):
+    """transformers' own Qwen2VLProcessor from the same parts (no video processor: torchvision is missing)."""
+    from transformers import AutoTokenizer, Qwen2VLProcessor
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+
+    class Processor(Qwen2VLProcessor):
+        def check_argument_for_proper_class(self, name, arg):
+            return None if arg is None else super().check_argument_for_proper_class(name, arg)
+
+    ip = Qwen2VLImageProcessorPil(min_pixels=MIN_PIXELS, max_pixels=MAX_PIXELS)
+    return Processor(image_processor=ip, tokenizer=AutoTokenizer.from_pretrained(path),
+                     chat_template=(pathlib.Path(path) / "chat_template.jinja").read_text())
+
+
+def make_image(path, size, seed: int):
+    """A PNG of random pixels of ``size`` (width, height)."""
+    from PIL import Image
+
+    rng = np.random.default_rng(seed)
+    w, h = size
+    Image.fromarray(rng.integers(0, 256, (h, w, 3), dtype=np.uint8)).save(path)
+    return path
+
+
+def make_rows(root, n: int, *, seed: int = 0, max_images: int = 3) -> list[dict]:
+    """``n`` rows in TRL's form (``{"type": "image"}`` parts + an ``images`` column of relative paths).
+
+    Rows have 0 to ``max_images`` images (several in one message, some in a later turn), one or two turns.
+    """
+    root = pathlib.Path(root)
+    (root / "img").mkdir(parents=True, exist_ok=True)
+    rng = random.Random(seed)
+    words = "the a cat dog red blue sky tree what is this picture shows two of and in on near".split()
+
+    def say(k):
+        return " ".join(rng.choice(words) for _ in range(k)).capitalize() + "."
+
+    rows = []
+    for r in range(n):
+        images = []
+        messages = []
+        for turn in range(rng.choice([1, 1, 2])):
+            parts = []
+            for _ in range(rng.randint(0, max_images) if turn == 0 or rng.random() < 0.3 else 0):
+                name = f"img/{r}_{len(images)}.png"
+                make_image(root / name, rng.choice(SIZES), seed * 100003 + r * 10 + len(images))
+                images.append(name)
+                parts.append({"type": "image"})
+            parts.insert(rng.randint(0, len(parts)), {"type": "text", "text": say(rng.randint(2, 9))})
+            messages.append({"role": "user", "content": parts})
+            messages.append({"role": "assistant", "content": [{"type": "text", "text": say(rng.randint(1, 12))}]})
+        rows.append({"messages": messages, "images": images})
+    return rows
+
+
+def write_jsonl(path, rows) -> pathlib.Path:
+    path = pathlib.Path(path)
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def with_pil(row: dict, root) -> list[dict]:
+    """A row's messages with its images as PIL images inside the parts (what the processor's template takes)."""
+    from PIL import Image
+
+    images = iter(row["images"])
+    out = []
+    for m in row["messages"]:
+        parts = []
+        for p in m["content"]:
+            if p["type"] == "image":
+                parts.append({"type": "image", "image": Image.open(pathlib.Path(root) / next(images)).convert("RGB")})
+            else:
+                parts.append(p)
+        out.append({"role": m["role"], "content": parts})
+    return out
+
+
+def tiny_model(kind: str, tokenizer, *, seed: int = 0):
+    """A random Qwen2-VL (``"qwen2-vl"``) or Qwen2.5-VL (``"qwen2.5-vl"``) model, fp32, eval mode."""
+    import torch
+
+    ids = tokenizer.convert_tokens_to_ids(["<|image_pad|>", "<|video_pad|>", "<|vision_start|>", "<|vision_end|>"])
+    text = dict(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=4096,
+                rope_parameters={"rope_type": "default", "mrope_section": [2, 3, 3], "rope_theta": 10000.0})
+    tokens = dict(image_token_id=ids[0], video_token_id=ids[1], vision_start_token_id=ids[2],
+                  vision_end_token_id=ids[3])
+    torch.manual_seed(seed)
+    if kind == "qwen2-vl":
+        from transformers import Qwen2VLConfig, Qwen2VLForConditionalGeneration
+
+        cfg = Qwen2VLConfig(text_config=text, vision_config=dict(depth=2, embed_dim=32, hidden_size=32, num_heads=2,
+                                                                  mlp_ratio=2), **tokens)
+        model = Qwen2VLForConditionalGeneration(cfg)
+    else:
+        from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
+
+        cfg = Qwen2_5_VLConfig(text_config=text, vision_config=dict(
+            depth=2, hidden_size=32, intermediate_size=48, num_heads=2, out_hidden_size=32, window_size=56,
+            fullatt_block_indexes=[1]), **tokens)
+        model = Qwen2_5_VLForConditionalGeneration(cfg)
+    return model.float().eval()

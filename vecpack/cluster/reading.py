@@ -1,0 +1,165 @@
+"""A cluster build read back: :class:`ShardedPacked`, its shards fetched into the local cache and memory-mapped.
+
+``vecpack.load("s3://bucket/run")`` opens ``<run>/manifest.json`` (no
+manifest: the run never committed) and returns a :class:`ShardedPacked`. A
+shard is fetched on first use, into ``<cache>/remote/<digest of the URL and
+manifest>/<shard>/``, written next to its name and renamed into place, then
+memory-mapped; a rank that reads a share of the packs fetches only the
+shards that hold them. ``packed[i]`` equals the single-machine
+``vecpack.build(...)[i]`` byte for byte.
+
+>>> import numpy as np, tempfile, json, os, io
+>>> from vecpack.store import objects
+>>> run = tempfile.mkdtemp()
+>>> arrays = {"tokens": np.arange(1, 6, dtype=np.int32), "labels": np.arange(1, 6, dtype=np.int32),
+...           "entry_offsets": np.array([0, 3, 5]), "doc_ids": np.array([1, 0]), "pack_offsets": np.array([0, 1, 2])}
+>>> for k, a in arrays.items():
+...     buf = io.BytesIO(); np.save(buf, a); objects.put(objects.join(run, "s", f"{k}.npy"), buf.getvalue())
+>>> man = {"kind": "packed-shards", "max_len": 4, "pad_id": 0, "ignore_index": -100, "num_packs": 2,
+...        "shards": [{"path": "s", "packs": [0, 2]}], "stats": {}, "tokenize_stats": {}}
+>>> objects.put(objects.join(run, "manifest.json"), json.dumps(man).encode())
+>>> p = open_packed(run, cache_dir=tempfile.mkdtemp())
+>>> len(p), p[1]["input_ids"].tolist(), p[1]["document_ids"].tolist(), p[1]["seq_lens"].tolist()
+(2, [4, 5, 0, 0], [0, 0, -1, -1], [2])
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import threading
+import uuid
+
+import numpy as np
+
+from vecpack.options import cache_root, check_index
+from vecpack.store import objects
+
+__all__ = ["ShardedPacked", "open_packed"]
+
+_ARRAYS = ("input_ids", "labels", "position_ids", "document_ids")
+_SHARD_ARRAYS = ("tokens", "labels", "entry_offsets", "doc_ids", "pack_offsets")
+
+
+def open_packed(url: str, *, cache_dir=None, pad_id: int | None = None,
+                ignore_index: int | None = None) -> "ShardedPacked":
+    """The cluster build at ``url`` (a store URL or a shared path), its shards fetched as they are used."""
+    try:
+        raw = objects.get(objects.join(url, "manifest.json"))
+    except FileNotFoundError:
+        raise FileNotFoundError(f"load: no dataset at {url}: {objects.join(url, 'manifest.json')} is missing "
+                                "(the run did not commit; run it again)") from None
+    try:
+        manifest = json.loads(raw)
+    except ValueError as e:
+        raise ValueError(f"load: {objects.join(url, 'manifest.json')} is not a vecpack manifest ({e})") from None
+    if manifest.get("kind") != "packed-shards":
+        raise ValueError(f"load: {url} holds a manifest of kind {manifest.get('kind')!r}, not a cluster build")
+    return ShardedPacked(url, manifest, cache_dir=cache_dir, pad_id=pad_id, ignore_index=ignore_index)
+
+
+class ShardedPacked:
+    """Packs of a cluster build: ``len()``, ``packed[i]`` (as :class:`~vecpack.Packed`), ``rows``, ``stats``."""
+
+    def __init__(self, url: str, manifest: dict, *, cache_dir=None, pad_id=None, ignore_index=None):
+        self.url, self.manifest = url, manifest
+        self.max_len = int(manifest["max_len"])
+        self.pad_id = int(manifest["pad_id"]) if pad_id is None else int(pad_id)
+        self.ignore_index = int(manifest["ignore_index"]) if ignore_index is None else int(ignore_index)
+        self.stats = dict(manifest.get("stats") or {})
+        self.tokenize_stats = dict(manifest.get("tokenize_stats") or {})
+        self._shards = manifest["shards"]
+        self._first = np.array([s["packs"][0] for s in self._shards] + [int(manifest["num_packs"])], np.int64)
+        digest = hashlib.sha256(f"{url}\0{raw_id(manifest)}".encode()).hexdigest()[:24]
+        self.local_dir = os.path.join(os.fspath(cache_dir) if cache_dir else str(cache_root()), "remote", digest)
+        self._open: dict[int, dict] = {}
+        self._lock = threading.Lock()
+
+    def __len__(self) -> int:
+        return int(self._first[-1])
+
+    def shard_of(self, i: int) -> int:
+        """The shard that holds pack ``i``."""
+        return int(np.searchsorted(self._first, i, side="right") - 1)
+
+    def shard(self, s: int) -> dict:
+        """Shard ``s``'s arrays, memory-mapped from the local cache (fetched first if needed)."""
+        got = self._open.get(s)
+        if got is None:
+            with self._lock:
+                got = self._open.get(s)
+                if got is None:
+                    path = self._fetch(s)
+                    got = {k: np.load(os.path.join(path, f"{k}.npy"), mmap_mode="r") for k in _SHARD_ARRAYS}
+                    self._open[s] = got
+        return got
+
+    def _fetch(self, s: int) -> str:
+        final = os.path.join(self.local_dir, f"{s:06d}")
+        if os.path.isdir(final):
+            return final
+        os.makedirs(self.local_dir, exist_ok=True)
+        tmp = f"{final}.incomplete-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        os.mkdir(tmp)
+        try:
+            remote = objects.join(self.url, self._shards[s]["path"])
+            for k in _SHARD_ARRAYS:
+                objects.get_file(objects.join(remote, f"{k}.npy"), os.path.join(tmp, f"{k}.npy"))
+            try:
+                os.rename(tmp, final)
+            except OSError:   # another process (a rank on this machine) put it there first
+                if not os.path.isdir(final):
+                    raise
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+        return final
+
+    def __getitem__(self, i) -> dict:
+        """Pack ``i`` as a dict of int32 arrays (``input_ids``, ``labels``, ``position_ids``,
+        ``document_ids`` [max_len], ``seq_lens``), as :class:`~vecpack.Packed` gives it."""
+        from vecpack.packing import _kernels
+
+        i = check_index(i, len(self))
+        s = self.shard_of(i)
+        a = self.shard(s)
+        p = i - int(self._first[s])
+        e0, e1 = int(a["pack_offsets"][p]), int(a["pack_offsets"][p + 1])
+        t0, t1 = int(a["entry_offsets"][e0]), int(a["entry_offsets"][e1])
+        lengths = np.diff(np.asarray(a["entry_offsets"][e0:e1 + 1]))
+        out = {name: np.empty(self.max_len, np.int32) for name in _ARRAYS}
+        _kernels.fill_entries(np.asarray(a["tokens"][t0:t1]), np.asarray(a["labels"][t0:t1]), lengths,
+                              np.asarray(a["doc_ids"][e0:e1]), self.pad_id, self.ignore_index,
+                              out["input_ids"], out["labels"], out["position_ids"], out["document_ids"])
+        out["seq_lens"] = lengths.astype(np.int32)
+        return out
+
+    def rows(self, start: int, stop: int) -> dict:
+        """Packs ``start:stop`` as [stop-start, max_len] int32 arrays, with ``seq_lens`` (int32) and
+        ``seq_lens_offsets`` (int64, from 0), as :meth:`vecpack.Packed.rows` gives them."""
+        if not (0 <= start <= stop <= len(self)):
+            raise ValueError(f"rows({start}, {stop}) outside 0..{len(self)}")
+        out = {name: np.empty((stop - start, self.max_len), np.int32) for name in _ARRAYS}
+        seq_lens, offsets = [], [0]
+        for k, i in enumerate(range(start, stop)):
+            row = self[i]
+            for name in _ARRAYS:
+                out[name][k] = row[name]
+            seq_lens.append(row["seq_lens"])
+            offsets.append(offsets[-1] + len(row["seq_lens"]))
+        out["seq_lens"] = np.concatenate(seq_lens) if seq_lens else np.zeros(0, np.int32)
+        out["seq_lens_offsets"] = np.asarray(offsets, np.int64)
+        return out
+
+    def __iter__(self):
+        for i in range(len(self)):
+            yield self[i]
+
+    def __repr__(self) -> str:
+        return f"ShardedPacked({self.url!r}, packs={len(self)}, shards={len(self._shards)}, max_len={self.max_len})"
+
+
+def raw_id(manifest: dict) -> str:
+    """What tells two commits of one URL apart (the shards' attempts)."""
+    return ",".join(s["path"] for s in manifest["shards"]) + f"@{manifest.get('created_unix', '')}"

@@ -1,0 +1,292 @@
+"""``build_on_cluster``: inputs on a store, units tokenized on Ray nodes, the plan from lengths, shards packed on nodes.
+
+::
+
+    driver: plan_units ─► tokenize_unit on nodes ─► <work>/units/<name>/<attempt>/*  + receipt
+            (ranged reads)   only lengths and counters come back
+            plan(lengths) ─► pack_shard on nodes ─► <output>/shards/<s>/<attempt>/*.npy
+            <output>/manifest.json, written last: the run committed
+
+The driver holds the documents' lengths and the plan, nothing else: while it
+plans, 16 bytes a document of lengths (the units' arrays and their
+concatenation) and the planner's scratch; afterwards about 34 (the plan's
+three int64 arrays, the documents' offsets, the pack offsets). That is about
+50 GB at the peak per billion documents, 34 GB kept (see
+``asv_bench/benchmarks/bench_cluster_plan.py``). Tokens never pass through it.
+
+Faults: Ray re-runs a task whose worker or node died (``max_retries``), on
+another node; every attempt writes under keys of its own, and only the
+attempts the manifest names count, so a lost node, or a partitioned one that
+keeps writing, cannot change the output. A rerun after the driver was killed
+finds the units' receipts and tokenizes only the units without one
+(:attr:`ClusterBuild.units_tokenized` / ``units_reused`` count them).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from vecpack.cluster.shards import pack_shard, plan_shards, shard_prefix
+from vecpack.cluster.tokenize import locate_example, read_receipts, tokenize_unit, unit_arrays
+from vecpack.cluster.units import UNIT_BYTES, expand_inputs, plan_units
+from vecpack.errors import EncoderError, InputError, WorkerDiedError
+from vecpack.options import check_max_len, check_options
+from vecpack.store import objects
+from vecpack.tokenizing.spec import default_pad_id
+
+__all__ = ["MANIFEST", "ClusterBuild", "build_on_cluster"]
+
+MANIFEST = "manifest.json"
+CLUSTER_FORMAT = 1
+MAX_RETRIES = 3
+
+
+@dataclass
+class ClusterBuild:
+    """What :func:`build_on_cluster` did.
+
+    Attributes:
+        output: the dataset's URL (``vecpack.load(output)`` opens it).
+        manifest: the manifest written last (``None`` with ``pack=False``).
+        units: units of the input.
+        units_tokenized: units tokenized by this call.
+        units_reused: units whose receipt an earlier (killed) run had left.
+        stats: the plan's stats, as ``Packed.stats``.
+        tokenize_stats: rows, documents, tokens, rejected...
+        seconds: the call's wall time.
+    """
+
+    output: str
+    manifest: dict | None
+    units: int
+    units_tokenized: int
+    units_reused: int
+    stats: dict = field(default_factory=dict)
+    tokenize_stats: dict = field(default_factory=dict)
+    seconds: float = 0.0
+
+
+def build_on_cluster(data_files, tokenizer=None, max_len: int | None = None, *, output: str,
+                     style: str = "sharegpt", column: str | None = None, masking: str = "assistant",
+                     strategy: str = "bfd", long: str = "truncate", shuffle_seed: int | None = 0,
+                     pad_id: int | None = None, ignore_index: int = -100, on_error: str = "raise",
+                     encoder=None, address: str | None = None, unit_bytes: int = UNIT_BYTES,
+                     max_retries: int = MAX_RETRIES, pack: bool = True) -> ClusterBuild:
+    """Tokenize and pack ``data_files`` on a Ray cluster, from a store to a store.
+
+    Args:
+        data_files: ``s3://`` (``gs://``, ``az://``, ``hf://``) URLs, globs of them, or local paths
+            every node can read; ``.jsonl`` and ``.parquet``.
+        tokenizer: a tokenizer directory present at the same path on every node (or ``encoder=``).
+        max_len, style, column, masking, strategy, long, shuffle_seed, pad_id, ignore_index, on_error:
+            as :func:`vecpack.build`; the packs are byte-identical to its.
+        output: where the dataset goes (a URL, or a path every node shares);
+            ``<output>/manifest.json`` is written last.
+        encoder: an encoder object instead of ``tokenizer`` (as :func:`vecpack.build`).
+        address: the Ray cluster (see :func:`vecpack.tokenizing.ray.init`).
+        unit_bytes: input bytes per unit (units never depend on the cluster).
+        max_retries: how often Ray re-runs a task whose worker or node died.
+        pack: False stops after tokenizing (the receipts stay; a later call packs).
+
+    Raises:
+        InputError: the first bad row in input order (``on_error="raise"``), at ``url:line``.
+        EncoderError: the encoder failed on a row.
+        ObjectStoreError: a store call failed for good; it names the object.
+    """
+    from vecpack.tokenizing import ray as _ray
+
+    t0 = time.perf_counter()
+    max_len = check_max_len(max_len)
+    check_options(style=style, masking=masking, strategy=strategy, long=long, on_error=on_error,
+                  shuffle_seed=shuffle_seed)
+    if tokenizer is None and encoder is None:
+        raise TypeError("build_on_cluster() needs a tokenizer directory or encoder=")
+    if not isinstance(output, str) or not output:
+        raise TypeError("output= must be a URL (s3://bucket/prefix) or a shared path")
+    urls = expand_inputs(data_files)
+    units = plan_units(urls, unit_bytes=unit_bytes)
+    if encoder is None:
+        encoder = _encoder(tokenizer, style, column, masking, units)
+    work = objects.join(output, "_work", _work_key(encoder, style, column, masking, on_error))
+    ray = _ray.init(address)
+
+    done = {name: v for name, v in read_receipts(work).items() if name in {u.name for u in units}}
+    results: dict[int, dict] = {}
+    for u in units:
+        if u.name in done:
+            attempt, receipt = done[u.name]
+            lengths = np.frombuffer(objects.get(objects.join(unit_arrays(work, u.name, attempt), "lengths.i64")),
+                                    np.int64)
+            results[u.index] = {"attempt": attempt, "lengths": lengths, "counts": receipt["counts"]}
+    todo = [u for u in units if u.index not in results]
+    remote = ray.remote(num_cpus=1, max_retries=max_retries, retry_exceptions=False)(tokenize_unit)
+    enc_ref = ray.put(encoder)
+    error = _collect(ray, ((u, lambda u=u: remote.remote(u, enc_ref, work, on_error)) for u in todo), results,
+                     max_retries)
+    if error is not None:
+        u, (reason, line, row, crash) = error
+        raise (EncoderError if crash else InputError)(reason, file=u.url, line=line, row=row)
+
+    tstats = _tokenize_stats(units, results, encoder)
+    out = ClusterBuild(output, None, len(units), len(todo), len(units) - len(todo), tokenize_stats=tstats)
+    if not pack:
+        out.seconds = time.perf_counter() - t0
+        return out
+
+    planned = plan_shards([results[u.index]["lengths"] for u in units], max_len, strategy=strategy, long=long,
+                          shuffle_seed=shuffle_seed)
+    p = planned.plan
+    for r in results.values():   # the plan holds what is needed now
+        r.pop("lengths", None)
+    attempts = [results[u.index]["attempt"] for u in units]
+    names = [u.name for u in units]
+    packer = ray.remote(num_cpus=1, max_retries=max_retries, retry_exceptions=False)(pack_shard)
+    names_ref, attempts_ref = ray.put(names), ray.put(attempts)
+    spans: dict[int, tuple] = {}
+
+    def shard_jobs():   # the shards' work made as tasks are submitted, a few at a time
+        for s, p0, p1, w in planned.shards():
+            spans[s] = (p0, p1)
+            yield s, lambda s=s, w=w: packer.remote(s, w, attempts_ref, work, names_ref, output)
+
+    shards: dict[int, dict] = {}
+    _collect(ray, shard_jobs(), shards, max_retries, what="shard")
+    stats = dict(p.stats)
+    stats["trained_tokens"] = sum(r["trained"] for r in shards.values())
+    pad = default_pad_id(tokenizer, encoder) if pad_id is None else int(pad_id)
+    manifest = {
+        "format": CLUSTER_FORMAT, "kind": "packed-shards", "max_len": max_len, "pad_id": pad,
+        "ignore_index": int(ignore_index), "num_packs": int(len(p.pack_offsets) - 1),
+        "shards": [{"path": shard_prefix("", s, shards[s]["attempt"]).lstrip("/"), "packs": list(spans[s]),
+                    "entries": shards[s]["entries"], "tokens": shards[s]["tokens"]} for s in sorted(shards)],
+        "units": [{"name": u.name, "url": u.url, "range": [u.start, u.stop], "attempt": results[u.index]["attempt"]}
+                  for u in units],
+        "stats": _jsonable(stats), "tokenize_stats": _jsonable(tstats),
+        "options": {"style": style, "column": column, "masking": masking, "strategy": strategy, "long": long,
+                    "shuffle_seed": shuffle_seed, "on_error": on_error},
+        "created_unix": time.time(),
+    }
+    objects.put(objects.join(output, MANIFEST), json.dumps(manifest, indent=1, sort_keys=True).encode())
+    out.manifest, out.stats = manifest, stats
+    out.seconds = time.perf_counter() - t0
+    return out
+
+
+def _collect(ray, jobs, results: dict, max_retries: int, what: str = "unit"):
+    """Run ``jobs`` (``(item, submit)`` pairs, at most a few per CPU of the cluster in flight at once); fill
+    ``results``; return the first located row error in input order (or None). A task that failed
+    otherwise (a store error naming its object, a worker dead on every retry) is raised."""
+    from ray.exceptions import RayTaskError, WorkerCrashedError
+
+    try:
+        from ray.exceptions import NodeDiedError
+    except ImportError:  # pragma: no cover - older Ray
+        NodeDiedError = WorkerCrashedError
+    window = max(4, 2 * int(ray.cluster_resources().get("CPU", 1)))
+    jobs = iter(jobs)
+    refs: dict = {}
+    pending: list = []
+    first = failure = None
+
+    def fill():
+        for item, submit in jobs:
+            ref = submit()
+            refs[ref] = item
+            pending.append(ref)
+            if len(pending) >= window:
+                return
+
+    try:
+        fill()
+        while pending:
+            ready, rest = ray.wait(pending, num_returns=1, timeout=1.0)
+            pending[:] = rest
+            for ref in ready:
+                item = refs.pop(ref)
+                key = getattr(item, "index", item)
+                try:
+                    r = ray.get(ref)
+                except RayTaskError as e:
+                    failure = failure or (getattr(e, "cause", None) or e)
+                    continue
+                except (WorkerCrashedError, NodeDiedError) as e:
+                    failure = failure or WorkerDiedError(
+                        f"a Ray worker died on every one of {max_retries + 1} attempts at {what} {key}: {e}")
+                    continue
+                if "error" in r:
+                    if first is None or item.index < first[0].index:
+                        first = (item, r["error"])
+                    continue
+                results[key] = r
+            if failure is not None or first is not None:
+                for ref in pending:
+                    ray.cancel(ref, force=True)
+                break
+            fill()
+    except BaseException:
+        for ref in pending:
+            ray.cancel(ref, force=True)
+        raise
+    if failure is not None:
+        raise failure
+    return first
+
+
+def _encoder(tokenizer, style, column, masking, units):
+    from vecpack.inputs.jsonl import buffer_lines
+    from vecpack.inputs.records import to_record
+    from vecpack.tokenizing.encoder import ChatEncoder
+
+    rows = []
+    first = next((u for u in units if u.kind == "jsonl"), None)
+    if first is not None:
+        head = objects.get(first.url, first.start, min(first.stop, first.start + (1 << 20)))
+        head = head[:head.rfind(b"\n") + 1] or head
+        for _, raw in buffer_lines(head):
+            rec = to_record(raw)
+            if isinstance(rec, dict):
+                rows.append(rec)
+            if len(rows) >= 64:
+                break
+    return ChatEncoder.from_tokenizer(tokenizer, masking=masking, style=style, column=column,
+                                      sample_rows=rows, defer_check=False)
+
+
+def _work_key(encoder, style, column, masking, on_error) -> str:
+    """The tokenizing configuration's key: receipts under it are valid for this call."""
+    fp = getattr(encoder, "fingerprint", None) or type(encoder).__qualname__
+    text = json.dumps([CLUSTER_FORMAT, str(fp), style, column, masking, on_error])
+    return "tok-" + hashlib.sha256(text.encode()).hexdigest()[:24]
+
+
+def _tokenize_stats(units, results: dict, encoder) -> dict:
+    counts = [results[u.index]["counts"] for u in units]
+    examples, lines = [], {}
+    for u, c in zip(units, counts):
+        before = lines.get(u.url, 0)
+        lines[u.url] = before + c["lines"]
+        for local, reason in c["examples"]:
+            if len(examples) < 5:
+                line, row = locate_example(u, local, before)
+                examples.append(str(InputError(reason, file=u.url, line=line, row=row)))
+    agentic: dict = {}
+    for c in counts:
+        for k, v in (c.get("agentic") or {}).items():
+            agentic[k] = agentic.get(k, 0) + v
+    stats = {"rows": sum(c["records"] for c in counts), "documents": sum(c["documents"] for c in counts),
+             "tokens": sum(c["tokens"] for c in counts), "trainable_tokens": sum(c["trainable"] for c in counts),
+             "rejected": sum(c["rejected"] for c in counts), "rejected_examples": examples,
+             "backend": getattr(encoder, "backend", type(encoder).__name__), "chunks": len(units),
+             "executor": "ray-cluster"}
+    if agentic:
+        stats["agentic"] = agentic
+    return stats
+
+
+def _jsonable(d: dict) -> dict:
+    return json.loads(json.dumps(d, default=lambda o: o.item() if hasattr(o, "item") else str(o)))

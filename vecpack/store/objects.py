@@ -1,0 +1,320 @@
+"""Object storage: ``s3://``, ``gs://``, ``az://`` / ``abfs://`` and ``hf://`` URLs, read and written whole or by range.
+
+A URL is never a :class:`pathlib.Path` (that turns ``s3://b/k`` into
+``s3:/b/k``): it stays a string, split into a filesystem and a key by
+:func:`filesystem`. S3, GCS and Azure go through pyarrow's filesystems, made
+by ``FileSystem.from_uri`` so that the usual environment applies
+(``AWS_ENDPOINT_URL``, ``AWS_ACCESS_KEY_ID``, ``~/.aws/config``, a GCS or Azure
+login); ``hf://`` goes through ``huggingface_hub``'s fsspec filesystem when it is
+installed. A plain path works too (the local filesystem), so the same code
+serves a shared filesystem.
+
+Every call is retried when the store says the error is transient (throttling,
+a dropped connection, a 5xx), a bounded number of times with backoff
+(:data:`RETRIES`); any other error is an :class:`ObjectStoreError` (or a
+:class:`FileNotFoundError`) that names the object. S3 has no rename, so an
+object is written whole under a key of its own (:func:`attempt_id` names an
+attempt); whoever writes last decides what counts (a manifest).
+
+>>> import tempfile, os
+>>> root = tempfile.mkdtemp()
+>>> put(join(root, "a", "x.bin"), b"hello world")
+>>> get(join(root, "a", "x.bin"), 6, 11)
+b'world'
+>>> [os.path.basename(u) for u in glob(join(root, "a", "*.bin"))]
+['x.bin']
+>>> is_url("s3://bucket/key"), is_url("/data/train.jsonl")
+(True, False)
+"""
+
+from __future__ import annotations
+
+import os
+import posixpath
+import random
+import re
+import time
+import uuid
+
+from vecpack import _state
+
+__all__ = ["ObjectStoreError", "RETRIES", "attempt_id", "delete", "exists", "filesystem", "get", "get_file", "glob",
+           "is_url", "join", "listing", "put", "put_file", "retrying", "size", "stat"]
+
+#: attempts of one call before a transient error is given up on
+RETRIES = 6
+_BACKOFF = 0.2          # seconds before the first retry; doubled each time, with jitter
+_BACKOFF_MAX = 5.0
+_SCHEMES = {"s3": "s3", "s3a": "s3", "gs": "gs", "gcs": "gs", "az": "abfs", "abfs": "abfs", "abfss": "abfs",
+            "hf": "hf"}
+_TRANSIENT = ("SLOW_DOWN", "SlowDown", "THROTTL", "Throttl", "NETWORK_CONNECTION", "REQUEST_TIMEOUT",
+              "RequestTimeout", "INTERNAL_FAILURE", "InternalError", "SERVICE_UNAVAILABLE", "ServiceUnavailable",
+              "503", "500 ", "502", "504", "Connection reset", "connection reset", "timed out", "Timeout",
+              "curlCode: 28", "curlCode: 52", "curlCode: 56", "curlCode: 7,", "TooManyRequests", "429")
+
+
+class ObjectStoreError(OSError):
+    """A store call failed for good: ``str()`` names the object and the store's reason."""
+
+
+def is_url(path) -> bool:
+    """True for an object-store URL (``s3://``, ``gs://``, ``az://``, ``abfs://``, ``hf://``)."""
+    if not isinstance(path, str) or "://" not in path:
+        return False
+    return path.split("://", 1)[0].lower() in _SCHEMES
+
+
+def join(base: str, *parts: str) -> str:
+    """``base/part/...`` for URLs and local paths alike (never through pathlib)."""
+    if is_url(base):
+        return "/".join([base.rstrip("/")] + [p.strip("/") for p in parts])
+    return os.path.join(base, *parts)
+
+
+def _bucket(url: str) -> tuple[str, str]:
+    scheme, rest = url.split("://", 1)
+    return _SCHEMES[scheme.lower()], rest.split("/", 1)[0]
+
+
+def filesystem(url: str):
+    """``(pyarrow filesystem, key)`` for ``url``; one filesystem per bucket and process.
+
+    ``s3://`` honours ``AWS_ENDPOINT_URL`` (``FileSystem.from_uri`` reads it; a
+    plain ``S3FileSystem()`` would not) and the usual credentials.
+    """
+    import pyarrow.fs as pafs
+
+    if not is_url(url):
+        return pafs.LocalFileSystem(), os.path.abspath(os.fspath(url))
+    scheme, bucket = _bucket(url)
+    key = url.split("://", 1)[1]
+    memo = _state.memo("object-stores", 16)
+    fs = memo.get((scheme, bucket))
+    if fs is None:
+        if scheme == "hf":
+            fs = _hf_filesystem(url)
+        else:
+            fs = retrying(lambda: pafs.FileSystem.from_uri(f"{scheme}://{bucket}")[0], url)
+        memo[(scheme, bucket)] = fs
+    return fs, key
+
+
+def _hf_filesystem(url: str):
+    try:
+        from huggingface_hub import HfFileSystem
+    except ModuleNotFoundError:  # pragma: no cover - depends on the environment
+        raise ModuleNotFoundError(f"{url}: hf:// needs huggingface_hub (pip install huggingface_hub)") from None
+    import pyarrow.fs as pafs
+
+    return pafs.PyFileSystem(pafs.FSSpecHandler(HfFileSystem()))
+
+
+def _transient(e: BaseException) -> bool:
+    if isinstance(e, (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError)):
+        return False
+    if isinstance(e, (ConnectionError, TimeoutError)):
+        return True
+    text = str(e)
+    return isinstance(e, OSError) and any(m in text for m in _TRANSIENT)
+
+
+def retrying(fn, what: str, *, attempts: int = RETRIES, sleep=time.sleep):
+    """``fn()``, retried with backoff while it fails transiently; any other error names ``what``.
+
+    >>> calls = []
+    >>> def flaky():
+    ...     calls.append(1)
+    ...     if len(calls) < 3:
+    ...         raise OSError("AWS Error SLOW_DOWN during GetObject operation")
+    ...     return "ok"
+    >>> retrying(flaky, "s3://b/k", sleep=lambda s: None), len(calls)
+    ('ok', 3)
+    """
+    delay = _BACKOFF
+    for i in range(attempts):
+        try:
+            return fn()
+        except FileNotFoundError:
+            raise FileNotFoundError(f"{what}: no such object") from None
+        except Exception as e:  # noqa: BLE001 - sorted into transient (retried) and not (named)
+            if _transient(e) and i + 1 < attempts:
+                sleep(min(_BACKOFF_MAX, delay) * (0.5 + random.random()))
+                delay *= 2
+                continue
+            if isinstance(e, ObjectStoreError):
+                raise
+            tries = f" (after {i + 1} attempts)" if i else ""
+            raise ObjectStoreError(f"{what}: {type(e).__name__}: {_short(e)}{tries}") from e
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+def _short(e: BaseException) -> str:
+    return " ".join(str(e).split())[:300]
+
+
+def get(url: str, start: int | None = None, stop: int | None = None) -> bytes:
+    """The object's bytes, or ``[start, stop)`` of them read straight from the store (a ranged GET)."""
+    fs, key = filesystem(url)
+
+    def read():
+        with fs.open_input_file(key) as f:
+            if start is None:
+                return f.readall() if hasattr(f, "readall") else f.read()
+            return f.read_at(stop - start, start)
+
+    data = retrying(read, url)
+    if start is not None and len(data) != stop - start:
+        raise ObjectStoreError(f"{url}: the object ends before byte {stop:,} (it changed while it was read)")
+    return data
+
+
+def put(url: str, data) -> None:
+    """Write the object whole (a new key: nothing else is ever overwritten in place)."""
+    fs, key = filesystem(url)
+    if not is_url(url):
+        os.makedirs(os.path.dirname(key), exist_ok=True)
+
+    def write():
+        with fs.open_output_stream(key) as f:
+            f.write(data)
+
+    retrying(write, url)
+
+
+_PIECE = 64 << 20   # bytes a call moves when streaming a file to or from the store
+
+
+def put_file(url: str, path) -> None:
+    """Upload the local file ``path`` as the object ``url``, streamed in 64 MiB pieces."""
+    fs, key = filesystem(url)
+    if not is_url(url):
+        os.makedirs(os.path.dirname(key), exist_ok=True)
+
+    def write():
+        with open(path, "rb") as src, fs.open_output_stream(key) as f:
+            while True:
+                piece = src.read(_PIECE)
+                if not piece:
+                    break
+                f.write(piece)
+
+    retrying(write, url)
+
+
+def get_file(url: str, path) -> None:
+    """Download the object ``url`` into the local file ``path`` (made anew), streamed in 64 MiB pieces."""
+    fs, key = filesystem(url)
+
+    def read():
+        with fs.open_input_stream(key) as src, open(path, "wb") as f:
+            while True:
+                piece = src.read(_PIECE)
+                if not piece:
+                    break
+                f.write(piece)
+            f.flush()
+            os.fsync(f.fileno())
+
+    retrying(read, url)
+
+
+def stat(url: str):
+    """``(size, mtime_ns)`` of the object; :class:`FileNotFoundError` naming it when it is missing."""
+    import pyarrow.fs as pafs
+
+    fs, key = filesystem(url)
+    info = retrying(lambda: fs.get_file_info(key), url)
+    if info.type == pafs.FileType.NotFound:
+        raise FileNotFoundError(f"{url}: no such object")
+    mtime = info.mtime_ns if info.mtime_ns is not None else 0
+    return int(info.size or 0), int(mtime)
+
+
+def size(url: str) -> int:
+    """The object's size in bytes."""
+    return stat(url)[0]
+
+
+def exists(url: str) -> bool:
+    """Whether the object exists."""
+    import pyarrow.fs as pafs
+
+    fs, key = filesystem(url)
+    return retrying(lambda: fs.get_file_info(key), url).type != pafs.FileType.NotFound
+
+
+def delete(url: str) -> None:
+    """Remove the object if it is there."""
+    fs, key = filesystem(url)
+    try:
+        retrying(lambda: fs.delete_file(key), url)
+    except FileNotFoundError:
+        pass
+
+
+def listing(prefix: str) -> list[str]:
+    """Every object under ``prefix`` (a "directory"), as full URLs (or paths), sorted; ``[]`` if none."""
+    import pyarrow.fs as pafs
+
+    fs, key = filesystem(prefix)
+    sel = pafs.FileSelector(key.rstrip("/"), recursive=True, allow_not_found=True)
+    try:
+        infos = retrying(lambda: fs.get_file_info(sel), prefix)
+    except FileNotFoundError:
+        return []
+    head = prefix.split("://", 1)[0] + "://" if is_url(prefix) else ""
+    return sorted(head + i.path for i in infos if i.type == pafs.FileType.File)
+
+
+def glob(pattern: str) -> list[str]:
+    """The objects matching ``pattern`` (``*``, ``?``, ``[...]`` and ``**``), sorted; the URL itself if it has none."""
+    if not any(c in pattern for c in "*?["):
+        return [pattern]
+    head = pattern.split("://", 1)[0] + "://" if is_url(pattern) else ""
+    body = pattern[len(head):]
+    cut = min(body.find(c) for c in "*?[" if c in body)
+    base = body[:cut].rpartition("/")[0]
+    found = listing(head + base)
+    rx = _pattern(body)
+    return [u for u in found if rx.fullmatch(u[len(head):])]
+
+
+def _pattern(glob_: str):
+    """A regex of a glob where ``*``, ``?`` and ``[...]`` stay inside one path segment and ``**/`` spans any.
+
+    >>> bool(_pattern("b/*.jsonl").fullmatch("b/sub/x.jsonl")), bool(_pattern("b/**/*.jsonl").fullmatch("b/s/x.jsonl"))
+    (False, True)
+    """
+    out, i = [], 0
+    while i < len(glob_):
+        if glob_.startswith("**/", i):
+            out.append("(?:.*/)?")
+            i += 3
+        elif glob_.startswith("**", i):
+            out.append(".*")
+            i += 2
+        elif glob_[i] == "*":
+            out.append("[^/]*")
+            i += 1
+        elif glob_[i] == "?":
+            out.append("[^/]")
+            i += 1
+        elif glob_[i] == "[" and "]" in glob_[i + 2:]:
+            j = glob_.index("]", i + 2)
+            inner = glob_[i + 1:j]
+            out.append("[" + ("^" + inner[1:] if inner.startswith("!") else inner) + "]")
+            i = j + 1
+        else:
+            out.append(re.escape(glob_[i]))
+            i += 1
+    return re.compile("".join(out))
+
+
+def attempt_id() -> str:
+    """A fresh name for one attempt's objects (sortable by time, unique across nodes)."""
+    return f"{time.time_ns():x}-{uuid.uuid4().hex[:10]}"
+
+
+def parent(url: str) -> str:
+    """The "directory" of ``url``."""
+    return posixpath.dirname(url) if is_url(url) else os.path.dirname(url)

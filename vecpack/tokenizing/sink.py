@@ -1,0 +1,205 @@
+"""The rows of one chunk, encoded with the fast engine and labelled in one pass (:class:`ChunkSink`).
+
+:class:`~vecpack.tokenizing.encoder.ChatEncoder` hands its rows here when an
+engine other than HF tokenizers runs: each row's rendered pieces are kept
+(references only), every text of the chunk is encoded in one call, cached
+prefixes are spliced in front of the rows that start with them, and the whole
+chunk is labelled at once.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+
+from vecpack.chat.conversation import TextCompletion, read_row
+from vecpack.errors import InputError
+from vecpack.options import IGNORE_INDEX
+from vecpack.tokenizing.labels import part_sizes
+from vecpack.tokenizing.lane import splice_heads
+
+__all__ = ["ChunkSink", "RowSink", "add_counts"]
+
+_PREFIX_MAX_CHARS = 32_768      # longer prefixes are not cached
+
+
+class ChunkSink:
+    """The rows of one chunk, encoded with the fast engine and labelled in one pass.
+
+    Per row, :meth:`add` renders the conversation and keeps its text and the
+    UTF-8 size and trainability of each piece (references only: they are
+    flattened once, at :meth:`finish`). A prefix holding only template text and
+    the system prompt (the same in many rows) is tokenized once per process,
+    and its ids are spliced in front of the rows that start with it, all rows
+    at once. With fastokens every row's text is encoded in one
+    ``encode_batch_flat`` call at :meth:`finish`; with tiktoken, row by row as
+    it comes. :meth:`finish` labels the whole chunk with
+    :meth:`~vecpack.tokenizing.runtime.Runtime.labels`. A row the fast engine
+    cannot take exactly (see :meth:`~vecpack.tokenizing.runtime.Runtime.exact`)
+    is encoded by HF tokenizers on its own and slotted in at its place.
+    """
+
+    def __init__(self, encoder):
+        self.enc = encoder
+        self.rt = encoder.runtime
+        self.heads: list = []            # fast rows: cached prefix ids (or None)
+        self.texts: list[str] = []       # fast rows: the text after the prefix (batch engines)
+        self.ids: list[np.ndarray] = []  # fast rows: its ids (engines that encode text by text)
+        self.sizes: list = []            # fast rows: the UTF-8 size of each piece
+        self.train: list = []            # fast rows: whether each piece is trained
+        self.slow: dict[int, tuple] = {}  # row index -> (tokens, labels) of a row HF encoded
+        self.rows = 0
+        self.counts: dict[str, int] = {}  # agentic rows' tool calls, results, reasoning (spans.conversation_parts)
+
+    def add(self, row) -> None:
+        """Take one row. Raises :class:`InputError` (nothing kept) when it is unusable."""
+        enc = self.enc
+        got = read_row(row, enc.style, enc.column)
+        if type(got) is TextCompletion:  # TRL's plain-text prompt-completion: tokens of its own
+            self.slow[self.rows] = enc.encode_completion(got)
+            self.rows += 1
+            return
+        if type(got) is not tuple:  # tools, calls, reasoning...: rendered by Jinja, its spans found
+            parts, train, info = enc.template.conversation_parts(got)
+            self.add_parts(parts, train, 0, None)
+            add_counts(self.counts, info)
+            return
+        try:
+            rendered = enc.template.parts_of(*got)
+        except (KeyError, TypeError) as e:
+            raise InputError(f"malformed message: {e!r}") from None
+        self.add_parts(*rendered)
+
+    def add_parts(self, parts, train, n_cache, layout) -> None:
+        """Take one rendered row: ``template.parts(...)``'s output."""
+        rt = self.rt
+        try:
+            sizes = part_sizes(parts, layout)
+        except UnicodeEncodeError:
+            raise InputError("text contains a lone surrogate (invalid Unicode)") from None
+        text = rest = "".join(parts)
+        head, exact = None, None
+        if n_cache:
+            c = sum(map(len, parts[:n_cache])) if n_cache > 1 else len(parts[0])
+            if 0 < c <= _PREFIX_MAX_CHARS:
+                key = text[:c]
+                k, ids, prefix_exact = rt.cache_prefix(key)
+                if k:
+                    head, rest = ids, text[k:]
+                    # an exact prefix and an exact rest that starts with an ASCII character make an exact
+                    # whole (nothing composes or reorders across that boundary): the prefix is not re-scanned
+                    if prefix_exact and rest[:1].isascii():
+                        exact = rt.exact(rest)
+        if not (rt.exact(text) if exact is None else exact):
+            self.slow[self.rows] = self.enc._encode_tokenizers(parts, train)
+            self.rows += 1
+            return
+        if rt.batch:
+            self.texts.append(rest)
+        else:
+            self.ids.append(rt.encode(rest, rt.allowed if layout is None else self.enc._allowed(layout, parts)))
+        self.heads.append(head)
+        self.sizes.append(sizes)
+        self.train.append(train)
+        self.rows += 1
+
+    def finish(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``(tokens, labels, lengths)``: every row added, back to back (int32), and each row's length.
+
+        ``self.trainable`` is then the number of trained tokens.
+        """
+        rt = self.rt
+        if rt.batch:
+            ids, offsets = rt.encode_batch(self.texts) if self.texts else (np.zeros(0, np.int32),
+                                                                           np.zeros(1, np.int64))
+            lengths = np.diff(offsets)
+        else:
+            lengths = np.fromiter(map(len, self.ids), np.int64, len(self.ids))
+            ids = np.concatenate(self.ids) if self.ids else np.zeros(0, np.int32)
+        ids, lengths = _with_heads(ids, lengths, self.heads)
+        chain = itertools.chain.from_iterable
+        sizes = np.fromiter(chain(self.sizes), np.int64)
+        train = np.fromiter(chain(self.train), np.int8, len(sizes))
+        done = rt.labels(ids, lengths, sizes, train, masking_all=self.enc.masking == "all")
+        if done is None:  # pragma: no cover - the engine's tokens do not spell the text
+            raise RuntimeError(f"the tokens of a chunk cover other bytes than its text's {int(sizes.sum())}")
+        labels, self.trainable = done
+        if not self.slow:
+            return ids, labels, lengths
+        return self._with_slow_rows(ids, labels, lengths)
+
+    def _with_slow_rows(self, ids, labels, lengths):
+        """Slot the rows HF encoded in between the fast ones, at their places."""
+        toks, labs, lens = [], [], []
+        fast_at = np.concatenate([[0], np.cumsum(lengths)])
+        j = 0
+        for i in range(self.rows):
+            if i in self.slow:
+                t, lab = self.slow[i]
+                self.trainable += int(np.count_nonzero(lab != -100))
+            else:
+                t, lab = ids[fast_at[j]:fast_at[j + 1]], labels[fast_at[j]:fast_at[j + 1]]
+                j += 1
+            toks.append(t)
+            labs.append(lab)
+            lens.append(len(t))
+        return (np.concatenate(toks).astype(np.int32, copy=False), np.concatenate(labs).astype(np.int32, copy=False),
+                np.asarray(lens, np.int64))
+
+
+def _with_heads(ids: np.ndarray, lengths: np.ndarray, heads: list) -> tuple[np.ndarray, np.ndarray]:
+    """``(ids, lengths)`` with each row's cached prefix ids (``heads[i]``, or ``None``) in front of it.
+
+    ``ids`` holds the rows' other tokens back to back, ``lengths[i]`` row i's
+    count of them.
+
+    >>> ids, lengths = _with_heads(np.array([7, 8, 9], np.int32), np.array([1, 2]),
+    ...                            [np.array([1, 2], np.int32), None])
+    >>> ids.tolist(), lengths.tolist()
+    ([1, 2, 7, 8, 9], [3, 2])
+    """
+    keys = np.fromiter(map(id, heads), np.int64, len(heads))
+    if not len(keys) or (keys == id(None)).all():
+        return ids, lengths
+    distinct, head_of = np.unique(keys, return_inverse=True)
+    by_id = {id(h): h for h in heads if h is not None}
+    table = [by_id.get(key) for key in distinct.tolist()]
+    head_of = head_of.reshape(-1).astype(np.int64)
+    none = next((d for d, h in enumerate(table) if h is None), -1)
+    if none >= 0:  # rows without a prefix: index -1
+        head_of[head_of == none] = -1
+    return splice_heads(ids, lengths, head_of, table)
+
+
+def add_counts(counts: dict, info: dict | None) -> None:
+    """Add one row's agentic counts (``None``: none) into ``counts``."""
+    for k, v in (info or {}).items():
+        counts[k] = counts.get(k, 0) + v
+
+
+class RowSink:
+    """A chunk's rows on HF tokenizers: encoded one by one (as ``encode_row``), with the agentic
+    counts a :class:`ChunkSink` keeps (``stats["agentic"]`` on every engine)."""
+
+    def __init__(self, encoder):
+        self.enc = encoder
+        self.toks: list = []
+        self.labs: list = []
+        self.counts: dict[str, int] = {}
+        self.trainable = 0
+
+    def add(self, row) -> None:
+        """Take one row. Raises :class:`InputError` (nothing kept) when it is unusable."""
+        tokens, labels, info = self.enc.encode_row_counted(row)
+        self.toks.append(np.asarray(tokens, np.int32))
+        self.labs.append(np.asarray(labels, np.int32))
+        add_counts(self.counts, info)
+
+    def finish(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``(tokens, labels, lengths)`` of every row added, back to back."""
+        lengths = np.fromiter(map(len, self.toks), np.int64, len(self.toks))
+        tokens = np.concatenate(self.toks) if self.toks else np.zeros(0, np.int32)
+        labels = np.concatenate(self.labs) if self.labs else np.zeros(0, np.int32)
+        self.trainable = int(np.count_nonzero(labels != IGNORE_INDEX))
+        return tokens, labels, lengths

@@ -1,0 +1,131 @@
+"""``build_vision``: vision chat files + a processor directory -> packs that ``model(**batch)`` trains on.
+
+::
+
+    rows ──► VisionEncoder on every core ──► corpus (ids, labels, images by digest)
+                                                 │
+    unique images ──► preprocessing on every core ──► cache entry vision_pixels-<key>
+                                                 │       (pixels.npy memory-mapped)
+                                                 ▼
+                                     PackedVision (+ collate_vision)
+
+The pixels entry is keyed by the images' contents (in order) and the
+processor's fingerprint: a changed image misses, a renamed file hits. The rows
+are encoded on every build (an image is read for its header and digest only).
+
+>>> import inspect
+>>> list(inspect.signature(build_vision).parameters)[:3]
+['data_files', 'processor', 'max_len']
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+import numpy as np
+
+__all__ = ["build_vision", "n_workers"]
+
+PIXELS_FORMAT = 1
+
+
+def n_workers(n_jobs: int | None) -> int:
+    """``-1`` -> every usable core, ``-2`` all but one, ``None`` -> 1."""
+    if n_jobs is None:
+        return 1
+    if isinstance(n_jobs, bool) or not isinstance(n_jobs, (int, np.integer)) or n_jobs == 0:
+        raise ValueError(f"n_jobs must be a non-zero integer (-1 = every core), got {n_jobs!r}")
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(1, int(n_jobs) if n_jobs > 0 else cores + 1 + int(n_jobs))
+
+
+def build_vision(data_files, processor, max_len: int, *, masking: str = "assistant", column: str | None = None,
+                 strategy: str = "bfd", long: str = "truncate", shuffle_seed: int | None = 0,
+                 pixels: str = "cache", n_jobs: int = -1, cache_dir=None, pad_id: int | None = None):
+    """Pack vision-language chat rows for training.
+
+    Args:
+        data_files: a path or list of paths (JSON Lines, Parquet); image paths resolve relative to each file.
+        processor: a processor directory (``preprocessor_config.json``, tokenizer files, chat template) or a
+            loaded :class:`~vecpack.vision.processor.VisionProcessor`.
+        max_len: tokens per pack.
+        masking: ``"assistant"``, ``"last"`` or ``"all"`` (image tokens are never trained).
+        column: the messages column (default ``messages``, else ``conversations``).
+        strategy, shuffle_seed: as :func:`vecpack.plan`.
+        long: ``"truncate"`` (only at a text boundary; a document left with no trained token is dropped and
+            counted), ``"drop"`` or ``"error"``.
+        pixels: ``"cache"`` (preprocessed once, memory-mapped from the cache) or ``"lazy"`` (at batch time).
+        n_jobs: worker processes (``-1`` = every core).
+        cache_dir: the cache root (default ``$VECPACK_CACHE`` or ``~/.cache/vecpack``).
+        pad_id: the padding id (default the tokenizer's pad, else its eos).
+
+    Returns:
+        a :class:`~vecpack.vision.packed.PackedVision`; batch it with
+        :func:`~vecpack.vision.collate.collate_vision`. ``.stats`` counts documents, packs, images, tokens,
+        ``dropped`` / ``truncated``, ``padded_tokens`` (what padding every batch to its longest sample costs),
+        ``image_processor`` (the class used) and ``pixels_hit`` (whether the pixels came from the cache).
+    """
+    from vecpack.options import check_choice, check_max_len
+    from vecpack.vision.corpus import encode_files
+    from vecpack.vision.encode import VisionEncoder
+    from vecpack.vision.packed import PackedVision
+    from vecpack.vision.pixels import LazyPixels, MappedPixels
+    from vecpack.vision.processor import load_processor
+    from vecpack.vision.workers import Workers
+
+    t0 = time.perf_counter()
+    check_max_len(max_len)
+    check_choice(pixels, "pixels", _PIXEL_MODES)
+    files = [data_files] if isinstance(data_files, (str, os.PathLike)) else list(data_files)
+    files = [os.fspath(f) for f in files]
+    jobs = n_workers(n_jobs)
+    proc = load_processor(processor)
+    encoder = VisionEncoder(proc, masking=masking, column=column)
+    hit = None
+    with Workers(encoder, jobs) as workers:
+        corpus = encode_files(files, encoder, workers)
+        t1 = time.perf_counter()
+        if pixels == "lazy":
+            store = LazyPixels(corpus, encoder)
+        else:
+            entry = _pixels_entry(corpus, encoder, workers, cache_dir)
+            hit = not entry.built
+            store = MappedPixels(entry.arrays["pixels"], np.asarray(entry.arrays["pixel_offsets"]))
+    packed = PackedVision(corpus, store, max_len, strategy=strategy, long=long, shuffle_seed=shuffle_seed,
+                          pad_id=pad_id)
+    lengths = np.diff(corpus.offsets)
+    packed.stats.update(
+        rows=len(corpus), image_processor=proc.image_processor_class, pixels_hit=hit, unique_images=len(corpus.grids),
+        padded_tokens=_padded(lengths, min(8, max(1, len(lengths)))), encode_seconds=t1 - t0,
+        seconds=time.perf_counter() - t0, n_jobs=jobs, tasks=corpus.stats["tasks"])
+    packed.encoder = encoder
+    return packed
+
+
+def _padded(lengths: np.ndarray, batch: int) -> int:
+    """Tokens a padded loader (batches of ``batch`` rows in order, each padded to its longest) would feed."""
+    if not len(lengths):
+        return 0
+    n = -(-len(lengths) // batch) * batch
+    full = np.zeros(n, np.int64)
+    full[:len(lengths)] = lengths
+    return int(full.reshape(-1, batch).max(axis=1).sum() * batch)
+
+
+def _pixels_entry(corpus, encoder, workers, cache_dir):
+    from vecpack.store.cache import Cache
+    from vecpack.store.hashing import make_key
+    from vecpack.vision.pixels import write_pixels
+
+    key = make_key("vision_pixels", {"images": corpus.digests, "processor": encoder.processor.fingerprint,
+                                      "format": PIXELS_FORMAT})
+
+    def build_fn(tmp):
+        np.save(tmp / "grids.npy", corpus.grids)
+        return write_pixels(tmp, corpus, encoder, workers)
+
+    return Cache(cache_dir).get_or_build(key, build_fn, kind="vision_pixels", meta={"images": len(corpus.digests)})
+
+
+_PIXEL_MODES = frozenset({"cache", "lazy"})

@@ -1,0 +1,45 @@
+"""The vision collator: packs -> one batch that ``model(**batch)`` trains on, documents kept apart.
+
+Packs are laid end to end into one row, ``[1, B * max_len]``, because that is
+the form transformers reads document boundaries from for mRoPE models: with
+``position_ids`` of shape ``[4, 1, T]`` (row 0 restarting per document), no
+attention mask and ``use_cache=False``, every document attends to itself only
+(a ``[3, 1, T]`` or a 1-D restarting ``position_ids`` leaks between documents,
+and ``[4, B, T]`` raises). ``pixel_values`` and ``image_grid_thw`` are the
+packs' in order, so the vision tower sees each image once, in token order.
+
+>>> import numpy as np
+>>> pack = {"input_ids": np.arange(4), "labels": np.arange(4), "position_ids": np.zeros((4, 4), np.int64),
+...         "pixel_values": np.zeros((0, 6), np.float32), "image_grid_thw": np.zeros((0, 3), np.int64),
+...         "seq_lens": np.array([4], np.int32)}
+>>> b = collate_vision([pack, pack])
+>>> b["input_ids"].shape, b["position_ids"].shape, "pixel_values" in b
+(torch.Size([1, 8]), torch.Size([4, 1, 8]), False)
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+__all__ = ["collate_vision"]
+
+
+def collate_vision(packs: list[dict]) -> dict:
+    """Packs (``PackedVision`` items) -> ``input_ids``/``labels`` ``[1, T]``, ``position_ids`` ``[4, 1, T]``,
+    ``pixel_values``, ``image_grid_thw`` (left out when the batch has no image) and ``use_cache=False``."""
+    import torch
+
+    def cat(key):
+        return torch.from_numpy(np.concatenate([np.asarray(p[key]) for p in packs], axis=-1))
+
+    batch = {
+        "input_ids": cat("input_ids").long()[None],
+        "labels": cat("labels").long()[None],
+        "position_ids": cat("position_ids").long()[:, None],
+        "use_cache": False,
+    }
+    grids = np.concatenate([p["image_grid_thw"] for p in packs])
+    if len(grids):
+        batch["pixel_values"] = torch.from_numpy(np.concatenate([p["pixel_values"] for p in packs]))
+        batch["image_grid_thw"] = torch.from_numpy(grids.astype(np.int64))
+    return batch

@@ -1,0 +1,152 @@
+"""Packs of vision-language documents: images never cut, each pack's pixels and grids in document order.
+
+A document longer than ``max_len`` is cut only at a text boundary: never
+inside an image's ``<|vision_start|> ... <|vision_end|>`` span (the cut moves
+back before it, and the images after the cut leave with their tokens). A
+document whose cut keeps no trained token is dropped and counted
+(``stats["dropped"]``); ``long="drop"`` drops every long document, ``"error"``
+raises.
+
+A pack (``packed[i]``) is a dict of NumPy arrays: ``input_ids``, ``labels``
+(``-100`` on image tokens, padding, and the first token of every document),
+``position_ids`` ``[4, T]`` (:func:`~vecpack.vision.positions.pack_positions`),
+``pixel_values`` ``[R, D]`` and ``image_grid_thw`` ``[I, 3]`` of its documents'
+images, in document order, and ``seq_lens``. Pixels are read per pack from the
+memory-mapped cache entry (or preprocessed at that moment, lazily): only the
+current packs' pixels are in memory.
+
+>>> tokens = np.array([7, 1, 9, 9, 2, 7, 7, 7], dtype=np.int32)   # 1 = vision start, 9 = image, 2 = end
+>>> text_cut(tokens, 4, image_token_id=9)   # a cut at 4 would split the image span [1, 5): back to 1
+1
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from vecpack.errors import InputError
+from vecpack.options import LONG_POLICIES, check_choice, check_max_len
+
+__all__ = ["PackedVision", "image_spans", "text_cut"]
+
+IGNORE = -100
+
+
+def image_spans(tokens: np.ndarray, image_token_id: int) -> tuple[np.ndarray, np.ndarray]:
+    """(start, stop) of each run of image tokens, widened by one token each side (the vision start / end)."""
+    is_img = np.asarray(tokens) == image_token_id
+    edges = np.diff(np.concatenate(([0], is_img.view(np.int8), [0])))
+    return np.flatnonzero(edges == 1) - 1, np.flatnonzero(edges == -1) + 1
+
+
+def text_cut(tokens: np.ndarray, limit: int, *, image_token_id: int) -> int:
+    """The longest prefix of at most ``limit`` tokens that cuts no image span."""
+    if len(tokens) <= limit:
+        return len(tokens)
+    starts, stops = image_spans(tokens, image_token_id)
+    inside = (starts < limit) & (stops > limit)
+    return int(starts[inside][0]) if inside.any() else limit
+
+
+class PackedVision:
+    """Packed vision-language documents (see the module docstring).
+
+    Args:
+        corpus: a :class:`~vecpack.vision.corpus.VisionCorpus` (tokens, labels, offsets, images per document).
+        pixels: an object with ``rows(u) -> float32 [n, D]`` for unique image ``u`` (memory-mapped or lazy).
+        max_len: tokens per pack.
+        strategy: the packing strategy of :func:`vecpack.plan`.
+        long: ``"truncate"`` (at a text boundary), ``"drop"`` or ``"error"``.
+        pad_id: the padding id (default: the processor's).
+    """
+
+    def __init__(self, corpus, pixels, max_len: int, *, strategy: str = "bfd", long: str = "truncate",
+                 shuffle_seed: int | None = 0, pad_id: int | None = None):
+        from vecpack.packing.plan import plan
+
+        check_max_len(max_len)
+        check_choice(long, "long policy", [p for p in LONG_POLICIES if p != "split"],
+                     "a vision document is never split")
+        self.corpus = corpus
+        self.pixels = pixels
+        self.max_len = int(max_len)
+        self.image_token_id = corpus.image_token_id
+        self.merge = corpus.merge
+        self.pad_id = corpus.pad_id if pad_id is None else int(pad_id)
+        lengths, dropped, truncated = self._lengths(long)
+        self.plan = plan(lengths, self.max_len, strategy=strategy, long="error", shuffle_seed=shuffle_seed)
+        stats = dict(self.plan.stats)
+        stats.update(dropped=len(dropped), dropped_documents=dropped, truncated=truncated,
+                     images=int(sum(self._images_kept(d, n) for d, n in zip(self.plan.doc_index,
+                                                                              self.plan.doc_length))))
+        stats["empty"] = int(stats.get("empty", 0)) - len(dropped)
+        self.stats = stats
+
+    def _lengths(self, long: str) -> tuple[np.ndarray, list, int]:
+        c = self.corpus
+        lengths = np.diff(c.offsets).astype(np.int64)
+        dropped, truncated = [], 0
+        for d in np.flatnonzero(lengths > self.max_len):
+            if long == "error":
+                raise InputError(f"document of {lengths[d]} tokens is longer than max_len={self.max_len}; "
+                                 "pass long='truncate' or 'drop', or a larger max_len", **c.where(d))
+            a = c.offsets[d]
+            cut = text_cut(c.tokens[a:c.offsets[d + 1]], self.max_len, image_token_id=self.image_token_id)
+            trained = bool((c.labels[a + 1:a + cut] != IGNORE).any())
+            if long == "drop" or cut == 0 or not trained:
+                lengths[d] = 0
+                dropped.append(int(d))
+            else:
+                lengths[d] = cut
+                truncated += 1
+        return lengths, dropped, truncated
+
+    def _images_kept(self, d: int, n: int) -> int:
+        """Images of document ``d`` whose tokens lie in its first ``n`` tokens (never a part of one)."""
+        c = self.corpus
+        a = c.offsets[d]
+        _, stops = image_spans(c.tokens[a:a + n], self.image_token_id)
+        return int(len(stops))
+
+    def __len__(self) -> int:
+        return len(self.plan)
+
+    def __getitem__(self, i: int) -> dict:
+        from vecpack.vision.positions import pack_positions
+
+        if not -len(self) <= i < len(self):
+            raise IndexError(f"pack index {i} out of range for {len(self)} packs")
+        i %= len(self)
+        c, p = self.corpus, self.plan
+        e0, e1 = int(p.pack_offsets[i]), int(p.pack_offsets[i + 1])
+        T = self.max_len
+        ids = np.full(T, self.pad_id, dtype=np.int64)
+        labels = np.full(T, IGNORE, dtype=np.int64)
+        bounds = [0]
+        grids, rows = [], []
+        for e in range(e0, e1):
+            d, n = int(p.doc_index[e]), int(p.doc_length[e])
+            a, s = int(c.offsets[d]), bounds[-1]
+            ids[s:s + n] = c.tokens[a:a + n]
+            labels[s:s + n] = c.labels[a:a + n]
+            labels[s] = IGNORE
+            bounds.append(s + n)
+            k = self._images_kept(d, n)
+            images = c.doc_images(d)[:k]
+            grids.append(c.grids[images])
+            rows.extend(self.pixels.rows(int(u)) for u in images)
+        seq_lens = np.diff(bounds)
+        if bounds[-1] < T:
+            bounds.append(T)
+            grids.append(np.zeros((0, 3), dtype=np.int64))
+        grid = np.concatenate(grids) if grids else np.zeros((0, 3), dtype=np.int64)
+        out = {"input_ids": ids, "labels": labels,
+               "position_ids": pack_positions(ids, np.asarray(bounds), grids, self.image_token_id, self.merge),
+               "image_grid_thw": grid.astype(np.int64), "seq_lens": seq_lens.astype(np.int32)}
+        dim = self.pixels.dim
+        out["pixel_values"] = np.concatenate(rows) if rows else np.zeros((0, dim), dtype=np.float32)
+        return out
+
+    def image_tokens(self, i: int) -> int:
+        """Placeholder tokens in pack ``i`` (equal to ``sum(grid.prod() // merge**2)`` of its images)."""
+        return int((self[i]["input_ids"] == self.image_token_id).sum())

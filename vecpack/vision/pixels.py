@@ -1,0 +1,113 @@
+"""Pixels: the model's preprocessing (resize, normalize, patchify) once per image, on every core, memory-mapped.
+
+Each unique image (unique by content digest) is preprocessed once by the
+processor's own image processor. Its rows land in one ``pixels.npy`` float32
+``[R, D]`` that the workers write in place (each image's row range is known
+from its header before any pixel is decoded), with ``pixel_offsets`` int64
+[U+1]. Reading a pack's pixels maps just its images' rows (:class:`MappedPixels`);
+:class:`LazyPixels` preprocesses them at batch time instead.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+
+import numpy as np
+
+from vecpack.errors import InputError
+from vecpack.vision.images import ImageRef, open_image, read_images
+from vecpack.vision.workers import current_encoder
+
+__all__ = ["LazyPixels", "MappedPixels", "load_image", "patch_dim", "write_pixels"]
+
+
+def patch_dim(processor) -> int:
+    """Values per pixel row: channels x temporal patch x patch x patch."""
+    ip = processor.image_processor
+    return 3 * int(getattr(ip, "temporal_patch_size", 1)) * processor.patch * processor.patch
+
+
+def load_image(source: list, encoder):
+    """The PIL image of a corpus source: ``[path]``, or ``[parquet file, row group, row in it, image index]``."""
+    if len(source) == 1:
+        return open_image(ImageRef(source[0], None, "image"))
+    f, group, position, index = source
+    st = os.stat(f)
+    row = _row_group(f, group, st.st_mtime_ns, st.st_size)[position]
+    _, refs = read_images(row, base=os.path.dirname(f), column=encoder.column)
+    return open_image(refs[index])
+
+
+@functools.lru_cache(maxsize=1)
+def _row_group(f: str, group: int, mtime_ns: int, size: int) -> list:
+    """The rows of one row group (the last one read is kept: images are preprocessed in row order; the file's
+    stat is in the key, so a rewritten file is read again)."""
+    import pyarrow.parquet as pq
+
+    return pq.ParquetFile(f).read_row_group(group).to_pylist()
+
+
+def _preprocess_into(task) -> int:
+    """Worker: preprocess images ``[a, b)`` into ``pixels.npy`` (opened in place); returns rows written."""
+    path, a, b, sources, offsets, grids = task
+    enc = current_encoder()
+    out = np.load(path, mmap_mode="r+")
+    try:
+        for k, u in enumerate(range(a, b)):
+            try:
+                rows, grid = enc.processor.preprocess(load_image(sources[k], enc))
+            except InputError:
+                raise
+            except ValueError as e:  # the processor refuses it
+                raise InputError(f"the processor refuses image {sources[k][0]}: {e}") from None
+            if tuple(grid) != tuple(grids[k]) or len(rows) != offsets[u + 1] - offsets[u]:
+                raise RuntimeError(f"image {sources[k]}: the processor made grid {tuple(grid)}, its header "
+                                   f"said {tuple(grids[k])}")
+            out[offsets[u]:offsets[u + 1]] = rows
+        out.flush()
+    finally:
+        del out
+    return int(offsets[b] - offsets[a])
+
+
+def write_pixels(out_dir, corpus, encoder, workers) -> dict:
+    """Preprocess every unique image of ``corpus`` into ``out_dir/pixels.npy`` + ``pixel_offsets.npy``."""
+    counts = np.prod(corpus.grids, axis=1) if len(corpus.grids) else np.zeros(0, np.int64)
+    offsets = np.concatenate(([0], np.cumsum(counts))).astype(np.int64)
+    dim = patch_dim(encoder.processor)
+    path = os.path.join(str(out_dir), "pixels.npy")
+    arr = np.lib.format.open_memmap(path, mode="w+", dtype=np.float32, shape=(int(offsets[-1]), dim))
+    del arr
+    np.save(os.path.join(str(out_dir), "pixel_offsets.npy"), offsets)
+    U = len(corpus.grids)
+    step = max(1, -(-U // max(1, 4 * workers.n_jobs)))
+    tasks = [(path, a, min(U, a + step), corpus.sources[a:a + step], offsets, corpus.grids[a:a + step])
+             for a in range(0, U, step)]
+    workers.map(_preprocess_into, tasks)
+    return {"images": U, "pixel_rows": int(offsets[-1]), "patch_dim": dim}
+
+
+class MappedPixels:
+    """Pixel rows of unique images from memory-mapped arrays: ``rows(u)`` is a view, read when used."""
+
+    def __init__(self, pixels: np.ndarray, offsets: np.ndarray):
+        self.pixels = pixels
+        self.offsets = offsets
+        self.dim = int(pixels.shape[1])
+
+    def rows(self, u: int) -> np.ndarray:
+        return self.pixels[self.offsets[u]:self.offsets[u + 1]]
+
+
+class LazyPixels:
+    """Pixel rows preprocessed when a pack asks for them (nothing kept)."""
+
+    def __init__(self, corpus, encoder):
+        self.corpus = corpus
+        self.encoder = encoder
+        self.dim = patch_dim(encoder.processor)
+
+    def rows(self, u: int) -> np.ndarray:
+        rows, _ = self.encoder.processor.preprocess(load_image(self.corpus.sources[u], self.encoder))
+        return rows

@@ -1,0 +1,173 @@
+"""A vision-language processor loaded as parts from a local directory, and image token counts from image sizes.
+
+A checkpoint ships ``preprocessor_config.json``, its tokenizer files and a chat
+template. ``AutoProcessor.from_pretrained`` also builds the video processor,
+which for Qwen2-VL needs torchvision (``Qwen2VLVideoProcessor requires the
+Torchvision library``), and torchvision cannot be installed beside the CPU torch
+wheel. So the parts are loaded one by one: the image processor
+(``AutoImageProcessor``, which picks the Pillow variant where torchvision is
+missing), the tokenizer and the template. :attr:`VisionProcessor.image_processor_class`
+says which class was used.
+
+The number of placeholder tokens of an image comes from its header (width,
+height) by the image processor's own resize rule (Qwen2-VL's ``smart_resize``
+as the processor's module defines it): ``grid = (1, h / patch, w / patch)`` and
+``tokens = grid.prod() // merge**2``. Nothing is decoded.
+
+>>> grid_tokens((1, 4, 8), 2)
+8
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import pathlib
+import sys
+
+import numpy as np
+
+from vecpack._state import memo
+
+__all__ = ["VisionProcessor", "grid_tokens", "load_processor"]
+
+_LOADED = memo("vision-processors", 4)
+
+_TEMPLATE_FILES = ("chat_template.jinja", "chat_template.json", "tokenizer_config.json")
+
+
+def grid_tokens(grid, merge: int) -> int:
+    """Placeholder tokens of one image of ``grid`` (t, h, w) patches merged ``merge`` x ``merge``."""
+    return int(np.prod(np.asarray(grid, dtype=np.int64))) // (merge * merge)
+
+
+def _read_template(path: pathlib.Path) -> str | None:
+    for name in _TEMPLATE_FILES:
+        f = path / name
+        if not f.exists():
+            continue
+        if name.endswith(".jinja"):
+            return f.read_text(encoding="utf-8")
+        found = json.loads(f.read_text(encoding="utf-8")).get("chat_template")
+        if isinstance(found, str):
+            return found
+    return None
+
+
+def _digest(path: pathlib.Path) -> str:
+    h = hashlib.blake2b(digest_size=16)
+    for f in sorted(p for p in path.iterdir() if p.is_file()):
+        h.update(f.name.encode() + b"\0" + f.read_bytes() + b"\0")
+    return h.hexdigest()
+
+
+class VisionProcessor:
+    """The parts of a vision-language processor; picklable (a worker reloads them from the directory once).
+
+    Args:
+        path: the processor directory (``preprocessor_config.json``, tokenizer files, chat template).
+        chat_template: a template to use instead of the directory's.
+
+    Attributes:
+        image_processor_class: the class that preprocesses images (``Qwen2VLImageProcessorPil``
+            where torchvision is missing).
+        image_token / image_token_id, vision_start_id, vision_end_id: the placeholder and its frame.
+        merge: the spatial merge size (placeholder tokens = patches // merge**2).
+        mrope: whether the model family uses 3-D multimodal RoPE (Qwen2-VL, Qwen2.5-VL, Qwen3-VL).
+        fingerprint: a digest of every file of the directory and the template.
+    """
+
+    def __init__(self, path: str | os.PathLike, *, chat_template: str | None = None):
+        self.path = pathlib.Path(path).resolve()
+        if not (self.path / "preprocessor_config.json").exists():
+            raise FileNotFoundError(f"{self.path}: no preprocessor_config.json (a processor directory holds it, "
+                                    "the tokenizer files and the chat template)")
+        self.chat_template = chat_template or _read_template(self.path)
+        if not self.chat_template:
+            raise ValueError(f"{self.path}: no chat template (chat_template.jinja, chat_template.json or "
+                             "tokenizer_config.json's chat_template)")
+        self.fingerprint = hashlib.blake2b((_digest(self.path) + self.chat_template).encode(),
+                                           digest_size=16).hexdigest()
+        self._load()
+
+    def __getstate__(self):
+        return {"path": str(self.path), "chat_template": self.chat_template, "fingerprint": self.fingerprint}
+
+    def __setstate__(self, state):
+        self.path = pathlib.Path(state["path"])
+        self.chat_template = state["chat_template"]
+        self.fingerprint = state["fingerprint"]
+        self._load()
+
+    def _load(self) -> None:
+        key = (str(self.path), self.fingerprint)
+        parts = _LOADED.get(key)
+        if parts is None:
+            parts = _LOADED[key] = _load_parts(self.path)
+        self.__dict__.update(parts)
+
+    # ------------------------------------------------------------------ sizes -> grids
+
+    def grid(self, width: int, height: int) -> tuple[int, int, int]:
+        """The (t, h, w) patch grid of an image of ``width`` x ``height`` pixels, by the processor's own rule.
+
+        Raises:
+            ValueError: the processor refuses the size (e.g. an aspect ratio over 200), its own message.
+        """
+        ip = self.image_processor
+        size = ip.size
+        rh, rw = self._resize(int(height), int(width), factor=self.patch * self.merge,
+                              min_pixels=size.shortest_edge, max_pixels=size.longest_edge)
+        return 1, rh // self.patch, rw // self.patch
+
+    def tokens(self, width: int, height: int) -> int:
+        """Placeholder tokens of one image of that size."""
+        return grid_tokens(self.grid(width, height), self.merge)
+
+    # ------------------------------------------------------------------ pixels
+
+    def preprocess(self, image) -> tuple[np.ndarray, np.ndarray]:
+        """One PIL image -> (pixel rows float32 [n, patch_dim], grid int64 [3]) as the model's processor makes them."""
+        out = self.image_processor(images=[image], return_tensors="np")
+        return np.ascontiguousarray(out["pixel_values"], dtype=np.float32), np.asarray(out["image_grid_thw"][0])
+
+    def render(self, messages: list[dict], *, add_generation_prompt: bool = False) -> str:
+        """The chat template's text of ``messages`` (transformers' own Jinja rendering)."""
+        return self.tokenizer.apply_chat_template(messages, tokenize=False, chat_template=self.chat_template,
+                                                  add_generation_prompt=add_generation_prompt)
+
+
+def _load_parts(path: pathlib.Path) -> dict:
+    """The image processor, the tokenizer and what the encoder reads from them."""
+    import transformers
+    from transformers import AutoImageProcessor, AutoTokenizer
+
+    verbosity = transformers.logging.get_verbosity()
+    transformers.logging.set_verbosity_error()
+    try:
+        ip = AutoImageProcessor.from_pretrained(path)
+        tok = AutoTokenizer.from_pretrained(path)
+    finally:
+        transformers.logging.set_verbosity(verbosity)
+    name = type(ip).__name__
+    resize = getattr(sys.modules[type(ip).__module__], "smart_resize", None)
+    if resize is None or not hasattr(ip, "temporal_patch_size"):
+        raise ValueError(f"{path}: image processor {name} is not supported yet (supported: the Qwen2-VL "
+                         "family's, which Qwen2.5-VL and Qwen3-VL share)")
+    image_token = getattr(tok, "image_token", None) or "<|image_pad|>"
+    ids = tok.convert_tokens_to_ids([image_token, "<|vision_start|>", "<|vision_end|>"])
+    if any(i is None or i == tok.unk_token_id for i in ids):
+        raise ValueError(f"{path}: the tokenizer lacks {image_token}, <|vision_start|> or <|vision_end|> as tokens")
+    return {"image_processor": ip, "tokenizer": tok, "image_processor_class": name, "_resize": resize,
+            "patch": int(ip.patch_size), "merge": int(ip.merge_size), "mrope": True, "image_token": image_token,
+            "image_token_id": int(ids[0]), "vision_start_id": int(ids[1]), "vision_end_id": int(ids[2]),
+            "pad_id": tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id,
+            "eos_token": tok.eos_token}
+
+
+def load_processor(path, *, chat_template: str | None = None) -> VisionProcessor:
+    """A :class:`VisionProcessor` from a directory (one given is returned as it is)."""
+    if isinstance(path, VisionProcessor):
+        return path
+    return VisionProcessor(path, chat_template=chat_template)
