@@ -498,15 +498,16 @@ def test_warm_for_starts_the_workers_that_the_call_would_start(sharegpt_file, qw
     started = []
     monkeypatch.setattr(pool, "warm", lambda n, tok, share=0: started.append(("loky", n, share)))
     monkeypatch.setattr(corpus, "prepare", lambda tok, share: started.append(("fork", tok, share)))
-    assert corpus.warm_for(sharegpt_file, qwen_dir, n_jobs=2) is True
-    share = corpus.worker_share(resolve_sources(sharegpt_file), 2)
+    files = resolve_sources(sharegpt_file)  # (warm_for takes an input's resolved files)
+    assert corpus.warm_for(files, qwen_dir, n_jobs=2) is True
+    share = corpus.worker_share(files, 2)
     assert started == [("loky", 2, share) if start == "spawn" else ("fork", qwen_dir, share)]
     tiny = tmp_path / "tiny.jsonl"
     tiny.write_text("".join(open(sharegpt_file).readlines()[:3]))
-    for args, kw in (((sharegpt_file, qwen_dir), dict(n_jobs=1)),         # no pool: one process
-                     ((sharegpt_file, qwen_dir), dict(n_jobs=2, backend="ray")),
-                     ((sharegpt_file, None), dict(n_jobs=2)),              # an encoder= call
-                     ((tiny, qwen_dir), dict(n_jobs=2))):                  # one task: tokenized here
+    for args, kw in (((files, qwen_dir), dict(n_jobs=1)),                 # no pool: one process
+                     ((files, qwen_dir), dict(n_jobs=2, backend="ray")),
+                     ((files, None), dict(n_jobs=2)),                      # an encoder= call
+                     ((resolve_sources(tiny), qwen_dir), dict(n_jobs=2))):  # one task: tokenized here
         assert corpus.warm_for(*args, **kw) is False
     assert len(started) == 1
 

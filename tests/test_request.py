@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 import vecpack
+from tests.test_agentic import templated  # noqa: F401 (a fixture)
 from vecpack.request.fields import ROLES, role
 from vecpack.request.keys import corpus_key, mix_key, plan_key
 from vecpack.request.request import Request, make_request
@@ -21,7 +22,8 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 #: Another valid value for every field of every spec. A new field must be added here, which makes
 #: its author decide its role: the test below then checks that the key follows it.
 OTHER = {
-    ChatSpec: {"style": "openai", "column": "conversations", "masking": "all"},
+    ChatSpec: {"style": "openai", "column": "conversations", "masking": "all",
+               "chat_template_kwargs": '{"enable_thinking": false}', "train_reasoning": False},
     PackSpec: {"max_len": 1024, "strategy": "ffd", "long": "drop", "shuffle_seed": 7, "prefix_sharing": True,
                "pad_id": 3, "ignore_index": -1},
     MixSpec: {"by": "rows", "total": 100, "seed": 5, "repeat": False},
@@ -132,3 +134,38 @@ def test_every_front_door_makes_the_same_request(tmp_path, qwen_dir):
             call()
     with pytest.raises(TypeError, match="unknown options"):
         make_request(data, qwen_dir, {"max_len": 8, "maxlen": 9})
+
+
+def test_call_level_chat_options_reach_every_front_door(templated, tmp_path):  # noqa: F811
+    """Issue 35's call-level options, one field each of ChatSpec: build, tokenize, streaming and the CLI
+    encode as ChatEncoder(chat_template_kwargs=, train_reasoning=) does, and the cache key follows them."""
+    from tests.agentic_data import agentic_rows, write_jsonl
+    from vecpack.cli import main
+    from vecpack.tokenizing.encoder import ChatEncoder
+
+    d = templated("qwen2.5", "qwen3")
+    rows = agentic_rows(16, seed=4)
+    path = write_jsonl(tmp_path / "tools.jsonl", rows)
+    opts = {"chat_template_kwargs": {"enable_thinking": False}, "train_reasoning": False}
+    enc = ChatEncoder.from_tokenizer(d, style="openai", backend="tokenizers", **opts)
+    t = vecpack.tokenize(path, d, style="openai", n_jobs=1, progress=False, **opts)
+    plain = vecpack.tokenize(path, d, style="openai", n_jobs=1, progress=False)
+    for i, row in enumerate(rows):
+        tokens, labels = enc.encode_row(row)
+        a, b = t.offsets[i], t.offsets[i + 1]
+        assert t.tokens[a:b].tolist() == tokens.tolist() and t.labels[a:b].tolist() == labels.tolist()
+    assert (t.labels != -100).sum() < (plain.labels != -100).sum()   # reasoning left out of the loss
+    cache = tmp_path / "cache"
+    built = vecpack.build(path, d, 8192, style="openai", cache_dir=cache, progress=False, **opts)
+    other = vecpack.build(path, d, 8192, style="openai", cache_dir=cache, progress=False)
+    assert built.build_info.corpus_key != other.build_info.corpus_key
+    assert built.stats["trained_tokens"] == int((t.labels != -100).sum())
+    stream = vecpack.StreamingPackedDataset(path, d, 8192, style="openai", seed=None, **opts)
+    assert stream.encoder.fingerprint == enc.fingerprint
+    assert main(["pack", str(path), "--tokenizer", str(d), "--max-len", "8192", "--style", "openai",
+                 "--cache-dir", str(cache), "--chat-template-kwargs", '{"enable_thinking": false}',
+                 "--no-train-reasoning", "--quiet"]) == 0
+    again = vecpack.build(path, d, 8192, style="openai", cache_dir=cache, progress=False, **opts)
+    assert again.build_info.corpus_hit and again.build_info.plan_hit
+    with pytest.raises(TypeError, match="chat_template_kwargs must be a dict"):
+        vecpack.build(path, d, 8192, style="openai", chat_template_kwargs="enable_thinking=False")

@@ -10,7 +10,7 @@ file can be found with ``sed -n LINEp``.
 
 from __future__ import annotations
 
-__all__ = ["EncoderError", "InputError", "UselessOutputError", "VecpackError", "WorkerDiedError"]
+__all__ = ["EncoderError", "InputError", "UselessOutputError", "VecpackError", "WorkerDiedError", "warn_caller"]
 
 
 class VecpackError(Exception):
@@ -90,3 +90,17 @@ class UselessOutputError(VecpackError, ValueError):
     ``allow_useless=True`` (``--allow-useless``). The message says why and
     what to change.
     """
+
+
+def warn_caller(message: str, category=RuntimeWarning) -> None:
+    """``warnings.warn`` pointed at the first frame outside vecpack (the user's call), however deep the
+    route below it is."""
+    import os
+    import sys
+    import warnings
+
+    here = os.path.dirname(os.path.abspath(__file__)) + os.sep
+    level, frame = 2, sys._getframe(1)  # (stacklevel 2: the frame that called warn_caller)
+    while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(here):
+        level, frame = level + 1, frame.f_back
+    warnings.warn(message, category, stacklevel=level)

@@ -201,6 +201,7 @@ def cmd_pack(args) -> int:
         "long": args.long, "shuffle_seed": args.seed, "n_jobs": args.jobs, "on_error": args.on_error,
         "progress": _progress(args), "cache": not args.no_cache, "cache_dir": args.cache_dir,
         "backend": args.backend, "allow_useless": args.allow_useless, "prefix_sharing": bool(args.prefix_sharing),
+        "chat_template_kwargs": args.chat_template_kwargs, "train_reasoning": not args.no_train_reasoning,
         **mix}, door=f"{PROG} pack")
     packed = run_build(request)
     if out is not None:

@@ -72,6 +72,19 @@ def _number(name: str):
     return parse
 
 
+def _json_object(text: str) -> dict:
+    """An argparse type: a JSON object."""
+    import json
+
+    try:
+        value = json.loads(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"not JSON: {exc}") from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError(f"must be a JSON object ({{...}}), got {type(value).__name__}")
+    return value
+
+
 def _choice(name: str, choices):
     return _checked(str, lambda v: options.check_choice(v, name, choices))
 
@@ -147,6 +160,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--column", default=None, nargs="+",
                    help="the column holding the conversation (default: by --style); with --weights, one "
                         "per INPUT ('-': the style's default)")
+    p.add_argument("--chat-template-kwargs", default=None, type=_json_object, metavar="JSON",
+                   help="template variables for every row, as a JSON object, e.g. '{\"enable_thinking\": false}' "
+                        "(a row's own chat_template_kwargs win, key by key)")
+    p.add_argument("--no-train-reasoning", action="store_true",
+                   help="keep each assistant message's reasoning (reasoning_content, thinking) out of the loss")
     p.add_argument("--prefix-sharing", action="store_true",
                    help="with --style preference: store each pair's prompt once (prompt + chosen + rejected; "
                         "needs the flex-attention or dense mask of vecpack.preference.collate)")

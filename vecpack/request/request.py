@@ -98,7 +98,7 @@ def resolve_inputs(data_files, weights, chat: ChatSpec, *, encoder=None,
         if _is_iterable(s.data):
             raise TypeError(f"{s.name} is a datasets.IterableDataset, which cannot be mixed (its rows "
                             f"cannot be re-read for a resume); pass its files or a datasets.Dataset")
-    return tuple(Input(s.name, s.data, tuple(resolve_sources(s.data)), ChatSpec.make(s.style, s.column, s.masking),
+    return tuple(Input(s.name, s.data, tuple(resolve_sources(s.data)), chat.with_format(s.style, s.column, s.masking),
                        s.weight) for s in sources), True
 
 
@@ -108,7 +108,7 @@ def _is_iterable(obj) -> bool:
 
 #: make_request's option names -> (the spec they belong to, the spec's field).
 _OPTIONS = {
-    "style": "chat", "column": "chat", "masking": "chat",
+    "style": "chat", "column": "chat", "masking": "chat", "chat_template_kwargs": "chat", "train_reasoning": "chat",
     "max_len": "pack", "strategy": "pack", "long": "pack", "shuffle_seed": "pack", "prefix_sharing": "pack",
     "pad_id": "pack", "ignore_index": "pack",
     "mix_by": "mix", "mix_total": "mix", "mix_seed": "mix", "mix_repeat": "mix",

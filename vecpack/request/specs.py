@@ -15,6 +15,7 @@ ValueError: unknown on_error 'ignore'; on_error must be one of ['raise', 'skip']
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 from typing import Any
 
@@ -32,18 +33,55 @@ class ChatSpec:
         style: the row format (``sharegpt``, ``openai``, ``alpaca``, ``text``, ``preference``).
         column: the column holding the conversation; None: the style's default.
         masking: which tokens carry the loss (``assistant``, ``last``, ``all``).
+        chat_template_kwargs: template variables for every row (e.g. ``{"enable_thinking": false}``),
+            as canonical JSON text; a row's own ``chat_template_kwargs`` win over them.
+        train_reasoning: False keeps each assistant message's reasoning out of the loss.
     """
 
     style: str = "sharegpt"
     column: str | None = None
     masking: str = "assistant"
+    chat_template_kwargs: str | None = None
+    train_reasoning: bool = True
 
     @classmethod
-    def make(cls, style: str = "sharegpt", column: str | None = None, masking: str = "assistant") -> "ChatSpec":
+    def make(cls, style: str = "sharegpt", column: str | None = None, masking: str = "assistant",
+             chat_template_kwargs: dict | None = None, train_reasoning: bool = True) -> "ChatSpec":
         check_options(style=style, masking=masking)
         if column is not None and not isinstance(column, str):
             raise TypeError(f"column must be a string, got {type(column).__name__}")
-        return cls(style, column, masking)
+        if not isinstance(train_reasoning, bool):
+            raise TypeError(f"train_reasoning must be a bool, got {type(train_reasoning).__name__}")
+        kwargs = None
+        if chat_template_kwargs:
+            if not isinstance(chat_template_kwargs, dict):
+                raise TypeError(f"chat_template_kwargs must be a dict (template variable -> value), got "
+                                f"{type(chat_template_kwargs).__name__}")
+            try:
+                kwargs = json.dumps(chat_template_kwargs, sort_keys=True, ensure_ascii=False)
+            except (TypeError, ValueError) as exc:
+                raise TypeError(f"chat_template_kwargs must hold JSON values: {exc}") from None
+        if style == "preference" and (kwargs is not None or not train_reasoning):
+            raise ValueError("chat_template_kwargs= and train_reasoning= apply to chat rows; a preference pair "
+                             "takes its template variables from its own 'chat_template_kwargs' column")
+        return cls(style, column, masking, kwargs, train_reasoning)
+
+    def with_format(self, style: str, column: str | None, masking: str) -> "ChatSpec":
+        """This spec with another row format (a mixture's source), validated; the call's template options kept."""
+        return ChatSpec.make(style, column, masking, self.template_kwargs(), self.train_reasoning)
+
+    def template_kwargs(self) -> dict | None:
+        """``chat_template_kwargs`` as a dict (None when not given)."""
+        return None if self.chat_template_kwargs is None else json.loads(self.chat_template_kwargs)
+
+    def encoder_options(self) -> dict:
+        """The chat encoder's keywords for the template options, only those not at their default."""
+        out = {}
+        if self.chat_template_kwargs is not None:
+            out["chat_template_kwargs"] = self.template_kwargs()
+        if not self.train_reasoning:
+            out["train_reasoning"] = False
+        return out
 
 
 @dataclasses.dataclass(frozen=True)

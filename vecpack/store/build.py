@@ -53,7 +53,8 @@ def build(data_files, tokenizer=None, max_len: int | None = None, *, style: str 
           cache: bool = True, cache_dir: str | os.PathLike | None = None, backend: str = "loky",
           encoder=None, verify: bool = False, allow_useless: bool = False, weights=None,
           mix_by: str = "tokens", mix_total: int | None = None, mix_seed: int = 0,
-          mix_repeat: bool = True, prefix_sharing: bool = False) -> Packed:
+          mix_repeat: bool = True, prefix_sharing: bool = False, chat_template_kwargs: dict | None = None,
+          train_reasoning: bool = True) -> Packed:
     """Tokenize chat data and pack it, through the cache.
 
     Args:
@@ -72,6 +73,12 @@ def build(data_files, tokenizer=None, max_len: int | None = None, *, style: str 
             and returns a :class:`~vecpack.preference.packed.PackedPairs`
             (``long``: ``"truncate"`` the answers, ``"drop"`` or ``"error"``;
             see :mod:`vecpack.preference.packed`).
+        chat_template_kwargs: template variables for every row (TRL's
+            ``chat_template_kwargs``, e.g. ``{"enable_thinking": False}``); a row's
+            own ``chat_template_kwargs`` column wins over them, key by key.
+        train_reasoning: False keeps each assistant message's reasoning
+            (``reasoning_content``, ``thinking``) out of the loss; the rest of the
+            turn is trained as ``masking`` says.
         prefix_sharing: with ``style="preference"``, store each pair's prompt
             once (``prompt + chosen + rejected``; see
             :func:`vecpack.preference.packed.plan_pairs`).
@@ -129,5 +136,6 @@ def build(data_files, tokenizer=None, max_len: int | None = None, *, style: str 
         "n_jobs": n_jobs, "on_error": on_error, "progress": progress, "cache": cache, "cache_dir": cache_dir,
         "backend": backend, "encoder": encoder, "verify": verify, "allow_useless": allow_useless,
         "weights": weights, "mix_by": mix_by, "mix_total": mix_total, "mix_seed": mix_seed,
-        "mix_repeat": mix_repeat, "prefix_sharing": prefix_sharing})
+        "mix_repeat": mix_repeat, "prefix_sharing": prefix_sharing, "chat_template_kwargs": chat_template_kwargs,
+        "train_reasoning": train_reasoning})
     return run_build(request, t0)

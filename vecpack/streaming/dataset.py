@@ -208,14 +208,16 @@ class StreamingPackedDataset(IterableDataset):
                  ignore_index: int = -100, on_error: str = "raise", n_jobs: int | None = None,
                  rank: int | None = None, world_size: int | None = None, batch_rows: int = 64,
                  seed: int | None = 0, encoder=None, weights=None, mix_by: str = "tokens",
-                 prefix_sharing: bool = False):
+                 prefix_sharing: bool = False, chat_template_kwargs: dict | None = None,
+                 train_reasoning: bool = True):
         super().__init__()
         from vecpack.request.request import make_request
 
         request = make_request(data_files, tokenizer, {
             "max_len": max_len, "style": style, "column": column, "masking": masking, "strategy": strategy,
             "long": long, "pad_id": pad_id, "ignore_index": ignore_index, "on_error": on_error, "n_jobs": n_jobs,
-            "encoder": encoder, "weights": weights, "mix_by": mix_by, "prefix_sharing": prefix_sharing},
+            "encoder": encoder, "weights": weights, "mix_by": mix_by, "prefix_sharing": prefix_sharing,
+            "chat_template_kwargs": chat_template_kwargs, "train_reasoning": train_reasoning},
             door="StreamingPackedDataset()", streaming=True)
         self.pairs = request.pairs
         if self.pairs and encoder is not None and not getattr(encoder, "pairs", False):
@@ -255,8 +257,9 @@ class StreamingPackedDataset(IterableDataset):
         if encoder is None:
             cls = encoder_class(style)
             # a ChatEncoder's parity check runs beside the stream's start (EngineStart), not here
+            chat = request.inputs[0].chat
             self._key, encoder = encoder_for(tokenizer, style, column, masking, sample,
-                                             defer=cls is None, cls=cls)
+                                             defer=cls is None, cls=cls, options=chat.encoder_options())
             self._tokenizer = tokenizer
         self.encoder = encoder
         self._start = None

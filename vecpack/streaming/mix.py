@@ -228,7 +228,8 @@ def stream_sources(request, *, seed: int | None) -> list:
             enc = encoder
         else:
             c = inp.chat
-            enc = encoder_for(request.tokenizer.tokenizer, c.style, c.column, c.masking, srcs, defer=False)[1]
+            enc = encoder_for(request.tokenizer.tokenizer, c.style, c.column, c.masking, srcs, defer=False,
+                              options=c.encoder_options())[1]
         out.append(StreamSource(inp.name, srcs, enc, inp.weight,
                                 None if seed is None else (int(seed) + i) % 2**64, base))
         _check_not_empty(out[-1])

@@ -122,7 +122,8 @@ def worker_share(sources, n_jobs: int) -> int:
 def tokenize(data_files, tokenizer=None, *, style: str = "sharegpt", column: str | None = None,
              masking: str = "assistant", n_jobs: int = -1, on_error: str = "raise",
              progress: bool = True, out_dir=None, backend: str = "loky", encoder=None,
-             chunk_bytes: int | None = None) -> Tokenized:
+             chunk_bytes: int | None = None, chat_template_kwargs: dict | None = None,
+             train_reasoning: bool = True) -> Tokenized:
     """Tokenize chat data on every core into flat int32 tokens / labels and int64 offsets.
 
     Each accepted input row becomes one document, in input order; the arrays
@@ -162,6 +163,7 @@ def tokenize(data_files, tokenizer=None, *, style: str = "sharegpt", column: str
         encoder: a ready encoder (anything with ``encode_row`` and
             ``backend``); ``tokenizer`` and the style options are then unused.
         chunk_bytes: input bytes per task (default: about 16 tasks per worker).
+        chat_template_kwargs, train_reasoning: as :func:`vecpack.build`.
 
     Returns:
         :class:`Tokenized`.
@@ -174,7 +176,8 @@ def tokenize(data_files, tokenizer=None, *, style: str = "sharegpt", column: str
 
     request = make_request(data_files, tokenizer, {
         "style": style, "column": column, "masking": masking, "n_jobs": n_jobs, "on_error": on_error,
-        "progress": progress, "backend": backend, "encoder": encoder, "chunk_bytes": chunk_bytes}, door="tokenize()")
+        "progress": progress, "backend": backend, "encoder": encoder, "chunk_bytes": chunk_bytes,
+        "chat_template_kwargs": chat_template_kwargs, "train_reasoning": train_reasoning}, door="tokenize()")
     return tokenize_request(request, out_dir)
 
 
@@ -249,7 +252,7 @@ def _tokenize(call: _Call, feed) -> Tokenized:
     key, texts = None, None
     if encoder is None:
         key, encoder = encoder_for(tokenizer, chat.style, chat.column, chat.masking, sources,
-                                   cls=encoder_class(chat.style))
+                                   cls=encoder_class(chat.style), options=chat.encoder_options())
         texts = encoder.pending_check
         if texts is None and encoder.backend in FAST_ENGINES:
             # an encoder built for an earlier call: check this dataset's own rows too
@@ -305,11 +308,11 @@ def _tokenize(call: _Call, feed) -> Tokenized:
     if agentic:
         result.stats["agentic"] = agentic
         if agentic.get("reasoning_dropped"):
-            import warnings
+            from vecpack.errors import warn_caller
 
-            warnings.warn(f"vecpack: the chat template did not render {agentic['reasoning_dropped']} of "
-                          f"{agentic.get('reasoning', 0)} reasoning traces (it drops reasoning before the last user "
-                          "turn, as apply_chat_template does); they are not trained", RuntimeWarning, stacklevel=2)
+            warn_caller(f"vecpack: the chat template did not render {agentic['reasoning_dropped']} of "
+                        f"{agentic.get('reasoning', 0)} reasoning traces (it drops reasoning before the last user "
+                        "turn, as apply_chat_template does); they are not trained")
     if getattr(encoder, "pairs", False):  # preference pairs: three documents per pair
         result.stats["pairs"] = len(result) // 3
     result.encoder = encoder
