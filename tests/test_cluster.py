@@ -132,6 +132,26 @@ def _receipts(output: str) -> list[str]:
     return [u for u in objects.listing(objects.join(output, "_work")) if u.endswith(".receipt.json")]
 
 
+def test_vecpack_build_takes_the_cluster_route(nodes, data, qwen_dir):
+    """``vecpack.build(url, ..., backend="ray", output=url)``: the same request, run on the nodes; a URL
+    input without the cluster route is one clear error, never a path that pathlib mangles."""
+    out = f"s3://{BUCKET}/runs/front-door"
+    packed = vecpack.build(data["glob"], qwen_dir, MAX_LEN, backend="ray", output=out, progress=False)
+    _same_packs(data["local"], packed)
+    for call in (lambda: vecpack.build(data["glob"], qwen_dir, MAX_LEN, progress=False),
+                 lambda: vecpack.tokenize(data["glob"], qwen_dir, progress=False)):
+        with pytest.raises(vecpack.InputError, match=r"s3:// inputs are read on a Ray cluster: pass backend='ray'"):
+            call()
+    with pytest.raises(ValueError, match="output= is where a Ray cluster's nodes write the packs"):
+        vecpack.build(data["parts"], qwen_dir, MAX_LEN, output=out + "-2", progress=False)
+    from vecpack.cli import main
+
+    cli_out = f"s3://{BUCKET}/runs/cli"
+    assert main(["pack", data["glob"], "--tokenizer", str(qwen_dir), "--max-len", str(MAX_LEN), "--backend", "ray",
+                 "-o", cli_out, "--quiet"]) == 0
+    _same_packs(data["local"], vecpack.load(cli_out))
+
+
 def test_store_in_store_out_equals_the_local_build(nodes, data, qwen_dir, tmp_path):
     out = f"s3://{BUCKET}/runs/plain"
     r = build_on_cluster(data["glob"], qwen_dir, MAX_LEN, output=out, unit_bytes=UNIT)

@@ -168,10 +168,24 @@ def _mixture_args(args):
     return sources, "sharegpt", None, "assistant", mix
 
 
+def _cluster_report(packed, *, elapsed: float, url: str) -> str:
+    """The report of a build the Ray cluster's nodes wrote to a store."""
+    from vecpack.cli.report import plural
+
+    st = packed.stats
+    return (f"{plural(st.get('num_documents', 0), 'document')} -> {plural(len(packed), 'pack')} of "
+            f"{packed.max_len:,} tokens (fill {st.get('fill', float('nan')):.3f}) on the Ray cluster in "
+            f"{elapsed:.1f} s\n  written to {url} (manifest last); open it with vecpack.load({url!r})")
+
+
 def cmd_pack(args) -> int:
     import vecpack
+    from vecpack.store.objects import is_url
 
+    remote = args.backend == "ray" and bool(args.output) and is_url(args.output)  # the nodes write the packs
     for f in args.inputs:
+        if is_url(f):
+            continue  # listed by the request (and refused there unless the build runs on the cluster)
         p = pathlib.Path(f)
         if not p.exists() and any(c in f for c in "*?["):  # a quoted glob: vecpack.build expands it
             if not glob.glob(f):
@@ -184,7 +198,7 @@ def cmd_pack(args) -> int:
         if args.backend != "ray":
             raise ValueError("--address needs --backend ray")
         os.environ["RAY_ADDRESS"] = args.address  # vecpack.tokenizing.ray joins this cluster
-    out = pathlib.Path(args.output) if args.output else None
+    out = pathlib.Path(args.output) if args.output and not is_url(args.output) else None
     if out is not None:
         _check_output(out)
     from vecpack._state import compile_stats
@@ -202,10 +216,15 @@ def cmd_pack(args) -> int:
         "progress": _progress(args), "cache": not args.no_cache, "cache_dir": args.cache_dir,
         "backend": args.backend, "allow_useless": args.allow_useless, "prefix_sharing": bool(args.prefix_sharing),
         "chat_template_kwargs": args.chat_template_kwargs, "train_reasoning": not args.no_train_reasoning,
-        **mix}, door=f"{PROG} pack")
+        **({"output": args.output} if remote else {}), **mix}, door=f"{PROG} pack")
     packed = run_build(request)
+    if remote:
+        print(_cluster_report(packed, elapsed=time.perf_counter() - t0, url=args.output))
+        return 0
     if out is not None:
         vecpack.save(packed, out, progress=_progress(args))
+    elif args.output:  # a URL on one machine: saved there (arrays, then the manifest)
+        vecpack.save(packed, args.output, progress=_progress(args))
     compiled = compile_since(before)  # numba's first run on this machine: its own line, not in the rate
     elapsed = time.perf_counter() - t0 - compiled["waited"]
     report = _pairs_report if _is_pairs(packed) else _pack_report

@@ -33,9 +33,8 @@ import numpy as np
 
 from vecpack.cluster.shards import pack_shard, plan_shards, shard_prefix
 from vecpack.cluster.tokenize import locate_example, read_receipts, tokenize_unit, unit_arrays
-from vecpack.cluster.units import UNIT_BYTES, expand_inputs, plan_units
+from vecpack.cluster.units import UNIT_BYTES, plan_units
 from vecpack.errors import EncoderError, InputError, WorkerDiedError
-from vecpack.options import check_max_len, check_options
 from vecpack.store import objects
 from vecpack.tokenizing.spec import default_pad_id
 
@@ -93,25 +92,46 @@ def build_on_cluster(data_files, tokenizer=None, max_len: int | None = None, *, 
         max_retries: how often Ray re-runs a task whose worker or node died.
         pack: False stops after tokenizing (the receipts stay; a later call packs).
 
+    This is the cluster's keyword front door: it makes the call's request
+    (:func:`vecpack.request.request.make_request`, as :func:`vecpack.build` does) and
+    runs :func:`run_on_cluster`; ``vecpack.build(..., backend="ray", output=URL)``
+    takes the same route.
+
     Raises:
         InputError: the first bad row in input order (``on_error="raise"``), at ``url:line``.
         EncoderError: the encoder failed on a row.
         ObjectStoreError: a store call failed for good; it names the object.
     """
+    from vecpack.request.request import make_request
+
+    request = make_request(data_files, tokenizer, {
+        "max_len": max_len, "style": style, "column": column, "masking": masking, "strategy": strategy,
+        "long": long, "shuffle_seed": shuffle_seed, "pad_id": pad_id, "ignore_index": ignore_index,
+        "on_error": on_error, "encoder": encoder, "backend": "ray", "output": output}, door="build_on_cluster()")
+    return run_on_cluster(request, address=address, unit_bytes=unit_bytes, max_retries=max_retries, pack=pack)
+
+
+def run_on_cluster(request, *, address: str | None = None, unit_bytes: int = UNIT_BYTES,
+                   max_retries: int = MAX_RETRIES, pack: bool = True) -> ClusterBuild:
+    """The cluster route of a build :class:`~vecpack.request.request.Request` (``run.output`` set):
+    see :func:`build_on_cluster`."""
     from vecpack.tokenizing import ray as _ray
 
     t0 = time.perf_counter()
-    max_len = check_max_len(max_len)
-    check_options(style=style, masking=masking, strategy=strategy, long=long, on_error=on_error,
-                  shuffle_seed=shuffle_seed)
-    if tokenizer is None and encoder is None:
-        raise TypeError("build_on_cluster() needs a tokenizer directory or encoder=")
+    output = request.run.output
     if not isinstance(output, str) or not output:
         raise TypeError("output= must be a URL (s3://bucket/prefix) or a shared path")
-    urls = expand_inputs(data_files)
-    units = plan_units(urls, unit_bytes=unit_bytes)
+    if request.mixture or request.pairs:
+        raise ValueError("a cluster build takes one input of chat rows (not a mixture, not preference pairs) yet; "
+                         "build those on one machine")
+    chat, pk, on_error = request.inputs[0].chat, request.pack, request.run.on_error
+    style, column, masking = chat.style, chat.column, chat.masking
+    max_len, strategy, long, shuffle_seed = pk.max_len, pk.strategy, pk.long, pk.shuffle_seed
+    pad_id, ignore_index = pk.pad_id, pk.ignore_index
+    tokenizer, encoder = request.tokenizer.tokenizer, request.tokenizer.encoder
+    units = plan_units([f.name for f in request.inputs[0].files], unit_bytes=unit_bytes)
     if encoder is None:
-        encoder = _encoder(tokenizer, style, column, masking, units)
+        encoder = _encoder(tokenizer, chat, units)
     work = objects.join(output, "_work", _work_key(encoder, style, column, masking, on_error))
     ray = _ray.init(address)
 
@@ -237,7 +257,7 @@ def _collect(ray, jobs, results: dict, max_retries: int, what: str = "unit"):
     return first
 
 
-def _encoder(tokenizer, style, column, masking, units):
+def _encoder(tokenizer, chat, units):
     from vecpack.inputs.jsonl import buffer_lines
     from vecpack.inputs.records import to_record
     from vecpack.tokenizing.encoder import ChatEncoder
@@ -253,8 +273,8 @@ def _encoder(tokenizer, style, column, masking, units):
                 rows.append(rec)
             if len(rows) >= 64:
                 break
-    return ChatEncoder.from_tokenizer(tokenizer, masking=masking, style=style, column=column,
-                                      sample_rows=rows, defer_check=False)
+    return ChatEncoder.from_tokenizer(tokenizer, masking=chat.masking, style=chat.style, column=chat.column,
+                                      sample_rows=rows, defer_check=False, **chat.encoder_options())
 
 
 def _work_key(encoder, style, column, masking, on_error) -> str:

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import glob
 import os
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -33,6 +34,7 @@ from vecpack.inputs.records import BOM
 __all__ = ["CODECS", "InputFile", "resolve_sources", "sniff_codec"]
 #: magic bytes -> codec of the compressed inputs (read by :mod:`vecpack.inputs.compressed`)
 CODECS = {b"\x1f\x8b": "gzip", b"BZh": "bz2", b"\xfd7zXZ\x00": "xz", b"\x28\xb5\x2f\xfd": "zstd"}
+_URL = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://")  # an object-store (or web) URL: never a local path
 _UNSUPPORTED = {b"\x04\x22\x4d\x18": "lz4", b"PK\x03\x04": "zip"}
 
 
@@ -184,6 +186,9 @@ def resolve_sources(data_files) -> list[InputFile]:
         if not isinstance(item, (str, os.PathLike)):
             raise TypeError(f"data_files entries must be paths, got {type(item).__name__}")
         path = os.fspath(item)
+        if _URL.match(path):
+            raise InputError(f"{path.split('://', 1)[0]}:// inputs are read on a Ray cluster: pass backend='ray' and "
+                             f"output='s3://bucket/prefix' (see docs/ray.md), or copy the files here", file=path)
         if any(c in path for c in "*?[") and not os.path.exists(path):
             matches = sorted(glob.glob(path))
             if not matches:

@@ -76,18 +76,24 @@ class Request:
         return self.inputs[0].chat.style == "preference"
 
 
-def resolve_inputs(data_files, weights, chat: ChatSpec, *, encoder=None,
-                   streaming: bool = False) -> tuple[tuple[Input, ...], bool]:
+def resolve_inputs(data_files, weights, chat: ChatSpec, *, encoder=None, streaming: bool = False,
+                   cluster: bool = False) -> tuple[tuple[Input, ...], bool]:
     """``data_files`` (with ``weights``) -> (the resolved inputs, whether they are a mixture).
 
     A plain path, glob, list of paths or dataset is one input; a list holding
     :class:`vecpack.Source` entries, or any ``weights``, is a mixture of one
     input per entry (see :mod:`vecpack.mixing.source`). ``streaming``: a
-    ``datasets.IterableDataset`` is one input too (one file of kind ``"iterable"``).
+    ``datasets.IterableDataset`` is one input too (one file of kind ``"iterable"``); ``cluster``: the
+    call runs on a Ray cluster (``backend="ray"``, ``output=``), so object-store URLs are listed here
+    (files of kind ``"url"``); elsewhere a URL is an :class:`~vecpack.errors.InputError` saying so.
     """
     if not is_mixture(data_files, weights):
         if streaming and _is_iterable(data_files):
             files = (InputFile("<IterableDataset>", "iterable", 0),)
+        elif cluster and _urls(data_files):  # an object store: listed here, read by the cluster's nodes
+            from vecpack.cluster.units import expand_inputs
+
+            files = tuple(InputFile(url, "url", 0) for url in expand_inputs(data_files))
         else:
             files = tuple(resolve_sources(data_files))
         return (Input(data_name(data_files), data_files, files, chat),), False
@@ -95,11 +101,22 @@ def resolve_inputs(data_files, weights, chat: ChatSpec, *, encoder=None,
         own_options(data_files, "encoder=")
     sources = as_sources(data_files, weights, style=chat.style, column=chat.column, masking=chat.masking)
     for s in sources:
+        if _urls(s.data):
+            raise ValueError(f"{s.name}: a mixture of object-store inputs is not built on a cluster yet; build "
+                             f"each source with backend='ray' and output=, or copy the files locally")
         if _is_iterable(s.data):
             raise TypeError(f"{s.name} is a datasets.IterableDataset, which cannot be mixed (its rows "
                             f"cannot be re-read for a resume); pass its files or a datasets.Dataset")
     return tuple(Input(s.name, s.data, tuple(resolve_sources(s.data)), chat.with_format(s.style, s.column, s.masking),
                        s.weight) for s in sources), True
+
+
+def _urls(data) -> bool:
+    """Whether ``data`` names object-store URLs (``s3://``...)."""
+    from vecpack.store.objects import is_url
+
+    items = data if isinstance(data, (list, tuple)) else [data]
+    return any(is_url(x) for x in items)
 
 
 def _is_iterable(obj) -> bool:
@@ -113,7 +130,7 @@ _OPTIONS = {
     "pad_id": "pack", "ignore_index": "pack",
     "mix_by": "mix", "mix_total": "mix", "mix_seed": "mix", "mix_repeat": "mix",
     "on_error": "run", "n_jobs": "run", "progress": "run", "backend": "run", "cache": "run", "cache_dir": "run",
-    "verify": "run", "allow_useless": "run", "chunk_bytes": "run",
+    "verify": "run", "allow_useless": "run", "chunk_bytes": "run", "output": "run",
     "weights": "inputs", "encoder": "tokenizer",
 }
 
@@ -141,7 +158,7 @@ def make_request(data_files, tokenizer, options: dict, *, door: str = "build()",
     run = RunSpec.make(**run)
     tok = TokenizerSpec.make(tokenizer, options.get("encoder"), needed=door)
     inputs, mixture = resolve_inputs(data_files, options.get("weights"), chat, encoder=tok.encoder,
-                                     streaming=streaming)
+                                     streaming=streaming, cluster=run.executor == "ray" and run.output is not None)
     pack = None
     pairs = inputs[0].chat.style == "preference"
     if "max_len" in options:  # (a call that packs; tokenize() has no max_len)

@@ -190,6 +190,8 @@ class RunSpec:
         verify: re-hash the inputs and check the cached arrays' checksums.
         allow_useless: return packs that would train on nothing or on little of the input.
         chunk_bytes: input bytes per task (None: about 16 tasks per worker).
+        output: where the packed dataset is also saved (a directory, or an object-store URL; with
+            ``executor="ray"`` the nodes write it there themselves: :mod:`vecpack.cluster`).
     """
 
     on_error: str = "raise"
@@ -201,6 +203,7 @@ class RunSpec:
     verify: bool = neutral(False)
     allow_useless: bool = neutral(False)
     chunk_bytes: int | None = neutral(None)
+    output: str | None = neutral(None)
 
     @classmethod
     def make(cls, *, on_error: str = "raise", executor: str = "loky", n_jobs: int | None = -1,

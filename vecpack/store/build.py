@@ -54,7 +54,7 @@ def build(data_files, tokenizer=None, max_len: int | None = None, *, style: str 
           encoder=None, verify: bool = False, allow_useless: bool = False, weights=None,
           mix_by: str = "tokens", mix_total: int | None = None, mix_seed: int = 0,
           mix_repeat: bool = True, prefix_sharing: bool = False, chat_template_kwargs: dict | None = None,
-          train_reasoning: bool = True) -> Packed:
+          train_reasoning: bool = True, output: str | None = None) -> Packed:
     """Tokenize chat data and pack it, through the cache.
 
     Args:
@@ -79,6 +79,10 @@ def build(data_files, tokenizer=None, max_len: int | None = None, *, style: str 
         train_reasoning: False keeps each assistant message's reasoning
             (``reasoning_content``, ``thinking``) out of the loss; the rest of the
             turn is trained as ``masking`` says.
+        output: with ``backend="ray"``: a store URL (``s3://bucket/prefix``) or a path every
+            node shares. The nodes tokenize and pack there from the inputs (local
+            paths, or object-store URLs and globs), a manifest last, and the
+            result opens from it (:mod:`vecpack.cluster`; ``docs/ray.md``).
         prefix_sharing: with ``style="preference"``, store each pair's prompt
             once (``prompt + chosen + rejected``; see
             :func:`vecpack.preference.packed.plan_pairs`).
@@ -137,5 +141,5 @@ def build(data_files, tokenizer=None, max_len: int | None = None, *, style: str 
         "backend": backend, "encoder": encoder, "verify": verify, "allow_useless": allow_useless,
         "weights": weights, "mix_by": mix_by, "mix_total": mix_total, "mix_seed": mix_seed,
         "mix_repeat": mix_repeat, "prefix_sharing": prefix_sharing, "chat_template_kwargs": chat_template_kwargs,
-        "train_reasoning": train_reasoning})
+        "train_reasoning": train_reasoning, "output": output})
     return run_build(request, t0)

@@ -71,6 +71,8 @@ class Corpus:
 def run_build(request, t0: float | None = None):
     """Run a build :class:`~vecpack.request.request.Request`; returns a ``Packed`` (``PackedPairs`` for pairs)."""
     t0 = time.perf_counter() if t0 is None else t0
+    if request.run.output is not None:
+        return _on_cluster(request)
     store = _cache.Cache(request.run.cache_dir) if request.run.cache else None
     corpora = []
     for inp in request.inputs:
@@ -219,12 +221,27 @@ def _plan_stage(planner, corpora, store, verify: bool):
 # --------------------------------------------------------------------------- what the call reports
 
 
-def _check_useful(request, stats: dict, corpora) -> None:
+def _on_cluster(request):
+    """The route of a request whose output goes to a store (``output=``, ``backend="ray"``): the nodes tokenize
+    and pack (:func:`vecpack.cluster.run.run_on_cluster`); the result opens from there, memory-mapped."""
+    if request.run.executor != "ray":
+        raise ValueError("output= is where a Ray cluster's nodes write the packs: pass backend='ray' too (and "
+                         "the inputs as URLs or paths every node shares); on one machine, vecpack.save(packed, "
+                         "output) writes a built dataset there")
+    from vecpack.cluster.reading import open_packed
+    from vecpack.cluster.run import run_on_cluster
+
+    done = run_on_cluster(request)
+    _check_useful(request, done.stats, tstats=done.tokenize_stats)
+    return open_packed(request.run.output)
+
+
+def _check_useful(request, stats: dict, corpora=(), tstats: dict | None = None) -> None:
     """Raise :class:`UselessOutputError` when the packs would train on nothing or on little of the input."""
     if request.run.allow_useless:
         return
     masking = "assistant" if request.pairs else "/".join(sorted({i.chat.masking for i in request.inputs}))
-    tstats = _tokenize_stats(request, corpora)
+    tstats = _tokenize_stats(request, corpora) if tstats is None else tstats
     reason = useless_reason(stats, rows=tstats.get("rows"), rejected=int(tstats.get("rejected") or 0),
                             masking=masking)
     if reason:
