@@ -205,7 +205,8 @@ def test_a_bad_row_in_a_worker_is_the_same_error_and_no_worker_is_left(tmp_path,
         rows[bad] = {"messages": [{"role": "user", "content": "<image>x"}, {"role": "assistant", "content": "y"}],
                      "images": ["gone.png"]}
     data = write_jsonl(tmp_path / "t.jsonl", rows)
+    before = set(multiprocessing.active_children())   # (the tokenizer pool of earlier tests may be up)
     for n_jobs in (1, 2):
         with pytest.raises(InputError, match=rf"t\.jsonl:{bad + 1}: image 1: image file not found"):
             build_vision(data, processor, 512, n_jobs=n_jobs, pixels="lazy")
-    assert multiprocessing.active_children() == []
+    assert set(multiprocessing.active_children()) <= before
