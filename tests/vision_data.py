@@ -56,6 +56,58 @@ def make_processor_dir(out, *, template: str = QWEN2_VL_TEMPLATE) -> pathlib.Pat
     return out
 
 
+# A LLaVA-style checkpoint: CLIP's processor (every image 56 x 56, 4 x 4 patches of 14 and a CLS token the
+# "default" strategy drops: 16 tokens an image), an ``<image>`` token, the same template with ``<image>``.
+LLAVA_TEMPLATE = QWEN2_VL_TEMPLATE.replace("<|vision_start|><|image_pad|><|vision_end|>", "<image>")
+LLAVA_IMAGE_CONFIG = {"image_processor_type": "CLIPImageProcessor", "size": {"shortest_edge": 56},
+                      "crop_size": {"height": 56, "width": 56}, "do_center_crop": True}
+LLAVA_PROCESSOR_CONFIG = {"processor_class": "LlavaProcessor", "patch_size": 14,
+                          "vision_feature_select_strategy": "default", "num_additional_image_tokens": 1,
+                          "image_token": "<image>"}
+
+
+def make_llava_dir(out) -> pathlib.Path:
+    """A LLaVA-style processor directory: the Qwen2.5 tokenizer plus an ``<image>`` token, CLIP's preprocessing."""
+    from transformers import AutoTokenizer
+
+    out = pathlib.Path(out)
+    tok = AutoTokenizer.from_pretrained(cached_tokenizer_dir())
+    tok.add_special_tokens({"additional_special_tokens": ["<image>"]})
+    tok.save_pretrained(out)
+    (out / "preprocessor_config.json").write_text(json.dumps(LLAVA_IMAGE_CONFIG))
+    (out / "processor_config.json").write_text(json.dumps(LLAVA_PROCESSOR_CONFIG))
+    (out / "chat_template.jinja").write_text(LLAVA_TEMPLATE)
+    return out
+
+
+def llava_reference_processor(path):
+    """transformers' own LlavaProcessor from the same parts."""
+    from transformers import AutoTokenizer, LlavaProcessor
+    from transformers.models.clip.image_processing_pil_clip import CLIPImageProcessorPil
+
+    cfg = {k: v for k, v in LLAVA_IMAGE_CONFIG.items() if k != "image_processor_type"}
+    return LlavaProcessor(image_processor=CLIPImageProcessorPil(**cfg), tokenizer=AutoTokenizer.from_pretrained(path),
+                          patch_size=14, vision_feature_select_strategy="default", num_additional_image_tokens=1,
+                          chat_template=LLAVA_TEMPLATE)
+
+
+def tiny_llava(tokenizer, *, seed: int = 0):
+    """A random LLaVA (CLIP vision tower, Qwen2 language model: 1-D RoPE), fp32, eval mode."""
+    import torch
+    from transformers import LlavaConfig, LlavaForConditionalGeneration
+
+    cfg = LlavaConfig(
+        vision_config={"model_type": "clip_vision_model", "hidden_size": 32, "intermediate_size": 64,
+                       "num_hidden_layers": 2, "num_attention_heads": 2, "image_size": 56, "patch_size": 14},
+        text_config={"model_type": "qwen2", "vocab_size": len(tokenizer), "hidden_size": 32, "intermediate_size": 64,
+                     "num_hidden_layers": 2, "num_attention_heads": 2, "num_key_value_heads": 1,
+                     "max_position_embeddings": 4096},
+        image_token_id=tokenizer.convert_tokens_to_ids("<image>"), vision_feature_select_strategy="default",
+        vision_feature_layer=-1)
+    torch.manual_seed(seed)
+    return LlavaForConditionalGeneration(cfg).float().eval()
+
+
 def reference_processor(path):
     """transformers' own Qwen2VLProcessor from the same parts (no video processor: torchvision is missing)."""
     from transformers import AutoTokenizer, Qwen2VLProcessor

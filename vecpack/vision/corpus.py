@@ -47,6 +47,8 @@ class VisionCorpus:
     image_token_id: int
     merge: int
     pad_id: int
+    mrope: bool = True
+    pixel_shape: tuple | None = None
     stats: dict = field(default_factory=dict)
 
     def __len__(self) -> int:
@@ -185,4 +187,4 @@ def encode_files(files: list[str], encoder, workers=None) -> VisionCorpus:
         lines=_cat([p["lines"] for p in parts], np.int64),
         doc_file=_cat([np.full(len(p["lengths"]), p["file"], np.int32) for p in parts], np.int32),
         files=files, image_token_id=proc.image_token_id, merge=proc.merge, pad_id=int(proc.pad_id),
-        stats={"tasks": len(tasks)})
+        mrope=proc.mrope, pixel_shape=proc.pixel_shape, stats={"tasks": len(tasks)})
