@@ -338,31 +338,31 @@ def _documents(packs) -> list:
     return out
 
 
-def test_stats_count_agentic_rows_on_hf_tokenizers(templated, tmp_path):  # noqa: F811
-    """``stats["agentic"]`` when HF tokenizers is the engine (a RowSink counts), equal to the fast engine's."""
-    import warnings
-
-    import vecpack
+def test_encode_row_counted_counts_on_every_engine(templated):  # noqa: F811
+    """``encode_row_counted`` (what the row loop needs for ``stats["agentic"]`` on HF tokenizers, where there
+    is no chunk sink): the same arrays as ``encode_row`` and, summed, the fast chunk sink's counts."""
     from tests.agentic_data import agentic_rows
     from vecpack.tokenizing.encoder import ChatEncoder
 
     d = templated("qwen2.5", "qwen3")
-    rows = agentic_rows(40, seed=31)
-    path = write_jsonl(tmp_path / "t.jsonl", rows)
-    got = {}
-    for engine in ("tokenizers", "tiktoken"):
-        enc = ChatEncoder.from_tokenizer(d, style="openai", backend=engine, sample_rows=rows)
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", RuntimeWarning)
-            t = vecpack.tokenize(path, encoder=enc, n_jobs=1, progress=False)
-        got[engine] = (t.stats["agentic"], _arrays(t))
-    want: dict = {}
+    rows = agentic_rows(40, seed=31) + [{"messages": [{"role": "user", "content": "a"},
+                                                      {"role": "assistant", "content": "b"}]}]
+    fast = ChatEncoder.from_tokenizer(d, style="openai", backend="tiktoken", sample_rows=rows)
+    sink = fast.chunk_sink()
     for row in rows:
-        for k, v in (enc.encode_row_counted(row)[2] or {}).items():
-            want[k] = want.get(k, 0) + v
-    assert want["tool_calls"] > 0 and want["reasoning"] > 0
-    assert got["tokenizers"][0] == got["tiktoken"][0] == want
-    assert got["tokenizers"][1] == got["tiktoken"][1]
+        sink.add(row)
+    sink.finish()
+    hf = ChatEncoder.from_tokenizer(d, style="openai", backend="tokenizers", sample_rows=rows)
+    assert hf.chunk_sink() is None
+    counted: dict = {}
+    for row in rows:
+        tokens, labels, info = hf.encode_row_counted(row)
+        want = fast.encode_row(row)
+        assert tokens.tolist() == want[0].tolist() and labels.tolist() == want[1].tolist()
+        for k, v in (info or {}).items():
+            counted[k] = counted.get(k, 0) + v
+    assert hf.encode_row_counted(rows[-1])[2] is None  # a plain row
+    assert counted == sink.counts and counted["tool_calls"] > 0 and counted["reasoning_dropped"] > 0
 
 
 def test_mixture_hf_dataset_export_and_inspect_carry_tool_rows(templated, tmp_path, cache_dir, capsys):  # noqa: F811

@@ -62,7 +62,7 @@ from vecpack.tokenizing import backend as _backend
 from vecpack.tokenizing.labels import label_runs, labels_from_parts, part_sizes
 from vecpack.tokenizing.lane import lane_for
 from vecpack.tokenizing.runtime import Runtime, hf_facts, is_nfc, runtime
-from vecpack.tokenizing.sink import _PREFIX_MAX_CHARS, ChunkSink, RowSink, _with_heads  # noqa: F401  (re-exported)
+from vecpack.tokenizing.sink import _PREFIX_MAX_CHARS, ChunkSink, _with_heads  # noqa: F401  (re-exported)
 from vecpack.tokenizing.spec import SPEC_VERSION, materialize, read_dir
 
 __all__ = ["BACKENDS", "ChatEncoder", "ChunkSink", "encoder_for"]
@@ -409,15 +409,12 @@ class ChatEncoder:
     def chunk_sink(self) -> "ChunkSink | None":
         """A collector that encodes many rows at once and labels them in one vectorized pass.
 
-        ``None`` when this encoder has no such path (text style, or a subclass on
-        HF tokenizers); callers then use :meth:`encode_row`. The result is
-        identical. On HF tokenizers a :class:`~vecpack.tokenizing.sink.RowSink`
-        encodes row by row and keeps the agentic counts.
+        ``None`` when this encoder has no such path (HF tokenizers backend, text
+        style); callers then use :meth:`encode_row` (or :meth:`encode_row_counted`,
+        which also gives an agentic row's counts). The result is identical.
         """
-        if self.template is None:
+        if self.backend == "tokenizers" or self.template is None:
             return None
-        if self.backend == "tokenizers":
-            return RowSink(self) if type(self) is ChatEncoder else None
         return ChunkSink(self)
 
     def _encode_tokenizers(self, parts, train):
