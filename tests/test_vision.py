@@ -195,3 +195,29 @@ def test_a_1d_rope_vlm_llava_packs_exactly_and_unrestarted_positions_leak(tmp_pa
     assert max(errors(batch)) < TOL
     control = dict(batch, position_ids=torch.arange(batch["input_ids"].shape[1])[None])
     assert max(errors(control)) > 1e-3
+
+
+@pytest.mark.slow
+def test_qwen3_vl_patches_of_16_pack_exactly(tmp_path):
+    """Qwen3-VL (patches of 16, interleaved mRoPE, deepstack): ids, positions and logits as each document alone."""
+    from vision_data import QWEN3_IMAGE_CONFIG
+
+    root = tmp_path
+    world = {"root": root, "proc_dir": make_processor_dir(root / "p", image_config=QWEN3_IMAGE_CONFIG),
+             "rows": make_rows(root, 8, seed=5)}
+    world["ref"] = reference_processor(world["proc_dir"], qwen3=True)
+    world["data"] = write_jsonl(root / "t.jsonl", world["rows"])
+    enc = VisionEncoder(load_processor(world["proc_dir"]))
+    model = tiny_model("qwen3-vl", world["ref"].tokenizer)
+    for row in world["rows"]:
+        ref = _ref(world, row)
+        np.testing.assert_array_equal(enc.encode_row(row, base=str(root)).tokens, ref["input_ids"][0])
+        if "image_grid_thw" in ref:
+            want, _ = model.model.get_rope_index(torch.from_numpy(ref["input_ids"]),
+                                                 mm_token_type_ids=torch.from_numpy(ref["mm_token_type_ids"]),
+                                                 image_grid_thw=torch.from_numpy(ref["image_grid_thw"]))
+            got = doc_positions(ref["input_ids"][0], enc.processor.image_token_id, ref["image_grid_thw"], 2)
+            np.testing.assert_array_equal(got, want[:, 0].numpy())
+    packed = build_vision(world["data"], enc.processor, 1024, n_jobs=1, cache_dir=root / "c")
+    assert max(_doc_errors(model, packed, [0], world)) < TOL
+    assert max(_doc_errors(model, packed, [0], world, positions=lambda pos: pos[0])) > 1e-3
