@@ -209,3 +209,23 @@ def test_a_bad_row_in_a_worker_is_the_same_error_and_no_worker_is_left(tmp_path,
         with pytest.raises(InputError, match=rf"t\.jsonl:{bad + 1}: image 1: image file not found"):
             build_vision(data, processor, 512, n_jobs=n_jobs, pixels="lazy")
     assert multiprocessing.active_children() == []
+
+
+def _die(task):
+    import os
+    import signal
+
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+@pytest.mark.slow
+def test_a_killed_worker_is_worker_died_error_and_the_pool_is_gone():
+    import multiprocessing
+
+    from vecpack.errors import WorkerDiedError
+    from vecpack.vision.workers import Workers
+
+    with pytest.raises(WorkerDiedError, match="a vision worker process died"):
+        with Workers(None, 2) as w:
+            w.map(_die, [0, 1, 2])
+    assert multiprocessing.active_children() == []
