@@ -155,7 +155,7 @@ def open_image(ref: ImageRef):
         img = Image.open(io.BytesIO(data))
         img.load()
     except Exception as e:  # PIL raises many kinds
-        raise InputError(f"{ref.where}: unreadable image {ref.path or '(bytes)'}: {e}") from None
+        raise InputError(f"{ref.where}: unreadable image {ref.path or '(bytes)'}: {_why(e)}") from None
     return img.convert("RGB")
 
 
@@ -167,7 +167,16 @@ def image_size(ref: ImageRef, data: bytes) -> tuple[int, int]:
         with Image.open(io.BytesIO(data)) as img:
             return img.size
     except Exception as e:
-        raise InputError(f"{ref.where}: unreadable image {ref.path or '(bytes)'}: {e}") from None
+        raise InputError(f"{ref.where}: unreadable image {ref.path or '(bytes)'}: {_why(e)}") from None
+
+
+def _why(e: Exception) -> str:
+    """PIL's reason, without the object addresses it puts in some (one message for one file, every run)."""
+    from PIL import UnidentifiedImageError
+
+    if isinstance(e, UnidentifiedImageError):
+        return "not an image format Pillow can identify"
+    return str(e).splitlines()[0] if str(e) else type(e).__name__
 
 
 def image_digest(data: bytes) -> str:
