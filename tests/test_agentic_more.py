@@ -63,7 +63,7 @@ def test_parquet_arrow_and_datasets_with_heterogeneous_tools_equal_jsonl(templat
     import vecpack
 
     d = templated("qwen2.5", "qwen3")
-    rows = heterogeneous_rows(40, seed=5, as_text=as_text)
+    rows = heterogeneous_rows(24, seed=5, as_text=as_text)
     jsonl, others = _save_inputs(rows, tmp_path, as_text=as_text)
     want = _arrays(vecpack.tokenize(jsonl, d, style="openai", n_jobs=1, progress=False))
     for kind, data in others.items():
@@ -147,7 +147,7 @@ def test_mistral_tekken_tool_template_ids_and_turn_masks(tekken_dir, engine):
     from vecpack.tokenizing.encoder import ChatEncoder
 
     tok = AutoTokenizer.from_pretrained(tekken_dir)
-    rows = mistral_rows(40, seed=12) + mistral_rows(40, seed=12)  # the second sight runs the compiled structures
+    rows = mistral_rows(20, seed=12) + mistral_rows(20, seed=12)  # the second sight runs the compiled structures
     enc = ChatEncoder.from_tokenizer(tekken_dir, style="openai", backend=engine, sample_rows=rows)
     assert enc.backend == engine
     eos = tok.convert_tokens_to_ids("</s>")
@@ -175,7 +175,7 @@ def test_mistral_tekken_tool_template_ids_and_turn_masks(tekken_dir, engine):
                 assert text.startswith("[TOOL_CALLS][{") and text.endswith("]</s>")
             else:
                 assert text == m["content"] + "</s>"
-    assert calls_seen > 20
+    assert calls_seen > 10
 
 
 # ----------------------------------------------------------------------------- TRL plain-text prompt-completion
@@ -278,6 +278,12 @@ def test_call_chat_template_kwargs_under_each_rows_own(qwen_dir, tmp_path):
     assert base.encode_row(plain)[0].tolist() != enc.encode_row(plain)[0].tolist()
     with pytest.raises(ValueError, match="tools"):
         ChatEncoder.from_tokenizer(d, style="openai", chat_template_kwargs={"tools": []}, backend="tokenizers")
+    from vecpack.tokenizing.encoder import encoder_for  # the per-process memo keys the options too
+
+    _, memo = encoder_for(d, "openai", None, "assistant", [], defer=False,
+                          options={"chat_template_kwargs": {"greeting": "Call! "}})
+    _, plain_memo = encoder_for(d, "openai", None, "assistant", [], defer=False)
+    assert memo.fingerprint == enc.fingerprint and plain_memo.fingerprint == base.fingerprint
 
 
 def _reasoning_holes(text: str, messages) -> list:

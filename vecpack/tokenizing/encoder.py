@@ -501,7 +501,7 @@ def _tokenizer_key(tokenizer):
 
 
 def encoder_for(tokenizer, style: str, column: str | None, masking: str, sources, *,
-                defer: bool = True, cls=None) -> tuple[tuple, ChatEncoder]:
+                defer: bool = True, cls=None, options: dict | None = None) -> tuple[tuple, ChatEncoder]:
     """``(key, encoder)`` for these options, built once per process and reused.
 
     With ``defer`` the encoder may carry a pending parity check, which the
@@ -509,16 +509,22 @@ def encoder_for(tokenizer, style: str, column: str | None, masking: str, sources
     the check has run and the encoder is final. ``sources`` give the sample
     rows the checks look at. ``cls``: the encoder class (default
     :class:`ChatEncoder`; :class:`~vecpack.preference.encoder.PairEncoder` for pairs).
+    ``options``: more keyword arguments of ``from_tokenizer`` (``chat_template_kwargs``,
+    ``train_reasoning``), part of the key.
     """
     from vecpack.inputs.readers import sample_rows
 
+    options = options or {}
     key = (_tokenizer_key(tokenizer), style, column, masking)
+    if options:
+        key += (json.dumps(options, sort_keys=True, default=repr),)
     hit = _ENCODERS.get(key)
     enc = hit[0] if hit is not None and (key[0][0] == "path" or hit[1] is tokenizer) else None
     if enc is None:
         _backend.preload(tokenizer)  # a new encoder wants a parity check: HF loads meanwhile
         enc = (cls or ChatEncoder).from_tokenizer(tokenizer, masking=masking, style=style, column=column,
-                                                  sample_rows=sample_rows(sources, 64), defer_check=True)
+                                                  sample_rows=sample_rows(sources, 64), defer_check=True,
+                                                  **options)
         _ENCODERS[key] = (enc, tokenizer)  # the tokenizer object is kept so its id stays unique
     if not defer and enc.pending_check is not None:
         remember(key, _backend.check_now(enc), tokenizer)
