@@ -300,7 +300,10 @@ class ChatEncoder:
 
     def encode_row_counted(self, row: dict) -> tuple[np.ndarray, np.ndarray, dict | None]:
         """``(tokens, labels, counts)``: :meth:`encode_row`, and an agentic row's tool calls, results and
-        reasoning traces (``None`` for other rows; see :func:`vecpack.chat.spans.conversation_parts`)."""
+        reasoning traces (``None`` for other rows; see :func:`vecpack.chat.spans.conversation_parts`).
+        A subclass with its own :meth:`encode_row` (pairs) counts nothing here."""
+        if type(self).encode_row is not ChatEncoder.encode_row:
+            return (*self.encode_row(row), None)
         got = read_row(row, self.style, self.column)
         if type(got) is tuple:
             return (*self.encode_messages([{"role": r, "content": c} for r, c in zip(*got)]), None)
