@@ -417,3 +417,19 @@ def test_mixture_hf_dataset_export_and_inspect_carry_tool_rows(templated, tmp_pa
     assert calls and results
     assert sum(int(n) for n in re.findall(r"· (\d+) tool calls?", text)) == len(calls)  # the headers count them
     assert all(map(trained_at, calls)) and not any(map(trained_at, results))
+
+
+def test_integers_beyond_64_bits_in_tool_arguments_stay_integers(templated, tmp_path):  # noqa: F811
+    """orjson reads 123456789012345678901234567890 as a float; a tool row's line with one is read by json, so
+    tojson writes the integer back as apply_chat_template does."""
+    import vecpack
+    from tests.test_agentic import hf
+
+    d = templated("qwen2.5", "qwen2_5")
+    line = ('{"messages": [{"role": "user", "content": "x"}, {"role": "assistant", "tool_calls": [{"type": '
+            '"function", "function": {"name": "f", "arguments": {"n": 123456789012345678901234567890, "m": 1.5}}}]}]}')
+    path = tmp_path / "big.jsonl"
+    path.write_text(line + "\n", encoding="utf-8")
+    t = vecpack.tokenize(path, d, style="openai", n_jobs=1, progress=False)
+    want = hf(d).apply_chat_template(json.loads(line)["messages"], tokenize=True, return_dict=True)["input_ids"]
+    assert np.asarray(t.tokens).tolist() == list(want)
