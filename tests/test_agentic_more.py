@@ -63,7 +63,7 @@ def test_parquet_arrow_and_datasets_with_heterogeneous_tools_equal_jsonl(templat
     import vecpack
 
     d = templated("qwen2.5", "qwen3")
-    rows = heterogeneous_rows(40, seed=5, as_text=as_text)
+    rows = heterogeneous_rows(24, seed=5, as_text=as_text)
     jsonl, others = _save_inputs(rows, tmp_path, as_text=as_text)
     want = _arrays(vecpack.tokenize(jsonl, d, style="openai", n_jobs=1, progress=False))
     for kind, data in others.items():
@@ -147,7 +147,7 @@ def test_mistral_tekken_tool_template_ids_and_turn_masks(tekken_dir, engine):
     from vecpack.tokenizing.encoder import ChatEncoder
 
     tok = AutoTokenizer.from_pretrained(tekken_dir)
-    rows = mistral_rows(40, seed=12) + mistral_rows(40, seed=12)  # the second sight runs the compiled structures
+    rows = mistral_rows(20, seed=12) + mistral_rows(20, seed=12)  # the second sight runs the compiled structures
     enc = ChatEncoder.from_tokenizer(tekken_dir, style="openai", backend=engine, sample_rows=rows)
     assert enc.backend == engine
     eos = tok.convert_tokens_to_ids("</s>")
@@ -175,7 +175,7 @@ def test_mistral_tekken_tool_template_ids_and_turn_masks(tekken_dir, engine):
                 assert text.startswith("[TOOL_CALLS][{") and text.endswith("]</s>")
             else:
                 assert text == m["content"] + "</s>"
-    assert calls_seen > 20
+    assert calls_seen > 10
 
 
 # ----------------------------------------------------------------------------- TRL plain-text prompt-completion
@@ -278,6 +278,12 @@ def test_call_chat_template_kwargs_under_each_rows_own(qwen_dir, tmp_path):
     assert base.encode_row(plain)[0].tolist() != enc.encode_row(plain)[0].tolist()
     with pytest.raises(ValueError, match="tools"):
         ChatEncoder.from_tokenizer(d, style="openai", chat_template_kwargs={"tools": []}, backend="tokenizers")
+    from vecpack.tokenizing.encoder import encoder_for  # the per-process memo keys the options too
+
+    _, memo = encoder_for(d, "openai", None, "assistant", [], defer=False,
+                          options={"chat_template_kwargs": {"greeting": "Call! "}})
+    _, plain_memo = encoder_for(d, "openai", None, "assistant", [], defer=False)
+    assert memo.fingerprint == enc.fingerprint and plain_memo.fingerprint == base.fingerprint
 
 
 def _reasoning_holes(text: str, messages) -> list:
@@ -338,31 +344,31 @@ def _documents(packs) -> list:
     return out
 
 
-def test_stats_count_agentic_rows_on_hf_tokenizers(templated, tmp_path):  # noqa: F811
-    """``stats["agentic"]`` when HF tokenizers is the engine (a RowSink counts), equal to the fast engine's."""
-    import warnings
-
-    import vecpack
+def test_encode_row_counted_counts_on_every_engine(templated):  # noqa: F811
+    """``encode_row_counted`` (what the row loop needs for ``stats["agentic"]`` on HF tokenizers, where there
+    is no chunk sink): the same arrays as ``encode_row`` and, summed, the fast chunk sink's counts."""
     from tests.agentic_data import agentic_rows
     from vecpack.tokenizing.encoder import ChatEncoder
 
     d = templated("qwen2.5", "qwen3")
-    rows = agentic_rows(40, seed=31)
-    path = write_jsonl(tmp_path / "t.jsonl", rows)
-    got = {}
-    for engine in ("tokenizers", "tiktoken"):
-        enc = ChatEncoder.from_tokenizer(d, style="openai", backend=engine, sample_rows=rows)
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", RuntimeWarning)
-            t = vecpack.tokenize(path, encoder=enc, n_jobs=1, progress=False)
-        got[engine] = (t.stats["agentic"], _arrays(t))
-    want: dict = {}
+    rows = agentic_rows(40, seed=31) + [{"messages": [{"role": "user", "content": "a"},
+                                                      {"role": "assistant", "content": "b"}]}]
+    fast = ChatEncoder.from_tokenizer(d, style="openai", backend="tiktoken", sample_rows=rows)
+    sink = fast.chunk_sink()
     for row in rows:
-        for k, v in (enc.encode_row_counted(row)[2] or {}).items():
-            want[k] = want.get(k, 0) + v
-    assert want["tool_calls"] > 0 and want["reasoning"] > 0
-    assert got["tokenizers"][0] == got["tiktoken"][0] == want
-    assert got["tokenizers"][1] == got["tiktoken"][1]
+        sink.add(row)
+    sink.finish()
+    hf = ChatEncoder.from_tokenizer(d, style="openai", backend="tokenizers", sample_rows=rows)
+    assert hf.chunk_sink() is None
+    counted: dict = {}
+    for row in rows:
+        tokens, labels, info = hf.encode_row_counted(row)
+        want = fast.encode_row(row)
+        assert tokens.tolist() == want[0].tolist() and labels.tolist() == want[1].tolist()
+        for k, v in (info or {}).items():
+            counted[k] = counted.get(k, 0) + v
+    assert hf.encode_row_counted(rows[-1])[2] is None  # a plain row
+    assert counted == sink.counts and counted["tool_calls"] > 0 and counted["reasoning_dropped"] > 0
 
 
 def test_mixture_hf_dataset_export_and_inspect_carry_tool_rows(templated, tmp_path, cache_dir, capsys):  # noqa: F811
@@ -411,3 +417,19 @@ def test_mixture_hf_dataset_export_and_inspect_carry_tool_rows(templated, tmp_pa
     assert calls and results
     assert sum(int(n) for n in re.findall(r"· (\d+) tool calls?", text)) == len(calls)  # the headers count them
     assert all(map(trained_at, calls)) and not any(map(trained_at, results))
+
+
+def test_integers_beyond_64_bits_in_tool_arguments_stay_integers(templated, tmp_path):  # noqa: F811
+    """orjson reads 123456789012345678901234567890 as a float; a tool row's line with one is read by json, so
+    tojson writes the integer back as apply_chat_template does."""
+    import vecpack
+    from tests.test_agentic import hf
+
+    d = templated("qwen2.5", "qwen2_5")
+    line = ('{"messages": [{"role": "user", "content": "x"}, {"role": "assistant", "tool_calls": [{"type": '
+            '"function", "function": {"name": "f", "arguments": {"n": 123456789012345678901234567890, "m": 1.5}}}]}]}')
+    path = tmp_path / "big.jsonl"
+    path.write_text(line + "\n", encoding="utf-8")
+    t = vecpack.tokenize(path, d, style="openai", n_jobs=1, progress=False)
+    want = hf(d).apply_chat_template(json.loads(line)["messages"], tokenize=True, return_dict=True)["input_ids"]
+    assert np.asarray(t.tokens).tolist() == list(want)

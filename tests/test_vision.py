@@ -113,6 +113,7 @@ def _doc_errors(model, packed, batch_packs, world, positions=None):
     batch = collate_vision([packed[i] for i in batch_packs])
     with torch.no_grad():
         if positions is None:
+            batch.pop("labels")  # the loss is not compared here (the Trainer test does): no 151k-way softmax
             out, which = model(**batch).logits[0], 1
         else:
             batch["position_ids"] = positions(batch["position_ids"])
@@ -154,3 +155,71 @@ def test_every_document_of_a_packed_batch_equals_its_solo_forward(world, kind, t
     one_d = _doc_errors(model, packed, picks, world, positions=lambda pos: pos[0])
     three = _doc_errors(model, packed, picks, world, positions=lambda pos: pos[1:])
     assert max(one_d) > 1e-3 and max(three) > 1e-3, (one_d, three)
+
+
+@pytest.mark.slow
+def test_a_1d_rope_vlm_llava_packs_exactly_and_unrestarted_positions_leak(tmp_path):
+    """LLaVA (CLIP tower, Qwen2 language model): ids as LlavaProcessor's, restarting 1-D positions exact."""
+    from vision_data import llava_reference_processor, make_llava_dir, tiny_llava
+
+    proc_dir = make_llava_dir(tmp_path / "llava")
+    rows = make_rows(tmp_path, 8, seed=9)
+    ref = llava_reference_processor(proc_dir)
+    proc = load_processor(proc_dir)
+    assert proc.image_processor_class == "CLIPImageProcessorPil" and not proc.mrope
+    enc = VisionEncoder(proc)
+    solo = {}
+    for d, row in enumerate(rows):
+        out = ref.apply_chat_template(with_pil(row, tmp_path), tokenize=True, return_dict=True, return_tensors="pt")
+        np.testing.assert_array_equal(enc.encode_row(row, base=str(tmp_path)).tokens, out["input_ids"][0].numpy())
+        solo[d] = {k: v for k, v in out.items() if k != "attention_mask"}
+    model = tiny_llava(ref.tokenizer)
+    packed = build_vision(write_jsonl(tmp_path / "t.jsonl", rows), proc, 1024, n_jobs=1, cache_dir=tmp_path / "c")
+    p = packed.plan
+    i = int(np.argmax(np.diff(p.pack_offsets)))
+    batch = collate_vision([packed[i]])
+    docs = [(int(p.doc_index[e]), int(p.doc_length[e])) for e in range(p.pack_offsets[i], p.pack_offsets[i + 1])]
+    assert len(docs) >= 3 and len(batch["pixel_values"]) >= 2
+    assert batch["pixel_values"].shape[1:] == (3, 56, 56) and "image_grid_thw" not in batch
+
+    with torch.no_grad():
+        want = {d: model(**solo[d], use_cache=False).logits[0] for d, _ in docs}
+
+    def errors(b):
+        with torch.no_grad():
+            logits = model(**b).logits[0]
+        out, s = [], 0
+        for d, n in docs:
+            out.append(float((logits[s:s + n] - want[d]).abs().max()))
+            s += n
+        return out
+
+    assert max(errors(batch)) < TOL
+    control = dict(batch, position_ids=torch.arange(batch["input_ids"].shape[1])[None])
+    assert max(errors(control)) > 1e-3
+
+
+@pytest.mark.slow
+def test_qwen3_vl_patches_of_16_pack_exactly(tmp_path):
+    """Qwen3-VL (patches of 16, interleaved mRoPE, deepstack): ids, positions and logits as each document alone."""
+    from vision_data import QWEN3_IMAGE_CONFIG
+
+    root = tmp_path
+    world = {"root": root, "proc_dir": make_processor_dir(root / "p", image_config=QWEN3_IMAGE_CONFIG),
+             "rows": make_rows(root, 8, seed=5)}
+    world["ref"] = reference_processor(world["proc_dir"], qwen3=True)
+    world["data"] = write_jsonl(root / "t.jsonl", world["rows"])
+    enc = VisionEncoder(load_processor(world["proc_dir"]))
+    model = tiny_model("qwen3-vl", world["ref"].tokenizer)
+    for row in world["rows"]:
+        ref = _ref(world, row)
+        np.testing.assert_array_equal(enc.encode_row(row, base=str(root)).tokens, ref["input_ids"][0])
+        if "image_grid_thw" in ref:
+            want, _ = model.model.get_rope_index(torch.from_numpy(ref["input_ids"]),
+                                                 mm_token_type_ids=torch.from_numpy(ref["mm_token_type_ids"]),
+                                                 image_grid_thw=torch.from_numpy(ref["image_grid_thw"]))
+            got = doc_positions(ref["input_ids"][0], enc.processor.image_token_id, ref["image_grid_thw"], 2)
+            np.testing.assert_array_equal(got, want[:, 0].numpy())
+    packed = build_vision(world["data"], enc.processor, 1024, n_jobs=1, cache_dir=root / "c")
+    assert max(_doc_errors(model, packed, [0], world)) < TOL
+    assert max(_doc_errors(model, packed, [0], world, positions=lambda pos: pos[0])) > 1e-3

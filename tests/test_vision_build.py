@@ -161,6 +161,7 @@ def test_the_three_input_forms_and_bytes_give_the_same_ids(tmp_path, processor):
 
 
 @pytest.mark.parametrize("case, match", [
+    ("json", r"t\.jsonl:2: not valid JSON"),
     ("missing", r"t\.jsonl:2: image 1: image file not found: .*nothere\.png$"),
     ("unreadable", r"t\.jsonl:2: image 1: unreadable image .*bad\.png: "),
     ("aspect", r"t\.jsonl:2: image 1: the processor refuses this 1000x4 image: absolute aspect ratio"),
@@ -170,16 +171,20 @@ def test_bad_images_are_one_line_errors_at_their_row(tmp_path, processor, case, 
     make_image(tmp_path / "ok.png", (56, 56), 0)
     (tmp_path / "bad.png").write_bytes(b"not an image at all")
     make_image(tmp_path / "thin.png", (1000, 4), 0)
-    image = {"missing": "nothere.png", "unreadable": "bad.png", "aspect": "thin.png",
+    image = {"json": "ok.png", "missing": "nothere.png", "unreadable": "bad.png", "aspect": "thin.png",
              "url": "https://example.com/a.png"}[case]
     good = {"messages": [{"role": "user", "content": [{"type": "image"}]},
                          {"role": "assistant", "content": "ok"}], "images": ["ok.png"]}
     path = tmp_path / "t.jsonl"
-    path.write_text(json.dumps(good) + "\n" + json.dumps(dict(good, images=[image])) + "\n")
+    bad = json.dumps(dict(good, images=[image]))
+    path.write_text(json.dumps(good) + "\n" + (bad[:-3] if case == "json" else bad) + "\n")
     with pytest.raises(InputError, match=match) as err:
         build_vision(path, processor, 256, n_jobs=1, pixels="lazy")
     assert "\n" not in str(err.value)
     assert os.path.basename(str(err.value.file)) == "t.jsonl" and err.value.line == 2
+    skipped = build_vision(path, processor, 256, n_jobs=1, pixels="lazy", on_error="skip")
+    assert skipped.stats["rows"] == 2 and skipped.stats["num_documents"] == 1 and skipped.stats["rejected"] == 1
+    assert skipped.stats["rejected_examples"][0] == str(err.value)
 
 
 @pytest.mark.slow
@@ -209,4 +214,25 @@ def test_a_bad_row_in_a_worker_is_the_same_error_and_no_worker_is_left(tmp_path,
     for n_jobs in (1, 2):
         with pytest.raises(InputError, match=rf"t\.jsonl:{bad + 1}: image 1: image file not found"):
             build_vision(data, processor, 512, n_jobs=n_jobs, pixels="lazy")
+    assert set(multiprocessing.active_children()) <= before
+
+
+def _die(task):
+    import os
+    import signal
+
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+@pytest.mark.slow
+def test_a_killed_worker_is_worker_died_error_and_the_pool_is_gone():
+    import multiprocessing
+
+    from vecpack.errors import WorkerDiedError
+    from vecpack.vision.workers import Workers
+
+    before = set(multiprocessing.active_children())   # (the tokenizer pool of earlier tests may be up)
+    with pytest.raises(WorkerDiedError, match="a vision worker process died"):
+        with Workers(None, 2) as w:
+            w.map(_die, [0, 1, 2])
     assert set(multiprocessing.active_children()) <= before

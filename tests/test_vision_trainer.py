@@ -29,6 +29,7 @@ def _solo_loss_sum(model, ref, row, root, labels):
         (lab[1:] != -100).sum())
 
 
+@pytest.mark.slow
 def test_a_trainer_recipe_trains_on_packed_vision_batches(tmp_path):
     root = tmp_path
     proc_dir = make_processor_dir(root / "processor")

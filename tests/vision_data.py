@@ -44,28 +44,86 @@ SIZES = [(56, 56), (100, 60), (40, 300), (333, 77), (17, 23), (640, 480), (120, 
          (64, 200)]
 
 
-def make_processor_dir(out, *, template: str = QWEN2_VL_TEMPLATE) -> pathlib.Path:
+def make_processor_dir(out, *, template: str = QWEN2_VL_TEMPLATE, image_config: dict | None = None) -> pathlib.Path:
     """A processor directory: ``preprocessor_config.json``, the Qwen2.5 tokenizer files, ``chat_template.jinja``."""
     out = pathlib.Path(out)
     out.mkdir(parents=True, exist_ok=True)
     for f in cached_tokenizer_dir().iterdir():
         if f.name.startswith("tokenizer") or f.name.endswith(".json"):
             shutil.copy(f, out / f.name)
-    (out / "preprocessor_config.json").write_text(json.dumps(IMAGE_CONFIG))
+    (out / "preprocessor_config.json").write_text(json.dumps(image_config or IMAGE_CONFIG))
     (out / "chat_template.jinja").write_text(template)
     return out
 
 
-def reference_processor(path):
-    """transformers' own Qwen2VLProcessor from the same parts (no video processor: torchvision is missing)."""
-    from transformers import AutoTokenizer, Qwen2VLProcessor
+# A LLaVA-style checkpoint: CLIP's processor (every image 56 x 56, 4 x 4 patches of 14 and a CLS token the
+# "default" strategy drops: 16 tokens an image), an ``<image>`` token, the same template with ``<image>``.
+LLAVA_TEMPLATE = QWEN2_VL_TEMPLATE.replace("<|vision_start|><|image_pad|><|vision_end|>", "<image>")
+LLAVA_IMAGE_CONFIG = {"image_processor_type": "CLIPImageProcessor", "size": {"shortest_edge": 56},
+                      "crop_size": {"height": 56, "width": 56}, "do_center_crop": True}
+LLAVA_PROCESSOR_CONFIG = {"processor_class": "LlavaProcessor", "patch_size": 14,
+                          "vision_feature_select_strategy": "default", "num_additional_image_tokens": 1,
+                          "image_token": "<image>"}
+
+
+def make_llava_dir(out) -> pathlib.Path:
+    """A LLaVA-style processor directory: the Qwen2.5 tokenizer plus an ``<image>`` token, CLIP's preprocessing."""
+    from transformers import AutoTokenizer
+
+    out = pathlib.Path(out)
+    tok = AutoTokenizer.from_pretrained(cached_tokenizer_dir())
+    tok.add_special_tokens({"additional_special_tokens": ["<image>"]})
+    tok.save_pretrained(out)
+    (out / "preprocessor_config.json").write_text(json.dumps(LLAVA_IMAGE_CONFIG))
+    (out / "processor_config.json").write_text(json.dumps(LLAVA_PROCESSOR_CONFIG))
+    (out / "chat_template.jinja").write_text(LLAVA_TEMPLATE)
+    return out
+
+
+def llava_reference_processor(path):
+    """transformers' own LlavaProcessor from the same parts."""
+    from transformers import AutoTokenizer, LlavaProcessor
+    from transformers.models.clip.image_processing_pil_clip import CLIPImageProcessorPil
+
+    cfg = {k: v for k, v in LLAVA_IMAGE_CONFIG.items() if k != "image_processor_type"}
+    return LlavaProcessor(image_processor=CLIPImageProcessorPil(**cfg), tokenizer=AutoTokenizer.from_pretrained(path),
+                          patch_size=14, vision_feature_select_strategy="default", num_additional_image_tokens=1,
+                          chat_template=LLAVA_TEMPLATE)
+
+
+def tiny_llava(tokenizer, *, seed: int = 0):
+    """A random LLaVA (CLIP vision tower, Qwen2 language model: 1-D RoPE), fp32, eval mode."""
+    import torch
+    from transformers import LlavaConfig, LlavaForConditionalGeneration
+
+    cfg = LlavaConfig(
+        vision_config={"model_type": "clip_vision_model", "hidden_size": 32, "intermediate_size": 64,
+                       "num_hidden_layers": 2, "num_attention_heads": 2, "image_size": 56, "patch_size": 14},
+        text_config={"model_type": "qwen2", "vocab_size": len(tokenizer), "hidden_size": 32, "intermediate_size": 64,
+                     "num_hidden_layers": 2, "num_attention_heads": 2, "num_key_value_heads": 1,
+                     "max_position_embeddings": 4096},
+        image_token_id=tokenizer.convert_tokens_to_ids("<image>"), vision_feature_select_strategy="default",
+        vision_feature_layer=-1)
+    torch.manual_seed(seed)
+    return LlavaForConditionalGeneration(cfg).float().eval()
+
+
+# Qwen3-VL's image processor: patches of 16, the same family's resize rule.
+QWEN3_IMAGE_CONFIG = dict(IMAGE_CONFIG, patch_size=16, min_pixels=32 * 32 * 4, max_pixels=32 * 32 * 64)
+
+
+def reference_processor(path, *, qwen3: bool = False):
+    """transformers' own Qwen2VLProcessor (Qwen3VLProcessor) from the same parts, built from arguments (no video
+    processor: torchvision is missing)."""
+    from transformers import AutoTokenizer, Qwen2VLProcessor, Qwen3VLProcessor
     from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
 
-    class Processor(Qwen2VLProcessor):
+    class Processor(Qwen3VLProcessor if qwen3 else Qwen2VLProcessor):
         def check_argument_for_proper_class(self, name, arg):
             return None if arg is None else super().check_argument_for_proper_class(name, arg)
 
-    ip = Qwen2VLImageProcessorPil(min_pixels=MIN_PIXELS, max_pixels=MAX_PIXELS)
+    cfg = QWEN3_IMAGE_CONFIG if qwen3 else IMAGE_CONFIG
+    ip = Qwen2VLImageProcessorPil(**{k: v for k, v in cfg.items() if k != "image_processor_type"})
     return Processor(image_processor=ip, tokenizer=AutoTokenizer.from_pretrained(path),
                      chat_template=(pathlib.Path(path) / "chat_template.jinja").read_text())
 
@@ -135,7 +193,8 @@ def with_pil(row: dict, root) -> list[dict]:
 
 
 def tiny_model(kind: str, tokenizer, *, seed: int = 0):
-    """A random Qwen2-VL (``"qwen2-vl"``) or Qwen2.5-VL (``"qwen2.5-vl"``) model, fp32, eval mode."""
+    """A random Qwen2-VL (``"qwen2-vl"``), Qwen2.5-VL (``"qwen2.5-vl"``) or Qwen3-VL (``"qwen3-vl"``) model, fp32,
+    eval mode."""
     import torch
 
     ids = tokenizer.convert_tokens_to_ids(["<|image_pad|>", "<|video_pad|>", "<|vision_start|>", "<|vision_end|>"])
@@ -145,7 +204,15 @@ def tiny_model(kind: str, tokenizer, *, seed: int = 0):
     tokens = dict(image_token_id=ids[0], video_token_id=ids[1], vision_start_token_id=ids[2],
                   vision_end_token_id=ids[3])
     torch.manual_seed(seed)
-    if kind == "qwen2-vl":
+    if kind == "qwen3-vl":  # patch 16 (its processor's), interleaved mRoPE, deepstack features
+        from transformers import Qwen3VLConfig, Qwen3VLForConditionalGeneration
+
+        text = dict(text, head_dim=16, rope_parameters=dict(text["rope_parameters"], mrope_interleaved=True))
+        cfg = Qwen3VLConfig(text_config=text, vision_config=dict(
+            depth=2, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=32,
+            num_position_embeddings=64, deepstack_visual_indexes=[1]), **tokens)
+        model = Qwen3VLForConditionalGeneration(cfg)
+    elif kind == "qwen2-vl":
         from transformers import Qwen2VLConfig, Qwen2VLForConditionalGeneration
 
         cfg = Qwen2VLConfig(text_config=text, vision_config=dict(depth=2, embed_dim=32, hidden_size=32, num_heads=2,

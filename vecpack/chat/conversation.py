@@ -130,6 +130,30 @@ def _text_completion(row: dict):
     return None
 
 
+try:
+    from orjson import loads as _strict_loads
+except ImportError:  # pragma: no cover - orjson is a dependency; json alone still works
+    _strict_loads = json.loads
+
+
+def _check_json(text: str) -> None:
+    """Raise ``ValueError`` unless ``json.loads`` accepts ``text`` (the value is not kept).
+
+    orjson (a few times faster) accepts a subset of what :mod:`json` accepts, so
+    only what it refuses is decided, and worded, by :mod:`json`.
+
+    >>> _check_json('{"x": NaN}')
+    >>> _check_json('{x}')
+    Traceback (most recent call last):
+    ...
+    json.decoder.JSONDecodeError: Expecting property name enclosed in double quotes: line 1 column 2 (char 1)
+    """
+    try:
+        _strict_loads(text)
+    except ValueError:
+        json.loads(text)
+
+
 def _kind(value) -> str:
     return "null" if value is None else type(value).__name__
 
@@ -203,7 +227,7 @@ def _calls(i: int, calls) -> list:
         args = fn.get("arguments", {})
         if isinstance(args, str):
             try:
-                json.loads(args)
+                _check_json(args)
             except ValueError as e:
                 raise InputError(f"{where} ({name}): 'arguments' is a string but not JSON ({e}); "
                                  "give the arguments as a JSON object or as JSON text") from None

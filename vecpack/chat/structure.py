@@ -49,9 +49,16 @@ _MAX = 4096          # structures remembered per template
 _BAKED = ("role", "type")  # message and call keys whose value is part of the structure, not a text
 
 
+_QUOTE = json.encoder.encode_basestring  # json.dumps(s, ensure_ascii=False) of a str, without its dispatch
+
+
 def _json_inner(s: str) -> str:
-    """A string as it appears inside a JSON string literal (a template that ``tojson`` s a text)."""
-    return json.dumps(s, ensure_ascii=False)[1:-1]
+    """A string as it appears inside a JSON string literal (a template that ``tojson`` s a text).
+
+    >>> _json_inner('a "b"\\n') == json.dumps('a "b"\\n', ensure_ascii=False)[1:-1]
+    True
+    """
+    return _QUOTE(s)[1:-1]
 
 
 _TRANSFORMS = (None, str.lstrip, str.rstrip, _json_inner, str.strip)  # most specific first
@@ -73,7 +80,16 @@ def _walk(value, leaves: list, stand_in, used):
         for k, v in value.items():
             if k not in used:
                 continue
-            if k in _BAKED or type(v) is not str and type(v) is not dict and type(v) is not list:
+            t = type(v)
+            if t is str and k not in _BAKED:  # a text (as the str case above, without a call per text)
+                if v:
+                    leaves.append(v)
+                    shapes.append((k, "s"))
+                    copy[k] = stand_in(len(leaves) - 1, v)
+                else:
+                    shapes.append((k, ""))
+                    copy[k] = v
+            elif k in _BAKED or t is not str and t is not dict and t is not list:
                 shapes.append((k, repr(v)))
                 copy[k] = v
             elif k == "arguments" and type(v) is dict:  # an object the template serialises
@@ -153,16 +169,18 @@ class _Structure:
     """A compiled structure: a :class:`~vecpack.chat.layout._Layout` whose slots hold leaf indices
     (with a transform, or the ``tojson`` options of an object), and whether Jinja has confirmed it."""
 
-    __slots__ = ("layout", "verified")
+    __slots__ = ("layout", "verified", "_fills")
 
     def __init__(self, layout):
         self.layout, self.verified = layout, False
+        # an object slot's json.dumps options as an encoder made once (json.dumps makes one a call)
+        self._fills = [(pos, i, json.JSONEncoder(**fn).encode if type(fn) is dict else fn)
+                       for pos, i, fn in layout.slots]
 
     def fill(self, leaves) -> list[str]:
         parts = self.layout.parts.copy()
-        for pos, i, fn in self.layout.slots:
-            leaf = leaves[i]
-            parts[pos] = json.dumps(leaf, **fn) if type(fn) is dict else leaf if fn is None else fn(leaf)
+        for pos, i, fn in self._fills:
+            parts[pos] = leaves[i] if fn is None else fn(leaves[i])
         return parts
 
 

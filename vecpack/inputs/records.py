@@ -54,13 +54,30 @@ def to_record(payload):
     return BadRecord(f"expected a JSON object, got a JSON {json_type(payload)}")
 
 
+_DIGITS = bytes(48 if 48 <= b <= 57 else 32 for b in range(256))  # every digit "0", everything else " "
+
+
+def _big_ints(raw) -> bool:
+    """Whether a tool row's line may hold an integer beyond 64 bits, which orjson reads as a float
+    (``json`` keeps it an int, and a template's ``tojson`` writes it back as written): a run of 19
+    digits in a line that names a tool. Other rows' numbers are never rendered.
+
+    >>> _big_ints(b'{"tools": [], "n": 12345678901234567890123}'), _big_ints(b'{"n": 12345678901234567890123}')
+    (True, False)
+    """
+    line = raw if type(raw) is bytes else bytes(raw)
+    return b'"tool' in line and b"0" * 19 in line.translate(_DIGITS)
+
+
 def _parse_line(raw: bytes | memoryview):
     """One JSON line -> dict, or a :class:`BadRecord` saying what is wrong.
 
     ``orjson`` parses well-formed lines (about 3x faster than :mod:`json`);
     anything it refuses goes through :mod:`json`, which decides exactly as
     before: it accepts what ``orjson`` is stricter about (``NaN``, escaped lone
-    surrogates, integers beyond 64 bits) and words the error for the rest.
+    surrogates) and words the error for the rest. A tool row whose line may hold
+    an integer beyond 64 bits (orjson makes it a float) is read by :mod:`json`
+    too (:func:`_big_ints`).
     """
     if _orjson_loads is not None:  # (orjson refuses a BOM: the slow path words that error)
         try:
@@ -68,7 +85,7 @@ def _parse_line(raw: bytes | memoryview):
         except ValueError:
             pass
         else:
-            if type(obj) is dict:
+            if type(obj) is dict and not _big_ints(raw):
                 return obj
     raw = bytes(raw)  # a memoryview from the JSONL reader: the rare slow path wants bytes
     if raw.startswith(BOM):

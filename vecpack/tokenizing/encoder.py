@@ -62,7 +62,7 @@ from vecpack.tokenizing import backend as _backend
 from vecpack.tokenizing.labels import label_runs, labels_from_parts, part_sizes
 from vecpack.tokenizing.lane import lane_for
 from vecpack.tokenizing.runtime import Runtime, hf_facts, is_nfc, runtime
-from vecpack.tokenizing.sink import _PREFIX_MAX_CHARS, ChunkSink, RowSink, _with_heads  # noqa: F401  (re-exported)
+from vecpack.tokenizing.sink import _PREFIX_MAX_CHARS, ChunkSink, _with_heads  # noqa: F401  (re-exported)
 from vecpack.tokenizing.spec import SPEC_VERSION, materialize, read_dir
 
 __all__ = ["BACKENDS", "ChatEncoder", "ChunkSink", "encoder_for"]
@@ -300,7 +300,10 @@ class ChatEncoder:
 
     def encode_row_counted(self, row: dict) -> tuple[np.ndarray, np.ndarray, dict | None]:
         """``(tokens, labels, counts)``: :meth:`encode_row`, and an agentic row's tool calls, results and
-        reasoning traces (``None`` for other rows; see :func:`vecpack.chat.spans.conversation_parts`)."""
+        reasoning traces (``None`` for other rows; see :func:`vecpack.chat.spans.conversation_parts`).
+        A subclass with its own :meth:`encode_row` (pairs) counts nothing here."""
+        if type(self).encode_row is not ChatEncoder.encode_row:
+            return (*self.encode_row(row), None)
         got = read_row(row, self.style, self.column)
         if type(got) is tuple:
             return (*self.encode_messages([{"role": r, "content": c} for r, c in zip(*got)]), None)
@@ -409,15 +412,12 @@ class ChatEncoder:
     def chunk_sink(self) -> "ChunkSink | None":
         """A collector that encodes many rows at once and labels them in one vectorized pass.
 
-        ``None`` when this encoder has no such path (text style, or a subclass on
-        HF tokenizers); callers then use :meth:`encode_row`. The result is
-        identical. On HF tokenizers a :class:`~vecpack.tokenizing.sink.RowSink`
-        encodes row by row and keeps the agentic counts.
+        ``None`` when this encoder has no such path (HF tokenizers backend, text
+        style); callers then use :meth:`encode_row` (or :meth:`encode_row_counted`,
+        which also gives an agentic row's counts). The result is identical.
         """
-        if self.template is None:
+        if self.backend == "tokenizers" or self.template is None:
             return None
-        if self.backend == "tokenizers":
-            return RowSink(self) if type(self) is ChatEncoder else None
         return ChunkSink(self)
 
     def _encode_tokenizers(self, parts, train):
@@ -512,21 +512,22 @@ def encoder_for(tokenizer, style: str, column: str | None, masking: str, sources
     the check has run and the encoder is final. ``sources`` give the sample
     rows the checks look at. ``cls``: the encoder class (default
     :class:`ChatEncoder`; :class:`~vecpack.preference.encoder.PairEncoder` for pairs).
-    ``options``: the encoder's other keywords (``ChatSpec.encoder_options()``).
+    ``options``: more keyword arguments of ``from_tokenizer`` (``chat_template_kwargs``,
+    ``train_reasoning``), part of the key.
     """
-    import json
-
     from vecpack.inputs.readers import sample_rows
 
     options = options or {}
-    key = (_tokenizer_key(tokenizer), style, column, masking) + (
-        (json.dumps(options, sort_keys=True),) if options else ())
+    key = (_tokenizer_key(tokenizer), style, column, masking)
+    if options:
+        key += (json.dumps(options, sort_keys=True, default=repr),)
     hit = _ENCODERS.get(key)
     enc = hit[0] if hit is not None and (key[0][0] == "path" or hit[1] is tokenizer) else None
     if enc is None:
         _backend.preload(tokenizer)  # a new encoder wants a parity check: HF loads meanwhile
         enc = (cls or ChatEncoder).from_tokenizer(tokenizer, masking=masking, style=style, column=column,
-                                                  sample_rows=sample_rows(sources, 64), defer_check=True, **options)
+                                                  sample_rows=sample_rows(sources, 64), defer_check=True,
+                                                  **options)
         _ENCODERS[key] = (enc, tokenizer)  # the tokenizer object is kept so its id stays unique
     if not defer and enc.pending_check is not None:
         remember(key, _backend.check_now(enc), tokenizer)

@@ -15,11 +15,10 @@ import numpy as np
 
 from vecpack.chat.conversation import TextCompletion, read_row
 from vecpack.errors import InputError
-from vecpack.options import IGNORE_INDEX
 from vecpack.tokenizing.labels import part_sizes
 from vecpack.tokenizing.lane import splice_heads
 
-__all__ = ["ChunkSink", "RowSink", "add_counts"]
+__all__ = ["ChunkSink", "add_counts"]
 
 _PREFIX_MAX_CHARS = 32_768      # longer prefixes are not cached
 
@@ -176,30 +175,3 @@ def add_counts(counts: dict, info: dict | None) -> None:
     """Add one row's agentic counts (``None``: none) into ``counts``."""
     for k, v in (info or {}).items():
         counts[k] = counts.get(k, 0) + v
-
-
-class RowSink:
-    """A chunk's rows on HF tokenizers: encoded one by one (as ``encode_row``), with the agentic
-    counts a :class:`ChunkSink` keeps (``stats["agentic"]`` on every engine)."""
-
-    def __init__(self, encoder):
-        self.enc = encoder
-        self.toks: list = []
-        self.labs: list = []
-        self.counts: dict[str, int] = {}
-        self.trainable = 0
-
-    def add(self, row) -> None:
-        """Take one row. Raises :class:`InputError` (nothing kept) when it is unusable."""
-        tokens, labels, info = self.enc.encode_row_counted(row)
-        self.toks.append(np.asarray(tokens, np.int32))
-        self.labs.append(np.asarray(labels, np.int32))
-        add_counts(self.counts, info)
-
-    def finish(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """``(tokens, labels, lengths)`` of every row added, back to back."""
-        lengths = np.fromiter(map(len, self.toks), np.int64, len(self.toks))
-        tokens = np.concatenate(self.toks) if self.toks else np.zeros(0, np.int32)
-        labels = np.concatenate(self.labs) if self.labs else np.zeros(0, np.int32)
-        self.trainable = int(np.count_nonzero(labels != IGNORE_INDEX))
-        return tokens, labels, lengths

@@ -42,7 +42,8 @@ def n_workers(n_jobs: int | None) -> int:
 
 def build_vision(data_files, processor, max_len: int, *, masking: str = "assistant", column: str | None = None,
                  strategy: str = "bfd", long: str = "truncate", shuffle_seed: int | None = 0,
-                 pixels: str = "cache", n_jobs: int = -1, cache_dir=None, pad_id: int | None = None):
+                 pixels: str = "cache", on_error: str = "raise", n_jobs: int = -1, cache_dir=None,
+                 pad_id: int | None = None):
     """Pack vision-language chat rows for training.
 
     Args:
@@ -56,6 +57,8 @@ def build_vision(data_files, processor, max_len: int, *, masking: str = "assista
         long: ``"truncate"`` (only at a text boundary; a document left with no trained token is dropped and
             counted), ``"drop"`` or ``"error"``.
         pixels: ``"cache"`` (preprocessed once, memory-mapped from the cache) or ``"lazy"`` (at batch time).
+        on_error: ``"raise"`` (one-line ``InputError`` at the first bad row) or ``"skip"`` (left out, counted in
+            ``stats["rejected"]`` and ``stats["rejected_examples"]``).
         n_jobs: worker processes (``-1`` = every core).
         cache_dir: the cache root (default ``$VECPACK_CACHE`` or ``~/.cache/vecpack``).
         pad_id: the padding id (default the tokenizer's pad, else its eos).
@@ -81,7 +84,7 @@ def build_vision(data_files, processor, max_len: int, *, masking: str = "assista
     files = [os.fspath(f) for f in files]
     jobs = n_workers(n_jobs)
     proc = load_processor(processor)
-    encoder = VisionEncoder(proc, masking=masking, column=column)
+    encoder = VisionEncoder(proc, masking=masking, column=column, on_error=on_error)
     hit = None
     with Workers(encoder, jobs) as workers:
         corpus = encode_files(files, encoder, workers)
@@ -96,7 +99,9 @@ def build_vision(data_files, processor, max_len: int, *, masking: str = "assista
                           pad_id=pad_id)
     lengths = np.diff(corpus.offsets)
     packed.stats.update(
-        rows=len(corpus), image_processor=proc.image_processor_class, pixels_hit=hit, unique_images=len(corpus.grids),
+        rows=len(corpus) + corpus.stats["rejected"], rejected=corpus.stats["rejected"],
+        rejected_examples=corpus.stats["rejected_examples"],
+        image_processor=proc.image_processor_class, pixels_hit=hit, unique_images=len(corpus.grids),
         padded_tokens=_padded(lengths, min(8, max(1, len(lengths)))), encode_seconds=t1 - t0,
         seconds=time.perf_counter() - t0, n_jobs=jobs, tasks=corpus.stats["tasks"])
     packed.encoder = encoder

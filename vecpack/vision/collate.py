@@ -25,21 +25,24 @@ __all__ = ["collate_vision"]
 
 
 def collate_vision(packs: list[dict]) -> dict:
-    """Packs (``PackedVision`` items) -> ``input_ids``/``labels`` ``[1, T]``, ``position_ids`` ``[4, 1, T]``,
-    ``pixel_values``, ``image_grid_thw`` (left out when the batch has no image) and ``use_cache=False``."""
+    """Packs (``PackedVision`` items) -> ``input_ids``/``labels`` ``[1, T]``, ``position_ids`` ``[4, 1, T]``
+    (mRoPE) or ``[1, T]`` (1-D RoPE), ``pixel_values`` and ``image_grid_thw`` (left out when the batch has no
+    image) and ``use_cache=False``."""
     import torch
 
     def cat(key):
         return torch.from_numpy(np.concatenate([np.asarray(p[key]) for p in packs], axis=-1))
 
+    positions = cat("position_ids").long()
     batch = {
         "input_ids": cat("input_ids").long()[None],
         "labels": cat("labels").long()[None],
-        "position_ids": cat("position_ids").long()[:, None],
+        "position_ids": positions[:, None] if positions.ndim == 2 else positions[None],
         "use_cache": False,
     }
-    grids = np.concatenate([p["image_grid_thw"] for p in packs])
-    if len(grids):
-        batch["pixel_values"] = torch.from_numpy(np.concatenate([p["pixel_values"] for p in packs]))
-        batch["image_grid_thw"] = torch.from_numpy(grids.astype(np.int64))
+    pixels = np.concatenate([p["pixel_values"] for p in packs])
+    if len(pixels):
+        batch["pixel_values"] = torch.from_numpy(pixels)
+        if "image_grid_thw" in packs[0]:
+            batch["image_grid_thw"] = torch.from_numpy(np.concatenate([p["image_grid_thw"] for p in packs]))
     return batch

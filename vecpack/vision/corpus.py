@@ -4,7 +4,9 @@ The rows are encoded on every core (a process pool, the processor loaded once
 per worker): JSON Lines files in newline-aligned byte ranges, Parquet files by
 row groups. An image is read for its header (size) and content digest only.
 The first bad row in input order raises one ``InputError`` at ``file:line`` (or
-``file row N``). The result is in input order whatever ``n_jobs`` is.
+``file row N``), or, with the encoder's ``on_error="skip"``, is left out and
+counted (``stats["rejected"]``, the first ten as ``"file:line: reason"``).
+The result is in input order whatever ``n_jobs`` is.
 
 A corpus holds ``tokens`` / ``labels`` int32 [N], ``offsets`` int64 [D+1],
 ``image_offsets`` int64 [D+1] (document ``d``'s images are slots
@@ -47,6 +49,8 @@ class VisionCorpus:
     image_token_id: int
     merge: int
     pad_id: int
+    mrope: bool = True
+    pixel_shape: tuple | None = None
     stats: dict = field(default_factory=dict)
 
     def __len__(self) -> int:
@@ -88,7 +92,7 @@ def plan_tasks(files: list[str], chunk_bytes: int = _CHUNK_BYTES) -> list[tuple]
 
 
 def _rows(task):
-    """(line or row, row dict) of one task; bad JSON raises ``InputError`` at its line."""
+    """(line or row, row dict) of one task; a bad JSON line comes as an ``InputError`` at its line."""
     fi, f, kind, start, stop, line = task
     if kind == "parquet":
         import pyarrow.parquet as pq
@@ -107,9 +111,9 @@ def _rows(task):
         try:
             row = json.loads(raw)
         except ValueError as e:
-            raise InputError(f"not valid JSON: {e}", file=f, line=line + k) from None
-        if not isinstance(row, dict):
-            raise InputError(f"a row must be a JSON object, got {type(row).__name__}", file=f, line=line + k)
+            row = InputError(f"not valid JSON: {e}", file=f, line=line + k)
+        if not isinstance(row, (dict, InputError)):
+            row = InputError(f"a row must be a JSON object, got {type(row).__name__}", file=f, line=line + k)
         yield line + k, row
 
 
@@ -123,13 +127,18 @@ def encode_task(task, encoder=None) -> dict:
     enc = encoder or current_encoder()
     fi, f, kind = task[:3]
     base = os.path.dirname(os.path.abspath(f))
-    toks, labs, lengths, lines, n_images, grids, digests, sources = [], [], [], [], [], [], [], []
+    toks, labs, lengths, lines, n_images, grids, digests, sources, rejected = [], [], [], [], [], [], [], [], []
     for position, (where, row) in enumerate(_rows(task)):
         loc = {"file": f, ("row" if kind == "parquet" else "line"): where}
         try:
+            if isinstance(row, InputError):
+                raise row
             e = enc.encode_row(row, base=base)
         except InputError as err:
-            raise err.located(**loc) from None
+            if enc.on_error == "raise":
+                raise err.located(**loc) from None
+            rejected.append(str(err.located(**loc)))
+            continue
         toks.append(e.tokens)
         labs.append(e.labels)
         lengths.append(len(e.tokens))
@@ -141,7 +150,7 @@ def encode_task(task, encoder=None) -> dict:
     return {"file": fi, "tokens": _cat(toks, np.int32), "labels": _cat(labs, np.int32),
             "lengths": np.asarray(lengths, np.int64), "lines": np.asarray(lines, np.int64),
             "n_images": np.asarray(n_images, np.int64), "grids": _cat(grids, np.int64, (0, 3)),
-            "digests": digests, "sources": sources}
+            "digests": digests, "sources": sources, "rejected": rejected}
 
 
 def _cat(arrays: list, dtype, empty=(0,)) -> np.ndarray:
@@ -185,4 +194,6 @@ def encode_files(files: list[str], encoder, workers=None) -> VisionCorpus:
         lines=_cat([p["lines"] for p in parts], np.int64),
         doc_file=_cat([np.full(len(p["lengths"]), p["file"], np.int32) for p in parts], np.int32),
         files=files, image_token_id=proc.image_token_id, merge=proc.merge, pad_id=int(proc.pad_id),
-        stats={"tasks": len(tasks)})
+        mrope=proc.mrope, pixel_shape=proc.pixel_shape,
+        stats={"tasks": len(tasks), "rejected": sum(len(p["rejected"]) for p in parts),
+               "rejected_examples": [r for p in parts for r in p["rejected"]][:10]})

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from vecpack.errors import InputError
-from vecpack.options import MASKINGS, check_choice
+from vecpack.options import MASKINGS, ON_ERROR, check_choice
 from vecpack.vision.images import image_digest, image_size, read_images
 
 __all__ = ["Encoded", "VisionEncoder"]
@@ -45,10 +45,13 @@ class VisionEncoder:
         processor: the loaded processor.
         masking: ``"assistant"`` (each assistant turn), ``"last"`` or ``"all"``.
         column: the messages column (default ``messages`` or ``conversations``).
+        on_error: ``"raise"`` at the first bad row, or ``"skip"`` it (counted by the corpus).
     """
 
-    def __init__(self, processor, *, masking: str = "assistant", column: str | None = None):
+    def __init__(self, processor, *, masking: str = "assistant", column: str | None = None,
+                 on_error: str = "raise"):
         check_choice(masking, "masking", MASKINGS)
+        self.on_error = check_choice(on_error, "on_error", ON_ERROR)
         self.processor = processor
         self.masking = masking
         self.column = column

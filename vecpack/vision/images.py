@@ -78,7 +78,7 @@ def _ref(value, base: str, index: int) -> ImageRef:
     return ImageRef(os.path.normpath(path), None, where, index)
 
 
-def _content(content, column_images: list, refs: list, base: str, placeholders: bool) -> list | str:
+def _content(content, refs: list, base: str, placeholders: bool) -> list | str:
     """One message's content with its images as ``{"type": "image"}`` parts; refs appended in order."""
     if isinstance(content, str):
         if not placeholders or _PLACEHOLDER not in content:
@@ -136,7 +136,7 @@ def read_images(row: dict, *, base: str, column: str | None = None) -> tuple[lis
         content = m.get("content", m.get("value"))
         if content is None:
             content = ""
-        messages.append({"role": role, "content": _content(content, column_images, refs, base, True)})
+        messages.append({"role": role, "content": _content(content, refs, base, True)})
     free = [k for k, r in enumerate(refs) if r is None]
     if len(free) != len(column_images):
         raise InputError(f"the row has {len(free)} image placeholder(s) and {len(column_images)} image(s) in "
@@ -155,7 +155,7 @@ def open_image(ref: ImageRef):
         img = Image.open(io.BytesIO(data))
         img.load()
     except Exception as e:  # PIL raises many kinds
-        raise InputError(f"{ref.where}: unreadable image {ref.path or '(bytes)'}: {e}") from None
+        raise InputError(f"{ref.where}: unreadable image {ref.path or '(bytes)'}: {_why(e)}") from None
     return img.convert("RGB")
 
 
@@ -167,7 +167,16 @@ def image_size(ref: ImageRef, data: bytes) -> tuple[int, int]:
         with Image.open(io.BytesIO(data)) as img:
             return img.size
     except Exception as e:
-        raise InputError(f"{ref.where}: unreadable image {ref.path or '(bytes)'}: {e}") from None
+        raise InputError(f"{ref.where}: unreadable image {ref.path or '(bytes)'}: {_why(e)}") from None
+
+
+def _why(e: Exception) -> str:
+    """PIL's reason, without the object addresses it puts in some (one message for one file, every run)."""
+    from PIL import UnidentifiedImageError
+
+    if isinstance(e, UnidentifiedImageError):
+        return "not an image format Pillow can identify"
+    return str(e).splitlines()[0] if str(e) else type(e).__name__
 
 
 def image_digest(data: bytes) -> str:

@@ -11,7 +11,9 @@ A pack (``packed[i]``) is a dict of NumPy arrays: ``input_ids``, ``labels``
 (``-100`` on image tokens, padding, and the first token of every document),
 ``position_ids`` ``[4, T]`` (:func:`~vecpack.vision.positions.pack_positions`),
 ``pixel_values`` ``[R, D]`` and ``image_grid_thw`` ``[I, 3]`` of its documents'
-images, in document order, and ``seq_lens``. Pixels are read per pack from the
+images, in document order, and ``seq_lens``. For a 1-D RoPE model (LLaVA-style)
+``position_ids`` is ``[T]``, restarting at every document, ``pixel_values``
+``[I, 3, H, W]`` and there is no ``image_grid_thw``. Pixels are read per pack from the
 memory-mapped cache entry (or preprocessed at that moment, lazily): only the
 current packs' pixels are in memory.
 
@@ -105,8 +107,12 @@ class PackedVision:
         """Images of document ``d`` whose tokens lie in its first ``n`` tokens (never a part of one)."""
         c = self.corpus
         a = c.offsets[d]
-        _, stops = image_spans(c.tokens[a:a + n], self.image_token_id)
-        return int(len(stops))
+        seen = int((c.tokens[a:a + n] == self.image_token_id).sum())
+        ends = np.cumsum(np.prod(c.grids[c.doc_images(d)], axis=1) // (self.merge * self.merge))
+        kept = int(np.searchsorted(ends, seen, side="right"))
+        if seen != (ends[kept - 1] if kept else 0):  # text_cut keeps images whole
+            raise RuntimeError(f"document {d}: an image cut at {n} tokens")
+        return kept
 
     def __len__(self) -> int:
         return len(self.plan)
@@ -139,12 +145,15 @@ class PackedVision:
         if bounds[-1] < T:
             bounds.append(T)
             grids.append(np.zeros((0, 3), dtype=np.int64))
-        grid = np.concatenate(grids) if grids else np.zeros((0, 3), dtype=np.int64)
-        out = {"input_ids": ids, "labels": labels,
-               "position_ids": pack_positions(ids, np.asarray(bounds), grids, self.image_token_id, self.merge),
-               "image_grid_thw": grid.astype(np.int64), "seq_lens": seq_lens.astype(np.int32)}
-        dim = self.pixels.dim
-        out["pixel_values"] = np.concatenate(rows) if rows else np.zeros((0, dim), dtype=np.float32)
+        out = {"input_ids": ids, "labels": labels, "seq_lens": seq_lens.astype(np.int32)}
+        pixels = np.concatenate(rows) if rows else np.zeros((0, self.pixels.dim), dtype=np.float32)
+        if c.mrope:
+            out["position_ids"] = pack_positions(ids, np.asarray(bounds), grids, self.image_token_id, self.merge)
+            out["image_grid_thw"] = np.concatenate(grids).astype(np.int64)
+            out["pixel_values"] = pixels
+        else:  # 1-D RoPE: positions restart at every document (and the padding)
+            out["position_ids"] = np.arange(T) - np.repeat(np.asarray(bounds[:-1]), np.diff(bounds))
+            out["pixel_values"] = pixels.reshape(-1, *c.pixel_shape)
         return out
 
     def image_tokens(self, i: int) -> int:

@@ -23,9 +23,8 @@ __all__ = ["LazyPixels", "MappedPixels", "load_image", "patch_dim", "write_pixel
 
 
 def patch_dim(processor) -> int:
-    """Values per pixel row: channels x temporal patch x patch x patch."""
-    ip = processor.image_processor
-    return 3 * int(getattr(ip, "temporal_patch_size", 1)) * processor.patch * processor.patch
+    """Values per pixel row: channels x temporal patch x patch x patch (a whole image for fixed-size ones)."""
+    return processor.row_dim
 
 
 def load_image(source: list, encoder):
@@ -73,7 +72,7 @@ def _preprocess_into(task) -> int:
 
 def write_pixels(out_dir, corpus, encoder, workers) -> dict:
     """Preprocess every unique image of ``corpus`` into ``out_dir/pixels.npy`` + ``pixel_offsets.npy``."""
-    counts = np.prod(corpus.grids, axis=1) if len(corpus.grids) else np.zeros(0, np.int64)
+    counts = np.asarray([encoder.processor.rows(g) for g in corpus.grids], dtype=np.int64)
     offsets = np.concatenate(([0], np.cumsum(counts))).astype(np.int64)
     dim = patch_dim(encoder.processor)
     path = os.path.join(str(out_dir), "pixels.npy")

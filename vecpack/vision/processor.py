@@ -74,7 +74,8 @@ class VisionProcessor:
             where torchvision is missing).
         image_token / image_token_id, vision_start_id, vision_end_id: the placeholder and its frame.
         merge: the spatial merge size (placeholder tokens = patches // merge**2).
-        mrope: whether the model family uses 3-D multimodal RoPE (Qwen2-VL, Qwen2.5-VL, Qwen3-VL).
+        mrope: whether the model family uses 3-D multimodal RoPE (Qwen2-VL, Qwen2.5-VL); else 1-D RoPE
+            (LLaVA-style: every image one size, ``fixed_grid`` its token count, ``pixel_shape`` its pixels).
         fingerprint: a digest of every file of the directory and the template.
     """
 
@@ -115,11 +116,23 @@ class VisionProcessor:
         Raises:
             ValueError: the processor refuses the size (e.g. an aspect ratio over 200), its own message.
         """
-        ip = self.image_processor
-        size = ip.size
+        if self.fixed_grid is not None:  # one size for every image: (1, 1, its token count)
+            return self.fixed_grid
+        size = self.image_processor.size
         rh, rw = self._resize(int(height), int(width), factor=self.patch * self.merge,
                               min_pixels=size.shortest_edge, max_pixels=size.longest_edge)
         return 1, rh // self.patch, rw // self.patch
+
+    def rows(self, grid) -> int:
+        """Pixel rows of an image of ``grid``: its patches (Qwen2-VL), or 1 (a whole fixed-size image a row)."""
+        return 1 if self.fixed_grid is not None else int(np.prod(np.asarray(grid, dtype=np.int64)))
+
+    @property
+    def row_dim(self) -> int:
+        """Values per pixel row."""
+        if self.pixel_shape is not None:
+            return int(np.prod(self.pixel_shape))
+        return 3 * int(self.image_processor.temporal_patch_size) * self.patch * self.patch
 
     def tokens(self, width: int, height: int) -> int:
         """Placeholder tokens of one image of that size."""
@@ -130,7 +143,10 @@ class VisionProcessor:
     def preprocess(self, image) -> tuple[np.ndarray, np.ndarray]:
         """One PIL image -> (pixel rows float32 [n, patch_dim], grid int64 [3]) as the model's processor makes them."""
         out = self.image_processor(images=[image], return_tensors="np")
-        return np.ascontiguousarray(out["pixel_values"], dtype=np.float32), np.asarray(out["image_grid_thw"][0])
+        rows = np.ascontiguousarray(out["pixel_values"], dtype=np.float32)
+        if self.fixed_grid is not None:
+            return rows.reshape(1, -1), np.asarray(self.fixed_grid, dtype=np.int64)
+        return rows, np.asarray(out["image_grid_thw"][0])
 
     def render(self, messages: list[dict], *, add_generation_prompt: bool = False) -> str:
         """The chat template's text of ``messages`` (transformers' own Jinja rendering)."""
@@ -152,18 +168,42 @@ def _load_parts(path: pathlib.Path) -> dict:
         transformers.logging.set_verbosity(verbosity)
     name = type(ip).__name__
     resize = getattr(sys.modules[type(ip).__module__], "smart_resize", None)
-    if resize is None or not hasattr(ip, "temporal_patch_size"):
-        raise ValueError(f"{path}: image processor {name} is not supported yet (supported: the Qwen2-VL "
-                         "family's, which Qwen2.5-VL and Qwen3-VL share)")
-    image_token = getattr(tok, "image_token", None) or "<|image_pad|>"
-    ids = tok.convert_tokens_to_ids([image_token, "<|vision_start|>", "<|vision_end|>"])
+    if resize is not None and hasattr(ip, "temporal_patch_size"):
+        parts = {"_resize": resize, "patch": int(ip.patch_size), "merge": int(ip.merge_size), "mrope": True,
+                 "image_token": getattr(tok, "image_token", None) or "<|image_pad|>", "pixel_shape": None,
+                 "fixed_grid": None}
+        frame = ["<|vision_start|>", "<|vision_end|>"]
+    else:
+        parts = _fixed_size_parts(path, ip, tok)
+        frame = []
+    ids = tok.convert_tokens_to_ids([parts["image_token"], *frame])
     if any(i is None or i == tok.unk_token_id for i in ids):
-        raise ValueError(f"{path}: the tokenizer lacks {image_token}, <|vision_start|> or <|vision_end|> as tokens")
-    return {"image_processor": ip, "tokenizer": tok, "image_processor_class": name, "_resize": resize,
-            "patch": int(ip.patch_size), "merge": int(ip.merge_size), "mrope": True, "image_token": image_token,
-            "image_token_id": int(ids[0]), "vision_start_id": int(ids[1]), "vision_end_id": int(ids[2]),
-            "pad_id": tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id,
-            "eos_token": tok.eos_token}
+        raise ValueError(f"{path}: the tokenizer lacks {' or '.join([parts['image_token'], *frame])} as tokens")
+    parts.update(image_processor=ip, tokenizer=tok, image_processor_class=name, image_token_id=int(ids[0]),
+                 vision_start_id=int(ids[1]) if frame else None, vision_end_id=int(ids[2]) if frame else None,
+                 pad_id=tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id,
+                 eos_token=tok.eos_token)
+    return parts
+
+
+def _fixed_size_parts(path: pathlib.Path, ip, tok) -> dict:
+    """LLaVA-style processors: every image resized and cropped to one size, one count of tokens an image.
+
+    ``processor_config.json`` gives ``patch_size``, ``vision_feature_select_strategy`` and
+    ``num_additional_image_tokens`` as ``LlavaProcessor`` reads them.
+    """
+    cfg_path = path / "processor_config.json"
+    cfg = json.loads(cfg_path.read_text(encoding="utf-8")) if cfg_path.exists() else {}
+    crop = getattr(ip, "crop_size", None)
+    if "patch_size" not in cfg or crop is None or not getattr(crop, "height", None):
+        raise ValueError(f"{path}: image processor {type(ip).__name__} is not supported (supported: the Qwen2-VL "
+                         "family's, and fixed-size ones with processor_config.json's patch_size, as LLaVA's)")
+    h, w, p = int(crop.height), int(crop.width), int(cfg["patch_size"])
+    count = (h // p) * (w // p) + int(cfg.get("num_additional_image_tokens", 0))
+    count -= cfg.get("vision_feature_select_strategy") == "default"
+    return {"_resize": None, "patch": p, "merge": 1, "mrope": False, "pixel_shape": (3, h, w),
+            "image_token": getattr(tok, "image_token", None) or cfg.get("image_token", "<image>"),
+            "fixed_grid": (1, 1, int(count))}
 
 
 def load_processor(path, *, chat_template: str | None = None) -> VisionProcessor:

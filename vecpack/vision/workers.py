@@ -16,6 +16,9 @@ are cancelled and the pool is joined.
 from __future__ import annotations
 
 from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
+
+from vecpack.errors import WorkerDiedError
 
 __all__ = ["Workers", "current_encoder"]
 
@@ -86,6 +89,8 @@ class Workers:
         futures = [self._pool.submit(fn, t) for t in tasks]
         try:
             return [fut.result() for fut in futures]
+        except BrokenProcessPool as e:
+            raise WorkerDiedError(f"a vision worker process died ({e}); out of memory? try fewer n_jobs") from None
         except BaseException:
             for fut in futures:
                 fut.cancel()
