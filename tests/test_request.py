@@ -29,7 +29,7 @@ OTHER = {
     MixSpec: {"by": "rows", "total": 100, "seed": 5, "repeat": False},
     RunSpec: {"on_error": "skip", "n_jobs": 1, "progress": False, "executor": "ray", "cache": False,
               "cache_dir": "/elsewhere", "verify": True, "allow_useless": True, "chunk_bytes": 4096,
-              "output": "s3://bucket/run"},
+              "output": "s3://bucket/run", "pixels": "lazy"},
 }
 
 

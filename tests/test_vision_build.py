@@ -236,3 +236,23 @@ def test_a_killed_worker_is_worker_died_error_and_the_pool_is_gone():
         with Workers(None, 2) as w:
             w.map(_die, [0, 1, 2])
     assert set(multiprocessing.active_children()) <= before
+
+
+def test_vecpack_build_takes_the_vision_route(tmp_path, proc_dir):
+    """``vecpack.build(data, None, max_len, processor=DIR)``: the request's vision route, the packs of
+    ``build_vision``; the options that do not fit images are refused with the fix."""
+    import vecpack
+
+    data = write_jsonl(tmp_path / "v.jsonl", make_rows(tmp_path, 6, seed=2))
+    a = build_vision(data, proc_dir, 512, pixels="lazy")
+    b = vecpack.build(data, None, 512, processor=proc_dir, pixels="lazy", progress=False)
+    assert len(a) == len(b) > 0 and a.stats["image_processor"] == b.stats["image_processor"]
+    for i in range(len(a)):
+        x, y = a[i], b[i]
+        assert sorted(x) == sorted(y)
+        for k in x:
+            assert np.array_equal(np.asarray(x[k]), np.asarray(y[k])), (i, k)
+    with pytest.raises(ValueError, match="processor= .* or tokenizer= / encoder=, not both"):
+        vecpack.build(data, proc_dir, 512, processor=proc_dir)
+    with pytest.raises(ValueError, match="unknown long policy for documents with images 'split'"):
+        vecpack.build(data, None, 512, processor=proc_dir, long="split")

@@ -44,6 +44,7 @@ _LAZY = {
     "collate_flex": "vecpack.integrations.collate",
     "collate_preference": "vecpack.preference.collate",
     "collate_torchtune": "vecpack.integrations.collate",
+    "collate_vision": "vecpack.vision.collate",
     "dpo_loss": "vecpack.preference.loss",
     "hf_dataset": "vecpack.integrations.hf",
     "pack_pairs": "vecpack.preference.packed",

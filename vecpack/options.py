@@ -28,7 +28,8 @@ import re
 __all__ = [
     "CHAT_STYLES", "CONVERSATION_STYLES", "ENGINES", "EXECUTORS", "EXPORT_FORMATS", "FAST_ENGINES", "IGNORE_INDEX",
     "INT32_MAX", "LONG_POLICIES", "MASKINGS", "MAX_CUT_FRACTION", "MIX_BY",
-    "ON_ERROR", "PAIR_LONG_POLICIES", "STRATEGIES", "STREAM_STRATEGIES", "STYLES", "TORCHTUNE_STYLES", "cache_root",
+    "ON_ERROR", "PAIR_LONG_POLICIES", "PIXELS", "STRATEGIES", "STREAM_STRATEGIES", "STYLES", "TORCHTUNE_STYLES",
+    "VISION_LONG_POLICIES", "cache_root",
     "check_choice", "check_index", "check_int", "check_max_len", "check_mix", "check_n_jobs", "check_options",
     "check_seed",
     "check_tokenizer_dir", "check_weight", "check_weights", "useless_reason", "WORKER_START_ENV",
@@ -55,6 +56,11 @@ STREAM_STRATEGIES = ("bfd", "greedy")
 LONG_POLICIES = ("truncate", "drop", "split", "error")
 #: ``long=`` for preference pairs (a pair is never split; see :mod:`vecpack.preference.packed`).
 PAIR_LONG_POLICIES = ("truncate", "drop", "error")
+#: ``long=`` for documents with images (never cut inside an image; see :mod:`vecpack.vision.packed`): the
+#: policies of a unit that cannot be split, as for preference pairs.
+VISION_LONG_POLICIES = PAIR_LONG_POLICIES
+#: When an image's pixels are preprocessed: once, into the cache, or at batch time (see :mod:`vecpack.vision`).
+PIXELS = ("cache", "lazy")
 #: A row that cannot be read or encoded.
 ON_ERROR = ("raise", "skip")
 #: Tokenizer engines, fastest first (``backend=`` of ``ChatEncoder.from_tokenizer``; see
@@ -174,6 +180,8 @@ _CHOICES = {
     "strategy": ("strategy", STRATEGIES),
     "long": ("long policy", LONG_POLICIES),
     "pair_long": ("long policy for preference pairs", PAIR_LONG_POLICIES),
+    "vision_long": ("long policy for documents with images", VISION_LONG_POLICIES),
+    "pixels": ("pixels", PIXELS),
     "on_error": ("on_error", ON_ERROR),
     "executor": ("backend", EXECUTORS),
 }

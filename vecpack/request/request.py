@@ -130,8 +130,8 @@ _OPTIONS = {
     "pad_id": "pack", "ignore_index": "pack",
     "mix_by": "mix", "mix_total": "mix", "mix_seed": "mix", "mix_repeat": "mix",
     "on_error": "run", "n_jobs": "run", "progress": "run", "backend": "run", "cache": "run", "cache_dir": "run",
-    "verify": "run", "allow_useless": "run", "chunk_bytes": "run", "output": "run",
-    "weights": "inputs", "encoder": "tokenizer",
+    "verify": "run", "allow_useless": "run", "chunk_bytes": "run", "output": "run", "pixels": "run",
+    "weights": "inputs", "encoder": "tokenizer", "processor": "tokenizer",
 }
 
 
@@ -156,14 +156,15 @@ def make_request(data_files, tokenizer, options: dict, *, door: str = "build()",
     if "backend" in run:
         run["executor"] = run.pop("backend")
     run = RunSpec.make(**run)
-    tok = TokenizerSpec.make(tokenizer, options.get("encoder"), needed=door)
+    tok = TokenizerSpec.make(tokenizer, options.get("encoder"), options.get("processor"), needed=door)
     inputs, mixture = resolve_inputs(data_files, options.get("weights"), chat, encoder=tok.encoder,
                                      streaming=streaming, cluster=run.executor == "ray" and run.output is not None)
     pack = None
     pairs = inputs[0].chat.style == "preference"
     if "max_len" in options:  # (a call that packs; tokenize() has no max_len)
         kw = dict(by["pack"])
-        pack = PackSpec.make(kw.pop("max_len", None), pairs=pairs, **kw)
+        unit = "pair" if pairs else "images" if tok.processor is not None else "document"
+        pack = PackSpec.make(kw.pop("max_len", None), unit=unit, **kw)
     mix = None
     if mixture:
         mix = MixSpec.make(*(by["mix"].get(k, d) for k, d in

@@ -86,19 +86,26 @@ class ChatSpec:
 
 @dataclasses.dataclass(frozen=True)
 class TokenizerSpec:
-    """What turns text into ids: a tokenizer (directory or object), or a ready encoder.
+    """What turns text (and images) into ids: a tokenizer (directory or object), a ready encoder, or a
+    vision-language processor directory (:mod:`vecpack.vision`).
 
-    Both are keyed by content (:func:`vecpack.store.fingerprint.tokenizer_fingerprint`),
-    never by path or identity.
+    Each is keyed by content (:func:`vecpack.store.fingerprint.tokenizer_fingerprint`, the processor's
+    fingerprint), never by path or identity.
     """
 
     tokenizer: Any = None
     encoder: Any = None
+    processor: Any = None
 
     @classmethod
-    def make(cls, tokenizer=None, encoder=None, *, needed: str = "build()") -> "TokenizerSpec":
+    def make(cls, tokenizer=None, encoder=None, processor=None, *, needed: str = "build()") -> "TokenizerSpec":
         from vecpack.options import check_tokenizer_dir
 
+        if processor is not None:
+            if tokenizer is not None or encoder is not None:
+                raise ValueError("pass processor= (a vision-language processor directory) or tokenizer= / encoder=, "
+                                 "not both: the processor holds the tokenizer and the chat template")
+            return cls(None, None, check_tokenizer_dir(processor, "processor"))
         if tokenizer is None and encoder is None:
             raise TypeError(f"{needed}: a tokenizer is required (a local Hugging Face tokenizer directory or a "
                             f"transformers tokenizer), or encoder=")
@@ -139,11 +146,16 @@ class PackSpec:
     @classmethod
     def make(cls, max_len, *, strategy: str = "bfd", long: str = "truncate", shuffle_seed: int | None = 0,
              prefix_sharing: bool = False, pad_id: int | None = None, ignore_index: int = IGNORE_INDEX,
-             pairs: bool = False) -> "PackSpec":
+             unit: str = "document") -> "PackSpec":
+        """Validated; ``unit``: what is packed whole, ``"document"``, ``"pair"`` (preference pairs: never
+        split, prompts may be shared) or ``"images"`` (documents with images: never split)."""
+        pairs = unit == "pair"
         max_len = check_max_len(max_len)
         checked = check_options(strategy=strategy, long=long, shuffle_seed=shuffle_seed)
         if pairs:
             check_options(pair_long=long)
+        if unit == "images":
+            check_options(vision_long=long)
         if prefix_sharing and not pairs:
             raise ValueError("prefix_sharing=True needs style='preference'")
         return cls(max_len, strategy, long, checked["shuffle_seed"], bool(prefix_sharing), pad_id, ignore_index)
@@ -190,6 +202,8 @@ class RunSpec:
         verify: re-hash the inputs and check the cached arrays' checksums.
         allow_useless: return packs that would train on nothing or on little of the input.
         chunk_bytes: input bytes per task (None: about 16 tasks per worker).
+        pixels: documents with images: their pixels preprocessed once into the cache, or ``lazy`` at
+            batch time (the same values).
         output: where the packed dataset is also saved (a directory, or an object-store URL; with
             ``executor="ray"`` the nodes write it there themselves: :mod:`vecpack.cluster`).
     """
@@ -204,11 +218,12 @@ class RunSpec:
     allow_useless: bool = neutral(False)
     chunk_bytes: int | None = neutral(None)
     output: str | None = neutral(None)
+    pixels: str = neutral("cache")
 
     @classmethod
     def make(cls, *, on_error: str = "raise", executor: str = "loky", n_jobs: int | None = -1,
              **rest) -> "RunSpec":
         """Validated; ``rest``: the other fields, by name (a wrong name is a ``TypeError``)."""
-        check_options(on_error=on_error, executor=executor)
+        check_options(on_error=on_error, executor=executor, pixels=rest.get("pixels", "cache"))
         check_n_jobs(n_jobs)
         return cls(on_error=on_error, n_jobs=n_jobs, executor=executor, **rest)

@@ -54,7 +54,8 @@ def build(data_files, tokenizer=None, max_len: int | None = None, *, style: str 
           encoder=None, verify: bool = False, allow_useless: bool = False, weights=None,
           mix_by: str = "tokens", mix_total: int | None = None, mix_seed: int = 0,
           mix_repeat: bool = True, prefix_sharing: bool = False, chat_template_kwargs: dict | None = None,
-          train_reasoning: bool = True, output: str | None = None) -> Packed:
+          train_reasoning: bool = True, output: str | None = None, processor=None,
+          pixels: str = "cache") -> Packed:
     """Tokenize chat data and pack it, through the cache.
 
     Args:
@@ -79,6 +80,13 @@ def build(data_files, tokenizer=None, max_len: int | None = None, *, style: str 
         train_reasoning: False keeps each assistant message's reasoning
             (``reasoning_content``, ``thinking``) out of the loss; the rest of the
             turn is trained as ``masking`` says.
+        processor: instead of ``tokenizer``: a vision-language processor directory
+            (``preprocessor_config.json``, the tokenizer and its chat template, as
+            a checkpoint ships them) for rows with images; returns a
+            :class:`~vecpack.vision.packed.PackedVision` (batches:
+            :func:`vecpack.collate_vision`). See ``docs/vision.md``.
+        pixels: with ``processor``: ``"cache"`` (each image preprocessed once,
+            memory-mapped from the cache) or ``"lazy"`` (at batch time).
         output: with ``backend="ray"``: a store URL (``s3://bucket/prefix``) or a path every
             node shares. The nodes tokenize and pack there from the inputs (local
             paths, or object-store URLs and globs), a manifest last, and the
@@ -141,5 +149,6 @@ def build(data_files, tokenizer=None, max_len: int | None = None, *, style: str 
         "backend": backend, "encoder": encoder, "verify": verify, "allow_useless": allow_useless,
         "weights": weights, "mix_by": mix_by, "mix_total": mix_total, "mix_seed": mix_seed,
         "mix_repeat": mix_repeat, "prefix_sharing": prefix_sharing, "chat_template_kwargs": chat_template_kwargs,
-        "train_reasoning": train_reasoning, "output": output})
+        "train_reasoning": train_reasoning, "output": output,
+        **({"processor": processor, "pixels": pixels} if processor is not None else {})})
     return run_build(request, t0)

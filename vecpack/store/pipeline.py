@@ -73,6 +73,10 @@ def run_build(request, t0: float | None = None):
     t0 = time.perf_counter() if t0 is None else t0
     if request.run.output is not None:
         return _on_cluster(request)
+    if request.tokenizer.processor is not None:  # documents with images: vecpack.vision's route
+        from vecpack.vision.build import run_vision
+
+        return run_vision(request)
     store = _cache.Cache(request.run.cache_dir) if request.run.cache else None
     corpora = []
     for inp in request.inputs:

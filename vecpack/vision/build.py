@@ -25,7 +25,7 @@ import time
 
 import numpy as np
 
-__all__ = ["build_vision", "n_workers"]
+__all__ = ["build_vision", "n_workers", "run_vision"]
 
 PIXELS_FORMAT = 1
 
@@ -69,7 +69,18 @@ def build_vision(data_files, processor, max_len: int, *, masking: str = "assista
         ``dropped`` / ``truncated``, ``padded_tokens`` (what padding every batch to its longest sample costs),
         ``image_processor`` (the class used) and ``pixels_hit`` (whether the pixels came from the cache).
     """
-    from vecpack.options import check_choice, check_max_len
+    from vecpack.request.request import make_request
+
+    request = make_request(data_files, None, {
+        "max_len": max_len, "processor": processor, "masking": masking, "column": column, "strategy": strategy,
+        "long": long, "shuffle_seed": shuffle_seed, "pixels": pixels, "on_error": on_error, "n_jobs": n_jobs,
+        "cache_dir": cache_dir, "pad_id": pad_id}, door="build_vision()")
+    return run_vision(request)
+
+
+def run_vision(request):
+    """The route of a request with a vision-language ``processor`` (``vecpack.build(..., processor=DIR)``
+    takes it too): rows encoded and images counted on every core, pixels cached (or lazy), packs planned."""
     from vecpack.vision.corpus import encode_files
     from vecpack.vision.encode import VisionEncoder
     from vecpack.vision.packed import PackedVision
@@ -78,10 +89,13 @@ def build_vision(data_files, processor, max_len: int, *, masking: str = "assista
     from vecpack.vision.workers import Workers
 
     t0 = time.perf_counter()
-    check_max_len(max_len)
-    check_choice(pixels, "pixels", _PIXEL_MODES)
-    files = [data_files] if isinstance(data_files, (str, os.PathLike)) else list(data_files)
-    files = [os.fspath(f) for f in files]
+    if request.mixture:
+        raise ValueError("documents with images are not mixed yet: build each source with processor= on its own")
+    inp, pk, run = request.inputs[0], request.pack, request.run
+    masking, column, on_error, pixels = inp.chat.masking, inp.chat.column, run.on_error, run.pixels
+    processor, n_jobs, cache_dir = request.tokenizer.processor, run.n_jobs, run.cache_dir
+    strategy, long, shuffle_seed, pad_id, max_len = pk.strategy, pk.long, pk.shuffle_seed, pk.pad_id, pk.max_len
+    files = [f.name for f in inp.files]
     jobs = n_workers(n_jobs)
     proc = load_processor(processor)
     encoder = VisionEncoder(proc, masking=masking, column=column, on_error=on_error)
@@ -132,5 +146,3 @@ def _pixels_entry(corpus, encoder, workers, cache_dir):
 
     return Cache(cache_dir).get_or_build(key, build_fn, kind="vision_pixels", meta={"images": len(corpus.digests)})
 
-
-_PIXEL_MODES = frozenset({"cache", "lazy"})

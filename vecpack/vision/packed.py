@@ -27,7 +27,7 @@ from __future__ import annotations
 import numpy as np
 
 from vecpack.errors import InputError
-from vecpack.options import LONG_POLICIES, check_choice, check_max_len
+from vecpack.options import VISION_LONG_POLICIES, check_choice, check_max_len
 
 __all__ = ["PackedVision", "image_spans", "text_cut"]
 
@@ -67,8 +67,8 @@ class PackedVision:
         from vecpack.packing.plan import plan
 
         check_max_len(max_len)
-        check_choice(long, "long policy", [p for p in LONG_POLICIES if p != "split"],
-                     "a vision document is never split")
+        check_choice(long, "long policy for documents with images", VISION_LONG_POLICIES,
+                     "a document with images is never split")
         self.corpus = corpus
         self.pixels = pixels
         self.max_len = int(max_len)
