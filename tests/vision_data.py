@@ -226,3 +226,52 @@ def tiny_model(kind: str, tokenizer, *, seed: int = 0):
             fullatt_block_indexes=[1]), **tokens)
         model = Qwen2_5_VLForConditionalGeneration(cfg)
     return model.float().eval()
+
+
+# Gemma 3: every image 56 x 56 (SigLIP, 4 x 4 patches of 14 pooled to 2 x 2: 4 soft tokens an image), the
+# template's <start_of_image> expanded by the processor, bidirectional attention inside each image.
+GEMMA3_TEMPLATE = QWEN2_VL_TEMPLATE.replace("<|vision_start|><|image_pad|><|vision_end|>", "<start_of_image>")
+GEMMA3_TOKENS = {"boi_token": "<start_of_image>", "image_token": "<image_soft_token>", "eoi_token": "<end_of_image>"}
+
+
+def make_gemma3_dir(out) -> pathlib.Path:
+    """A Gemma 3 processor directory: the Qwen2.5 tokenizer plus Gemma 3's image tokens, Gemma 3's preprocessing
+    (56 x 56), ``processor_config.json``'s ``image_seq_length``."""
+    from transformers import AutoTokenizer
+
+    out = pathlib.Path(out)
+    AutoTokenizer.from_pretrained(cached_tokenizer_dir(), extra_special_tokens=GEMMA3_TOKENS).save_pretrained(out)
+    (out / "preprocessor_config.json").write_text(json.dumps(
+        {"image_processor_type": "Gemma3ImageProcessor", "size": {"height": 56, "width": 56}}))
+    (out / "processor_config.json").write_text(json.dumps({"processor_class": "Gemma3Processor",
+                                                           "image_seq_length": 4}))
+    (out / "chat_template.jinja").write_text(GEMMA3_TEMPLATE)
+    return out
+
+
+def gemma3_reference_processor(tokenizer):
+    """transformers' own Gemma3Processor from the same parts (the directory's tokenizer, loaded)."""
+    from transformers import Gemma3Processor
+    from transformers.models.gemma3.image_processing_pil_gemma3 import Gemma3ImageProcessorPil
+
+    return Gemma3Processor(image_processor=Gemma3ImageProcessorPil(size={"height": 56, "width": 56}),
+                           tokenizer=tokenizer, chat_template=GEMMA3_TEMPLATE,
+                           image_seq_length=4)
+
+
+def tiny_gemma3(tokenizer, *, sliding_window: int = 24, seed: int = 0):
+    """A random Gemma 3 (SigLIP tower, a sliding and a full attention layer), fp32, eval mode."""
+    import torch
+    from transformers import Gemma3Config, Gemma3ForConditionalGeneration
+
+    cfg = Gemma3Config(
+        text_config={"vocab_size": len(tokenizer), "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
+                     "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 16,
+                     "sliding_window": sliding_window, "layer_types": ["sliding_attention", "full_attention"],
+                     "max_position_embeddings": 4096},
+        vision_config={"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 2,
+                       "image_size": 56, "patch_size": 14},
+        mm_tokens_per_image=4, boi_token_id=tokenizer.boi_token_id, eoi_token_id=tokenizer.eoi_token_id,
+        image_token_id=tokenizer.image_token_id)
+    torch.manual_seed(seed)
+    return Gemma3ForConditionalGeneration(cfg).float().eval()

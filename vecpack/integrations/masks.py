@@ -47,7 +47,8 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-__all__ = ["block_causal_mask", "flex_block_mask", "seq_idx_from_seq_lens"]
+__all__ = ["block_causal_mask", "flex_block_mask", "flex_image_block_mask", "image_block_ids", "image_block_mask",
+           "seq_idx_from_seq_lens"]
 
 
 def seq_idx_from_seq_lens(seq_lens: Sequence[np.ndarray], length: int) -> np.ndarray:
@@ -189,3 +190,63 @@ def flex_block_mask(seq_idx: torch.Tensor, *, block_size: int = 128):
     return BlockMask.from_kv_blocks(
         kv_num, kv_idx, full_num, full_idx, BLOCK_SIZE=block_size, mask_mod=mask_mod, seq_lengths=(t, t)
     )
+
+
+# ---------------------------------------------------------------------------- image blocks (Gemma 3)
+# A model such as Gemma 3 lets an image's tokens attend to each other both ways. In a pack, a query sees a
+# key iff both are in the same document and the key is not after the query, or both are in the same image
+# block; with a sliding window, also only if the key is less than ``window`` tokens before the query.
+
+
+def image_block_ids(token_type_ids: torch.Tensor) -> torch.Tensor:
+    """``[B, T]`` image flags (1 = image token) -> the block of each image token (runs of 1s numbered from 0 in
+    each row), ``-1`` elsewhere.
+
+    >>> image_block_ids(torch.tensor([[0, 1, 1, 0, 1, 0]])).tolist()
+    [[-1, 0, 0, -1, 1, -1]]
+    """
+    is_img = token_type_ids == 1
+    start = is_img & ~torch.nn.functional.pad(is_img, (1, 0))[:, :-1]
+    return torch.where(is_img, start.to(torch.int64).cumsum(dim=1) - 1, -1)
+
+
+def _image_rule(seg, blocks, window):
+    def rule(b, q, kv):
+        keep = (seg[b, q] == seg[b, kv]) & ((q >= kv) | ((blocks[b, q] >= 0) & (blocks[b, q] == blocks[b, kv])))
+        return keep if window is None else keep & (q - kv < window)
+    return rule
+
+
+def image_block_mask(seq_idx: torch.Tensor, blocks: torch.Tensor, *, sliding_window: int | None = None):
+    """Dense ``[B, 1, T, T]`` bool: document-causal, bidirectional inside each image block (see above).
+
+    >>> m = image_block_mask(torch.tensor([[0, 0, 0, 1]]), torch.tensor([[-1, 0, 0, -1]]))
+    >>> m[0, 0].int().tolist()
+    [[1, 0, 0, 0], [1, 1, 1, 0], [1, 1, 1, 0], [0, 0, 0, 1]]
+    """
+    _check(seq_idx)
+    t = seq_idx.shape[1]
+    seg = _distinct_padding(seq_idx, t)
+    i = torch.arange(t, device=seq_idx.device)
+    b = torch.arange(seq_idx.shape[0], device=seq_idx.device)
+    return _image_rule(seg, blocks, sliding_window)(b[:, None, None], i[None, :, None], i[None, None, :])[:, None]
+
+
+def flex_image_block_mask(seq_idx: torch.Tensor, blocks: torch.Tensor, *, sliding_window: int | None = None,
+                          block_size: int = 128):
+    """The same rule as :func:`image_block_mask` as a flex-attention ``BlockMask`` ``(B, 1, T, T)``.
+
+    >>> bm = flex_image_block_mask(torch.tensor([[0, 0, 0, 1]]), torch.tensor([[-1, 0, 0, -1]]), block_size=2)
+    >>> bm.to_dense()[0, 0].tolist()  # block-level: the image (tokens 1, 2) spans both blocks, both ways
+    [[1, 1], [1, 1]]
+    """
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    _check(seq_idx)
+    b, t = seq_idx.shape
+    n = -(-t // block_size) * block_size
+    seg = _distinct_padding(seq_idx, n)
+    blocks = torch.nn.functional.pad(blocks.to(torch.int64), (0, n - t), value=-1)
+    rule = _image_rule(seg, blocks, sliding_window)
+    return create_block_mask(lambda bb, h, q, kv: rule(bb, q, kv), b, None, t, t, device=seq_idx.device,
+                             BLOCK_SIZE=block_size)

@@ -24,10 +24,18 @@ import numpy as np
 __all__ = ["collate_vision"]
 
 
-def collate_vision(packs: list[dict]) -> dict:
+def collate_vision(packs: list[dict], *, sliding_window: int | None = None, block_size: int = 128) -> dict:
     """Packs (``PackedVision`` items) -> ``input_ids``/``labels`` ``[1, T]``, ``position_ids`` ``[4, 1, T]``
     (mRoPE) or ``[1, T]`` (1-D RoPE), ``pixel_values`` and ``image_grid_thw`` (left out when the batch has no
-    image) and ``use_cache=False``."""
+    image) and ``use_cache=False``.
+
+    Packs with ``token_type_ids`` (Gemma 3: bidirectional attention inside each image) also get
+    ``attention_mask``: ``{"full_attention": BlockMask, "sliding_attention": BlockMask}`` (flex attention,
+    ``attn_implementation="flex_attention"``): causal within each document, both ways inside each image
+    block, never across documents; the sliding one also keeps a key less than ``sliding_window`` tokens
+    before its query (pass the model's ``config.text_config.sliding_window``; ``None`` = no window).
+    ``block_size`` is the BlockMask's.
+    """
     import torch
 
     def cat(key):
@@ -45,4 +53,25 @@ def collate_vision(packs: list[dict]) -> dict:
         batch["pixel_values"] = torch.from_numpy(pixels)
         if "image_grid_thw" in packs[0]:
             batch["image_grid_thw"] = torch.from_numpy(np.concatenate([p["image_grid_thw"] for p in packs]))
+    if "token_type_ids" in packs[0]:
+        batch["attention_mask"] = _image_masks(packs, sliding_window, block_size)
     return batch
+
+
+def _image_masks(packs, sliding_window, block_size) -> dict:
+    import torch
+
+    from vecpack.integrations.masks import flex_image_block_mask, image_block_ids
+
+    lens, doc = [], 0
+    for p in packs:  # one row: every pack's documents, then its padding as its own segment
+        seq = np.asarray(p["seq_lens"], np.int64)
+        pad = len(p["input_ids"]) - int(seq.sum())
+        lens.append(np.repeat(np.arange(doc, doc + len(seq) + (pad > 0)), np.append(seq, pad) if pad else seq))
+        doc += len(seq) + (pad > 0)
+    seq_idx = torch.from_numpy(np.concatenate(lens))[None]
+    blocks = image_block_ids(torch.from_numpy(np.concatenate([p["token_type_ids"] for p in packs]))[None])
+    full = flex_image_block_mask(seq_idx, blocks, block_size=block_size)
+    sliding = full if sliding_window is None else flex_image_block_mask(
+        seq_idx, blocks, sliding_window=int(sliding_window), block_size=block_size)
+    return {"full_attention": full, "sliding_attention": sliding}

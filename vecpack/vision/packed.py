@@ -13,7 +13,8 @@ A pack (``packed[i]``) is a dict of NumPy arrays: ``input_ids``, ``labels``
 ``pixel_values`` ``[R, D]`` and ``image_grid_thw`` ``[I, 3]`` of its documents'
 images, in document order, and ``seq_lens``. For a 1-D RoPE model (LLaVA-style)
 ``position_ids`` is ``[T]``, restarting at every document, ``pixel_values``
-``[I, 3, H, W]`` and there is no ``image_grid_thw``. Pixels are read per pack from the
+``[I, 3, H, W]`` and there is no ``image_grid_thw``; a model that attends bidirectionally inside an image
+(Gemma 3) also gets ``token_type_ids`` (1 on image tokens). Pixels are read per pack from the
 memory-mapped cache entry (or preprocessed at that moment, lazily): only the
 current packs' pixels are in memory.
 
@@ -154,6 +155,8 @@ class PackedVision:
         else:  # 1-D RoPE: positions restart at every document (and the padding)
             out["position_ids"] = np.arange(T) - np.repeat(np.asarray(bounds[:-1]), np.diff(bounds))
             out["pixel_values"] = pixels.reshape(-1, *c.pixel_shape)
+            if c.bidirectional:  # Gemma 3: collate_vision's BlockMask reads the image blocks from it
+                out["token_type_ids"] = (ids == self.image_token_id).astype(np.int64)
         return out
 
     def image_tokens(self, i: int) -> int:

@@ -76,6 +76,8 @@ class VisionProcessor:
         merge: the spatial merge size (placeholder tokens = patches // merge**2).
         mrope: whether the model family uses 3-D multimodal RoPE (Qwen2-VL, Qwen2.5-VL); else 1-D RoPE
             (LLaVA-style: every image one size, ``fixed_grid`` its token count, ``pixel_shape`` its pixels).
+        bidirectional: whether an image's tokens attend to each other both ways (Gemma 3); ``expand`` is then
+            the (start token, framed sequence with one placeholder) that :meth:`render` substitutes.
         fingerprint: a digest of every file of the directory and the template.
     """
 
@@ -150,8 +152,11 @@ class VisionProcessor:
 
     def render(self, messages: list[dict], *, add_generation_prompt: bool = False) -> str:
         """The chat template's text of ``messages`` (transformers' own Jinja rendering)."""
-        return self.tokenizer.apply_chat_template(messages, tokenize=False, chat_template=self.chat_template,
+        text = self.tokenizer.apply_chat_template(messages, tokenize=False, chat_template=self.chat_template,
                                                   add_generation_prompt=add_generation_prompt)
+        if self.expand is not None:  # Gemma 3: each image's start token stands for its whole framed sequence
+            text = text.replace(*self.expand)
+        return text
 
 
 def _load_parts(path: pathlib.Path) -> dict:
@@ -173,12 +178,17 @@ def _load_parts(path: pathlib.Path) -> dict:
                  "image_token": getattr(tok, "image_token", None) or "<|image_pad|>", "pixel_shape": None,
                  "fixed_grid": None}
         frame = ["<|vision_start|>", "<|vision_end|>"]
+    elif name.startswith("Gemma3"):
+        parts = _gemma3_parts(path, ip, tok)
+        frame = [parts["expand"][0], tok.eoi_token]
     else:
         parts = _fixed_size_parts(path, ip, tok)
         frame = []
     ids = tok.convert_tokens_to_ids([parts["image_token"], *frame])
     if any(i is None or i == tok.unk_token_id for i in ids):
         raise ValueError(f"{path}: the tokenizer lacks {' or '.join([parts['image_token'], *frame])} as tokens")
+    parts.setdefault("expand", None)
+    parts.setdefault("bidirectional", False)
     parts.update(image_processor=ip, tokenizer=tok, image_processor_class=name, image_token_id=int(ids[0]),
                  vision_start_id=int(ids[1]) if frame else None, vision_end_id=int(ids[2]) if frame else None,
                  pad_id=tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id,
@@ -204,6 +214,26 @@ def _fixed_size_parts(path: pathlib.Path, ip, tok) -> dict:
     return {"_resize": None, "patch": p, "merge": 1, "mrope": False, "pixel_shape": (3, h, w),
             "image_token": getattr(tok, "image_token", None) or cfg.get("image_token", "<image>"),
             "fixed_grid": (1, 1, int(count))}
+
+
+def _gemma3_parts(path: pathlib.Path, ip, tok) -> dict:
+    """Gemma 3: every image resized to one size, ``image_seq_length`` soft tokens (``processor_config.json``,
+    as ``Gemma3Processor`` reads it) framed ``"\\n\\n<start_of_image>" ... "<end_of_image>\\n\\n"``, in
+    place of the start token the template renders; the model attends bidirectionally inside each image."""
+    cfg_path = path / "processor_config.json"
+    cfg = json.loads(cfg_path.read_text(encoding="utf-8")) if cfg_path.exists() else {}
+    if getattr(ip, "do_pan_and_scan", False):
+        raise ValueError(f"{path}: do_pan_and_scan=True is not supported (crops make the count depend on pixels)")
+    names = [getattr(tok, k, None) for k in ("boi_token", "image_token", "eoi_token")]
+    if not all(names):
+        raise ValueError(f"{path}: a Gemma 3 tokenizer names boi_token, image_token and eoi_token "
+                         "(tokenizer_config.json's extra_special_tokens)")
+    boi, image, eoi = names
+    size = ip.size
+    return {"_resize": None, "patch": 1, "merge": 1, "mrope": False, "bidirectional": True,
+            "pixel_shape": (3, int(size.height), int(size.width)), "image_token": image,
+            "fixed_grid": (1, 1, int(cfg.get("image_seq_length", 256))),
+            "expand": (boi, f"\n\n{boi}{image}{eoi}\n\n")}
 
 
 def load_processor(path, *, chat_template: str | None = None) -> VisionProcessor:
