@@ -99,3 +99,20 @@ class SlowEncoder:
                 f.write(b".")
         time.sleep(self.delay)
         return self.inner.encode_row(row)
+
+
+def slow_scatter(delay: float, trace: str | None = None):
+    """The cluster's scatter task, ``delay`` seconds slower, so that a run can be interrupted during the
+    scatter; with ``trace``, each start appends a byte to ``trace/<node>`` (as :class:`SlowEncoder`)."""
+
+    def scatter(*args):
+        from vecpack.cluster.scatter import scatter_unit
+
+        if trace:
+            node = os.path.basename(os.path.dirname(os.environ.get("TMPDIR", "/none/x")))
+            with open(os.path.join(trace, node), "ab") as f:
+                f.write(b".")
+        time.sleep(delay)
+        return scatter_unit(*args)
+
+    return scatter

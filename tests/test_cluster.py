@@ -22,6 +22,8 @@ from s3_helpers import SlowEncoder, make_bucket, s3_endpoint  # noqa: E402,F401 
 
 import vecpack  # noqa: E402
 from vecpack.cluster import PackStream, build_on_cluster, open_packed  # noqa: E402
+from vecpack.cluster import run as cluster_run  # noqa: E402
+from vecpack.cluster import shards as cluster_shards  # noqa: E402
 from vecpack.store import objects  # noqa: E402
 from vecpack.tokenizing.encoder import ChatEncoder  # noqa: E402
 
@@ -31,6 +33,13 @@ BUCKET = "cluster-test"
 UNIT = 24 << 10          # bytes per unit: about a dozen units for 300 rows
 MAX_LEN = 1024
 HEAD_CONFIG = {"health_check_period_ms": 1000, "health_check_failure_threshold": 3}
+SHARD_TOKENS = 16 * MAX_LEN   # 16 packs a shard: several shards, each needing pieces of most units
+
+
+@pytest.fixture(autouse=True)
+def small_shards(monkeypatch):
+    """Shards of a few packs (the driver plans them), so that the shuffle by shard has something to shuffle."""
+    monkeypatch.setattr(cluster_shards, "_SHARD_TOKENS", SHARD_TOKENS)
 
 
 class Nodes:
@@ -128,8 +137,43 @@ def _same_packs(local, got) -> None:
             assert a[k].dtype == b[k].dtype and a[k].tobytes() == b[k].tobytes(), (i, k)
 
 
-def _receipts(output: str) -> list[str]:
-    return [u for u in objects.listing(objects.join(output, "_work")) if u.endswith(".receipt.json")]
+def _receipts(output: str, stage: str = "units") -> list[str]:
+    """The receipts of one stage (``"units"``: tokenized, ``"scatter"``: cut into pieces) under ``output``."""
+    return [u for u in objects.listing(objects.join(output, "_work"))
+            if u.endswith(".receipt.json") and f"/{stage}/" in u]
+
+
+def _per_unit(receipts: list[str]) -> dict:
+    """Receipts a unit (its name is the receipt's parent)."""
+    per: dict = {}
+    for u in receipts:
+        per[u.rsplit("/", 2)[-2]] = per.get(u.rsplit("/", 2)[-2], 0) + 1
+    return per
+
+
+def _killed_driver(nodes, out: str, body: str, stage: str) -> set:
+    """A driver in a child process runs ``body`` (after joining the cluster) and is SIGKILLed once two
+    receipts of ``stage`` are on the store; returns the units that had one."""
+    script = (
+        "import sys, ray; sys.path.insert(0, %r)\n"
+        "import s3_helpers\n"
+        "from ray import cloudpickle; cloudpickle.register_pickle_by_value(s3_helpers)\n"
+        "import vecpack.cluster.shards; vecpack.cluster.shards._SHARD_TOKENS = %d\n"
+        "ray.init(address=%r, include_dashboard=False, log_to_driver=False)\n"
+    ) % (os.path.dirname(__file__), SHARD_TOKENS, nodes.cluster.address) + body
+    child = subprocess.Popen([sys.executable, "-c", script], env=dict(os.environ), start_new_session=True,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        _wait_for(lambda: len(_receipts(out, stage)) >= 2 or child.poll() is not None, f"the driver's {stage}")
+        assert child.poll() is None, f"the driver ended before it was killed: {child.stderr.read()[-2000:]!r}"
+        os.kill(child.pid, signal.SIGKILL)
+    finally:
+        if child.poll() is None:
+            os.kill(child.pid, signal.SIGKILL)
+        child.wait(30)
+        child.stderr.close()
+    assert not objects.exists(objects.join(out, "manifest.json"))
+    return set(_per_unit(_receipts(out, stage)))
 
 
 def test_vecpack_build_takes_the_cluster_route(nodes, data, qwen_dir):
@@ -165,7 +209,14 @@ def test_store_in_store_out_equals_the_local_build(nodes, data, qwen_dir, tmp_pa
     # a second call finds every receipt: nothing is tokenized again, the packs are the same
     again = build_on_cluster(data["glob"], qwen_dir, MAX_LEN, output=out, unit_bytes=UNIT)
     assert (again.units_tokenized, again.units_reused) == (0, r.units)
+    assert (again.scatters_run, again.scatters_reused) == (0, r.scatters_run) and r.scatters_run == r.units
     _same_packs(data["local"], vecpack.load(out))
+    # the store calls of each stage: a unit's two arrays read once by its scatter, one GET per piece to pack
+    shards = len(r.manifest["shards"])
+    assert shards >= 2 and r.requests["scatter"]["get"] == 2 * r.units
+    pieces = r.requests["scatter"]["put"] - r.units                       # a receipt a unit, the rest pieces
+    assert r.requests["pack"]["get"] == pieces <= r.units * shards        # one GET a piece, none a document
+    assert r.requests["tokenize"]["get"] == r.units                       # one ranged GET a JSONL unit
 
 
 def test_a_bad_row_on_the_store_is_located(nodes, qwen_dir):
@@ -207,38 +258,46 @@ def _wait_for(cond, what: str, timeout: float = 120.0):
         time.sleep(0.05)
 
 
-def test_a_lost_node_changes_nothing(nodes, data, qwen_dir, tmp_path):
-    trace = tmp_path / "trace"   # the test's own instrument: which node encodes rows, and how many
-    trace.mkdir()
-    enc = SlowEncoder(ChatEncoder.from_tokenizer(qwen_dir), 0.01, trace=str(trace))
-    out = f"s3://{BUCKET}/runs/lost-node"
+def _lose_a_node_during(nodes, call, trace, ready=lambda: True, what: str = "work"):
+    """Run ``call()`` in a thread; once ``ready()`` and the victim node has just appended to its file in
+    ``trace`` (it is busy right now), remove it and add a fresh node. Returns ``call()``'s result."""
     result, failure = {}, []
 
     def run():
         try:
-            result["r"] = build_on_cluster(data["glob"], None, MAX_LEN, output=out, encoder=enc, unit_bytes=UNIT)
+            result["r"] = call()
         except BaseException as e:  # noqa: BLE001 - reported by the test thread
             failure.append(e)
 
     victim = next(iter(nodes.workers))
     tag = os.path.basename(nodes.workers[victim])
 
-    def rows() -> int:
+    def done() -> int:
         return (trace / tag).stat().st_size if (trace / tag).exists() else 0
 
     t = threading.Thread(target=run)
     t.start()
     try:
-        _wait_for(lambda: len(_receipts(out)) >= 2 or not t.is_alive(), "the first receipts")
-        seen = rows()
-        _wait_for(lambda: rows() > seen or not t.is_alive(), "the victim encoding a unit")   # busy right now
+        _wait_for(lambda: ready() or not t.is_alive(), f"the {what} under way")
+        seen = done()
+        _wait_for(lambda: done() > seen or not t.is_alive(), f"the victim busy with {what}")
         assert t.is_alive(), f"the run ended before a node could be lost: {failure}"
-        nodes.remove(victim)   # mid-unit
+        nodes.remove(victim)   # mid-task
         nodes.add()
     finally:
         t.join(300)
     assert not failure, failure
-    r = result["r"]
+    return result["r"]
+
+
+def test_a_lost_node_changes_nothing(nodes, data, qwen_dir, tmp_path):
+    trace = tmp_path / "trace"   # the test's own instrument: which node encodes rows, and how many
+    trace.mkdir()
+    enc = SlowEncoder(ChatEncoder.from_tokenizer(qwen_dir), 0.01, trace=str(trace))
+    out = f"s3://{BUCKET}/runs/lost-node"
+    r = _lose_a_node_during(
+        nodes, lambda: build_on_cluster(data["glob"], None, MAX_LEN, output=out, encoder=enc, unit_bytes=UNIT),
+        trace, lambda: len(_receipts(out)) >= 2, "a unit")
     assert r.units_tokenized == r.units
     encoded = sum(p.stat().st_size for p in trace.iterdir())
     assert encoded > 300, "no unit was redone: the node was not lost mid-unit, the test proves nothing"
@@ -263,40 +322,48 @@ def _same_objects(manifest: dict, out: str, data) -> None:
 
 def test_a_killed_driver_reruns_only_the_unfinished_units(nodes, data, qwen_dir, tmp_path):
     out = f"s3://{BUCKET}/runs/killed-driver"
-    here = os.path.dirname(__file__)
-    script = (
-        "import sys, ray; sys.path.insert(0, %r)\n"
-        "import s3_helpers\n"
-        "from ray import cloudpickle; cloudpickle.register_pickle_by_value(s3_helpers)\n"
+    before = _killed_driver(nodes, out, (
         "from vecpack.tokenizing.encoder import ChatEncoder\n"
         "from vecpack.cluster import build_on_cluster\n"
-        "ray.init(address=%r, include_dashboard=False, log_to_driver=False)\n"
         "enc = s3_helpers.SlowEncoder(ChatEncoder.from_tokenizer(%r), 0.02)\n"
         "build_on_cluster(%r, None, %d, output=%r, encoder=enc, unit_bytes=%d)\n"
-    ) % (here, nodes.cluster.address, str(qwen_dir), data["glob"], MAX_LEN, out, UNIT)
-    child = subprocess.Popen([sys.executable, "-c", script], env=dict(os.environ), start_new_session=True,
-                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    try:
-        _wait_for(lambda: len(_receipts(out)) >= 2 or child.poll() is not None, "the killed driver's receipts")
-        assert child.poll() is None, f"the driver ended before it was killed: {child.stderr.read()[-2000:]!r}"
-        os.kill(child.pid, signal.SIGKILL)
-    finally:
-        if child.poll() is None:
-            os.kill(child.pid, signal.SIGKILL)
-        child.wait(30)
-        child.stderr.close()
-    before = {u.rsplit("/", 2)[-2] for u in _receipts(out)}
-    assert not objects.exists(objects.join(out, "manifest.json"))
+    ) % (str(qwen_dir), data["glob"], MAX_LEN, out, UNIT), "units")
     enc = SlowEncoder(ChatEncoder.from_tokenizer(qwen_dir), 0.0)   # the same fingerprint: the same units
     r = build_on_cluster(data["glob"], None, MAX_LEN, output=out, encoder=enc, unit_bytes=UNIT)
     assert r.units_reused >= len(before) >= 2
     assert r.units_tokenized == r.units - r.units_reused < r.units
-    per_unit: dict = {}
-    for u in _receipts(out):
-        name = u.rsplit("/", 2)[-2]
-        per_unit[name] = per_unit.get(name, 0) + 1
+    per_unit = _per_unit(_receipts(out))
     assert all(per_unit[name] == 1 for name in before)    # a finished unit was never tokenized again
     assert {u["name"] for u in r.manifest["units"]} == set(per_unit)
+    _same_packs(data["local"], vecpack.load(out))
+    _same_objects(r.manifest, out, data)
+
+
+def test_the_scatter_survives_a_killed_driver_then_a_lost_node(nodes, data, qwen_dir, tmp_path, monkeypatch):
+    """A driver killed during the scatter, then rerun while a node is lost mid-scatter: the units cut by
+    the killed driver are not cut again, the lost node's unit is cut elsewhere, the packs are unchanged."""
+    out = f"s3://{BUCKET}/runs/scatter-faults"
+    first = build_on_cluster(data["glob"], qwen_dir, MAX_LEN, output=out, unit_bytes=UNIT, pack=False)
+    assert first.units_tokenized == first.units
+    before = _killed_driver(nodes, out, (
+        "import vecpack.cluster.run as run; run.scatter_unit = s3_helpers.slow_scatter(0.3)\n"
+        "from vecpack.cluster import build_on_cluster\n"
+        "build_on_cluster(%r, %r, %d, output=%r, unit_bytes=%d)\n"
+    ) % (data["glob"], str(qwen_dir), MAX_LEN, out, UNIT), "scatter")
+    trace = tmp_path / "trace"   # which node starts a scatter, and how many
+    trace.mkdir()
+    monkeypatch.setattr(cluster_run, "scatter_unit", s3_helpers.slow_scatter(0.3, str(trace)))
+    r = _lose_a_node_during(
+        nodes, lambda: build_on_cluster(data["glob"], qwen_dir, MAX_LEN, output=out, unit_bytes=UNIT), trace,
+        what="a scatter")
+    assert r.units_reused == r.units and r.units_tokenized == 0
+    assert r.scatters_reused >= len(before) >= 2 and r.scatters_run == r.units - r.scatters_reused
+    starts = sum(p.stat().st_size for p in trace.iterdir())
+    assert starts > r.scatters_run, "no unit was cut again: the node was not lost mid-scatter, the test proves nothing"
+    per_unit = _per_unit(_receipts(out, "scatter"))
+    assert all(per_unit[name] == 1 for name in before)    # a unit cut by the killed driver was not cut again
+    manifest_units = [u["name"] for u in r.manifest["units"]]
+    assert len(manifest_units) == len(set(manifest_units)) == r.units
     _same_packs(data["local"], vecpack.load(out))
     _same_objects(r.manifest, out, data)
 

@@ -10,12 +10,15 @@ arrays, 24 B an entry; the documents' offsets, 8 B; the pack offsets, about
 1.5 B at 6 documents a pack); ``peakmem_plan`` adds the lengths (the units'
 arrays and their concatenation, 16 B) and the planner's scratch. At 10^9
 documents, on paper: about 34 GB kept, about 50 GB at the peak, plus scratch.
+``time_scatter_entries`` hands out the scatter tasks' work (each unit's entries:
+shard, start, length), which holds 8 bytes more a planned entry while it runs.
 
 Run the largest size on a quiet machine with 16 GB free (about 4-5 GB peak at 10^8).
 """
 
 import numpy as np
 
+from vecpack.cluster.scatter import unit_entries
 from vecpack.cluster.shards import plan_shards
 
 from . import lognormal_lengths
@@ -52,4 +55,9 @@ class ClusterPlan:
     def time_cut_shards(self, n):
         """The pack tasks' work cut from the plan (each entry's unit and offset), all shards."""
         for _ in plan_shards(self.units, MAX_LEN).shards():
+            pass
+
+    def time_scatter_entries(self, n):
+        """The scatter tasks' work cut from the plan (each unit's entries, their shards and starts), all units."""
+        for _ in unit_entries(plan_shards(self.units, MAX_LEN)):
             pass

@@ -4,7 +4,10 @@
 
     driver: plan_units ─► tokenize_unit on nodes ─► <work>/units/<name>/<attempt>/*  + receipt
             (ranged reads)   only lengths and counters come back
-            plan(lengths) ─► pack_shard on nodes ─► <output>/shards/<s>/<attempt>/*.npy
+            plan(lengths) ─► scatter_unit on nodes ─► <work>/scatter/<plan>/<name>/<attempt>/<shard>.i32 + receipt
+                             (a unit's arrays read once; one piece per shard that needs the unit)
+                          ─► pack_shard on nodes ─► <output>/shards/<s>/<attempt>/*.npy
+                             (one GET per piece: at most units x shards, never one per document)
             <output>/manifest.json, written last: the run committed
 
 The driver holds the documents' lengths and the plan, nothing else: while it
@@ -12,14 +15,19 @@ plans, 16 bytes a document of lengths (the units' arrays and their
 concatenation) and the planner's scratch; afterwards about 34 (the plan's
 three int64 arrays, the documents' offsets, the pack offsets). That is about
 50 GB at the peak per billion documents, 34 GB kept (see
-``asv_bench/benchmarks/bench_cluster_plan.py``). Tokens never pass through it.
+``asv_bench/benchmarks/bench_cluster_plan.py``); while the scatter tasks are
+made, 8 bytes more a planned entry (the entries sorted by unit). Tokens never
+pass through it.
 
 Faults: Ray re-runs a task whose worker or node died (``max_retries``), on
 another node; every attempt writes under keys of its own, and only the
 attempts the manifest names count, so a lost node, or a partitioned one that
 keeps writing, cannot change the output. A rerun after the driver was killed
 finds the units' receipts and tokenizes only the units without one
-(:attr:`ClusterBuild.units_tokenized` / ``units_reused`` count them).
+(:attr:`ClusterBuild.units_tokenized` / ``units_reused`` count them), and
+scatters only the units without a scatter receipt for the same plan
+(``scatters_run`` / ``scatters_reused``). :attr:`ClusterBuild.requests` counts
+the store calls of each stage (those of the attempts that counted).
 """
 
 from __future__ import annotations
@@ -31,6 +39,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from vecpack.cluster.scatter import piece_url, plan_key, read_scatter_receipts, scatter_unit, unit_entries
 from vecpack.cluster.shards import pack_shard, plan_shards, shard_prefix
 from vecpack.cluster.tokenize import locate_example, read_receipts, tokenize_unit, unit_arrays
 from vecpack.cluster.units import UNIT_BYTES, plan_units
@@ -58,6 +67,11 @@ class ClusterBuild:
         stats: the plan's stats, as ``Packed.stats``.
         tokenize_stats: rows, documents, tokens, rejected...
         seconds: the call's wall time.
+        scatters_run: units cut into their shards' pieces by this call.
+        scatters_reused: units whose pieces an earlier (killed) run had left, for the same plan.
+        requests: store calls by stage (``"driver"``, ``"tokenize"``, ``"scatter"``, ``"pack"``), each a
+            ``{"get": n, "put": n, "list": n, ...}`` dict (:func:`vecpack.store.objects.requests`); a stage
+            counts the attempts that counted, not those a lost node or a cancelled task made.
     """
 
     output: str
@@ -68,6 +82,9 @@ class ClusterBuild:
     stats: dict = field(default_factory=dict)
     tokenize_stats: dict = field(default_factory=dict)
     seconds: float = 0.0
+    scatters_run: int = 0
+    scatters_reused: int = 0
+    requests: dict = field(default_factory=dict)
 
 
 def build_on_cluster(data_files, tokenizer=None, max_len: int | None = None, *, output: str,
@@ -118,6 +135,7 @@ def run_on_cluster(request, *, address: str | None = None, unit_bytes: int = UNI
     from vecpack.tokenizing import ray as _ray
 
     t0 = time.perf_counter()
+    before = objects.requests()
     output = request.run.output
     if not isinstance(output, str) or not output:
         raise TypeError("output= must be a URL (s3://bucket/prefix) or a shared path")
@@ -154,7 +172,9 @@ def run_on_cluster(request, *, address: str | None = None, unit_bytes: int = UNI
 
     tstats = _tokenize_stats(units, results, encoder)
     out = ClusterBuild(output, None, len(units), len(todo), len(units) - len(todo), tokenize_stats=tstats)
+    out.requests["tokenize"] = _stage_requests(results.values())
     if not pack:
+        out.requests["driver"] = objects.requests_since(before)
         out.seconds = time.perf_counter() - t0
         return out
 
@@ -165,17 +185,23 @@ def run_on_cluster(request, *, address: str | None = None, unit_bytes: int = UNI
         r.pop("lengths", None)
     attempts = [results[u.index]["attempt"] for u in units]
     names = [u.name for u in units]
+    key = plan_key(work, names, max_len, strategy, long, shuffle_seed, planned.per_shard)
+    scattered, out.scatters_reused = _scatter(ray, planned, units, attempts, work, key, max_retries)
+    out.scatters_run = sum(1 for r in scattered.values() if "requests" in r)
+    out.requests["scatter"] = _stage_requests(scattered.values())
     packer = ray.remote(num_cpus=1, max_retries=max_retries, retry_exceptions=False)(pack_shard)
-    names_ref, attempts_ref = ray.put(names), ray.put(attempts)
     spans: dict[int, tuple] = {}
 
     def shard_jobs():   # the shards' work made as tasks are submitted, a few at a time
         for s, p0, p1, w in planned.shards():
             spans[s] = (p0, p1)
-            yield s, lambda s=s, w=w: packer.remote(s, w, attempts_ref, work, names_ref, output)
+            pieces = {int(u): piece_url(work, key, names[u], scattered[int(u)]["attempt"], s)
+                      for u in np.unique(w["unit"])}
+            yield s, lambda s=s, w=w, pieces=pieces: packer.remote(s, w, pieces, output)
 
     shards: dict[int, dict] = {}
     _collect(ray, shard_jobs(), shards, max_retries, what="shard")
+    out.requests["pack"] = _stage_requests(shards.values())
     stats = dict(p.stats)
     stats["trained_tokens"] = sum(r["trained"] for r in shards.values())
     pad = default_pad_id(tokenizer, encoder) if pad_id is None else int(pad_id)
@@ -184,8 +210,9 @@ def run_on_cluster(request, *, address: str | None = None, unit_bytes: int = UNI
         "ignore_index": int(ignore_index), "num_packs": int(len(p.pack_offsets) - 1),
         "shards": [{"path": shard_prefix("", s, shards[s]["attempt"]).lstrip("/"), "packs": list(spans[s]),
                     "entries": shards[s]["entries"], "tokens": shards[s]["tokens"]} for s in sorted(shards)],
-        "units": [{"name": u.name, "url": u.url, "range": [u.start, u.stop], "attempt": results[u.index]["attempt"]}
-                  for u in units],
+        "units": [{"name": u.name, "url": u.url, "range": [u.start, u.stop], "attempt": results[u.index]["attempt"],
+                   "scatter": scattered.get(u.index, {}).get("attempt")} for u in units],
+        "scatter": key,
         "stats": _jsonable(stats), "tokenize_stats": _jsonable(tstats),
         "options": {"style": style, "column": column, "masking": masking, "strategy": strategy, "long": long,
                     "shuffle_seed": shuffle_seed, "on_error": on_error},
@@ -193,8 +220,32 @@ def run_on_cluster(request, *, address: str | None = None, unit_bytes: int = UNI
     }
     objects.put(objects.join(output, MANIFEST), json.dumps(manifest, indent=1, sort_keys=True).encode())
     out.manifest, out.stats = manifest, stats
+    out.requests["driver"] = objects.requests_since(before)
     out.seconds = time.perf_counter() - t0
     return out
+
+
+def _scatter(ray, planned, units, attempts: list[str], work: str, key: str, max_retries: int):
+    """Each unit's pieces: ``({unit index: {"attempt", ...}}, units reused)``. Receipts of the same plan
+    and the same unit attempt are reused; the other units are scattered on the nodes."""
+    found = read_scatter_receipts(work, key)
+    scattered: dict[int, dict] = {}
+    for u in units:
+        if u.name in found and found[u.name][1].get("unit_attempt") == attempts[u.index]:
+            scattered[u.index] = {"attempt": found[u.name][0]}
+    reused = len(scattered)
+    remote = ray.remote(num_cpus=1, max_retries=max_retries, retry_exceptions=False)(scatter_unit)
+    jobs = ((units[u], lambda u=u, e=e: remote.remote(u, units[u].name, attempts[u], work, key, e))
+            for u, e in unit_entries(planned) if u not in scattered)
+    _collect(ray, jobs, scattered, max_retries, what="scatter of unit")
+    return scattered, reused
+
+
+def _stage_requests(results) -> dict:
+    total: dict[str, int] = {}
+    for r in results:
+        objects.add_requests(total, r.get("requests"))
+    return dict(sorted(total.items()))
 
 
 def _collect(ray, jobs, results: dict, max_retries: int, what: str = "unit"):

@@ -2,9 +2,10 @@
 
 The driver's plan (:func:`vecpack.plan` over every document's length) is cut
 into shards of :func:`shard_packs` packs. A pack task gets, for each entry of
-its shard, the unit holding the document and where the entry starts inside
-that unit's tokens; it reads those token and label ranges straight from the
-store (ranged GETs, neighbouring ranges joined) and writes::
+its shard, the unit holding the document and its length, and the URL of each
+unit's piece of the shard (:mod:`vecpack.cluster.scatter` wrote them, the
+entries' tokens and labels in the shard's order); it reads each piece with
+one GET, lays the entries out, and writes::
 
     <output>/shards/<shard:06d>/<attempt>/tokens.npy         int32, entries back to back, in pack order
     <output>/shards/<shard:06d>/<attempt>/labels.npy         int32
@@ -25,7 +26,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from vecpack.cluster.tokenize import unit_arrays
+from vecpack.cluster.scatter import ranges_index
 from vecpack.options import IGNORE_INDEX
 from vecpack.packing.plan import plan as make_plan
 from vecpack.store import objects
@@ -34,8 +35,7 @@ __all__ = ["SHARD_ARRAYS", "PlannedShards", "cut_shards", "pack_shard", "plan_sh
 
 SHARD_ARRAYS = ("tokens", "labels", "entry_offsets", "doc_ids", "pack_offsets")
 _SHARD_TOKENS = 64 << 20     # tokens per shard, at most (a shard is about 512 MB of int32 tokens and labels)
-_JOIN_GAP = 1 << 16          # tokens between two ranges read as one GET
-_GETS_IN_FLIGHT = 16         # ranged GETs a pack task has in flight (a store's latency, not its bandwidth, limits)
+_GETS_IN_FLIGHT = 16         # GETs a pack task has in flight (a store's latency, not its bandwidth, limits)
 
 
 def shard_packs(max_len: int, num_packs: int) -> int:
@@ -47,12 +47,11 @@ def shard_packs(max_len: int, num_packs: int) -> int:
     return int(max(1, min(max(num_packs, 1), _SHARD_TOKENS // max_len)))
 
 
-def cut_shards(plan, unit_doc_offsets: np.ndarray, doc_offsets: np.ndarray, unit_token_offsets: np.ndarray,
-               per_shard: int):
-    """Yield ``(shard, p0, p1, work)`` for each shard of ``plan``: the entries' units and unit-local starts.
+def cut_shards(plan, unit_doc_offsets: np.ndarray, per_shard: int):
+    """Yield ``(shard, p0, p1, work)`` for each shard of ``plan``: its packs and the entries' units.
 
-    ``work`` holds ``unit`` (int64 [E]), ``start`` (int64 [E], the entry's first token inside its unit),
-    ``length``, ``doc_ids`` and ``pack_offsets`` (from 0): all a pack task needs, a few int64 per entry.
+    ``work`` holds ``unit`` (int64 [E]), ``length``, ``doc_ids`` and ``pack_offsets`` (from 0): all a
+    pack task needs, a few int64 per entry.
     """
     num_packs = len(plan.pack_offsets) - 1
     for s, p0 in enumerate(range(0, num_packs, per_shard)):
@@ -60,8 +59,7 @@ def cut_shards(plan, unit_doc_offsets: np.ndarray, doc_offsets: np.ndarray, unit
         e0, e1 = int(plan.pack_offsets[p0]), int(plan.pack_offsets[p1])
         docs = np.asarray(plan.doc_index[e0:e1], np.int64)
         unit = np.searchsorted(unit_doc_offsets, docs, side="right") - 1
-        start = doc_offsets[docs] - unit_token_offsets[unit] + np.asarray(plan.doc_start[e0:e1], np.int64)
-        yield s, p0, p1, {"unit": unit.astype(np.int64), "start": start.astype(np.int64),
+        yield s, p0, p1, {"unit": unit.astype(np.int64),
                           "length": np.asarray(plan.doc_length[e0:e1], np.int64), "doc_ids": docs,
                           "pack_offsets": np.asarray(plan.pack_offsets[p0:p1 + 1], np.int64) - e0}
 
@@ -79,8 +77,7 @@ class PlannedShards:
 
     def shards(self):
         """``(shard, p0, p1, work)`` for each shard (see :func:`cut_shards`)."""
-        return cut_shards(self.plan, self.unit_doc_offsets, self.doc_offsets, self.unit_token_offsets,
-                          self.per_shard)
+        return cut_shards(self.plan, self.unit_doc_offsets, self.per_shard)
 
     @property
     def nbytes(self) -> int:
@@ -109,45 +106,13 @@ def plan_shards(unit_lengths: list, max_len: int, **plan_kw) -> PlannedShards:
                          shard_packs(max_len, len(p.pack_offsets) - 1))
 
 
-def _ranges(starts: np.ndarray, stops: np.ndarray) -> list[tuple[int, int]]:
-    """Sorted ``[a, b)`` ranges covering every entry, neighbours closer than ``_JOIN_GAP`` joined."""
-    order = np.argsort(starts, kind="stable")
-    out: list[list[int]] = []
-    for a, b in zip(starts[order].tolist(), stops[order].tolist()):
-        if out and a <= out[-1][1] + _JOIN_GAP:
-            out[-1][1] = max(out[-1][1], b)
-        else:
-            out.append([a, b])
-    return [(a, b) for a, b in out]
+def pack_shard(shard: int, work: dict, pieces: dict, output: str) -> dict:
+    """Build one shard from its pieces on the store (``{unit: piece URL}``, one object per unit with
+    entries here, see :mod:`vecpack.cluster.scatter`) and write it under a fresh attempt.
 
-
-def _gather(url: str, starts: np.ndarray, lengths: np.ndarray, out: np.ndarray, at: np.ndarray, pool) -> None:
-    """Copy int32 ranges ``[starts, starts + lengths)`` of object ``url`` into ``out[at:at + lengths]``:
-    one ranged GET per group of neighbouring ranges, several GETs in flight (``pool``)."""
-    stops = starts + lengths
-    ranges = _ranges(starts, stops)
-    first = np.array([a for a, _ in ranges], np.int64)
-    which = np.searchsorted(first, starts, side="right") - 1     # the group of each entry
-    order = np.argsort(which, kind="stable")
-    bounds = np.searchsorted(which[order], np.arange(len(ranges) + 1))
-
-    def one(k: int) -> None:
-        a, b = ranges[k]
-        block = np.frombuffer(objects.get(url, 4 * a, 4 * b), np.int32)
-        for i in order[bounds[k]:bounds[k + 1]].tolist():
-            s, n, o = int(starts[i]) - a, int(lengths[i]), int(at[i])
-            out[o:o + n] = block[s:s + n]   # disjoint slices: the threads never write the same bytes
-
-    for _ in pool.map(one, range(len(ranges))):
-        pass
-
-
-def pack_shard(shard: int, work: dict, attempts: list[str], work_url: str, unit_names: list[str],
-               output: str) -> dict:
-    """Build one shard from the units' arrays on the store and write it under a fresh attempt.
-
-    Returns ``{"shard", "attempt", "tokens", "entries", "packs", "trained"}``.
+    Returns ``{"shard", "attempt", "tokens", "entries", "packs", "trained", "requests"}``.
     """
+    before = objects.requests()
     lengths = work["length"]
     entry_offsets = np.zeros(len(lengths) + 1, np.int64)
     np.cumsum(lengths, out=entry_offsets[1:])
@@ -155,15 +120,20 @@ def pack_shard(shard: int, work: dict, attempts: list[str], work_url: str, unit_
     tokens = np.empty(total, np.int32)
     labels = np.empty(total, np.int32)
     units = work["unit"]
-    by_unit = np.argsort(units, kind="stable")
-    cuts = np.flatnonzero(np.diff(units[by_unit])) + 1
+
+    def place(u: int) -> None:
+        mine = np.flatnonzero(units == u)      # the unit's entries, in pack order: the piece's order
+        at = ranges_index(entry_offsets[mine], lengths[mine])
+        piece = np.frombuffer(objects.get(pieces[u]), np.int32)
+        if len(piece) != 2 * len(at):
+            raise objects.ObjectStoreError(f"{pieces[u]}: {len(piece)} int32 where shard {shard} needs "
+                                           f"{2 * len(at)} (the piece does not belong to this plan)")
+        tokens[at] = piece[:len(at)]     # disjoint positions: the threads never write the same bytes
+        labels[at] = piece[len(at):]
+
     with ThreadPoolExecutor(_GETS_IN_FLIGHT) as pool:
-        for mine in np.split(by_unit, cuts) if len(units) else []:
-            u = int(units[mine[0]])
-            prefix = unit_arrays(work_url, unit_names[u], attempts[u])
-            for name, out in (("tokens.i32", tokens), ("labels.i32", labels)):
-                _gather(objects.join(prefix, name), work["start"][mine], lengths[mine], out, entry_offsets[mine],
-                        pool)
+        for _ in pool.map(place, sorted(int(u) for u in pieces)):
+            pass
     firsts = entry_offsets[:-1][lengths > 0]
     trained = int(np.count_nonzero(labels != IGNORE_INDEX) - np.count_nonzero(labels[firsts] != IGNORE_INDEX))
     attempt = objects.attempt_id()
@@ -175,7 +145,8 @@ def pack_shard(shard: int, work: dict, attempts: list[str], work_url: str, unit_
         np.save(buf, np.ascontiguousarray(arrays[name]), allow_pickle=False)
         objects.put(objects.join(prefix, f"{name}.npy"), buf.getbuffer())
     return {"shard": shard, "attempt": attempt, "tokens": total, "entries": int(len(lengths)),
-            "packs": int(len(work["pack_offsets"]) - 1), "trained": trained}
+            "packs": int(len(work["pack_offsets"]) - 1), "trained": trained,
+            "requests": objects.requests_since(before)}
 
 
 def shard_prefix(output: str, shard: int, attempt: str) -> str:

@@ -31,7 +31,7 @@ from vecpack.store import objects
 from vecpack.tokenizing.rows import tokenize_chunk
 from vecpack.tokenizing.tasks import ChunkError, ChunkTask
 
-__all__ = ["RECEIPT", "read_receipts", "tokenize_unit", "unit_arrays"]
+__all__ = ["RECEIPT", "first_receipts", "read_receipts", "tokenize_unit", "unit_arrays"]
 
 RECEIPT = ".receipt.json"
 
@@ -54,6 +54,7 @@ def tokenize_unit(unit: Unit, encoder, work: str, on_error: str) -> dict:
     driver can raise the first one in input order.
     """
     scratch = tempfile.mkdtemp(prefix=f"vecpack-unit-{unit.index:06d}-")
+    before = objects.requests()
     try:
         task = _fetch(unit, scratch)
         try:
@@ -72,7 +73,8 @@ def tokenize_unit(unit: Unit, encoder, work: str, on_error: str) -> dict:
                   "examples": [list(x) for x in meta.examples], "agentic": dict(meta.counts)}
         receipt = {"unit": unit.name, "index": unit.index, "attempt": attempt, "counts": counts}
         objects.put(prefix + RECEIPT, json.dumps(receipt, sort_keys=True).encode())
-        return {"index": unit.index, "attempt": attempt, "lengths": lengths, "counts": counts}
+        return {"index": unit.index, "attempt": attempt, "lengths": lengths, "counts": counts,
+                "requests": objects.requests_since(before)}
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
 
@@ -114,8 +116,13 @@ def locate_example(unit: Unit, local: int, lines: int | None) -> tuple[int | Non
 
 def read_receipts(work: str) -> dict[str, tuple[str, dict]]:
     """``{unit name: (attempt, receipt)}`` of every unit with a receipt (the first attempt when several)."""
+    return first_receipts(objects.join(work, "units"), "counts")
+
+
+def first_receipts(prefix: str, needs: str) -> dict[str, tuple[str, dict]]:
+    """``{name: (attempt, receipt)}`` of the receipts ``<prefix>/<name>/<attempt>.receipt.json`` that hold
+    ``needs``: the first attempt (in time) of each name. One listing of ``prefix``, one GET a receipt."""
     found: dict[str, tuple[str, dict]] = {}
-    prefix = objects.join(work, "units")
     for url in objects.listing(prefix):
         if not url.endswith(RECEIPT):
             continue
@@ -127,6 +134,6 @@ def read_receipts(work: str) -> dict[str, tuple[str, dict]]:
             receipt = json.loads(objects.get(url))
         except (ValueError, FileNotFoundError):   # half-written on a shared filesystem, or removed since
             continue
-        if isinstance(receipt, dict) and receipt.get("attempt") == attempt and "counts" in receipt:
+        if isinstance(receipt, dict) and receipt.get("attempt") == attempt and needs in receipt:
             found[name] = (attempt, receipt)
     return found

@@ -25,6 +25,15 @@ b'world'
 ['x.bin']
 >>> is_url("s3://bucket/key"), is_url("/data/train.jsonl")
 (True, False)
+
+Every call is counted by kind in this process (:func:`requests`): a task
+reports what it asked of the store as the difference of two snapshots
+(:func:`requests_since`).
+
+>>> before = requests()
+>>> _ = get(join(root, "a", "x.bin")); _ = get(join(root, "a", "x.bin"), 0, 5)
+>>> requests_since(before)
+{'get': 2}
 """
 
 from __future__ import annotations
@@ -33,13 +42,15 @@ import os
 import posixpath
 import random
 import re
+import threading
 import time
 import uuid
 
 from vecpack import _state
 
 __all__ = ["ObjectStoreError", "RETRIES", "attempt_id", "delete", "exists", "filesystem", "get", "get_file", "glob",
-           "is_url", "join", "listing", "put", "put_file", "retrying", "size", "stat"]
+           "is_url", "join", "listing", "put", "put_file", "requests", "requests_since", "retrying", "size", "stat",
+           "add_requests"]
 
 #: attempts of one call before a transient error is given up on
 RETRIES = 6
@@ -51,6 +62,35 @@ _TRANSIENT = ("SLOW_DOWN", "SlowDown", "THROTTL", "Throttl", "NETWORK_CONNECTION
               "RequestTimeout", "INTERNAL_FAILURE", "InternalError", "SERVICE_UNAVAILABLE", "ServiceUnavailable",
               "503", "500 ", "502", "504", "Connection reset", "connection reset", "timed out", "Timeout",
               "curlCode: 28", "curlCode: 52", "curlCode: 56", "curlCode: 7,", "TooManyRequests", "429")
+
+
+_COUNTS: dict[str, int] = {}
+_COUNTS_LOCK = threading.Lock()
+
+
+def _count(kind: str) -> None:
+    with _COUNTS_LOCK:
+        _COUNTS[kind] = _COUNTS.get(kind, 0) + 1
+
+
+def requests() -> dict[str, int]:
+    """Store calls made by this process so far, by kind: ``get`` (whole or ranged), ``put``, ``list``,
+    ``stat`` (``stat``/``exists``), ``delete``, and ``retry`` (a transient error retried)."""
+    with _COUNTS_LOCK:
+        return dict(_COUNTS)
+
+
+def requests_since(before: dict[str, int]) -> dict[str, int]:
+    """The calls made since the snapshot ``before`` (kinds with none left out)."""
+    now = requests()
+    return {k: v - before.get(k, 0) for k, v in sorted(now.items()) if v - before.get(k, 0)}
+
+
+def add_requests(total: dict[str, int], more: dict[str, int] | None) -> dict[str, int]:
+    """``total`` with the counts ``more`` added (in place; returned)."""
+    for k, v in (more or {}).items():
+        total[k] = total.get(k, 0) + int(v)
+    return total
 
 
 class ObjectStoreError(OSError):
@@ -138,6 +178,7 @@ def retrying(fn, what: str, *, attempts: int = RETRIES, sleep=time.sleep):
             raise FileNotFoundError(f"{what}: no such object") from None
         except Exception as e:  # noqa: BLE001 - sorted into transient (retried) and not (named)
             if _transient(e) and i + 1 < attempts:
+                _count("retry")
                 sleep(min(_BACKOFF_MAX, delay) * (0.5 + random.random()))
                 delay *= 2
                 continue
@@ -155,6 +196,7 @@ def _short(e: BaseException) -> str:
 def get(url: str, start: int | None = None, stop: int | None = None) -> bytes:
     """The object's bytes, or ``[start, stop)`` of them read straight from the store (a ranged GET)."""
     fs, key = filesystem(url)
+    _count("get")
 
     def read():
         with fs.open_input_file(key) as f:
@@ -171,6 +213,7 @@ def get(url: str, start: int | None = None, stop: int | None = None) -> bytes:
 def put(url: str, data) -> None:
     """Write the object whole (a new key: nothing else is ever overwritten in place)."""
     fs, key = filesystem(url)
+    _count("put")
     if not is_url(url):
         os.makedirs(os.path.dirname(key), exist_ok=True)
 
@@ -187,6 +230,7 @@ _PIECE = 64 << 20   # bytes a call moves when streaming a file to or from the st
 def put_file(url: str, path) -> None:
     """Upload the local file ``path`` as the object ``url``, streamed in 64 MiB pieces."""
     fs, key = filesystem(url)
+    _count("put")
     if not is_url(url):
         os.makedirs(os.path.dirname(key), exist_ok=True)
 
@@ -204,6 +248,7 @@ def put_file(url: str, path) -> None:
 def get_file(url: str, path) -> None:
     """Download the object ``url`` into the local file ``path`` (made anew), streamed in 64 MiB pieces."""
     fs, key = filesystem(url)
+    _count("get")
 
     def read():
         with fs.open_input_stream(key) as src, open(path, "wb") as f:
@@ -223,6 +268,7 @@ def stat(url: str):
     import pyarrow.fs as pafs
 
     fs, key = filesystem(url)
+    _count("stat")
     info = retrying(lambda: fs.get_file_info(key), url)
     if info.type == pafs.FileType.NotFound:
         raise FileNotFoundError(f"{url}: no such object")
@@ -240,12 +286,14 @@ def exists(url: str) -> bool:
     import pyarrow.fs as pafs
 
     fs, key = filesystem(url)
+    _count("stat")
     return retrying(lambda: fs.get_file_info(key), url).type != pafs.FileType.NotFound
 
 
 def delete(url: str) -> None:
     """Remove the object if it is there."""
     fs, key = filesystem(url)
+    _count("delete")
     try:
         retrying(lambda: fs.delete_file(key), url)
     except FileNotFoundError:
@@ -258,6 +306,7 @@ def listing(prefix: str) -> list[str]:
 
     fs, key = filesystem(prefix)
     sel = pafs.FileSelector(key.rstrip("/"), recursive=True, allow_not_found=True)
+    _count("list")
     try:
         infos = retrying(lambda: fs.get_file_info(sel), prefix)
     except FileNotFoundError:
