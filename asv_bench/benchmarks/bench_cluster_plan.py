@@ -12,6 +12,9 @@ arrays and their concatenation, 16 B) and the planner's scratch. At 10^9
 documents, on paper: about 34 GB kept, about 50 GB at the peak, plus scratch.
 ``time_scatter_entries`` hands out the scatter tasks' work (each unit's entries:
 shard, start, length), which holds 8 bytes more a planned entry while it runs.
+Checked once at 10^7 (a shared 2-core machine, not a quiet timing): plan 2.0 s,
+33.5 B a document kept, peak RSS 0.9 GB (0.23 GB of it the setup's lengths);
+117 shards cut in 0.35 s; the scatter's work of 100 units in 3.7 s, no higher peak.
 
 Run the largest size on a quiet machine with 16 GB free (about 4-5 GB peak at 10^8).
 """

@@ -120,9 +120,17 @@ def pack_shard(shard: int, work: dict, pieces: dict, output: str) -> dict:
     tokens = np.empty(total, np.int32)
     labels = np.empty(total, np.int32)
     units = work["unit"]
+    by_unit = np.argsort(units, kind="stable")   # each unit's entries, in pack order: its piece's order
+    keys = np.asarray(sorted(pieces), np.int64)
+    firsts = np.searchsorted(units[by_unit], keys).tolist()
+    ends = np.searchsorted(units[by_unit], keys, side="right").tolist()
+    mine_of = {int(u): by_unit[a:b] for u, a, b in zip(keys.tolist(), firsts, ends)}
+    if sum(b - a for a, b in zip(firsts, ends)) != len(units):
+        missing = sorted(set(np.unique(units).tolist()) - set(mine_of))
+        raise ValueError(f"shard {shard}: entries of units {missing[:5]} have no piece (the driver's bug)")
 
     def place(u: int) -> None:
-        mine = np.flatnonzero(units == u)      # the unit's entries, in pack order: the piece's order
+        mine = mine_of[u]
         at = ranges_index(entry_offsets[mine], lengths[mine])
         piece = np.frombuffer(objects.get(pieces[u]), np.int32)
         if len(piece) != 2 * len(at):
@@ -132,7 +140,7 @@ def pack_shard(shard: int, work: dict, pieces: dict, output: str) -> dict:
         labels[at] = piece[len(at):]
 
     with ThreadPoolExecutor(_GETS_IN_FLIGHT) as pool:
-        for _ in pool.map(place, sorted(int(u) for u in pieces)):
+        for _ in pool.map(place, sorted(pieces)):
             pass
     firsts = entry_offsets[:-1][lengths > 0]
     trained = int(np.count_nonzero(labels != IGNORE_INDEX) - np.count_nonzero(labels[firsts] != IGNORE_INDEX))
