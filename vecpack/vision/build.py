@@ -10,8 +10,9 @@
                                      PackedVision (+ collate_vision)
 
 The pixels entry is keyed by the images' contents (in order) and the
-processor's fingerprint: a changed image misses, a renamed file hits. The rows
-are encoded on every build (an image is read for its header and digest only).
+processor's fingerprint: a changed image misses, a renamed file hits. The
+encoded corpus is cached too (:mod:`vecpack.vision.stored`): a second build
+of the same rows and images encodes nothing.
 
 >>> import inspect
 >>> list(inspect.signature(build_vision).parameters)[:3]
@@ -67,7 +68,8 @@ def build_vision(data_files, processor, max_len: int, *, masking: str = "assista
         a :class:`~vecpack.vision.packed.PackedVision`; batch it with
         :func:`~vecpack.vision.collate.collate_vision`. ``.stats`` counts documents, packs, images, tokens,
         ``dropped`` / ``truncated``, ``padded_tokens`` (what padding every batch to its longest sample costs),
-        ``image_processor`` (the class used) and ``pixels_hit`` (whether the pixels came from the cache).
+        ``image_processor`` (the class used), ``corpus_hit`` / ``pixels_hit`` (whether the encoded rows / the
+        pixels came from the cache; None: not cached).
     """
     from vecpack.request.request import make_request
 
@@ -86,6 +88,7 @@ def run_vision(request):
     from vecpack.vision.packed import PackedVision
     from vecpack.vision.pixels import LazyPixels, MappedPixels
     from vecpack.vision.processor import load_processor
+    from vecpack.vision.stored import load_or_encode
     from vecpack.vision.workers import Workers
 
     t0 = time.perf_counter()
@@ -101,7 +104,7 @@ def run_vision(request):
     encoder = VisionEncoder(proc, masking=masking, column=column, on_error=on_error)
     hit = None
     with Workers(encoder, jobs) as workers:
-        corpus = encode_files(files, encoder, workers)
+        corpus, corpus_hit = load_or_encode(request, encoder, lambda: encode_files(files, encoder, workers))
         t1 = time.perf_counter()
         if pixels == "lazy":
             store = LazyPixels(corpus, encoder)
@@ -115,7 +118,8 @@ def run_vision(request):
     packed.stats.update(
         rows=len(corpus) + corpus.stats["rejected"], rejected=corpus.stats["rejected"],
         rejected_examples=corpus.stats["rejected_examples"],
-        image_processor=proc.image_processor_class, pixels_hit=hit, unique_images=len(corpus.grids),
+        image_processor=proc.image_processor_class, pixels_hit=hit, corpus_hit=corpus_hit,
+        unique_images=len(corpus.grids),
         padded_tokens=_padded(lengths, min(8, max(1, len(lengths)))), encode_seconds=t1 - t0,
         seconds=time.perf_counter() - t0, n_jobs=jobs, tasks=corpus.stats["tasks"])
     packed.encoder = encoder

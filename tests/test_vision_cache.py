@@ -1,0 +1,85 @@
+"""The encoded vision corpus in the cache: a second build renders nothing, and what must miss misses.
+
+Counted, not assumed: the processor is a :class:`VisionProcessor` whose
+``render`` (the chat template, run once per row and per assistant turn when
+encoding) counts its calls; ``n_jobs=1`` runs the rows in this process.
+"""
+
+from __future__ import annotations
+
+import shutil
+
+import numpy as np
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("PIL")
+
+from vision_data import make_image, make_processor_dir, make_rows, write_jsonl  # noqa: E402
+
+from vecpack.vision import build_vision  # noqa: E402
+from vecpack.vision.processor import VisionProcessor  # noqa: E402
+
+
+class CountingProcessor(VisionProcessor):
+    renders = 0
+
+    def render(self, messages, *, add_generation_prompt=False):
+        CountingProcessor.renders += 1
+        return super().render(messages, add_generation_prompt=add_generation_prompt)
+
+
+def _build(data, proc, cache):
+    before = CountingProcessor.renders
+    packed = build_vision(data, proc, 512, n_jobs=1, cache_dir=cache)
+    return packed, CountingProcessor.renders - before
+
+
+def _same(a, b):
+    assert len(a) == len(b)
+    for i in range(len(a)):
+        for k, v in a[i].items():
+            np.testing.assert_array_equal(v, b[i][k])
+
+
+def test_a_second_build_encodes_nothing_and_edits_miss(tmp_path):
+    root = tmp_path / "d"
+    rows = make_rows(root, 6, seed=21)
+    data = write_jsonl(root / "train.jsonl", rows)
+    proc = CountingProcessor(make_processor_dir(tmp_path / "p"))
+    cache = tmp_path / "cache"
+
+    first, n = _build(data, proc, cache)
+    assert n >= len(rows) and first.stats["corpus_hit"] is False
+    again, n = _build(data, proc, cache)
+    assert n == 0 and again.stats["corpus_hit"] is True and again.stats["pixels_hit"] is True
+    _same(first, again)
+
+    # a renamed data file hits; so does the whole folder moved (image paths are kept relative)
+    renamed = data.rename(root / "renamed.jsonl")
+    _, n = _build(renamed, proc, cache)
+    assert n == 0
+    moved = shutil.copytree(root, tmp_path / "moved")
+    elsewhere, n = _build(moved / "renamed.jsonl", proc, cache)
+    assert n == 0
+    _same(first, elsewhere)
+
+    # a one-byte edit of the data misses
+    text = renamed.read_text()
+    i = text.index('"text": "') + len('"text": "')
+    edited = tmp_path / "edited.jsonl"
+    edited.write_text(text[:i] + ("X" if text[i] != "X" else "Y") + text[i + 1:])
+    shutil.copytree(root / "img", tmp_path / "img")
+    _, n = _build(edited, proc, cache)
+    assert n > 0
+
+    # a changed image at the same path misses: new pixels, same size
+    name = next(r["images"][0] for r in rows if r["images"])
+    from PIL import Image
+
+    size = Image.open(root / name).size
+    make_image(root / name, size, seed=999)
+    changed, n = _build(renamed, proc, cache)
+    assert n > 0 and changed.stats["corpus_hit"] is False and changed.stats["pixels_hit"] is False
+    _, n = _build(renamed, proc, cache)
+    assert n == 0
