@@ -369,6 +369,25 @@ def test_encode_row_counted_counts_on_every_engine(templated):  # noqa: F811
     assert counted == sink.counts and counted["tool_calls"] > 0 and counted["reasoning_dropped"] > 0
 
 
+def test_stats_count_agentic_rows_on_hf_tokenizers_too(templated, tmp_path):  # noqa: F811
+    """``stats["agentic"]`` of ``vecpack.tokenize`` on the HF tokenizers engine (no chunk sink: the row loop
+    counts through ``encode_row_counted``) equal the fast engine's, in one process and in two."""
+    import vecpack
+    from tests.agentic_data import agentic_rows, write_jsonl
+    from vecpack.tokenizing.encoder import ChatEncoder
+
+    d = templated("qwen2.5", "qwen3")
+    rows = agentic_rows(40, seed=32)
+    path = write_jsonl(tmp_path / "tools.jsonl", rows)
+    fast = ChatEncoder.from_tokenizer(d, style="openai", backend="tiktoken", sample_rows=rows)
+    hf = ChatEncoder.from_tokenizer(d, style="openai", backend="tokenizers", sample_rows=rows)
+    want = vecpack.tokenize(path, encoder=fast, n_jobs=1, progress=False).stats["agentic"]
+    assert want["tool_calls"] > 0 and want["reasoning_dropped"] > 0
+    for n_jobs in (1, 2):
+        got = vecpack.tokenize(path, encoder=hf, n_jobs=n_jobs, progress=False, chunk_bytes=4096)
+        assert got.stats["backend"] == "tokenizers" and got.stats["agentic"] == want
+
+
 def test_mixture_hf_dataset_export_and_inspect_carry_tool_rows(templated, tmp_path, cache_dir, capsys):  # noqa: F811
     """A mixture of tool rows and plain rows (build and stream), hf_dataset, export and inspect."""
     import vecpack

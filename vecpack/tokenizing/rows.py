@@ -100,6 +100,11 @@ def encode_rows(encoder, payloads: Iterable[tuple[Any, Any]], *, on_error: str =
     sink = encoder.chunk_sink() if hasattr(encoder, "chunk_sink") else None
     add = sink.add if sink is not None else None
     encode_row = encoder.encode_row
+    # an encoder that counts a row's tool calls, results and reasoning (stats["agentic"]) without a sink
+    counted = getattr(encoder, "encode_row_counted", None) if sink is None else None
+    if counted is not None:
+        from vecpack.tokenizing.sink import add_counts
+    counts: dict = {}
     toks, labs, lengths, rows, rejected = [], [], [], [], []
     n = 0
     for n, (key, payload) in enumerate(payloads, 1):
@@ -112,7 +117,11 @@ def encode_rows(encoder, payloads: Iterable[tuple[Any, Any]], *, on_error: str =
                     add(rec)  # its length is known at sink.finish()
                     length = -1
                 else:
-                    t, lab = encode_row(rec)
+                    if counted is not None:
+                        t, lab, info = counted(rec)
+                        add_counts(counts, info)
+                    else:
+                        t, lab = encode_row(rec)
                     t = np.asarray(t, dtype=np.int32)
                     lab = np.asarray(lab, dtype=np.int32)
                     length = t.shape[0]
@@ -148,7 +157,6 @@ def encode_rows(encoder, payloads: Iterable[tuple[Any, Any]], *, on_error: str =
         tokens = np.concatenate(toks) if toks else np.zeros(0, np.int32)
         labels = np.concatenate(labs) if labs else np.zeros(0, np.int32)
         trainable = int(np.count_nonzero(labels != IGNORE_INDEX))
-        counts = {}
     if progress is not None:
         progress(n)
     return Rows(tokens, labels, np.asarray(lengths, np.int64), np.asarray(rows, np.int64), n,
