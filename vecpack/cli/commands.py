@@ -193,6 +193,11 @@ def cmd_pack(args) -> int:
             continue
         if not p.exists():
             raise FileNotFoundError(f"input {f}: no such file")
+    if args.processor is not None:
+        return _pack_vision(args)
+    if args.tokenizer is None:
+        raise UsageError(f"{PROG} pack: give --tokenizer DIR (chat data) or --processor DIR (documents with "
+                         f"images) (see '{PROG} pack --help')")
     tokenizer = _existing_dir(check_tokenizer_dir(args.tokenizer, "--tokenizer"), "--tokenizer").resolve()
     if args.address:
         if args.backend != "ray":
@@ -230,6 +235,57 @@ def cmd_pack(args) -> int:
     report = _pairs_report if _is_pairs(packed) else _pack_report
     print(compile_time_apart(report(packed, elapsed=elapsed, out=out, args=args), compiled))
     return 0
+
+
+def _pack_vision(args) -> int:
+    """``vecpack pack DATA --processor DIR``: the vision route of the request, and its report."""
+    from vecpack.request.request import make_request
+    from vecpack.store.pipeline import run_build
+
+    if args.tokenizer is not None:
+        raise UsageError(f"{PROG} pack: give --processor or --tokenizer, not both (the processor directory "
+                         "holds the tokenizer)")
+    if args.output:
+        raise UsageError(f"{PROG} pack: -o is not supported with --processor yet (a saved dataset holds no "
+                         "pixels); build in the training script with vecpack.build(..., processor=DIR): a "
+                         "second build reads the corpus and the pixels from the cache")
+    processor = _existing_dir(args.processor, "--processor").resolve()
+    masking, column = (v if v is None or isinstance(v, str) else v[0] for v in (args.masking, args.column))
+    t0 = time.perf_counter()
+    request = make_request(args.inputs, None, {
+        "max_len": args.max_len, "processor": str(processor), "pixels": args.pixels, "masking": masking,
+        "column": column, "strategy": args.strategy, "long": args.long,
+        "shuffle_seed": args.seed, "n_jobs": args.jobs, "on_error": args.on_error, "cache": not args.no_cache,
+        "cache_dir": args.cache_dir}, door=f"{PROG} pack")
+    packed = run_build(request)
+    print(_vision_report(packed, elapsed=time.perf_counter() - t0))
+    return 0
+
+
+def _vision_report(packed, *, elapsed: float) -> str:
+    """Rows, documents, images, packs, fill, the long policy, the tokens padding would cost, the cache."""
+    from vecpack.cli.report import plural
+
+    s = packed.stats
+    fed = len(packed) * packed.max_len
+    saved = s["padded_tokens"] - fed
+
+    def cached(hit):
+        return "not cached" if hit is None else "hit" if hit else "built"
+
+    lines = [f"{plural(s['num_entries'], 'document')} → {plural(len(packed), 'pack')} of "
+             f"{plural(packed.max_len, 'token')} in {elapsed:.2f} s (strategy {s['strategy']}, fill "
+             f"{s['fill']:.1%})",
+             f"  rows {s['rows']:,} read · {s['rejected']:,} rejected · {s['dropped']:,} dropped · "
+             f"{s['truncated']:,} truncated (at a text boundary)",
+             f"  images {s['images']:,} in the packs · {s['unique_images']:,} unique · image processor "
+             f"{s['image_processor']}",
+             f"  padded batches of 8 would feed {s['padded_tokens']:,} tokens; the packs feed {fed:,} "
+             f"({saved:,} {'saved' if saved >= 0 else 'more'})",
+             f"  cache         corpus {cached(s['corpus_hit'])} · pixels "
+             f"{'lazy (at batch time)' if s.get('pixels') == 'lazy' else cached(s['pixels_hit'])}"]
+    lines += [f"  rejected: {' '.join(str(e).split())}" for e in list(s.get("rejected_examples") or [])[:3]]
+    return "\n".join(lines)
 
 
 def _pairs_report(packed, *, elapsed: float, out: pathlib.Path | None, args) -> str:

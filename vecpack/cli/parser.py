@@ -145,9 +145,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("inputs", nargs="+", metavar="INPUT",
                    help="JSONL, JSON, Parquet or Arrow files, datasets.save_to_disk directories, plain or "
                         "compressed (gzip, bzip2, xz, zstd), or quoted globs (read in this order)")
-    p.add_argument("--tokenizer", required=True, metavar="DIR",
+    p.add_argument("--tokenizer", metavar="DIR",
                    help="a Hugging Face tokenizer directory (tokenizer.json + tokenizer_config.json "
-                        "with a chat_template)")
+                        "with a chat_template); or --processor")
+    p.add_argument("--processor", metavar="DIR",
+                   help="documents with images: a vision-language processor directory (preprocessor_config.json, "
+                        "the tokenizer files, the chat template) instead of --tokenizer (docs/vision.md)")
+    p.add_argument("--pixels", default="cache", type=_choice("pixels", options.PIXELS),
+                   metavar=_metavar(options.PIXELS),
+                   help="with --processor: preprocess every image once into the cache, or lazily at batch "
+                        "time (default: cache)")
     p.add_argument("--max-len", required=True, metavar="N", help="tokens per pack",
                    type=_checked(_integer("max_len"), options.check_max_len))
     p.add_argument("--style", default="sharegpt", type=_choice("style", options.STYLES), nargs="+",

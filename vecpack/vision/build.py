@@ -118,7 +118,7 @@ def run_vision(request):
     packed.stats.update(
         rows=len(corpus) + corpus.stats["rejected"], rejected=corpus.stats["rejected"],
         rejected_examples=corpus.stats["rejected_examples"],
-        image_processor=proc.image_processor_class, pixels_hit=hit, corpus_hit=corpus_hit,
+        image_processor=proc.image_processor_class, pixels=pixels, pixels_hit=hit, corpus_hit=corpus_hit,
         unique_images=len(corpus.grids),
         padded_tokens=_padded(lengths, min(8, max(1, len(lengths)))), encode_seconds=t1 - t0,
         seconds=time.perf_counter() - t0, n_jobs=jobs, tasks=corpus.stats["tasks"])
