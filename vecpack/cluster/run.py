@@ -4,7 +4,7 @@
 
     driver: plan_units ─► tokenize_unit on nodes ─► <work>/units/<name>/<attempt>/*  + receipt
             (ranged reads)   only lengths and counters come back
-            plan(lengths) ─► scatter_unit on nodes ─► <work>/scatter/<plan>/<name>/<attempt>/<shard>.i32 + receipt
+            plan(lengths) ─► scatter_unit on nodes ─► <work>/scatter/<plan>/pieces/<name>/<attempt>/<shard>.i32, receipt
                              (a unit's arrays read once; one piece per shard that needs the unit)
                           ─► pack_shard on nodes ─► <output>/shards/<s>/<attempt>/*.npy
                              (one GET per piece: at most units x shards, never one per document)

@@ -7,8 +7,8 @@ unit's ``tokens.i32`` and ``labels.i32`` whole (two GETs) and writes, for each
 shard holding entries of the unit, one object with those entries' tokens and
 then their labels, in the shard's order::
 
-    <work>/scatter/<plan key>/<unit name>/<attempt>/<shard:06d>.i32   int32: tokens [n], then labels [n]
-    <work>/scatter/<plan key>/<unit name>/<attempt>.receipt.json      written last: the shards and sizes
+    <work>/scatter/<plan key>/pieces/<unit name>/<attempt>/<shard:06d>.i32   int32: tokens [n], then labels [n]
+    <work>/scatter/<plan key>/receipts/<unit name>/<attempt>.receipt.json    written last: the shards and sizes
 
 A pack task then reads one object per (unit, shard) pair that exists, never
 one per document. The plan key digests everything the pieces depend on (the
@@ -16,7 +16,8 @@ tokenizing key, the units, ``max_len``, the strategy, ``long``, the seed,
 packs per shard), so a rerun with the same plan reuses the receipts it finds,
 and a changed plan never reads stale pieces. As with the units, every attempt
 writes under keys of its own and the driver (its manifest) names the attempt
-that counts.
+that counts. The receipts have a prefix of their own, so that a rerun lists one
+object a unit, not every piece.
 
 >>> import numpy as np, tempfile
 >>> from vecpack.cluster.tokenize import unit_arrays
@@ -59,12 +60,12 @@ def _scatter_root(work: str, key: str) -> str:
 
 def piece_url(work: str, key: str, unit_name: str, attempt: str, shard: int) -> str:
     """The piece of one unit's attempt for one shard."""
-    return objects.join(_scatter_root(work, key), unit_name, attempt, f"{shard:06d}.i32")
+    return objects.join(_scatter_root(work, key), "pieces", unit_name, attempt, f"{shard:06d}.i32")
 
 
 def read_scatter_receipts(work: str, key: str) -> dict[str, tuple[str, dict]]:
     """``{unit name: (attempt, receipt)}`` of every unit scattered under the plan ``key``."""
-    return first_receipts(_scatter_root(work, key), "shards")
+    return first_receipts(objects.join(_scatter_root(work, key), "receipts"), "shards")
 
 
 def unit_entries(planned):
@@ -129,6 +130,6 @@ def scatter_unit(index: int, unit_name: str, unit_attempt: str, work: str, key: 
     with ThreadPoolExecutor(_PUTS_IN_FLIGHT) as pool:
         written = list(pool.map(write, range(len(cuts) - 1)))
     receipt = {"unit": unit_name, "unit_attempt": unit_attempt, "attempt": attempt, "shards": written}
-    objects.put(objects.join(_scatter_root(work, key), unit_name, attempt + RECEIPT),
+    objects.put(objects.join(_scatter_root(work, key), "receipts", unit_name, attempt + RECEIPT),
                 json.dumps(receipt, sort_keys=True).encode())
     return {"index": index, "attempt": attempt, "shards": written, "requests": objects.requests_since(before)}
