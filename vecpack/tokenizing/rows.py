@@ -38,7 +38,7 @@ from vecpack.errors import InputError
 from vecpack.inputs.readers import reader
 from vecpack.inputs.records import BadRecord, to_record
 from vecpack.options import IGNORE_INDEX
-from vecpack.tokenizing.tasks import MAX_EXAMPLES, ChunkError, ChunkMeta, ChunkTask
+from vecpack.tokenizing.tasks import MAX_EXAMPLES, ChunkError, ChunkMeta, ChunkTask, add_counts
 
 __all__ = ["RowFailure", "Rows", "encode_rows", "tokenize_chunk"]
 
@@ -102,8 +102,6 @@ def encode_rows(encoder, payloads: Iterable[tuple[Any, Any]], *, on_error: str =
     encode_row = encoder.encode_row
     # an encoder that counts a row's tool calls, results and reasoning (stats["agentic"]) without a sink
     counted = getattr(encoder, "encode_row_counted", None) if sink is None else None
-    if counted is not None:
-        from vecpack.tokenizing.sink import add_counts
     counts: dict = {}
     toks, labs, lengths, rows, rejected = [], [], [], [], []
     n = 0

@@ -17,8 +17,9 @@ from vecpack.chat.conversation import TextCompletion, read_row
 from vecpack.errors import InputError
 from vecpack.tokenizing.labels import part_sizes
 from vecpack.tokenizing.lane import splice_heads
+from vecpack.tokenizing.tasks import add_counts
 
-__all__ = ["ChunkSink", "add_counts"]
+__all__ = ["ChunkSink"]
 
 _PREFIX_MAX_CHARS = 32_768      # longer prefixes are not cached
 
@@ -169,9 +170,3 @@ def _with_heads(ids: np.ndarray, lengths: np.ndarray, heads: list) -> tuple[np.n
     if none >= 0:  # rows without a prefix: index -1
         head_of[head_of == none] = -1
     return splice_heads(ids, lengths, head_of, table)
-
-
-def add_counts(counts: dict, info: dict | None) -> None:
-    """Add one row's agentic counts (``None``: none) into ``counts``."""
-    for k, v in (info or {}).items():
-        counts[k] = counts.get(k, 0) + v

@@ -24,7 +24,7 @@ from vecpack.errors import EncoderError, InputError
 from vecpack.inputs.readers import locate, reader, split_source
 from vecpack.inputs.sources import InputFile, resolve_sources
 
-__all__ = ["agentic_counts", "ChunkError", "ChunkMeta", "ChunkTask", "default_chunk_bytes", "located_error",
+__all__ = ["add_counts", "agentic_counts", "ChunkError", "ChunkMeta", "ChunkTask", "default_chunk_bytes", "located_error",
            "plan_chunks", "rejected_examples"]
 
 MAX_EXAMPLES = 5         # rejected-row examples kept per chunk (and reported in total)
@@ -186,6 +186,11 @@ def agentic_counts(metas) -> dict:
     """
     out: dict = {}
     for m in metas:
-        for k, v in m.counts.items():
-            out[k] = out.get(k, 0) + v
+        add_counts(out, m.counts)
     return out
+
+
+def add_counts(counts: dict, info: dict | None) -> None:
+    """Add one row's (or chunk's) agentic counts (``None``: none) into ``counts``."""
+    for k, v in (info or {}).items():
+        counts[k] = counts.get(k, 0) + v
