@@ -24,8 +24,8 @@ from vecpack.errors import EncoderError, InputError
 from vecpack.inputs.readers import locate, reader, split_source
 from vecpack.inputs.sources import InputFile, resolve_sources
 
-__all__ = ["add_counts", "agentic_counts", "ChunkError", "ChunkMeta", "ChunkTask", "default_chunk_bytes", "located_error",
-           "plan_chunks", "rejected_examples"]
+__all__ = ["add_counts", "agentic_counts", "ChunkError", "ChunkMeta", "ChunkTask", "default_chunk_bytes",
+           "located_error", "plan_chunks", "rejected_examples"]
 
 MAX_EXAMPLES = 5         # rejected-row examples kept per chunk (and reported in total)
 
