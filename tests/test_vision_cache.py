@@ -46,7 +46,8 @@ def test_a_second_build_encodes_nothing_and_edits_miss(tmp_path):
     root = tmp_path / "d"
     rows = make_rows(root, 6, seed=21)
     data = write_jsonl(root / "train.jsonl", rows)
-    proc = CountingProcessor(make_processor_dir(tmp_path / "p"))
+    proc_dir = make_processor_dir(tmp_path / "p")
+    proc = CountingProcessor(proc_dir)
     cache = tmp_path / "cache"
 
     first, n = _build(data, proc, cache)
@@ -54,6 +55,11 @@ def test_a_second_build_encodes_nothing_and_edits_miss(tmp_path):
     again, n = _build(data, proc, cache)
     assert n == 0 and again.stats["corpus_hit"] is True and again.stats["pixels_hit"] is True
     _same(first, again)
+    # from the directory, a full hit never loads the processor's parts (no transformers, no tokenizer)
+    lazy = build_vision(data, proc_dir, 512, n_jobs=1, cache_dir=cache)
+    assert "tokenizer" not in vars(lazy.encoder.processor)
+    assert lazy.stats["image_processor"] == "Qwen2VLImageProcessorPil"
+    _same(first, lazy)
 
     # a renamed data file hits; so does the whole folder moved (image paths are kept relative)
     renamed = data.rename(root / "renamed.jsonl")

@@ -100,11 +100,12 @@ def run_vision(request):
     strategy, long, shuffle_seed, pad_id, max_len = pk.strategy, pk.long, pk.shuffle_seed, pk.pad_id, pk.max_len
     files = [f.name for f in inp.files]
     jobs = n_workers(n_jobs)
-    proc = load_processor(processor)
+    proc = load_processor(processor, lazy=True)  # parts loaded only if something is not cached
     encoder = VisionEncoder(proc, masking=masking, column=column, on_error=on_error)
     hit = None
     with Workers(encoder, jobs) as workers:
-        corpus, corpus_hit = load_or_encode(request, encoder, lambda: encode_files(files, encoder, workers))
+        corpus, corpus_hit = load_or_encode(request, encoder,
+                                            lambda: encode_files(files, encoder.loaded(), workers))
         t1 = time.perf_counter()
         if pixels == "lazy":
             store = LazyPixels(corpus, encoder)
@@ -118,7 +119,7 @@ def run_vision(request):
     packed.stats.update(
         rows=len(corpus) + corpus.stats["rejected"], rejected=corpus.stats["rejected"],
         rejected_examples=corpus.stats["rejected_examples"],
-        image_processor=proc.image_processor_class, pixels=pixels, pixels_hit=hit, corpus_hit=corpus_hit,
+        image_processor=corpus.image_processor, pixels=pixels, pixels_hit=hit, corpus_hit=corpus_hit,
         unique_images=len(corpus.grids),
         padded_tokens=_padded(lengths, min(8, max(1, len(lengths)))), encode_seconds=t1 - t0,
         seconds=time.perf_counter() - t0, n_jobs=jobs, tasks=corpus.stats["tasks"])
@@ -145,6 +146,7 @@ def _pixels_entry(corpus, encoder, workers, cache_dir):
                                       "format": PIXELS_FORMAT})
 
     def build_fn(tmp):
+        encoder.loaded()  # before the workers fork: they inherit the parts
         np.save(tmp / "grids.npy", corpus.grids)
         return write_pixels(tmp, corpus, encoder, workers)
 

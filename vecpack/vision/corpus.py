@@ -52,6 +52,7 @@ class VisionCorpus:
     mrope: bool = True
     pixel_shape: tuple | None = None
     bidirectional: bool = False
+    image_processor: str | None = None
     stats: dict = field(default_factory=dict)
 
     def __len__(self) -> int:
@@ -196,5 +197,6 @@ def encode_files(files: list[str], encoder, workers=None) -> VisionCorpus:
         doc_file=_cat([np.full(len(p["lengths"]), p["file"], np.int32) for p in parts], np.int32),
         files=files, image_token_id=proc.image_token_id, merge=proc.merge, pad_id=int(proc.pad_id),
         mrope=proc.mrope, pixel_shape=proc.pixel_shape, bidirectional=proc.bidirectional,
+        image_processor=proc.image_processor_class,
         stats={"tasks": len(tasks), "rejected": sum(len(p["rejected"]) for p in parts),
                "rejected_examples": [r for p in parts for r in p["rejected"]][:10]})

@@ -56,6 +56,13 @@ class VisionEncoder:
         self.masking = masking
         self.column = column
 
+    def loaded(self) -> VisionEncoder:
+        """This encoder with its processor's parts loaded (before worker processes fork from this one)."""
+        load = getattr(self.processor, "load", None)
+        if load is not None:
+            load()
+        return self
+
     @property
     def fingerprint(self) -> str:
         return f"{self.processor.fingerprint}:{self.masking}:{self.column}:{ENCODER_VERSION}"

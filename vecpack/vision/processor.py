@@ -81,7 +81,7 @@ class VisionProcessor:
         fingerprint: a digest of every file of the directory and the template.
     """
 
-    def __init__(self, path: str | os.PathLike, *, chat_template: str | None = None):
+    def __init__(self, path: str | os.PathLike, *, chat_template: str | None = None, lazy: bool = False):
         self.path = pathlib.Path(path).resolve()
         if not (self.path / "preprocessor_config.json").exists():
             raise FileNotFoundError(f"{self.path}: no preprocessor_config.json (a processor directory holds it, "
@@ -92,7 +92,21 @@ class VisionProcessor:
                              "tokenizer_config.json's chat_template)")
         self.fingerprint = hashlib.blake2b((_digest(self.path) + self.chat_template).encode(),
                                            digest_size=16).hexdigest()
+        if not lazy:
+            self._load()
+
+    def load(self) -> VisionProcessor:
+        """Load the parts now (a lazy processor loads them on first use; a build loads them before forking)."""
+        if "tokenizer" not in self.__dict__:
+            self._load()
+        return self
+
+    def __getattr__(self, name: str):
+        # only for names not set yet: the parts of a lazy processor (or an unpickled one) load on first use
+        if name.startswith("__") or name in ("path", "chat_template", "fingerprint") or "tokenizer" in self.__dict__:
+            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
         self._load()
+        return getattr(self, name)
 
     def __getstate__(self):
         return {"path": str(self.path), "chat_template": self.chat_template, "fingerprint": self.fingerprint}
@@ -101,7 +115,6 @@ class VisionProcessor:
         self.path = pathlib.Path(state["path"])
         self.chat_template = state["chat_template"]
         self.fingerprint = state["fingerprint"]
-        self._load()
 
     def _load(self) -> None:
         key = (str(self.path), self.fingerprint)
@@ -236,8 +249,9 @@ def _gemma3_parts(path: pathlib.Path, ip, tok) -> dict:
             "expand": (boi, f"\n\n{boi}{image}{eoi}\n\n")}
 
 
-def load_processor(path, *, chat_template: str | None = None) -> VisionProcessor:
-    """A :class:`VisionProcessor` from a directory (one given is returned as it is)."""
+def load_processor(path, *, chat_template: str | None = None, lazy: bool = False) -> VisionProcessor:
+    """A :class:`VisionProcessor` from a directory (one given is returned as it is); ``lazy``: its parts are
+    loaded on first use (a build whose corpus and pixels are cached never loads them)."""
     if isinstance(path, VisionProcessor):
         return path
-    return VisionProcessor(path, chat_template=chat_template)
+    return VisionProcessor(path, chat_template=chat_template, lazy=lazy)

@@ -31,8 +31,8 @@ import numpy as np
 
 __all__ = ["VISION_CORPUS_FORMAT", "load_or_encode"]
 
-#: Bump when the stored corpus changes for the same rows and options.
-VISION_CORPUS_FORMAT = 1
+#: Bump when the stored corpus changes for the same rows and options (2: what the packs read of the processor).
+VISION_CORPUS_FORMAT = 2
 
 _ARRAYS = ("tokens", "labels", "offsets", "image_offsets", "image_index", "grids", "lines", "doc_file")
 
@@ -99,7 +99,13 @@ def load_or_encode(request, encoder, encode):
     def write(tmp):
         for name in _ARRAYS:
             np.save(tmp / f"{name}.npy", getattr(corpus, name))
-        return {"digests": corpus.digests, "sources": _portable(corpus.sources, files)}
+        proc = encoder.processor
+        return {"digests": corpus.digests, "sources": _portable(corpus.sources, files),
+                "processor": {"image_token_id": int(corpus.image_token_id), "merge": int(corpus.merge),
+                              "pad_id": int(corpus.pad_id), "mrope": bool(corpus.mrope),
+                              "pixel_shape": None if corpus.pixel_shape is None else list(corpus.pixel_shape),
+                              "bidirectional": bool(corpus.bidirectional),
+                              "image_processor": proc.image_processor_class}}
 
     key = make_key("vision_corpus", dict(base, images=digests))
     cache.get_or_build(key, write, kind="vision_corpus", meta={"documents": len(corpus)})
@@ -111,10 +117,10 @@ def load_or_encode(request, encoder, encode):
 def _from_entry(entry, files: list, encoder):
     from vecpack.vision.corpus import VisionCorpus
 
-    proc = encoder.processor
-    arrays = {name: entry.arrays[name] for name in _ARRAYS}
+    p = dict(entry.meta["processor"])  # what the packs read of the processor: its parts stay unloaded
+    shape = p.pop("pixel_shape")
     return VisionCorpus(
-        **arrays, digests=list(entry.meta["digests"]), sources=_resolved(entry.meta["sources"], files),
-        files=files, image_token_id=proc.image_token_id, merge=proc.merge, pad_id=int(proc.pad_id),
-        mrope=proc.mrope, pixel_shape=proc.pixel_shape, bidirectional=proc.bidirectional,
+        **{name: entry.arrays[name] for name in _ARRAYS}, digests=list(entry.meta["digests"]),
+        sources=_resolved(entry.meta["sources"], files), files=files,
+        pixel_shape=None if shape is None else tuple(shape), image_processor=p.pop("image_processor"), **p,
         stats={"tasks": 0, "rejected": 0, "rejected_examples": []})
