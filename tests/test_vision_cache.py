@@ -89,3 +89,22 @@ def test_a_second_build_encodes_nothing_and_edits_miss(tmp_path):
     assert n > 0 and changed.stats["corpus_hit"] is False and changed.stats["pixels_hit"] is False
     _, n = _build(renamed, proc, cache)
     assert n == 0
+
+
+def test_a_build_that_skipped_rows_is_not_stored_so_a_fixed_image_is_seen(tmp_path):
+    from PIL import Image
+
+    root = tmp_path / "d"
+    rows = make_rows(root, 4, seed=23)
+    k = next(i for i, r in enumerate(rows) if r["images"])
+    missing = root / rows[k]["images"][0]
+    size = Image.open(missing).size
+    missing.unlink()
+    data = write_jsonl(root / "train.jsonl", rows)
+    proc_dir = make_processor_dir(tmp_path / "p")
+    skipped = build_vision(data, proc_dir, 512, n_jobs=1, on_error="skip", cache_dir=tmp_path / "c")
+    assert skipped.stats["rejected"] == 1 and skipped.stats["corpus_hit"] is False
+    make_image(missing, size, seed=5)  # the image is back: the row must be in the next build
+    fixed = build_vision(data, proc_dir, 512, n_jobs=1, on_error="skip", cache_dir=tmp_path / "c")
+    assert fixed.stats["rejected"] == 0 and fixed.stats["corpus_hit"] is False
+    assert fixed.stats["num_entries"] == skipped.stats["num_entries"] + 1 == len(rows)
