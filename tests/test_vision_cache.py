@@ -17,6 +17,7 @@ pytest.importorskip("PIL")
 
 from vision_data import make_image, make_processor_dir, make_rows, write_jsonl  # noqa: E402
 
+import vecpack  # noqa: E402
 from vecpack.vision import build_vision  # noqa: E402
 from vecpack.vision.processor import VisionProcessor  # noqa: E402
 
@@ -108,3 +109,13 @@ def test_a_build_that_skipped_rows_is_not_stored_so_a_fixed_image_is_seen(tmp_pa
     fixed = build_vision(data, proc_dir, 512, n_jobs=1, on_error="skip", cache_dir=tmp_path / "c")
     assert fixed.stats["rejected"] == 0 and fixed.stats["corpus_hit"] is False
     assert fixed.stats["num_entries"] == skipped.stats["num_entries"] + 1 == len(rows)
+
+
+def test_cache_false_leaves_nothing_on_disk_and_gives_the_same_packs(tmp_path):
+    root = tmp_path / "d"
+    data = write_jsonl(root / "train.jsonl", make_rows(root, 4, seed=29))
+    proc_dir = make_processor_dir(tmp_path / "p")
+    cached = build_vision(data, proc_dir, 512, n_jobs=1, cache_dir=tmp_path / "c")
+    plain = vecpack.build(data, None, 512, processor=proc_dir, n_jobs=1, cache=False, cache_dir=tmp_path / "none")
+    assert plain.stats["corpus_hit"] is None and not (tmp_path / "none").exists()
+    _same(cached, plain)

@@ -109,6 +109,8 @@ def run_vision(request):
         t1 = time.perf_counter()
         if pixels == "lazy":
             store = LazyPixels(corpus, encoder)
+        elif not run.cache:  # cache=False: written once, mapped, the files unlinked (nothing left on disk)
+            store = _unlinked_pixels(corpus, encoder, workers)
         else:
             entry = _pixels_entry(corpus, encoder, workers, cache_dir)
             hit = not entry.built
@@ -135,6 +137,22 @@ def _padded(lengths: np.ndarray, batch: int) -> int:
     full = np.zeros(n, np.int64)
     full[:len(lengths)] = lengths
     return int(full.reshape(-1, batch).max(axis=1).sum() * batch)
+
+
+def _unlinked_pixels(corpus, encoder, workers):
+    import shutil
+    import tempfile
+
+    from vecpack.vision.pixels import MappedPixels, write_pixels
+
+    tmp = tempfile.mkdtemp(prefix="vecpack-pixels-")
+    try:
+        encoder.loaded()
+        write_pixels(tmp, corpus, encoder, workers)
+        return MappedPixels(np.load(os.path.join(tmp, "pixels.npy"), mmap_mode="r"),
+                            np.load(os.path.join(tmp, "pixel_offsets.npy")))
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)  # a mapping outlives its unlinked file
 
 
 def _pixels_entry(corpus, encoder, workers, cache_dir):
