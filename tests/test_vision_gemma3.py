@@ -97,6 +97,8 @@ def test_gemma3_packs_exactly_with_image_blocks_and_a_causal_mask_leaks(tmp_path
     n_imgs = [len(rows[d]["images"]) for d, _ in docs]
     assert len(docs) >= 4 and min(n_imgs) == 0 and max(n_imgs) >= 2
     assert max(n for _, n in docs) > 24  # the sliding window matters
+    with pytest.raises(ValueError, match="needs sliding_window="):
+        collate_vision([packed[i] for i in picks])
     batch = collate_vision([packed[i] for i in picks], sliding_window=24, block_size=16)
     assert set(batch["attention_mask"]) == {"full_attention", "sliding_attention"}
     model.set_attn_implementation({"text_config": "vecpack_flex_eager", "vision_config": "eager"})

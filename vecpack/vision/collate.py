@@ -24,7 +24,10 @@ import numpy as np
 __all__ = ["collate_vision"]
 
 
-def collate_vision(packs: list[dict], *, sliding_window: int | None = None, block_size: int = 128) -> dict:
+_ASK = "ask"  # sliding_window not given: needed, and asked for, only by packs with bidirectional image blocks
+
+
+def collate_vision(packs: list[dict], *, sliding_window: int | None | str = _ASK, block_size: int = 128) -> dict:
     """Packs (``PackedVision`` items) -> ``input_ids``/``labels`` ``[1, T]``, ``position_ids`` ``[4, 1, T]``
     (mRoPE) or ``[1, T]`` (1-D RoPE), ``pixel_values`` and ``image_grid_thw`` (left out when the batch has no
     image) and ``use_cache=False``.
@@ -33,7 +36,8 @@ def collate_vision(packs: list[dict], *, sliding_window: int | None = None, bloc
     ``attention_mask``: ``{"full_attention": BlockMask, "sliding_attention": BlockMask}`` (flex attention,
     ``attn_implementation="flex_attention"``): causal within each document, both ways inside each image
     block, never across documents; the sliding one also keeps a key less than ``sliding_window`` tokens
-    before its query (pass the model's ``config.text_config.sliding_window``; ``None`` = no window).
+    before its query: pass the model's ``config.text_config.sliding_window`` (``None``: a model without
+    sliding-window layers); such packs without it are a ``ValueError``, since a wrong window leaks silently.
     ``block_size`` is the BlockMask's.
     """
     import torch
@@ -54,6 +58,10 @@ def collate_vision(packs: list[dict], *, sliding_window: int | None = None, bloc
         if "image_grid_thw" in packs[0]:
             batch["image_grid_thw"] = torch.from_numpy(np.concatenate([p["image_grid_thw"] for p in packs]))
     if "token_type_ids" in packs[0]:
+        if sliding_window == _ASK:
+            raise ValueError("these packs attend bidirectionally inside each image (Gemma 3): collate_vision needs "
+                             "sliding_window=model.config.text_config.sliding_window (None for a model without "
+                             "sliding-window layers), e.g. functools.partial(collate_vision, sliding_window=...)")
         batch["attention_mask"] = _image_masks(packs, sliding_window, block_size)
     return batch
 
