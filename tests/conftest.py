@@ -8,14 +8,6 @@ import pytest
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 
-def pytest_configure(config):
-    """``pytest -n 2`` keeps the tests of one ``xdist_group`` on one worker (``--dist loadgroup``, the rest
-    spread as ``load`` does): the Ray cluster tests share one simulated cluster, which two workers would
-    each start, side by side on the machine's two cores."""
-    if getattr(config.option, "dist", "no") == "load":
-        config.option.dist = "loadgroup"
-
-
 @pytest.fixture(scope="session")
 def qwen_dir() -> pathlib.Path:
     """The Qwen2.5 tokenizer (HF + torchtune files), built once per machine."""

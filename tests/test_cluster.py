@@ -25,9 +25,8 @@ from vecpack.cluster import PackStream, build_on_cluster, open_packed  # noqa: E
 from vecpack.cluster import run as cluster_run  # noqa: E402
 from vecpack.cluster import shards as cluster_shards  # noqa: E402
 from vecpack.store import objects  # noqa: E402
-from vecpack.tokenizing.encoder import ChatEncoder  # noqa: E402
 
-pytestmark = [pytest.mark.ray, pytest.mark.slow, pytest.mark.xdist_group("ray-cluster")]
+pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
 BUCKET = "cluster-test"
 UNIT = 24 << 10          # bytes per unit: about a dozen units for 300 rows
@@ -289,23 +288,6 @@ def _lose_a_node_during(nodes, call, trace, ready=lambda: True, what: str = "wor
     return result["r"]
 
 
-def test_a_lost_node_changes_nothing(nodes, data, qwen_dir, tmp_path):
-    trace = tmp_path / "trace"   # the test's own instrument: which node encodes rows, and how many
-    trace.mkdir()
-    enc = SlowEncoder(ChatEncoder.from_tokenizer(qwen_dir), 0.01, trace=str(trace))
-    out = f"s3://{BUCKET}/runs/lost-node"
-    r = _lose_a_node_during(
-        nodes, lambda: build_on_cluster(data["glob"], None, MAX_LEN, output=out, encoder=enc, unit_bytes=UNIT),
-        trace, lambda: len(_receipts(out)) >= 2, "a unit")
-    assert r.units_tokenized == r.units
-    encoded = sum(p.stat().st_size for p in trace.iterdir())
-    assert encoded > 300, "no unit was redone: the node was not lost mid-unit, the test proves nothing"
-    names = [u["name"] for u in r.manifest["units"]]
-    assert len(names) == len(set(names)) == r.units      # no unit twice in the manifest
-    _same_packs(data["local"], vecpack.load(out))
-    _same_objects(r.manifest, out, data)
-
-
 def _same_objects(manifest: dict, out: str, data) -> None:
     """Every shard object is byte-identical to the plain run's (other attempts, same bytes)."""
     plain = f"s3://{BUCKET}/runs/plain"
@@ -319,28 +301,11 @@ def _same_objects(manifest: dict, out: str, data) -> None:
             assert objects.get(f"{out}/{a['path']}/{name}.npy") == objects.get(f"{plain}/{b['path']}/{name}.npy")
 
 
-def test_a_killed_driver_reruns_only_the_unfinished_units(nodes, data, qwen_dir, tmp_path):
-    out = f"s3://{BUCKET}/runs/killed-driver"
-    before = _killed_driver(nodes, out, (
-        "from vecpack.tokenizing.encoder import ChatEncoder\n"
-        "from vecpack.cluster import build_on_cluster\n"
-        "enc = s3_helpers.SlowEncoder(ChatEncoder.from_tokenizer(%r), 0.02)\n"
-        "build_on_cluster(%r, None, %d, output=%r, encoder=enc, unit_bytes=%d)\n"
-    ) % (str(qwen_dir), data["glob"], MAX_LEN, out, UNIT), "units")
-    enc = SlowEncoder(ChatEncoder.from_tokenizer(qwen_dir), 0.0)   # the same fingerprint: the same units
-    r = build_on_cluster(data["glob"], None, MAX_LEN, output=out, encoder=enc, unit_bytes=UNIT)
-    assert r.units_reused >= len(before) >= 2
-    assert r.units_tokenized == r.units - r.units_reused < r.units
-    per_unit = _per_unit(_receipts(out))
-    assert all(per_unit[name] == 1 for name in before)    # a finished unit was never tokenized again
-    assert {u["name"] for u in r.manifest["units"]} == set(per_unit)
-    _same_packs(data["local"], vecpack.load(out))
-    _same_objects(r.manifest, out, data)
-
-
 def test_the_scatter_survives_a_killed_driver_then_a_lost_node(nodes, data, qwen_dir, tmp_path, monkeypatch):
-    """A driver killed during the scatter, then rerun while a node is lost mid-scatter: the units cut by
-    the killed driver are not cut again, the lost node's unit is cut elsewhere, the packs are unchanged."""
+    """Issue 37's faults in one run (the suite's time budget): the units tokenized by a first call are not
+    tokenized again (counted), a driver killed during the scatter, then rerun while a worker node is lost
+    mid-scatter and a fresh one added: the units cut by the killed driver are not cut again, the lost node's
+    unit is cut elsewhere, no unit twice in the manifest, the packs and shard objects unchanged."""
     out = f"s3://{BUCKET}/runs/scatter-faults"
     first = build_on_cluster(data["glob"], qwen_dir, MAX_LEN, output=out, unit_bytes=UNIT, pack=False)
     assert first.units_tokenized == first.units
