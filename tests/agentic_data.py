@@ -310,3 +310,16 @@ def mistral_rows(n: int, seed: int = 0) -> list[dict]:
             if m["role"] == "tool":
                 m["tool_call_id"] = next(calls)
     return rows
+
+
+def pack_documents(packs) -> list:
+    """Every document's ids (lists) in packs that carry ``input_ids`` and ``seq_lens``, in pack order."""
+    import numpy as np
+
+    out = []
+    for pack in packs:
+        ids, at = np.asarray(pack["input_ids"]), 0
+        for n in np.asarray(pack["seq_lens"]).tolist():
+            out.append(ids[at:at + n].tolist())
+            at += n
+    return out

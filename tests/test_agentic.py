@@ -10,6 +10,7 @@ import pytest
 from tests.agentic_data import (
     agentic_rows,
     hf_tools,
+    pack_documents,
     same_structure_rows,
     tool_schemas,
     trl_templates,
@@ -340,12 +341,7 @@ def test_streaming_reads_tool_rows(templated, tmp_path):
     enc = ChatEncoder.from_tokenizer(d, style="openai")
     want = [enc.encode_row(r)[0] for r in rows]
     ds = StreamingPackedDataset(path, d, style="openai", max_len=8192, strategy="greedy", n_jobs=1)
-    docs = []
-    for pack in ds:
-        ids, at = np.asarray(pack["input_ids"]), 0
-        for n in np.asarray(pack["seq_lens"]).tolist():
-            docs.append(ids[at:at + n].tolist())
-            at += n
+    docs = pack_documents(ds)
     assert sorted(docs) == sorted(w.tolist() for w in want)  # every document, whole, once
 
 

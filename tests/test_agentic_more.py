@@ -8,7 +8,7 @@ import re
 import numpy as np
 import pytest
 
-from tests.agentic_data import heterogeneous_rows, write_jsonl
+from tests.agentic_data import heterogeneous_rows, pack_documents, write_jsonl
 from tests.test_agentic import templated  # noqa: F401  (the fixture)
 
 pytest.importorskip("transformers")
@@ -332,16 +332,6 @@ def test_reasoning_kept_out_of_the_loss(templated, name):  # noqa: F811
 # ----------------------------------------------------------------------------- front doors
 
 
-def _documents(packs) -> list:
-    out = []
-    for pack in packs:
-        ids, at = np.asarray(pack["input_ids"]), 0
-        for n in np.asarray(pack["seq_lens"]).tolist():
-            out.append(ids[at:at + n].tolist())
-            at += n
-    return out
-
-
 def test_encode_row_counted_counts_on_every_engine(templated):  # noqa: F811
     """``encode_row_counted`` (what the row loop needs for ``stats["agentic"]`` on HF tokenizers, where there
     is no chunk sink): the same arrays as ``encode_row`` and, summed, the fast chunk sink's counts."""
@@ -404,22 +394,22 @@ def test_mixture_hf_dataset_export_and_inspect_carry_tool_rows(templated, tmp_pa
     want = sorted(enc.encode_row(r)[0].tolist() for r in tools + plain)
     sources = [vecpack.Source(p1, style="openai"), vecpack.Source(p2, style="openai")]
     packed = vecpack.build(sources, d, max_len=4096, n_jobs=1, progress=False, mix_repeat=False)
-    docs = _documents(packed[i] for i in range(len(packed)))
+    docs = pack_documents(packed[i] for i in range(len(packed)))
     assert set(map(tuple, docs)) <= set(map(tuple, want)) and any(len(x) > 60 for x in docs)
     stream = vecpack.StreamingPackedDataset(sources, d, max_len=4096, n_jobs=1, seed=None)
-    streamed = _documents(pack for _, pack in zip(range(50), stream))
+    streamed = pack_documents(pack for _, pack in zip(range(50), stream))
     assert set(map(tuple, streamed)) <= set(map(tuple, want)) and any(len(x) > 60 for x in streamed)
 
     single = vecpack.build(p1, d, style="openai", max_len=4096, n_jobs=1, progress=False)
     ds = vecpack.hf_dataset(single)
     tool_docs = sorted(enc.encode_row(r)[0].tolist() for r in tools)
-    assert sorted(_documents({"input_ids": np.asarray(ds[i]["input_ids"]).reshape(-1),
+    assert sorted(pack_documents({"input_ids": np.asarray(ds[i]["input_ids"]).reshape(-1),
                               "seq_lens": np.asarray(ds[i]["seq_lengths"]).reshape(-1)} for i in range(len(ds)))) \
         == tool_docs
     saved = vecpack.save(single, tmp_path / "packed")
     assert main(["export", str(saved), "--format", "jsonl", "-o", str(tmp_path / "out.jsonl")]) == 0
     exported = [json.loads(line) for line in (tmp_path / "out.jsonl").read_text().splitlines()]
-    assert sorted(_documents({"input_ids": r["input_ids"], "seq_lens": r["seq_lengths"]} for r in exported)) == \
+    assert sorted(pack_documents({"input_ids": r["input_ids"], "seq_lens": r["seq_lengths"]} for r in exported)) == \
         tool_docs
     capsys.readouterr()
     assert main(["inspect", str(saved), "--pack", "0", "--tokenizer", str(d), "--color", "never"]) == 0
