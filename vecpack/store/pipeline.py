@@ -84,8 +84,9 @@ def run_build(request, t0: float | None = None):
     planner = planner_for(request)
     plan, entry = _plan_stage(planner, corpora, store, request.run.verify)
     packed = planner.packed(corpora, plan, validate=entry is None)
-    _check_useful(request, planner.useful(plan), corpora)
-    packed.build_info = _build_info(request, corpora, entry, store, time.perf_counter() - t0)
+    tstats = _tokenize_stats(request, corpora)  # (once: a mixture merges its sources' stats)
+    _check_useful(request, planner.useful(plan), tstats)
+    packed.build_info = _build_info(request, corpora, entry, store, tstats, time.perf_counter() - t0)
     if store is not None:
         _log(request, packed, plan, corpora, entry, store)
     return packed
@@ -236,16 +237,15 @@ def _on_cluster(request):
     from vecpack.cluster.run import run_on_cluster
 
     done = run_on_cluster(request)
-    _check_useful(request, done.stats, tstats=done.tokenize_stats)
+    _check_useful(request, done.stats, done.tokenize_stats)
     return open_packed(request.run.output)
 
 
-def _check_useful(request, stats: dict, corpora=(), tstats: dict | None = None) -> None:
+def _check_useful(request, stats: dict, tstats: dict) -> None:
     """Raise :class:`UselessOutputError` when the packs would train on nothing or on little of the input."""
     if request.run.allow_useless:
         return
     masking = "assistant" if request.pairs else "/".join(sorted({i.chat.masking for i in request.inputs}))
-    tstats = _tokenize_stats(request, corpora) if tstats is None else tstats
     reason = useless_reason(stats, rows=tstats.get("rows"), rejected=int(tstats.get("rejected") or 0),
                             masking=masking)
     if reason:
@@ -266,7 +266,7 @@ def _described(request, corpora) -> dict:
             "tokenizer": describe([], tok.tokenizer, tok.encoder)["tokenizer"]}
 
 
-def _build_info(request, corpora, entry, store, seconds: float) -> BuildInfo:
+def _build_info(request, corpora, entry, store, tstats: dict, seconds: float) -> BuildInfo:
     one = corpora[0] if not request.mixture else None
     row_ids = one.arrays.get("row_ids") if one is not None else _mixed.row_ids(corpora)
     return BuildInfo(
@@ -274,7 +274,7 @@ def _build_info(request, corpora, entry, store, seconds: float) -> BuildInfo:
         corpus_key=None if one is None else one.key, plan_key=None if entry is None else entry.key,
         corpus_path=None if one is None else one.path, plan_path=None if entry is None else entry.path,
         corpus_hit=all(c.hit for c in corpora), plan_hit=entry is not None and not entry.built,
-        tokenize_stats=_tokenize_stats(request, corpora), row_ids=row_ids, seconds=seconds,
+        tokenize_stats=tstats, row_ids=row_ids, seconds=seconds,
         described=_described(request, corpora),
         sources=() if one is not None else _mixed.source_infos(request.inputs, corpora))
 
