@@ -201,6 +201,9 @@ def test_store_in_store_out_equals_the_local_build(nodes, data, qwen_dir, tmp_pa
     loaded = vecpack.load(out)   # shards fetched into the local cache, memory-mapped
     _same_packs(data["local"], loaded)
     assert loaded.stats == data["local"].stats
+    want, got = vecpack.hf_dataset(data["local"])[:], vecpack.hf_dataset(loaded)[:]   # TRL SFTTrainer's rows
+    assert {k: [x.tobytes() for x in v] for k, v in want.items()} == {k: [x.tobytes() for x in v]
+                                                                        for k, v in got.items()}
     assert r.tokenize_stats["rows"] == 300
     names = [u["name"] for u in r.manifest["units"]]
     assert len(names) == len(set(names)) == r.units

@@ -110,3 +110,35 @@ def test_the_pack_stage_gets_one_object_per_unit_and_shard(tmp_path):
     (small, e_small), (big, e_big) = seen[600], seen[6000]
     assert e_big > 8 * e_small and max(small, big) <= num_units * num_shards
     assert big < e_big / 50    # far fewer GETs than entries
+
+
+def test_a_cluster_build_trains_like_the_local_packs(tmp_path):
+    """Issue 37: ``vecpack.load("s3://...")`` (a ShardedPacked) goes through ``vecpack.hf_dataset`` (TRL's
+    SFTTrainer's path) and ``export`` as the local ``Packed`` does: the same rows, the same exported bytes,
+    and it pickles for a DataLoader worker."""
+    import pickle
+
+    pytest.importorskip("datasets")
+    from vecpack.integrations.export import export
+
+    lengths, offsets, tokens, labels = _corpus(200, 3)
+    expected = vecpack.pack(tokens, offsets, 512, labels=labels, long="split")
+    work = str(tmp_path / "work")
+    names, attempts, unit_lengths = _store_units(work, [0, 70, 200], lengths, offsets, tokens, labels)
+    planned = plan_shards(unit_lengths, 512, long="split")
+    planned.per_shard = 6
+    shards, _, _ = _scatter_and_pack(planned, work, names, attempts, str(tmp_path / "out"))
+    got = ShardedPacked(str(tmp_path / "out"), {"max_len": 512, "pad_id": 0, "ignore_index": -100,
+                                                "num_packs": len(expected), "shards": shards, "stats": {}},
+                        cache_dir=tmp_path / "cache")
+    want, rows = vecpack.hf_dataset(expected), vecpack.hf_dataset(pickle.loads(pickle.dumps(got)))
+    assert len(rows) == len(want) == len(expected) > 2 * planned.per_shard
+    a, b = want[:], rows[:]   # every row, in one transform call each
+    assert sorted(a) == sorted(b) == ["input_ids", "labels", "position_ids", "seq_lengths"]
+    for k in a:
+        assert [x.tobytes() for x in a[k]] == [x.tobytes() for x in b[k]], k
+    for fmt in ("parquet", "jsonl"):
+        mine = export(got, tmp_path / f"got.{fmt}", fmt, block=7)   # blocks across shard boundaries
+        assert mine.read_bytes() == export(expected, tmp_path / f"want.{fmt}", fmt, block=7).read_bytes()
+    with pytest.raises(TypeError, match="packed must be a vecpack.Packed"):
+        vecpack.hf_dataset([expected[0]])

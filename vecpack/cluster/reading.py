@@ -21,6 +21,14 @@ shards that hold them. ``packed[i]`` equals the single-machine
 >>> p = open_packed(run, cache_dir=tempfile.mkdtemp())
 >>> len(p), p[1]["input_ids"].tolist(), p[1]["document_ids"].tolist(), p[1]["seq_lens"].tolist()
 (2, [4, 5, 0, 0], [0, 0, -1, -1], [2])
+
+It trains as a :class:`~vecpack.Packed` does: ``vecpack.hf_dataset(p)`` (TRL's
+``SFTTrainer``), ``vecpack.export(p, ...)``, ``collate_flash([p[0], p[1]])``; it
+pickles without its open shards (a DataLoader worker maps them again).
+
+>>> import pickle
+>>> pickle.loads(pickle.dumps(p))[1]["labels"].tolist()
+[-100, 5, -100, -100]
 """
 
 from __future__ import annotations
@@ -76,6 +84,14 @@ class ShardedPacked:
         self.local_dir = os.path.join(os.fspath(cache_dir) if cache_dir else str(cache_root()), "remote", digest)
         self._open: dict[int, dict] = {}
         self._lock = threading.Lock()
+
+    def __getstate__(self):
+        # a DataLoader worker (hf_dataset, PackStream) gets the manifest, not the open maps or the lock
+        return {k: v for k, v in self.__dict__.items() if k not in ("_open", "_lock")}
+
+    def __setstate__(self, state):
+        self.__dict__.update(state)
+        self._open, self._lock = {}, threading.Lock()
 
     def __len__(self) -> int:
         return int(self._first[-1])

@@ -92,7 +92,9 @@ def hf_dataset(packed):
     must be off because the only stored column is the pack index.
 
     Args:
-        packed: a :class:`vecpack.Packed` (``vecpack.build``, ``vecpack.pack``, ``vecpack.load``).
+        packed: a :class:`vecpack.Packed` (``vecpack.build``, ``vecpack.pack``, ``vecpack.load``), or a
+            cluster build read back (``vecpack.load("s3://...")``: a
+            :class:`~vecpack.cluster.reading.ShardedPacked`, its shards fetched as the rows are read).
 
     Returns:
         A ``datasets.Dataset`` of ``len(packed)`` rows; each column holds int64 arrays.
@@ -101,8 +103,9 @@ def hf_dataset(packed):
         import datasets
     except ImportError as e:
         raise ImportError('hf_dataset needs datasets: pip install "vecpack[hf]"') from e
-    if not hasattr(packed, "seq_lens_offsets") or not hasattr(packed, "__getitem__"):
-        raise TypeError(f"packed must be a vecpack.Packed, got {type(packed).__name__}")
+    if not all(hasattr(packed, a) for a in ("__getitem__", "__len__", "rows", "max_len")):
+        raise TypeError("packed must be a vecpack.Packed (vecpack.build, vecpack.load: a cluster build's "
+                        f"ShardedPacked too), got {type(packed).__name__}")
     index = datasets.Dataset.from_dict({"pack": np.arange(len(packed), dtype=np.int64)})
     return index.with_transform(PackRows(packed))
 
