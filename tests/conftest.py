@@ -27,6 +27,17 @@ def llama3_dir() -> pathlib.Path:
 
 
 @pytest.fixture(scope="session")
+def templated(tmp_path_factory, qwen_dir, llama3_dir):
+    """``templated(base, name)``: a fixture tokenizer with TRL's chat template ``name`` (one directory per
+    session, so that every module's calls share the process's encoder for it)."""
+    from tests.agentic_data import with_template
+
+    root = tmp_path_factory.mktemp("templates")
+    bases = {"qwen2.5": qwen_dir, "llama3": llama3_dir}
+    return lambda base, name: with_template(bases[base], name, root / f"{base}-{name}")
+
+
+@pytest.fixture(scope="session")
 def sharegpt_file(tmp_path_factory) -> pathlib.Path:
     """500 generated ShareGPT rows."""
     from vecpack.testing import make_sharegpt

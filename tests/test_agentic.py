@@ -14,7 +14,6 @@ from tests.agentic_data import (
     same_structure_rows,
     tool_schemas,
     trl_templates,
-    with_template,
     write_jsonl,
     xlam_rows,
 )
@@ -26,14 +25,6 @@ pytest.importorskip("transformers")
 pytest.importorskip("trl")
 
 ENGINES = ("fastokens", "tiktoken", "tokenizers")
-
-
-@pytest.fixture(scope="session")
-def templated(tmp_path_factory, qwen_dir, llama3_dir):
-    """``templated(base, name)``: a fixture tokenizer with TRL's chat template ``name``."""
-    root = tmp_path_factory.mktemp("templates")
-    bases = {"qwen2.5": qwen_dir, "llama3": llama3_dir}
-    return lambda base, name: with_template(bases[base], name, root / f"{base}-{name}")
 
 
 _HF = {}

@@ -9,7 +9,6 @@ import numpy as np
 import pytest
 
 from tests.agentic_data import heterogeneous_rows, pack_documents, write_jsonl
-from tests.test_agentic import templated  # noqa: F401  (the fixture)
 
 pytest.importorskip("transformers")
 pytest.importorskip("trl")
@@ -59,7 +58,7 @@ def _save_inputs(rows, tmp_path, *, as_text: bool):
 
 
 @pytest.mark.parametrize("as_text", [False, True], ids=["structs", "json-text"])
-def test_parquet_arrow_and_datasets_with_heterogeneous_tools_equal_jsonl(templated, tmp_path, as_text):  # noqa: F811
+def test_parquet_arrow_and_datasets_with_heterogeneous_tools_equal_jsonl(templated, tmp_path, as_text):
     import vecpack
 
     d = templated("qwen2.5", "qwen3")
@@ -71,7 +70,7 @@ def test_parquet_arrow_and_datasets_with_heterogeneous_tools_equal_jsonl(templat
         assert got == want, kind
 
 
-def test_datasets_json_type_equals_jsonl(templated, tmp_path):  # noqa: F811
+def test_datasets_json_type_equals_jsonl(templated, tmp_path):
     """datasets' ``Json`` feature (``on_mixed_types="use_json"``: arguments whose types differ between rows),
     in a Dataset, its save_to_disk directory and Parquet: the rows as datasets decodes them."""
     import datasets
@@ -91,7 +90,7 @@ def test_datasets_json_type_equals_jsonl(templated, tmp_path):  # noqa: F811
         assert _arrays(vecpack.tokenize(data, d, style="openai", n_jobs=1, progress=False)) == want, data
 
 
-def test_parquet_struct_rows_stream_and_fetch_restored(templated, tmp_path):  # noqa: F811
+def test_parquet_struct_rows_stream_and_fetch_restored(templated, tmp_path):
     """Streaming reads Parquet rows through scan / fetch / read_unit: the same documents as the JSONL stream."""
     from vecpack import StreamingPackedDataset
 
@@ -294,7 +293,7 @@ def _reasoning_holes(text: str, messages) -> list:
 
 
 @pytest.mark.parametrize("name", ["qwen3", "qwen3_training"])
-def test_reasoning_kept_out_of_the_loss(templated, name):  # noqa: F811
+def test_reasoning_kept_out_of_the_loss(templated, name):
     """``train_reasoning=False``: the tokens wholly inside a rendered reasoning text are untrained, every
     other label as with the default, on a probe-masked (Qwen3) and a generation-tagged template, both on
     Jinja and on the compiled structures (each row twice)."""
@@ -332,7 +331,7 @@ def test_reasoning_kept_out_of_the_loss(templated, name):  # noqa: F811
 # ----------------------------------------------------------------------------- front doors
 
 
-def test_encode_row_counted_counts_on_every_engine(templated):  # noqa: F811
+def test_encode_row_counted_counts_on_every_engine(templated):
     """``encode_row_counted`` (what the row loop needs for ``stats["agentic"]`` on HF tokenizers, where there
     is no chunk sink): the same arrays as ``encode_row`` and, summed, the fast chunk sink's counts."""
     from tests.agentic_data import agentic_rows
@@ -359,7 +358,7 @@ def test_encode_row_counted_counts_on_every_engine(templated):  # noqa: F811
     assert counted == sink.counts and counted["tool_calls"] > 0 and counted["reasoning_dropped"] > 0
 
 
-def test_stats_count_agentic_rows_on_hf_tokenizers_too(templated, tmp_path):  # noqa: F811
+def test_stats_count_agentic_rows_on_hf_tokenizers_too(templated, tmp_path):
     """``stats["agentic"]`` of ``vecpack.tokenize`` on the HF tokenizers engine (no chunk sink: the row loop
     counts through ``encode_row_counted``) equal the fast engine's, in one process and in two."""
     import vecpack
@@ -378,7 +377,7 @@ def test_stats_count_agentic_rows_on_hf_tokenizers_too(templated, tmp_path):  # 
         assert got.stats["backend"] == "tokenizers" and got.stats["agentic"] == want
 
 
-def test_mixture_hf_dataset_export_and_inspect_carry_tool_rows(templated, tmp_path, cache_dir, capsys):  # noqa: F811
+def test_mixture_hf_dataset_export_and_inspect_carry_tool_rows(templated, tmp_path, cache_dir, capsys):
     """A mixture of tool rows and plain rows (build and stream), hf_dataset, export and inspect."""
     import vecpack
     from tests.agentic_data import agentic_rows
@@ -426,7 +425,7 @@ def test_mixture_hf_dataset_export_and_inspect_carry_tool_rows(templated, tmp_pa
     assert all(map(trained_at, calls)) and not any(map(trained_at, results))
 
 
-def test_integers_beyond_64_bits_in_tool_arguments_stay_integers(templated, tmp_path):  # noqa: F811
+def test_integers_beyond_64_bits_in_tool_arguments_stay_integers(templated, tmp_path):
     """orjson reads 123456789012345678901234567890 as a float; a tool row's line with one is read by json, so
     tojson writes the integer back as apply_chat_template does."""
     import vecpack

@@ -236,18 +236,26 @@ def test_a_bad_row_on_the_store_is_located(nodes, qwen_dir):
     assert len(vecpack.load(f"s3://{BUCKET}/runs/bad")) == r.stats["num_packs"] > 0
 
 
-def test_parquet_row_groups_on_the_store(nodes, data, qwen_dir, tmp_path):
+def test_parquet_row_groups_and_gzip_on_the_store(nodes, data, qwen_dir, tmp_path):
+    """Parquet row groups and a gzip-compressed JSONL object (a whole unit, kept compressed on its way
+    through the store) give the local build's packs."""
+    import gzip
+
     import pyarrow.json as pj
     import pyarrow.parquet as pq
 
     table = pj.read_json(data["parts"][0])
     local = tmp_path / "rows.parquet"
     pq.write_table(table, local, row_group_size=20)   # 9 row groups
+    gz = tmp_path / "more.jsonl.gz"
+    gz.write_bytes(gzip.compress(open(data["parts"][1], "rb").read()))
     objects.put(f"s3://{BUCKET}/pq/rows.parquet", local.read_bytes())
-    expected = vecpack.build(str(local), qwen_dir, MAX_LEN, progress=False, cache_dir=tmp_path / "cache")
+    objects.put(f"s3://{BUCKET}/pq/more.jsonl.gz", gz.read_bytes())
+    expected = vecpack.build([str(local), str(gz)], qwen_dir, MAX_LEN, progress=False, cache_dir=tmp_path / "cache")
     out = f"s3://{BUCKET}/runs/parquet"
-    r = build_on_cluster(f"s3://{BUCKET}/pq/rows.parquet", qwen_dir, MAX_LEN, output=out, unit_bytes=UNIT // 2)
-    assert r.units > 2
+    r = build_on_cluster([f"s3://{BUCKET}/pq/rows.parquet", f"s3://{BUCKET}/pq/more.jsonl.gz"], qwen_dir, MAX_LEN,
+                         output=out, unit_bytes=UNIT // 2)
+    assert r.units > 3 and [u["url"] for u in r.manifest["units"]].count(f"s3://{BUCKET}/pq/more.jsonl.gz") == 1
     _same_packs(expected, vecpack.load(out))
 
 

@@ -10,7 +10,6 @@ import numpy as np
 import pytest
 
 import vecpack
-from tests.test_agentic import templated  # noqa: F401 (a fixture)
 from vecpack.request.fields import ROLES, role
 from vecpack.request.keys import corpus_key, mix_key, plan_key
 from vecpack.request.request import Request, make_request
@@ -137,7 +136,7 @@ def test_every_front_door_makes_the_same_request(tmp_path, qwen_dir):
         make_request(data, qwen_dir, {"max_len": 8, "maxlen": 9})
 
 
-def test_call_level_chat_options_reach_every_front_door(templated, tmp_path):  # noqa: F811
+def test_call_level_chat_options_reach_every_front_door(templated, tmp_path):
     """Issue 35's call-level options, one field each of ChatSpec: build, tokenize, streaming and the CLI
     encode as ChatEncoder(chat_template_kwargs=, train_reasoning=) does, and the cache key follows them."""
     from tests.agentic_data import agentic_rows, write_jsonl

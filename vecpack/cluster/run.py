@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import sys
 import time
 from dataclasses import dataclass, field
 
@@ -92,12 +93,14 @@ def build_on_cluster(data_files, tokenizer=None, max_len: int | None = None, *, 
                      strategy: str = "bfd", long: str = "truncate", shuffle_seed: int | None = 0,
                      pad_id: int | None = None, ignore_index: int = -100, on_error: str = "raise",
                      encoder=None, address: str | None = None, unit_bytes: int = UNIT_BYTES,
-                     max_retries: int = MAX_RETRIES, pack: bool = True) -> ClusterBuild:
+                     max_retries: int = MAX_RETRIES, pack: bool = True, progress: bool = True) -> ClusterBuild:
     """Tokenize and pack ``data_files`` on a Ray cluster, from a store to a store.
 
     Args:
         data_files: ``s3://`` (``gs://``, ``az://``, ``hf://``) URLs, globs of them, or local paths
-            every node can read; ``.jsonl`` and ``.parquet``.
+            every node can read: JSONL, Parquet, and JSONL compressed with gzip, bzip2, xz or zstd (one
+            unit an object), each found by its first bytes as on one machine. JSON arrays and Arrow files
+            are refused (:class:`InputError` naming the object and the command that converts it).
         tokenizer: a tokenizer directory present at the same path on every node (or ``encoder=``).
         max_len, style, column, masking, strategy, long, shuffle_seed, pad_id, ignore_index, on_error:
             as :func:`vecpack.build`; the packs are byte-identical to its.
@@ -108,6 +111,8 @@ def build_on_cluster(data_files, tokenizer=None, max_len: int | None = None, *, 
         unit_bytes: input bytes per unit (units never depend on the cluster).
         max_retries: how often Ray re-runs a task whose worker or node died.
         pack: False stops after tokenizing (the receipts stay; a later call packs).
+        progress: a bar a stage on stderr, as the local build's (units tokenized of all, units
+            scattered, shards packed with the packs written), and a summary line at the end.
 
     This is the cluster's keyword front door: it makes the call's request
     (:func:`vecpack.request.request.make_request`, as :func:`vecpack.build` does) and
@@ -124,7 +129,8 @@ def build_on_cluster(data_files, tokenizer=None, max_len: int | None = None, *, 
     request = make_request(data_files, tokenizer, {
         "max_len": max_len, "style": style, "column": column, "masking": masking, "strategy": strategy,
         "long": long, "shuffle_seed": shuffle_seed, "pad_id": pad_id, "ignore_index": ignore_index,
-        "on_error": on_error, "encoder": encoder, "backend": "ray", "output": output}, door="build_on_cluster()")
+        "on_error": on_error, "encoder": encoder, "backend": "ray", "output": output, "progress": progress},
+        door="build_on_cluster()")
     return run_on_cluster(request, address=address, unit_bytes=unit_bytes, max_retries=max_retries, pack=pack)
 
 
@@ -139,9 +145,7 @@ def run_on_cluster(request, *, address: str | None = None, unit_bytes: int = UNI
     output = request.run.output
     if not isinstance(output, str) or not output:
         raise TypeError("output= must be a URL (s3://bucket/prefix) or a shared path")
-    if request.mixture or request.pairs:
-        raise ValueError("a cluster build takes one input of chat rows (not a mixture, not preference pairs) yet; "
-                         "build those on one machine")
+    _refuse_unsupported(request)
     chat, pk, on_error = request.inputs[0].chat, request.pack, request.run.on_error
     style, column, masking = chat.style, chat.column, chat.masking
     max_len, strategy, long, shuffle_seed = pk.max_len, pk.strategy, pk.long, pk.shuffle_seed
@@ -164,8 +168,11 @@ def run_on_cluster(request, *, address: str | None = None, unit_bytes: int = UNI
     todo = [u for u in units if u.index not in results]
     remote = ray.remote(num_cpus=1, max_retries=max_retries, retry_exceptions=False)(tokenize_unit)
     enc_ref = ray.put(encoder)
+    bars = _Bars(request.run.progress)
+    bars.stage("cluster: tokenizing", len(units), "unit", done=len(units) - len(todo))
     error = _collect(ray, ((u, lambda u=u: remote.remote(u, enc_ref, work, on_error)) for u in todo), results,
-                     max_retries)
+                     max_retries, done=bars.done)
+    bars.close()
     if error is not None:
         u, (reason, line, row, crash) = error
         raise (EncoderError if crash else InputError)(reason, file=u.url, line=line, row=row)
@@ -186,7 +193,7 @@ def run_on_cluster(request, *, address: str | None = None, unit_bytes: int = UNI
     attempts = [results[u.index]["attempt"] for u in units]
     names = [u.name for u in units]
     key = plan_key(work, names, max_len, strategy, long, shuffle_seed, planned.per_shard)
-    scattered, out.scatters_reused = _scatter(ray, planned, units, attempts, work, key, max_retries)
+    scattered, out.scatters_reused = _scatter(ray, planned, units, attempts, work, key, max_retries, bars)
     out.scatters_run = sum(1 for r in scattered.values() if "requests" in r)
     out.requests["scatter"] = _stage_requests(scattered.values())
     packer = ray.remote(num_cpus=1, max_retries=max_retries, retry_exceptions=False)(pack_shard)
@@ -200,7 +207,9 @@ def run_on_cluster(request, *, address: str | None = None, unit_bytes: int = UNI
             yield s, lambda s=s, w=w, pieces=pieces: packer.remote(s, w, pieces, output)
 
     shards: dict[int, dict] = {}
-    _collect(ray, shard_jobs(), shards, max_retries, what="shard")
+    bars.stage("cluster: packing", -(-(len(p.pack_offsets) - 1) // planned.per_shard), "shard")
+    _collect(ray, shard_jobs(), shards, max_retries, what="shard", done=bars.done)
+    bars.close()
     out.requests["pack"] = _stage_requests(shards.values())
     stats = dict(p.stats)
     stats["trained_tokens"] = sum(r["trained"] for r in shards.values())
@@ -222,10 +231,11 @@ def run_on_cluster(request, *, address: str | None = None, unit_bytes: int = UNI
     out.manifest, out.stats = manifest, stats
     out.requests["driver"] = objects.requests_since(before)
     out.seconds = time.perf_counter() - t0
+    bars.summary(out)
     return out
 
 
-def _scatter(ray, planned, units, attempts: list[str], work: str, key: str, max_retries: int):
+def _scatter(ray, planned, units, attempts: list[str], work: str, key: str, max_retries: int, bars):
     """Each unit's pieces: ``({unit index: {"attempt", ...}}, units reused)``. Receipts of the same plan
     and the same unit attempt are reused; the other units are scattered on the nodes."""
     found = read_scatter_receipts(work, key)
@@ -237,7 +247,9 @@ def _scatter(ray, planned, units, attempts: list[str], work: str, key: str, max_
     remote = ray.remote(num_cpus=1, max_retries=max_retries, retry_exceptions=False)(scatter_unit)
     jobs = ((units[u], lambda u=u, e=e: remote.remote(u, units[u].name, attempts[u], work, key, e))
             for u, e in unit_entries(planned) if u not in scattered)
-    _collect(ray, jobs, scattered, max_retries, what="scatter of unit")
+    bars.stage("cluster: scattering", len(units), "unit", done=reused)
+    _collect(ray, jobs, scattered, max_retries, what="scatter of unit", done=bars.done)
+    bars.close()
     return scattered, reused
 
 
@@ -248,10 +260,11 @@ def _stage_requests(results) -> dict:
     return dict(sorted(total.items()))
 
 
-def _collect(ray, jobs, results: dict, max_retries: int, what: str = "unit"):
+def _collect(ray, jobs, results: dict, max_retries: int, what: str = "unit", done=None):
     """Run ``jobs`` (``(item, submit)`` pairs, at most a few per CPU of the cluster in flight at once); fill
-    ``results``; return the first located row error in input order (or None). A task that failed
-    otherwise (a store error naming its object, a worker dead on every retry) is raised."""
+    ``results`` (calling ``done(result)`` for each); return the first located row error in input order (or
+    None). A task that failed otherwise (a store error naming its object, a worker dead on every retry) is
+    raised."""
     from ray.exceptions import RayTaskError, WorkerCrashedError
 
     try:
@@ -294,6 +307,8 @@ def _collect(ray, jobs, results: dict, max_retries: int, what: str = "unit"):
                         first = (item, r["error"])
                     continue
                 results[key] = r
+                if done is not None:
+                    done(r)
             if failure is not None or first is not None:
                 for ref in pending:
                     ray.cancel(ref, force=True)
@@ -306,6 +321,62 @@ def _collect(ray, jobs, results: dict, max_retries: int, what: str = "unit"):
     if failure is not None:
         raise failure
     return first
+
+
+def _refuse_unsupported(request) -> None:
+    """What a cluster build does not make yet, refused before any work, with what to do instead."""
+    if request.mixture:
+        raise ValueError("a mixture (weights= or vecpack.Source entries) is not built on a cluster yet: build it on "
+                         "one machine with vecpack.build(..., weights=...), its inputs copied there")
+    if request.pairs:
+        raise ValueError("preference pairs (style='preference') are not built on a cluster yet: build them on one "
+                         "machine with vecpack.build(..., style='preference')")
+    if request.tokenizer.processor is not None:
+        raise ValueError("images (processor=) are not built on a cluster yet: build them on one machine with "
+                         "vecpack.build(..., processor=...)")
+
+
+class _Bars:
+    """The cluster build's progress on stderr, a tqdm bar a stage as the local build draws its own
+    (:class:`vecpack.tokenizing.executors._Bar`): tasks done of all (those an earlier run finished count
+    at once), the packs written while the shards are packed; then a summary line
+    (``progress=False``: nothing)."""
+
+    def __init__(self, enabled: bool):
+        self.enabled, self.bar, self.packs = bool(enabled), None, 0
+
+    def stage(self, desc: str, total: int, unit: str, done: int = 0) -> None:
+        self.close()
+        if self.enabled and total:
+            from tqdm.auto import tqdm
+
+            self.bar = tqdm(total=total, initial=done, desc=desc, unit=unit, dynamic_ncols=True, file=sys.stderr)
+
+    def done(self, result: dict) -> None:
+        if self.bar is None:
+            return
+        if "packs" in result:
+            from vecpack.cli.report import plural  # every printed count, one plural rule
+
+            self.packs += int(result["packs"])
+            self.bar.set_postfix_str(f"{plural(self.packs, 'pack')} written", refresh=False)
+        self.bar.update(1)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+            self.bar = None
+
+    def summary(self, run: ClusterBuild) -> None:
+        if not self.enabled:
+            return
+        from vecpack.cli.report import plural
+
+        t, st = run.tokenize_stats, run.stats
+        print(f"vecpack.build_on_cluster: {plural(t['rows'], 'row')} -> {plural(t['documents'], 'document')}, "
+              f"{plural(st['num_packs'], 'pack')} in {plural(len(run.manifest['shards']), 'shard')}, "
+              f"{plural(run.units, 'unit')} ({run.units_tokenized:,} tokenized, {run.units_reused:,} reused), "
+              f"{run.seconds:.1f} s -> {run.output}", file=sys.stderr)
 
 
 def _encoder(tokenizer, chat, units):

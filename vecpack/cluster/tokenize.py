@@ -1,8 +1,9 @@
 """One unit tokenized on a node: its range fetched from the store, its arrays written back, a receipt last.
 
-The range is read with one ranged GET (JSONL) or its row groups (Parquet)
-into the node's own scratch directory (``$TMPDIR``), tokenized by the same
-code as every other backend (:func:`vecpack.tokenizing.rows.tokenize_chunk`),
+The range is read with one ranged GET (JSONL), its row groups (Parquet) or
+the whole object, decompressed (gzip, bzip2, xz, zstd: JSONL inside), into
+the node's own scratch directory (``$TMPDIR``), tokenized by the same code as
+every other backend (:func:`vecpack.tokenizing.rows.tokenize_chunk`),
 and its arrays written to the store under the unit's name and a fresh
 attempt id::
 
@@ -27,6 +28,8 @@ import tempfile
 import numpy as np
 
 from vecpack.cluster.units import Unit, lines_before
+from vecpack.errors import InputError
+from vecpack.inputs.sources import HEAD_BYTES, classify, resolve_sources
 from vecpack.store import objects
 from vecpack.tokenizing.rows import tokenize_chunk
 from vecpack.tokenizing.tasks import ChunkError, ChunkTask
@@ -56,7 +59,10 @@ def tokenize_unit(unit: Unit, encoder, work: str, on_error: str) -> dict:
     scratch = tempfile.mkdtemp(prefix=f"vecpack-unit-{unit.index:06d}-")
     before = objects.requests()
     try:
-        task = _fetch(unit, scratch)
+        try:
+            task = _fetch(unit, scratch)
+        except InputError as e:   # a corrupt compressed object, or not JSONL inside
+            return {"index": unit.index, "error": (e.reason, e.line, e.row, False)}
         try:
             meta = tokenize_chunk(task, encoder, scratch, on_error=on_error)
         except ChunkError as e:
@@ -87,6 +93,8 @@ def _fetch(unit: Unit, scratch: str) -> ChunkTask:
         with open(path, "wb") as f:
             f.write(data)
         return ChunkTask(path, "jsonl", 0, len(data), 1, None, unit.index, label=unit.url)
+    if unit.kind == "compressed":
+        return _decompressed(unit, scratch)
     import pyarrow.parquet as pq
 
     fs, key = objects.filesystem(unit.url)
@@ -101,15 +109,38 @@ def _fetch(unit: Unit, scratch: str) -> ChunkTask:
     return ChunkTask(path, "parquet", 0, 1, None, 0, unit.index, label=unit.url)
 
 
+def _decompressed(unit: Unit, scratch: str) -> ChunkTask:
+    """A compressed object fetched whole and decompressed into ``scratch`` by the local reader's codecs; its
+    lines are those of the text (as on one machine). Not JSONL inside: an :class:`InputError` saying what to do."""
+    from vecpack.inputs.compressed import decompress
+
+    packed, path = os.path.join(scratch, "input.compressed"), os.path.join(scratch, "input.jsonl")
+    objects.get_file(unit.url, packed)
+    src = resolve_sources(packed)[0]
+    try:
+        decompress(src, path)
+    except InputError as e:
+        raise InputError(e.reason, file=unit.url, line=e.line) from None
+    os.remove(packed)
+    size = os.path.getsize(path)
+    with open(path, "rb") as f:
+        kind = classify(f.read(HEAD_BYTES), size, unit.url)[0]
+    if kind != "jsonl":
+        raise InputError(f"{src.codec}-compressed {kind} data: the cluster reads compressed JSON Lines only; "
+                         f"convert it to JSONL (or Parquet), or build it on one machine with vecpack.build",
+                         file=unit.url)
+    return ChunkTask(path, "jsonl", 0, size, 1, None, unit.index, label=unit.url)
+
+
 def _where(unit: Unit, local: int, reason: str, crash: bool) -> tuple:
-    if unit.kind == "jsonl":
+    if unit.kind != "parquet":
         return reason, lines_before(unit) + local + 1, None, crash
     return reason, None, unit.first_row + local, crash
 
 
 def locate_example(unit: Unit, local: int, lines: int | None) -> tuple[int | None, int | None]:
-    """``(line, row)`` of a rejected record, given the newlines before the unit (JSONL)."""
-    if unit.kind == "jsonl":
+    """``(line, row)`` of a rejected record, given the newlines before the unit (JSONL, compressed)."""
+    if unit.kind != "parquet":
         return lines + local + 1, None
     return None, unit.first_row + local
 

@@ -1,8 +1,13 @@
 """Work units of a cluster build: ranges of the inputs, fixed by the inputs alone.
 
-A unit is a newline-aligned byte range of a JSONL object or a run of whole
-row groups of a Parquet object, cut at :data:`UNIT_BYTES` exactly as the
-local reader cuts its ranges, but by ranged reads straight from the store.
+A unit is a newline-aligned byte range of a JSONL object, a run of whole
+row groups of a Parquet object, or a whole compressed object (gzip, bzip2,
+xz, zstd: a stream cannot be cut; the node decompresses it, JSONL inside),
+cut at :data:`UNIT_BYTES` exactly as the local reader cuts its ranges, but by
+ranged reads straight from the store. An object's kind is found by its first
+bytes, by the local reader's rule (:func:`vecpack.inputs.sources.classify`),
+whatever its name says; JSON arrays and Arrow files are refused with the
+command that converts them.
 The cut depends on the inputs only (never on the cluster's size), so a
 rerun, or a run on another cluster, has the same units, and each unit's
 objects have the same name (:attr:`Unit.name`: a digest of the input's URL,
@@ -22,13 +27,21 @@ from dataclasses import dataclass
 
 from vecpack.errors import InputError
 from vecpack.inputs.jsonl import aligned
+from vecpack.inputs.sources import HEAD_BYTES, classify
 from vecpack.store import objects
 
 __all__ = ["UNIT_BYTES", "Unit", "expand_inputs", "plan_units"]
 
 #: target bytes of input per unit (a constant: units must not depend on the cluster)
 UNIT_BYTES = 32 << 20
-_KINDS = {".jsonl": "jsonl", ".parquet": "parquet"}
+_REFUSED = {   # kinds the local build reads that the cluster cannot cut into units: what to do instead
+    "json": ("a JSON array: the cluster cuts its inputs into units by lines (JSONL) or row groups (Parquet), "
+             "never inside one array; convert it to JSON Lines (`jq -c '.[]' IN.json > IN.jsonl`, or "
+             "datasets.Dataset.from_json(IN).to_json(OUT)) or build it on one machine with vecpack.build"),
+    "arrow": ("an Arrow IPC file: the cluster reads JSONL and Parquet; convert it to Parquet "
+              "(datasets.Dataset.from_file(IN).to_parquet(OUT), or pyarrow.parquet.write_table) or build it on "
+              "one machine with vecpack.build"),
+}
 
 
 @dataclass(frozen=True)
@@ -37,8 +50,8 @@ class Unit:
 
     Attributes:
         url: the input object (or a local path).
-        kind: ``"jsonl"`` or ``"parquet"``.
-        start, stop: byte offsets (JSONL) or row-group indices (Parquet).
+        kind: ``"jsonl"``, ``"parquet"`` or ``"compressed"`` (the whole object, JSONL once decompressed).
+        start, stop: byte offsets (JSONL, compressed) or row-group indices (Parquet).
         first_row: 0-based row of the range's first record (Parquet), ``None`` for JSONL.
         index: position of the unit in input order.
         name: the unit's name in the store, fixed by the input and the range.
@@ -53,13 +66,13 @@ class Unit:
     name: str
 
 
-def kind_of(url: str) -> str:
-    """The input kind of an object, from its name."""
-    for ext, kind in _KINDS.items():
-        if url.endswith(ext):
-            return kind
-    raise InputError("a cluster build reads .jsonl and .parquet inputs; convert this one (or build it on one "
-                     "machine with vecpack.build)", file=url)
+def kind_of(url: str, size: int) -> str:
+    """The input kind of an object, from its first bytes (one ranged GET), as the local reader finds it."""
+    head = objects.get(url, 0, min(size, HEAD_BYTES)) if size else b""
+    kind = classify(head, size, url)[0]
+    if kind in _REFUSED:
+        raise InputError(_REFUSED[kind], file=url)
+    return kind
 
 
 def expand_inputs(data_files) -> list[str]:
@@ -82,10 +95,13 @@ def plan_units(urls, *, unit_bytes: int = UNIT_BYTES) -> list[Unit]:
         raise ValueError(f"unit_bytes must be positive, got {unit_bytes}")
     units: list[Unit] = []
     for url in urls:
-        kind = kind_of(url)
         size, mtime = objects.stat(url)
+        kind = kind_of(url, size)
         ident = f"{url}\0{size}\0{mtime}"
-        ranges = _jsonl_ranges(url, size, unit_bytes) if kind == "jsonl" else _parquet_ranges(url, unit_bytes)
+        if kind == "compressed":
+            ranges = [(0, size, None)]
+        else:
+            ranges = _jsonl_ranges(url, size, unit_bytes) if kind == "jsonl" else _parquet_ranges(url, unit_bytes)
         for start, stop, first_row in ranges:
             digest = hashlib.sha256(f"{ident}\0{kind}\0{start}\0{stop}".encode()).hexdigest()[:24]
             units.append(Unit(url, kind, start, stop, first_row, len(units), f"u{len(units):06d}-{digest}"))

@@ -31,11 +31,13 @@ from vecpack.errors import InputError
 from vecpack.inputs.items import Items
 from vecpack.inputs.records import BOM
 
-__all__ = ["CODECS", "InputFile", "resolve_sources", "sniff_codec"]
+__all__ = ["CODECS", "HEAD_BYTES", "InputFile", "classify", "resolve_sources", "sniff_codec"]
 #: magic bytes -> codec of the compressed inputs (read by :mod:`vecpack.inputs.compressed`)
 CODECS = {b"\x1f\x8b": "gzip", b"BZh": "bz2", b"\xfd7zXZ\x00": "xz", b"\x28\xb5\x2f\xfd": "zstd"}
 _URL = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://")  # an object-store (or web) URL: never a local path
 _UNSUPPORTED = {b"\x04\x22\x4d\x18": "lz4", b"PK\x03\x04": "zip"}
+#: bytes of a file's start that :func:`classify` needs
+HEAD_BYTES = 4096
 
 
 @dataclass(frozen=True)
@@ -119,15 +121,26 @@ def _file_source(path: str) -> InputFile:
                                 f"works)")
     size = os.path.getsize(path)
     with open(path, "rb") as f:
-        head = f.read(4096)
+        head = f.read(HEAD_BYTES)
+    kind, codec = classify(head, size, path)
+    return InputFile(path, kind, size, codec=codec)
+
+
+def classify(head: bytes, size: int, name: str) -> tuple[str, str | None]:
+    """``(kind, codec)`` of an input from its first :data:`HEAD_BYTES` bytes (the local reader's rule, and the
+    cluster's, whatever the name's suffix); lz4 and zip are an :class:`InputError` naming ``name``.
+
+    >>> classify(b"PAR1...", 100, "x"), classify(b"\\x1f\\x8b\\x08", 9, "x.gz"), classify(b" [{", 3, "x")
+    (('parquet', None), ('compressed', 'gzip'), ('json', None))
+    """
     codec = sniff_codec(head)
     if codec is not None:
-        return InputFile(path, "compressed", size, codec=codec)
-    for magic, name in _UNSUPPORTED.items():
+        return "compressed", codec
+    for magic, what in _UNSUPPORTED.items():
         if head.startswith(magic):
-            raise InputError(f"{name} files cannot be read; decompress it first (gzip, bzip2, xz and zstd "
-                             f"files are read as they are)", file=path)
-    return InputFile(path, _sniff(head) if size else "jsonl", size)
+            raise InputError(f"{what} files cannot be read; decompress it first (gzip, bzip2, xz and zstd "
+                             f"files are read as they are)", file=name)
+    return (_sniff(head) if size else "jsonl"), None
 
 
 def _saved_dataset(path: str) -> list[InputFile] | None:

@@ -16,7 +16,7 @@ a dropped connection, a 5xx), a bounded number of times with backoff
 object is written whole under a key of its own (:func:`attempt_id` names an
 attempt); whoever writes last decides what counts (a manifest).
 
->>> import tempfile, os
+>>> import tempfile, os, gzip
 >>> root = tempfile.mkdtemp()
 >>> put(join(root, "a", "x.bin"), b"hello world")
 >>> get(join(root, "a", "x.bin"), 6, 11)
@@ -25,6 +25,15 @@ b'world'
 ['x.bin']
 >>> is_url("s3://bucket/key"), is_url("/data/train.jsonl")
 (True, False)
+
+Bytes are stored and read as they are: a ``*.gz`` key is never gunzipped or
+gzipped on the way (pyarrow's streams would, by the name, unless told not to).
+
+>>> put(join(root, "a", "x.jsonl.gz"), b"as is"); open(join(root, "a", "x.jsonl.gz"), "rb").read()
+b'as is'
+>>> _ = open(join(root, "a", "y.jsonl.gz"), "wb").write(gzip.compress(b"{}"))
+>>> get_file(join(root, "a", "y.jsonl.gz"), join(root, "copy")); open(join(root, "copy"), "rb").read(2)
+b'\\x1f\\x8b'
 
 Every call is counted by kind in this process (:func:`requests`): a task
 reports what it asked of the store as the difference of two snapshots
@@ -218,7 +227,7 @@ def put(url: str, data) -> None:
         os.makedirs(os.path.dirname(key), exist_ok=True)
 
     def write():
-        with fs.open_output_stream(key) as f:
+        with fs.open_output_stream(key, compression=None) as f:
             f.write(data)
 
     retrying(write, url)
@@ -235,7 +244,7 @@ def put_file(url: str, path) -> None:
         os.makedirs(os.path.dirname(key), exist_ok=True)
 
     def write():
-        with open(path, "rb") as src, fs.open_output_stream(key) as f:
+        with open(path, "rb") as src, fs.open_output_stream(key, compression=None) as f:
             while True:
                 piece = src.read(_PIECE)
                 if not piece:
@@ -251,7 +260,8 @@ def get_file(url: str, path) -> None:
     _count("get")
 
     def read():
-        with fs.open_input_stream(key) as src, open(path, "wb") as f:
+        # compression=None: the object's bytes as stored (pyarrow would gunzip a ``*.gz`` key by default)
+        with fs.open_input_stream(key, compression=None) as src, open(path, "wb") as f:
             while True:
                 piece = src.read(_PIECE)
                 if not piece:
