@@ -4,6 +4,7 @@ single-machine ``vecpack.build`` byte for byte, through a lost node, a killed dr
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -194,7 +195,7 @@ def test_vecpack_build_takes_the_cluster_route(nodes, data, qwen_dir):
     _same_packs(data["local"], vecpack.load(cli_out))
 
 
-def test_store_in_store_out_equals_the_local_build(nodes, data, qwen_dir, tmp_path):
+def test_store_in_store_out_equals_the_local_build(nodes, data, qwen_dir, tmp_path, capsys):
     out = f"s3://{BUCKET}/runs/plain"
     r = build_on_cluster(data["glob"], qwen_dir, MAX_LEN, output=out, unit_bytes=UNIT)
     assert r.units > 6 and r.units_tokenized == r.units and r.units_reused == 0
@@ -207,8 +208,10 @@ def test_store_in_store_out_equals_the_local_build(nodes, data, qwen_dir, tmp_pa
     assert r.tokenize_stats["rows"] == 300
     names = [u["name"] for u in r.manifest["units"]]
     assert len(names) == len(set(names)) == r.units
-    # a second call finds every receipt: nothing is tokenized again, the packs are the same
-    again = build_on_cluster(data["glob"], qwen_dir, MAX_LEN, output=out, unit_bytes=UNIT)
+    # a second call finds every receipt: nothing is tokenized again, the packs are the same; no progress shown
+    capsys.readouterr()
+    again = build_on_cluster(data["glob"], qwen_dir, MAX_LEN, output=out, unit_bytes=UNIT, progress=False)
+    assert capsys.readouterr().err == ""
     assert (again.units_tokenized, again.units_reused) == (0, r.units)
     assert (again.scatters_run, again.scatters_reused) == (0, r.scatters_run) and r.scatters_run == r.units
     _same_packs(data["local"], vecpack.load(out))
@@ -236,9 +239,9 @@ def test_a_bad_row_on_the_store_is_located(nodes, qwen_dir):
     assert len(vecpack.load(f"s3://{BUCKET}/runs/bad")) == r.stats["num_packs"] > 0
 
 
-def test_parquet_row_groups_and_gzip_on_the_store(nodes, data, qwen_dir, tmp_path):
+def test_parquet_row_groups_and_gzip_on_the_store(nodes, data, qwen_dir, tmp_path, capsys):
     """Parquet row groups and a gzip-compressed JSONL object (a whole unit, kept compressed on its way
-    through the store) give the local build's packs."""
+    through the store) give the local build's packs; the progress shows each stage on stderr."""
     import gzip
 
     import pyarrow.json as pj
@@ -257,6 +260,11 @@ def test_parquet_row_groups_and_gzip_on_the_store(nodes, data, qwen_dir, tmp_pat
                          output=out, unit_bytes=UNIT // 2)
     assert r.units > 3 and [u["url"] for u in r.manifest["units"]].count(f"s3://{BUCKET}/pq/more.jsonl.gz") == 1
     _same_packs(expected, vecpack.load(out))
+    err, shards = capsys.readouterr().err, len(r.manifest["shards"])
+    for bar in (f"cluster: tokenizing: 100%.*{r.units}/{r.units}", f"cluster: scattering: 100%.*{r.units}/{r.units}",
+                rf"cluster: packing: 100%.*{shards}/{shards}.*{r.stats['num_packs']:,} packs written",
+                rf"vecpack.build_on_cluster: 300 rows -> .*{r.stats['num_packs']:,} packs in {shards} shards"):
+        assert re.search(bar, err), (bar, err[-2000:])
 
 
 def _wait_for(cond, what: str, timeout: float = 120.0):

@@ -11,13 +11,14 @@
             <output>/manifest.json, written last: the run committed
 
 The driver holds the documents' lengths and the plan, nothing else: while it
-plans, 16 bytes a document of lengths (the units' arrays and their
-concatenation) and the planner's scratch; afterwards about 34 (the plan's
-three int64 arrays, the documents' offsets, the pack offsets). That is about
-50 GB at the peak per billion documents, 34 GB kept (see
-``asv_bench/benchmarks/bench_cluster_plan.py``); while the scatter tasks are
-made, 8 bytes more a planned entry (the entries sorted by unit). Tokens never
-pass through it.
+plans, the units' lengths and their concatenation (16 bytes a document), the
+planner's entries and scratch and the plan with the documents' offsets:
+about 78 bytes a document at the peak (measured at 10^7 with ``bfd``), about
+78 GB per billion documents; afterwards 33.5 (the plan's three int64 arrays,
+the documents' offsets, the pack offsets), 34 GB per billion; while the
+scatter tasks are made, up to 24 bytes more a planned entry (the entries
+sorted by unit). ``python -m asv_bench.benchmarks.bench_cluster_plan
+--documents N`` measures it (docs/ray.md). Tokens never pass through it.
 
 Faults: Ray re-runs a task whose worker or node died (``max_retries``), on
 another node; every attempt writes under keys of its own, and only the
