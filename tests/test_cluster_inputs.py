@@ -112,8 +112,8 @@ def test_json_arrays_and_arrow_are_refused_with_the_fix(chat, tmp_path):
 
 def test_parquet_with_heterogeneous_rows_equals_the_local_build(templated, tmp_path):
     """Tool rows whose arguments and schemas differ from row to row (struct columns Arrow unified, nulls where
-    a row lacked a key: a template would render them), in row groups fetched by the cluster's units: the
-    documents of the local build of the same Parquet file."""
+    a row lacked a key: a template would render them), and as datasets' Json type, in row groups fetched by the
+    cluster's units: the documents of the local build of the same Parquet file."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -131,6 +131,14 @@ def test_parquet_with_heterogeneous_rows_equals_the_local_build(templated, tmp_p
     got, kinds = _cluster_arrays([path], encoder, tmp_path, unit_bytes=1)
     assert kinds == ["parquet"] * 3
     assert got == _local_arrays([path], tok, style="openai")
+    # datasets' Json type (arguments whose types differ between rows), written by datasets itself
+    datasets = pytest.importorskip("datasets")
+    rows[3]["messages"][1]["tool_calls"][0]["function"]["arguments"] = {"q": 7, "note": None}
+    ds = datasets.Dataset.from_list(rows, on_mixed_types="use_json")
+    assert "Json" in repr(ds.features)
+    ds.to_parquet(str(tmp_path / "json.parquet"), batch_size=4)
+    got, kinds = _cluster_arrays([tmp_path / "json.parquet"], encoder, tmp_path / "j", unit_bytes=1)
+    assert len(kinds) == 3 and got == _local_arrays([tmp_path / "json.parquet"], tok, style="openai")
 
 
 def test_mixtures_pairs_and_images_are_refused_before_any_work(chat, qwen_dir, tmp_path):
