@@ -331,7 +331,7 @@ def test_the_scatter_survives_a_killed_driver_then_a_lost_node(nodes, data, qwen
     before = _killed_driver(nodes, out, (
         "import vecpack.cluster.run as run; run.scatter_unit = s3_helpers.slow_scatter(0.3)\n"
         "from vecpack.cluster import build_on_cluster\n"
-        "build_on_cluster(%r, %r, %d, output=%r, unit_bytes=%d)\n"
+        "build_on_cluster(%r, %r, %d, output=%r, unit_bytes=%d, progress=False)\n"
     ) % (data["glob"], str(qwen_dir), MAX_LEN, out, UNIT), "scatter")
     trace = tmp_path / "trace"   # which node starts a scatter, and how many
     trace.mkdir()

@@ -53,7 +53,7 @@ def chat(tmp_path_factory, qwen_dir):
 
 
 def test_compressed_jsonl_equals_the_local_build(chat, qwen_dir, tmp_path):
-    """gzip, xz and bzip2 objects (one whole unit each, found by content: a gzip named ``.jsonl`` too) give
+    """gzip, xz, bzip2 and zstd objects (one whole unit each, found by content: a gzip named ``.jsonl`` too) give
     the local build's documents, in input order, between plain JSONL units."""
     d, text, encoder = chat
     paths = [tmp_path / "a.jsonl.gz", tmp_path / "b.jsonl", tmp_path / "c.jsonl.xz", tmp_path / "d.jsonl",
@@ -63,8 +63,11 @@ def test_compressed_jsonl_equals_the_local_build(chat, qwen_dir, tmp_path):
     paths[2].write_bytes(lzma.compress(text))
     paths[3].write_bytes(gzip.compress(text[:text.index(b"\n", 5000) + 1]))   # gzip, named as plain JSONL
     paths[4].write_bytes(bz2.compress(text))
+    zstandard = pytest.importorskip("zstandard")
+    paths.append(tmp_path / "f.jsonl.zst")
+    paths[5].write_bytes(zstandard.ZstdCompressor().compress(text[:text.index(b"\n", 3000) + 1]))
     got, kinds = _cluster_arrays(paths, encoder, tmp_path)
-    assert kinds.count("compressed") == 4 and kinds.count("jsonl") > 1
+    assert kinds.count("compressed") == 5 and kinds.count("jsonl") > 1
     assert got == _local_arrays(paths, qwen_dir)
 
 
