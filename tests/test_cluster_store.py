@@ -131,6 +131,11 @@ def test_save_to_and_load_from_the_store(bucket, tmp_path, monkeypatch):
         a, b = packed[i], got[i]
         assert all(a[k].tobytes() == b[k].tobytes() for k in a)
     assert str(tmp_path / "cache") in str(got.tokens.filename)
+    from vecpack.cli import main  # the CLI exports a dataset on the store (never a pathlib-mangled URL)
+    from vecpack.integrations.export import export
+
+    assert main(["export", url, "--format", "jsonl", "-o", str(tmp_path / "url.jsonl")]) == 0
+    assert (tmp_path / "url.jsonl").read_bytes() == export(packed, tmp_path / "local.jsonl", "jsonl").read_bytes()
     with pytest.raises(FileExistsError, match="already holds a dataset"):
         vecpack.save(packed, url, overwrite=False, progress=False)
     other = _small_packed(seed=1)

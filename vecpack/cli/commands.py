@@ -399,14 +399,20 @@ def cmd_stats(args) -> int:
 def cmd_export(args) -> int:
     from vecpack.cli.report import format_bytes
     from vecpack.integrations.export import export
+    from vecpack.store.objects import is_url
 
-    src = pathlib.Path(args.packed)
-    packed = _load(args.packed)
+    if is_url(args.packed):   # a dataset on a store (a cluster build, vecpack.save to a URL): never a Path
+        import vecpack
+
+        packed = vecpack.load(args.packed)
+        name, parent = args.packed.rstrip("/").rsplit("/", 1)[-1], pathlib.Path.cwd()
+    else:
+        packed = _load(args.packed)
+        name, parent = pathlib.Path(args.packed).resolve().name, pathlib.Path(args.packed).resolve().parent
     if args.output:
         dest = pathlib.Path(args.output)
     else:
-        name = src.resolve().name
-        dest = src.resolve().parent / (f"{name}-hf" if args.format == "hf" else f"{name}.{args.format}")
+        dest = parent / (f"{name}-hf" if args.format == "hf" else f"{name}.{args.format}")
     if dest.exists() and not args.force:
         raise FileExistsError(f"-o {dest} already exists; pass --force to replace it")
     t0 = time.perf_counter()

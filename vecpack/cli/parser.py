@@ -244,11 +244,13 @@ def build_parser() -> argparse.ArgumentParser:
                       "seq_lengths for TRL padding-free training.", [
         "vecpack export packed --format parquet -o packed.parquet",
         "vecpack export packed --format hf -o packed-hf   # datasets.load_from_disk('packed-hf')",
+        "vecpack export s3://bucket/packed/run1 --format parquet -o run1.parquet   # a cluster build",
     ])
-    p.add_argument("packed", metavar="OUT", help="a directory written by 'vecpack pack -o'")
+    p.add_argument("packed", metavar="OUT", help="a directory written by 'vecpack pack -o', or its URL (s3://...)")
     p.add_argument("--format", required=True, choices=options.EXPORT_FORMATS, help="output format")
     p.add_argument("-o", "--output", metavar="DEST",
-                   help="output file (directory for hf); default: next to OUT, OUT.parquet / OUT.jsonl / OUT-hf")
+                   help="output file (directory for hf); default: next to OUT, OUT.parquet / OUT.jsonl / OUT-hf "
+                        "(in the current directory for a URL)")
     p.add_argument("--force", action="store_true", help="replace DEST if it exists")
 
     p = add("cache", "List, describe or clear the content-addressed cache.", [
