@@ -23,7 +23,7 @@ shards that hold them. ``packed[i]`` equals the single-machine
 (2, [4, 5, 0, 0], [0, 0, -1, -1], [2])
 
 It trains as a :class:`~vecpack.Packed` does: ``vecpack.hf_dataset(p)`` (TRL's
-``SFTTrainer``), ``vecpack.export(p, ...)``, ``collate_flash([p[0], p[1]])``; it
+``SFTTrainer``), ``vecpack.integrations.export.export(p, ...)``, ``collate_flash([p[0], p[1]])``; it
 pickles without its open shards (a DataLoader worker maps them again).
 
 >>> import pickle
