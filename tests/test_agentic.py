@@ -93,8 +93,6 @@ def test_ids_equal_on_every_trl_template(qwen_dir):
     rows = agentic_rows(12, seed=3)
     checked = 0
     for path in sorted(trl_templates().glob("*.jinja")):
-        if path.stem.startswith("gptoss"):
-            continue  # known gap: it refuses some tool rows here that transformers renders (not yet found why)
         source = path.read_text(encoding="utf-8")
         enc = copy.copy(base)
         enc.template = ChatTemplate(source, variables=base.template.variables, added_tokens=base.template.added_tokens,
@@ -404,3 +402,32 @@ def test_stats_count_calls_results_and_reasoning(templated, tmp_path):
         {"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}]}]), d, style="openai", n_jobs=1,
         progress=False)
     assert "agentic" not in plain.stats
+
+
+def test_gptoss_tool_turns_trained_as_its_training_template_marks():
+    """gpt-oss's template refuses a tool result with no call before it, so neither span probe (a plain turn, no
+    turn) may stand in for a call turn: the turn is found by rendering it twice (``chat.spans._doubled_turn_span``).
+    With gpt-oss's special tokens, the plain template trains what ``gptoss_training``'s {% generation %} blocks
+    mark, less the generation prompt ``<|start|>assistant``; rows the template refuses are refused by both."""
+    from vecpack.chat.template import ChatTemplate
+
+    specials = ("<|start|>", "<|end|>", "<|call|>", "<|return|>", "<|channel|>", "<|message|>", "<|constrain|>")
+    plain, tagged = (ChatTemplate((trl_templates() / f"{stem}.jinja").read_text(encoding="utf-8"),
+                                  added_tokens=specials, variables={"eos_token": "<|return|>"})
+                     for stem in ("gptoss", "gptoss_training"))
+    calls = 0
+    for row in agentic_rows(12, seed=3):
+        conv = read_conversation(row, "openai")
+        try:
+            texts, train, _ = plain.conversation_parts(conv)
+        except InputError as e:
+            with pytest.raises(InputError):
+                tagged.conversation_parts(conv)
+            assert "Cannot pass both content and thinking" in str(e)
+            continue
+        ref_texts, ref_train, _ = tagged.conversation_parts(conv)
+        assert "".join(texts) == "".join(ref_texts)
+        mine = [t for t, k in zip(texts, train) if k]
+        assert mine == [t.removeprefix("<|start|>assistant") for t, k in zip(ref_texts, ref_train) if k]
+        calls += sum(t.startswith(" to=functions.") for t in mine)
+    assert calls >= 4

@@ -91,7 +91,9 @@ def _check_tools(template, conv) -> None:
 
 def _header(template, kwargs: dict) -> str:
     """The assistant role header: the longest end of the text between a user content and the next
-    assistant content that starts the generation prompt (``""`` where the template has none)."""
+    assistant content that starts the generation prompt; or the generation prompt itself where the
+    turn's header goes on past it (gpt-oss's ``<|channel|>final<|message|>``, Qwen3's empty think
+    block: written by the model, so trained); ``""`` where the template has none."""
     key = json.dumps({k: v for k, v in kwargs.items() if k != "tools"}, sort_keys=True, default=repr)
     memo = template.__dict__.setdefault("_headers", {})
     if key in memo:
@@ -116,6 +118,9 @@ def _header(template, kwargs: dict) -> str:
             if prompt.startswith(between[k:]):
                 header = between[k:]
                 break
+        else:  # the turn's header goes on past the prompt (gpt-oss: the model writes "<|channel|>final...")
+            if prompt and prompt in between:
+                header = prompt
         break
     memo[key] = header
     return header
@@ -128,7 +133,10 @@ def _turn_span(template, messages, kwargs, i: int, text: str, lo: int) -> tuple[
     try:
         other = template.render(probe, extra=kwargs)
     except InputError:  # a template that checks the turn's shape (Mistral: calls outside the role alternation)
-        return _deleted_turn_span(template, messages, kwargs, i, text)
+        try:
+            return _deleted_turn_span(template, messages, kwargs, i, text)
+        except InputError:  # one that needs the turn (gpt-oss: a tool result names the call before it)
+            return _doubled_turn_span(template, messages, kwargs, i, text, lo)
     p = _common_prefix(text, other)
     end = len(text) - _common_suffix(text, other, min(len(text), len(other)) - p)
     if end <= p:  # the turn renders nothing of its own (a template that drops it)
@@ -168,6 +176,46 @@ def _deleted_turn_span(template, messages, kwargs, i: int, text: str) -> tuple[i
                     return b, b + n
     return p, p + n
 
+
+
+def _doubled_turn_span(template, messages, kwargs, i: int, text: str, lo: int) -> tuple[int, int]:
+    """``(start, end)`` of assistant message ``i``'s turn, found by rendering the conversation with it twice.
+
+    For templates that refuse both other probes: gpt-oss names a tool result
+    after the call before it, so neither a plain turn nor no turn may stand
+    there. The render gains ``n`` characters, a copy of the turn beside it. Of
+    the places the copy could be (where a turn's first characters equal what
+    follows it), the turn is the one that ends with the end-of-turn token, else
+    the one that starts with the assistant header (which stays untrained, as
+    the generation prompt writes it), else the last.
+
+    >>> from vecpack.chat.template import ChatTemplate
+    >>> t = ChatTemplate("{% for m in messages %}{% if m.role == 'tool' and messages[loop.index0 - 1].role != "
+    ...     "'assistant' %}{{ raise_exception('no call') }}{% endif %}<{{ m.role }}>{{ m.content }}</s>{% endfor %}"
+    ...     "{% if add_generation_prompt %}<assistant>{% endif %}")
+    >>> msgs = [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"},
+    ...         {"role": "tool", "content": "r"}]
+    >>> text = t.render(msgs)
+    >>> s, e = _doubled_turn_span(t, msgs, {}, 1, text, 0); text[s:e]
+    'a</s>'
+    """
+    other = template.render(messages[:i + 1] + messages[i:], extra=kwargs)
+    n = len(other) - len(text)
+    p = _common_prefix(text, other)
+    if n <= 0:
+        return p, p
+    first = len(text) - _common_suffix(text, other, len(text))  # other[b + n:] == text[b:] from b = first on
+    places = [b for b in range(min(p, len(text) - n), max(first, lo) - 1, -1)
+              if text[b:b + n] == other[b:b + n]]  # text holds the copy itself there
+    eot, header = template.eot_re, _header(template, kwargs)
+    for b in places:
+        if eot is not None and any(m.end() == b + n for m in eot.finditer(text, b, b + n)):
+            break
+    else:
+        b = next((b for b in places if header and text.startswith(header, b)), places[0] if places else p)
+    if header and text.startswith(header, b) and len(header) < n:
+        return b + len(header), b + n
+    return b, b + n
 
 def conversation_parts(template, conv, *, compiled: bool = True) -> tuple[list[str], list[bool], dict]:
     """``(texts, trainable, info)`` of a conversation: the rendered text cut at its trained spans.

@@ -74,7 +74,7 @@ _SENTINEL_RE = re.compile("\ue000([0-9]+)\ue001")
 _PAD = "\t \n\x0b"  # whitespace probes wrap the sentinels in (unlikely in a template)
 _TRANSFORMS = (None, str.lstrip, str.rstrip, str.strip)  # most specific first: strip's output always matches
 _MAX_LAYOUTS = 4096  # distinct role sequences remembered per process
-_EOT_HINT = re.compile(r"end|eot|eom|eos", re.IGNORECASE)
+_EOT_HINT = re.compile(r"end|eot|eom|eos|^<\|(?:call|return)\|>$", re.IGNORECASE)  # gpt-oss: <|call|>, <|return|>
 _TRACKING = contextvars.ContextVar("vecpack_generation_tracking", default=None)  # (blocks, spans) of a render
 _GENERATION = re.compile(r"\{%-?\s*generation\s*-?%\}")
 

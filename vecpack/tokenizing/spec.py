@@ -29,7 +29,8 @@ __all__ = ["SPEC_VERSION", "Unsupported", "byte_lengths", "bytes_to_unicode", "h
            "default_pad_id", "materialize", "read_dir", "stat_key", "tiktoken_file", "tiktoken_spec", "write_memo"]
 
 #: Bump when what is derived from the same files changes (on-disk memos are then ignored).
-SPEC_VERSION = "vecpack-chat-encoder-1"
+#: 2: an assistant header that goes on past the generation prompt is trained (chat.spans._header).
+SPEC_VERSION = "vecpack-chat-encoder-2"
 _SPECIAL_ATTRS = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token")
 _GPT2_PATTERN = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
 
