@@ -131,10 +131,12 @@ class TurnPlanner(ChatPlanner):
         return TurnPlan.ARRAYS
 
     def make(self, corpora):
+        from vecpack.tokenizing.tokenized import bits_to_labels
         from vecpack.turns.packed import plan_turns
 
         a, pk = corpora[0].arrays, self.pack
-        return plan_turns(a["tokens"], corpus_labels(a), a["offsets"], a["row_ids"], pk.max_len,
+        labels = bits_to_labels(np.asarray(a["tokens"]), a["trained"]) if "trained" in a else a["labels"]
+        return plan_turns(a["tokens"], labels, a["offsets"], a["row_ids"], pk.max_len,
                           strategy=pk.strategy, long=pk.long, shuffle_seed=pk.shuffle_seed, ignore_index=IGNORE_INDEX)
 
     def save(self, p, tmp) -> None:

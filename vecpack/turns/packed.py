@@ -42,6 +42,7 @@ import numpy as np
 
 from vecpack.errors import InputError
 from vecpack.options import IGNORE_INDEX, check_index, check_max_len, check_options
+from vecpack.packing.packed import PlanViews
 from vecpack.packing.plan import _ro, plan
 
 __all__ = ["TurnPlan", "PackedTurns", "conversation_offsets", "lay_out_tries", "pack_turns", "plan_turns"]
@@ -114,6 +115,8 @@ def lay_out_tries(tokens, labels, offsets, row_ids, *, cap: int = -1, ignore_ind
     row_ids = np.asarray(row_ids, np.int64)
     conv = _ro(conversation_offsets(row_ids))
     trained = _ro((np.asarray(labels) != ignore_index).astype(np.uint8))
+    if trained.shape != tokens.shape:
+        raise ValueError(f"labels must hold one label per token ({tokens.shape[0]}), got {trained.shape[0]}")
     n, c = tokens.shape[0], conv.shape[0] - 1
     out = {"src": np.empty(n, np.int64), "depth": np.empty(n, np.int32), "end": np.empty(n, np.int32),
            "label": np.empty(n, np.uint8), "unit_offsets": np.empty(c + 1, np.int64), "kept": np.empty(c, np.int64)}
@@ -204,7 +207,7 @@ def plan_turns(tokens, labels, offsets, row_ids, max_len: int, *, strategy: str 
     return TurnPlan(**arrays, unit_index=placed, pack_offsets=p.pack_offsets, max_len=max_len, stats=stats)
 
 
-class PackedTurns:
+class PackedTurns(PlanViews):
     """Packs of per-turn tries, laid out lazily from the corpus and a :class:`TurnPlan`.
 
     ``pt[i]`` is a dict of int32 ``[max_len]`` arrays: ``input_ids``,
@@ -221,21 +224,6 @@ class PackedTurns:
         self.offsets = np.asarray(offsets, np.int64)
         self.plan = plan
         self.pad_id, self.ignore_index = int(pad_id), int(ignore_index)
-
-    @property
-    def max_len(self) -> int:
-        return self.plan.max_len
-
-    @property
-    def stats(self) -> dict:
-        return self.plan.stats
-
-    @property
-    def pack_offsets(self) -> np.ndarray:
-        return self.plan.pack_offsets
-
-    def __len__(self) -> int:
-        return len(self.plan)
 
     def __repr__(self) -> str:
         s = self.stats["per_turn"]
