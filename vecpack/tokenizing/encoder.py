@@ -276,7 +276,7 @@ class ChatEncoder:
         """A hash of the tokenizer files and every option that changes the output."""
         key = (self.masking, self.style, self.column, self.text_affixes,
                json.dumps(self.__dict__.get("chat_template_kwargs") or {}, sort_keys=True, default=repr),
-               self.__dict__.get("train_reasoning", True), self.__dict__.get("per_turn", False))
+               self.__dict__.get("train_reasoning", True)) + (("per_turn",) if self.__dict__.get("per_turn") else ())
         memo = self.__dict__.get("_fingerprint")
         if memo is not None and memo[0] == key:
             return memo[1]
