@@ -236,6 +236,7 @@ def test_documents_are_apply_chat_template_of_each_turn(templated, tmp_path):  #
     assert pt.build_info.tokenize_stats["agentic"]["reasoning_dropped"] == 0   # each turn rendered as the last
 
 
+@pytest.mark.slow   # (a tokenizer of its own to load; the hand-made case above is the fast check)
 def test_a_template_that_renders_history_as_final_collapses(templated, tmp_path):  # noqa: F811
     """Qwen2.5's template renders every assistant turn alike: each document is a prefix of the last, so the
     trie is the ordinary conversation, trained as the ordinary build trains it."""
@@ -283,6 +284,8 @@ def test_per_turn_front_doors_and_refusals(templated, tmp_path, capsys):  # noqa
             vecpack.build(data, d, 4096, **{**dict(per_turn=True, **kw), **bad})
     with pytest.raises(TypeError):
         vecpack.StreamingPackedDataset(path, d, 4096, style="openai", per_turn=True)
+    with pytest.raises(TypeError, match="per-turn tries are not saved yet"):
+        vecpack.save(first, tmp_path / "out")
 
 
 # ----------------------------------------------------------------------------- the model sees each document

@@ -252,6 +252,15 @@ class ChatEncoder:
         out.__dict__.pop("pool", None)  # forked workers hold this encoder, not the fallback
         return out
 
+    def _per_turn(self) -> "ChatEncoder":
+        """This encoder with ``per_turn`` set (see :func:`encoder_for`)."""
+        out = type(self).__new__(type(self))
+        out.__dict__.update(self.__dict__)
+        out.per_turn = True
+        out.__dict__.pop("_fingerprint", None)
+        out.__dict__.pop("pool", None)  # forked workers hold the other encoder
+        return out
+
     # ------------------------------------------------------------------ pickling
 
     def __getstate__(self):
@@ -522,16 +531,23 @@ def encoder_for(tokenizer, style: str, column: str | None, masking: str, sources
     rows the checks look at. ``cls``: the encoder class (default
     :class:`ChatEncoder`; :class:`~vecpack.preference.encoder.PairEncoder` for pairs).
     ``options``: more keyword arguments of ``from_tokenizer`` (``chat_template_kwargs``,
-    ``train_reasoning``), part of the key.
+    ``train_reasoning``, ``per_turn``), part of the key. A ``per_turn`` encoder is the same encoder
+    with ``per_turn`` set (it renders and encodes alike): made from the other, not built again.
     """
     from vecpack.inputs.readers import sample_rows
 
-    options = options or {}
+    options = dict(options or {})
+    per_turn = bool(options.pop("per_turn", False))
     key = (_tokenizer_key(tokenizer), style, column, masking)
     if options:
         key += (json.dumps(options, sort_keys=True, default=repr),)
+    if per_turn:
+        key += ("per_turn",)
     hit = _ENCODERS.get(key)
     enc = hit[0] if hit is not None and (key[0][0] == "path" or hit[1] is tokenizer) else None
+    if enc is None and per_turn:
+        enc = encoder_for(tokenizer, style, column, masking, sources, cls=cls, options=options)[1]._per_turn()
+        _ENCODERS[key] = (enc, tokenizer)
     if enc is None:
         _backend.preload(tokenizer)  # a new encoder wants a parity check: HF loads meanwhile
         enc = (cls or ChatEncoder).from_tokenizer(tokenizer, masking=masking, style=style, column=column,
