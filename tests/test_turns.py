@@ -148,6 +148,8 @@ def test_long_conversations_follow_long():
     p = plan_turns(*args, 5, long="drop")
     assert p.stats["dropped"] == 1 and p.stats["dropped_tokens"] == 8 and p.stats["per_turn"]["conversations"] == 1
     assert plan_turns(*args, 2, long="truncate").stats["dropped"] == 1   # not even its first document fits
+    last = plan_turns(*_corpus(convs[::-1]), 2, long="truncate")          # (the last conversation left empty)
+    assert last.stats["dropped"] == 1 and last.stats["trained_tokens"] == 1
     with pytest.raises(InputError, match=r"row 0: .*2 per-turn documents need 6 tokens.*long='truncate'"):
         plan_turns(*args, 5, long="error")
     with pytest.raises(ValueError, match="long policy for per-turn"):

@@ -178,10 +178,9 @@ def plan_turns(tokens, labels, offsets, row_ids, max_len: int, *, strategy: str 
     truncated = ~dropped & (t["kept"] < n_docs)
     p = plan(np.where(dropped, 0, unit), max_len, strategy=strategy, long="error", shuffle_seed=shuffle_seed)
     placed = p.doc_index
-    trained = (t["label"].astype(bool) & (t["depth"] > 0))
-    trained_per_unit = np.add.reduceat(trained.astype(np.int64), t["unit_offsets"][:-1]) if trained.size else \
-        np.zeros(unit.size, np.int64)
-    trained_per_unit[unit == 0] = 0
+    trained = t["label"].astype(bool) & (t["depth"] > 0)
+    trained_per_unit = np.bincount(np.repeat(np.arange(unit.size), unit), weights=trained,
+                                   minlength=unit.size).astype(np.int64)
     num_packs, num_tokens = len(p), int(p.stats["num_tokens"])
     stats = {
         "num_documents": int(unit.size),
