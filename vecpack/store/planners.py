@@ -32,9 +32,10 @@ from vecpack.store.entries import corpus_labels
 __all__ = ["planner_for", "ChatPlanner", "MixPlanner", "PairMixPlanner", "PairPlanner", "TurnPlanner"]
 
 
-def _save(plan, names, tmp) -> None:
+def _save(plan, names, tmp, dtype=np.int64) -> None:
+    """The plan's arrays ``names`` as ``<name>.npy`` in ``tmp`` (``dtype=None``: each its own)."""
     for n in names:
-        np.save(tmp / f"{n}.npy", np.ascontiguousarray(getattr(plan, n), dtype=np.int64))
+        np.save(tmp / f"{n}.npy", np.ascontiguousarray(getattr(plan, n), dtype=dtype))
 
 
 class ChatPlanner:
@@ -140,8 +141,7 @@ class TurnPlanner(ChatPlanner):
                           strategy=pk.strategy, long=pk.long, shuffle_seed=pk.shuffle_seed, ignore_index=IGNORE_INDEX)
 
     def save(self, p, tmp) -> None:
-        for n in self.arrays:
-            np.save(tmp / f"{n}.npy", np.ascontiguousarray(getattr(p, n)))
+        _save(p, self.arrays, tmp, dtype=None)  # (depths and ends int32, labels uint8)
 
     def load(self, entry):
         from vecpack.turns.packed import TurnPlan
