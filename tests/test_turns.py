@@ -4,6 +4,7 @@ packed forward equal each document's solo forward."""
 
 from __future__ import annotations
 
+import json
 import random
 
 import numpy as np
@@ -236,6 +237,16 @@ def test_documents_are_apply_chat_template_of_each_turn(templated, tmp_path):  #
                                     "stored_tokens": sum(len(u[0]) for u in units.values())}
     assert pt.stats["per_turn"]["stored_tokens"] < expanded
     assert pt.build_info.tokenize_stats["agentic"]["reasoning_dropped"] == 0   # each turn rendered as the last
+    # HF tokenizers (the fallback engine) encode the same per-turn documents, which pack into the same tries
+    from vecpack.tokenizing.encoder import ChatEncoder
+    from vecpack.tokenizing.rows import encode_rows
+
+    enc = ChatEncoder.from_tokenizer(d, style="openai", per_turn=True, backend="tokenizers")
+    hf_rows = encode_rows(enc, enumerate(json.dumps(r).encode() for r in rows))
+    again = pack_turns(hf_rows.tokens, hf_rows.labels, np.r_[0, np.cumsum(hf_rows.lengths)], hf_rows.rows, 4096,
+                       pad_id=pt.pad_id)
+    assert again.stats == pt.stats and len(again) == len(pt)
+    assert all((again[i][k] == pt[i][k]).all() for i in range(len(pt)) for k in pt[i])
 
 
 @pytest.mark.slow   # (a tokenizer of its own to load; the hand-made case above is the fast check)
