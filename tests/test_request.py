@@ -22,7 +22,7 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 #: its author decide its role: the test below then checks that the key follows it.
 OTHER = {
     ChatSpec: {"style": "openai", "column": "conversations", "masking": "all",
-               "chat_template_kwargs": '{"enable_thinking": false}', "train_reasoning": False},
+               "chat_template_kwargs": '{"enable_thinking": false}', "train_reasoning": False, "per_turn": True},
     PackSpec: {"max_len": 1024, "strategy": "ffd", "long": "drop", "shuffle_seed": 7, "prefix_sharing": True,
                "pad_id": 3, "ignore_index": -1},
     MixSpec: {"by": "rows", "total": 100, "seed": 5, "repeat": False},

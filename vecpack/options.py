@@ -59,6 +59,11 @@ PAIR_LONG_POLICIES = ("truncate", "drop", "error")
 #: ``long=`` for documents with images (never cut inside an image; see :mod:`vecpack.vision.packed`): the
 #: policies of a unit that cannot be split, as for preference pairs.
 VISION_LONG_POLICIES = PAIR_LONG_POLICIES
+#: ``long=`` for per-turn conversations (``per_turn=True``: a conversation's documents are one unit;
+#: ``"truncate"`` keeps its first turns that fit, see :mod:`vecpack.turns.packed`).
+TURN_LONG_POLICIES = PAIR_LONG_POLICIES
+#: The chat styles ``per_turn=True`` takes (conversations with assistant turns).
+PER_TURN_STYLES = CONVERSATION_STYLES
 #: When an image's pixels are preprocessed: once, into the cache, or at batch time (see :mod:`vecpack.vision`).
 PIXELS = ("cache", "lazy")
 #: A row that cannot be read or encoded.
@@ -78,6 +83,8 @@ WORKER_START_METHODS = ("auto", "fork", "spawn")
 #: (``VECPACK_ITEMS_START``, its earlier name, is read when it is unset).
 WORKER_START_ENV = "VECPACK_WORKER_START"
 _OLD_WORKER_START_ENV = "VECPACK_ITEMS_START"
+#: The attention masks of tree-shaped batches (shared prompts, per-turn tries): flex ``BlockMask`` or dense bool.
+ATTENTION_MASKS = ("flex", "dense")
 #: ``vecpack export`` formats.
 EXPORT_FORMATS = ("parquet", "jsonl", "hf")
 #: What the weights of a mixture share out (see :mod:`vecpack.mixing`).
@@ -181,10 +188,45 @@ _CHOICES = {
     "long": ("long policy", LONG_POLICIES),
     "pair_long": ("long policy for preference pairs", PAIR_LONG_POLICIES),
     "vision_long": ("long policy for documents with images", VISION_LONG_POLICIES),
+    "turn_long": ("long policy for per-turn conversations", TURN_LONG_POLICIES),
     "pixels": ("pixels", PIXELS),
     "on_error": ("on_error", ON_ERROR),
     "executor": ("backend", EXECUTORS),
 }
+
+
+def check_per_turn(style: str, masking: str) -> None:
+    """Raise ``ValueError`` unless ``per_turn=True`` applies to rows of this ``style`` and ``masking``.
+
+    >>> check_per_turn("preference", "assistant")
+    Traceback (most recent call last):
+    ...
+    ValueError: per_turn=True takes conversations (style 'sharegpt' or 'openai'), not style='preference'
+    """
+    if style not in PER_TURN_STYLES:
+        raise ValueError(f"per_turn=True takes conversations (style {' or '.join(map(repr, PER_TURN_STYLES))}), "
+                         f"not style={style!r}")
+    if masking != "assistant":
+        raise ValueError(f"per_turn=True trains each assistant turn in its own document: it needs "
+                         f"masking='assistant', not {masking!r}")
+
+
+def check_per_turn_call(*, door: str, streaming: bool = False, mixture: bool = False, cluster: bool = False,
+                        images: bool = False, packs: bool = True, encoder: bool = False) -> None:
+    """Raise ``ValueError`` where ``per_turn=True`` is not supported: it says where it is.
+
+    >>> try:
+    ...     check_per_turn_call(door="build()", mixture=True)
+    ... except ValueError as e:
+    ...     print(str(e)[:60])
+    build(): per_turn=True is not supported for a mixture yet; b
+    """
+    for flag, what in ((streaming, "streaming"), (mixture, "a mixture"), (cluster, "a Ray cluster build (output=)"),
+                       (images, "documents with images"), (not packs, "a call that does not pack"),
+                       (encoder, "an encoder= of your own (its rows are its own)")):
+        if flag:
+            raise ValueError(f"{door}: per_turn=True is not supported for {what} yet; build one input with "
+                             f"vecpack.build(path, tokenizer, max_len, per_turn=True)")
 
 
 def check_options(**options) -> dict:

@@ -206,6 +206,10 @@ def cmd_pack(args) -> int:
     out = pathlib.Path(args.output) if args.output and not is_url(args.output) else None
     if out is not None:
         _check_output(out)
+    if args.per_turn and args.output:
+        raise UsageError(f"{PROG} pack: -o is not supported with --per-turn yet (a saved dataset has no trie "
+                         "layout); build in the training script with vecpack.build(..., per_turn=True): a second "
+                         "build reads the corpus and the tries from the cache")
     from vecpack._state import compile_stats
     from vecpack.cli.report import compile_since, compile_time_apart
 
@@ -221,7 +225,7 @@ def cmd_pack(args) -> int:
         "progress": _progress(args), "cache": not args.no_cache, "cache_dir": args.cache_dir,
         "backend": args.backend, "allow_useless": args.allow_useless, "prefix_sharing": bool(args.prefix_sharing),
         "chat_template_kwargs": args.chat_template_kwargs, "train_reasoning": not args.no_train_reasoning,
-        **({"output": args.output} if remote else {}), **mix}, door=f"{PROG} pack")
+        "per_turn": bool(args.per_turn), **({"output": args.output} if remote else {}), **mix}, door=f"{PROG} pack")
     packed = run_build(request)
     if remote:
         print(_cluster_report(packed, elapsed=time.perf_counter() - t0, url=args.output))
@@ -232,7 +236,8 @@ def cmd_pack(args) -> int:
         vecpack.save(packed, args.output, progress=_progress(args))
     compiled = compile_since(before)  # numba's first run on this machine: its own line, not in the rate
     elapsed = time.perf_counter() - t0 - compiled["waited"]
-    report = _pairs_report if _is_pairs(packed) else _pack_report
+    report = (_pairs_report if _is_pairs(packed) else _turns_report if type(packed).__name__ == "PackedTurns"
+              else _pack_report)
     print(compile_time_apart(report(packed, elapsed=elapsed, out=out, args=args), compiled))
     return 0
 
@@ -316,6 +321,22 @@ def _pairs_report(packed, *, elapsed: float, out: pathlib.Path | None, args) -> 
         lines.append(f"  output        {out}")
         lines.append(f"next: vecpack stats {out}")
     return "\n".join(lines)
+
+
+def _turns_report(packed, *, elapsed: float, out, args) -> str:
+    """``vecpack pack --per-turn``: conversations, their per-turn documents, tokens stored vs expanded."""
+    from vecpack.cli.report import plural
+
+    s, t = packed.stats, packed.stats["per_turn"]
+    hit = packed.build_info.corpus_hit and packed.build_info.plan_hit
+    saved = 1 - t["stored_tokens"] / t["expanded_tokens"] if t["expanded_tokens"] else 0.0
+    return "\n".join([
+        f"{plural(t['conversations'], 'conversation')} → {plural(t['documents'], 'per-turn document')} → "
+        f"{plural(len(packed), 'pack')} of {plural(packed.max_len, 'token')} in {elapsed:.2f} s"
+        f"{', from the cache' if hit else ''} (strategy {args.strategy}, fill {s['fill']:.3f})",
+        f"tokens: {t['stored_tokens']:,} stored for {t['expanded_tokens']:,} in the expanded conversations "
+        f"({100 * saved:.1f}% fewer); {s['trained_tokens']:,} trained",
+        f"long ({s['long']}): {s['truncated']:,} conversations lost later turns, {s['dropped']:,} dropped"])
 
 
 def _is_pairs(packed) -> bool:

@@ -175,6 +175,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--prefix-sharing", action="store_true",
                    help="with --style preference: store each pair's prompt once (prompt + chosen + rejected; "
                         "needs the flex-attention or dense mask of vecpack.preference.collate)")
+    p.add_argument("--per-turn", action="store_true",
+                   help="one document per trained assistant turn, the conversation before it rendered as the "
+                        "template renders a final turn (reasoning kept); a conversation's documents packed as one "
+                        "token trie, shared prefixes stored once (needs the mask of vecpack.turns.collate; "
+                        "--long truncate keeps a conversation's first turns that fit)")
     p.add_argument("--strategy", default="bfd", type=_choice("strategy", options.STRATEGIES),
                    metavar=_metavar(options.STRATEGIES),
                    help="bfd/ffd: best/first-fit decreasing; greedy: input order, like torchtune (default: bfd)")

@@ -35,7 +35,7 @@ from vecpack.options import check_index, check_int
 from vecpack.packing.plan import Plan, _kernels, _ro, plan
 from vecpack.tokenizing.tokenized import bits_to_labels
 
-__all__ = ["Packed", "pack", "warm_kernels"]
+__all__ = ["Packed", "PlanViews", "pack", "warm_kernels"]
 
 _INT32 = np.iinfo(np.int32)
 _ARRAYS = ("input_ids", "labels", "position_ids", "document_ids")
@@ -136,7 +136,27 @@ def _labels(tokens: np.ndarray, labels: np.ndarray, a: int = 0, b: int | None = 
     return labels[a:b]
 
 
-class Packed:
+class PlanViews:
+    """What packs built from a plan (``self.plan``: ``max_len``, ``stats``, ``pack_offsets``) say of it; shared
+    by :class:`Packed`, ``PackedPairs`` and ``PackedTurns``."""
+
+    @property
+    def max_len(self) -> int:
+        return self.plan.max_len
+
+    @property
+    def stats(self) -> dict:
+        return self.plan.stats
+
+    @property
+    def pack_offsets(self) -> np.ndarray:
+        return self.plan.pack_offsets
+
+    def __len__(self) -> int:
+        return self.plan.pack_offsets.shape[0] - 1
+
+
+class Packed(PlanViews):
     """Packs of ``max_len`` tokens, built lazily from the corpus and a plan.
 
     ``packed[i]`` builds one pack on its own (cheap, independent of the full
@@ -255,22 +275,10 @@ class Packed:
                 return tokens[a - shift:b - shift], _labels(tokens, labels, a - shift, b - shift)
         raise IndexError(f"document {d} is not in the corpus")  # pragma: no cover - offsets were checked
 
-    # -- plan views -------------------------------------------------------
-    @property
-    def max_len(self) -> int:
-        return self.plan.max_len
-
-    @property
-    def stats(self) -> dict:
-        return self.plan.stats
-
+    # -- plan views (and PlanViews') ----------------------------------------
     @property
     def doc_index(self) -> np.ndarray:
         return self.plan.doc_index
-
-    @property
-    def pack_offsets(self) -> np.ndarray:
-        return self.plan.pack_offsets
 
     @property
     def seq_lens(self) -> np.ndarray:
@@ -283,9 +291,6 @@ class Packed:
     @property
     def seq_lens_offsets(self) -> np.ndarray:
         return self.plan.pack_offsets
-
-    def __len__(self) -> int:
-        return self.plan.pack_offsets.shape[0] - 1
 
     def __repr__(self) -> str:
         return f"Packed(num_packs={len(self)}, max_len={self.max_len}, fill={self.stats['fill']:.4f})"

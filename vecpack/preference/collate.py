@@ -33,6 +33,7 @@ import numpy as np
 import torch
 
 from vecpack.integrations.collate import _array, collate_flash
+from vecpack.options import ATTENTION_MASKS, check_choice
 
 __all__ = ["MODEL_KEYS", "collate_preference", "model_inputs", "prefix_block_mask", "prefix_dense_mask"]
 
@@ -176,8 +177,7 @@ def model_inputs(batch: Mapping[str, Any], *, mask: str = "flex") -> dict[str, A
     """
     if not batch.get("prefix_sharing"):
         return {k: batch[k] for k in MODEL_KEYS if k in batch}
-    if mask not in ("flex", "dense"):
-        raise ValueError(f"mask must be 'flex' or 'dense', got {mask!r}")
+    check_choice(mask, "mask", ATTENTION_MASKS)
     device = batch["input_ids"].device
     attention = prefix_block_mask(batch, device=device) if mask == "flex" else prefix_dense_mask(batch, device=device)
     return {"input_ids": batch["input_ids"], "position_ids": batch["position_ids"], "attention_mask": attention,

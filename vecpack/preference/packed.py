@@ -51,7 +51,7 @@ import numpy as np
 
 from vecpack.errors import InputError
 from vecpack.options import check_index, check_int, check_max_len, check_options
-from vecpack.packing.packed import _check_offsets, _check_tokens
+from vecpack.packing.packed import PlanViews, _check_offsets, _check_tokens
 from vecpack.packing.plan import _ro, plan
 
 __all__ = ["PairPlan", "PackedPairs", "lay_out_pack", "pack_pairs", "pair_policy", "pair_sequences", "plan_pairs"]
@@ -274,7 +274,7 @@ def plan_pairs(doc_lengths, max_len: int, *, strategy: str = "bfd", long: str = 
                     max_len=max_len, stats=stats, prefix_sharing=bool(prefix_sharing))
 
 
-class PackedPairs:
+class PackedPairs(PlanViews):
     """Packs of preference pairs, laid out lazily from the corpus and a :class:`PairPlan`.
 
     ``pp[i]`` fills one pack; ``pp.input_ids`` etc. fill every pack once, in
@@ -327,21 +327,6 @@ class PackedPairs:
     def __setstate__(self, state):
         self.__dict__.update(state)
         self._views()
-
-    @property
-    def max_len(self) -> int:
-        return self.plan.max_len
-
-    @property
-    def stats(self) -> dict:
-        return self.plan.stats
-
-    @property
-    def pack_offsets(self) -> np.ndarray:
-        return self.plan.pack_offsets
-
-    def __len__(self) -> int:
-        return len(self.plan)
 
     def __repr__(self) -> str:
         return (f"PackedPairs(num_packs={len(self)}, pairs={self.plan.pair_index.shape[0]}, "

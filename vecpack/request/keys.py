@@ -10,6 +10,7 @@ entry. Paths, ``n_jobs``, ``progress`` and the executor are never in it.
     corpus-<key>  data content, tokenizer content, ChatSpec, RunSpec.on_error, CORPUS_FORMAT
     plan-<key>    the corpus key, PackSpec (max_len, strategy, long, shuffle_seed, prefix_sharing)
     pairs-<key>   the same, for preference pairs
+    turns-<key>   the same, for per-turn tries (ChatSpec.per_turn; its corpus key differs too)
     mix-<key>     the corpus keys, the weights, PackSpec, MixSpec
 """
 

@@ -31,6 +31,7 @@ from typing import Any
 
 from vecpack.inputs.sources import InputFile, resolve_sources
 from vecpack.mixing.source import as_sources, data_name, is_mixture, own_options
+from vecpack.options import check_per_turn_call
 from vecpack.request.specs import ChatSpec, MixSpec, PackSpec, RunSpec, TokenizerSpec
 
 __all__ = ["Input", "Request", "make_request", "resolve_inputs"]
@@ -126,6 +127,7 @@ def _is_iterable(obj) -> bool:
 #: make_request's option names -> (the spec they belong to, the spec's field).
 _OPTIONS = {
     "style": "chat", "column": "chat", "masking": "chat", "chat_template_kwargs": "chat", "train_reasoning": "chat",
+    "per_turn": "chat",
     "max_len": "pack", "strategy": "pack", "long": "pack", "shuffle_seed": "pack", "prefix_sharing": "pack",
     "pad_id": "pack", "ignore_index": "pack",
     "mix_by": "mix", "mix_total": "mix", "mix_seed": "mix", "mix_repeat": "mix",
@@ -161,9 +163,14 @@ def make_request(data_files, tokenizer, options: dict, *, door: str = "build()",
                                      streaming=streaming, cluster=run.executor == "ray" and run.output is not None)
     pack = None
     pairs = inputs[0].chat.style == "preference"
+    if chat.per_turn:
+        check_per_turn_call(door=door, streaming=streaming, mixture=mixture, images=tok.processor is not None,
+                            cluster=run.executor == "ray" and run.output is not None, packs="max_len" in options,
+                            encoder=tok.encoder is not None and not getattr(tok.encoder, "per_turn", False))
     if "max_len" in options:  # (a call that packs; tokenize() has no max_len)
         kw = dict(by["pack"])
-        unit = "pair" if pairs else "images" if tok.processor is not None else "document"
+        unit = ("pair" if pairs else "images" if tok.processor is not None else "turns" if chat.per_turn
+                else "document")
         pack = PackSpec.make(kw.pop("max_len", None), unit=unit, **kw)
     mix = None
     if mixture:

@@ -19,7 +19,7 @@ import json
 import os
 from typing import Any
 
-from vecpack.options import IGNORE_INDEX, check_max_len, check_mix, check_n_jobs, check_options
+from vecpack.options import IGNORE_INDEX, check_max_len, check_mix, check_n_jobs, check_options, check_per_turn
 from vecpack.request.fields import neutral, read
 
 __all__ = ["ChatSpec", "MixSpec", "PackSpec", "RunSpec", "TokenizerSpec"]
@@ -36,6 +36,8 @@ class ChatSpec:
         chat_template_kwargs: template variables for every row (e.g. ``{"enable_thinking": false}``),
             as canonical JSON text; a row's own ``chat_template_kwargs`` win over them.
         train_reasoning: False keeps each assistant message's reasoning out of the loss.
+        per_turn: one document per trained assistant turn, the conversation up to it rendered as its
+            final turn (its reasoning kept), packed as one token trie per conversation (:mod:`vecpack.turns`).
     """
 
     style: str = "sharegpt"
@@ -43,10 +45,12 @@ class ChatSpec:
     masking: str = "assistant"
     chat_template_kwargs: str | None = None
     train_reasoning: bool = True
+    per_turn: bool = False
 
     @classmethod
     def make(cls, style: str = "sharegpt", column: str | None = None, masking: str = "assistant",
-             chat_template_kwargs: dict | None = None, train_reasoning: bool = True) -> "ChatSpec":
+             chat_template_kwargs: dict | None = None, train_reasoning: bool = True,
+             per_turn: bool = False) -> "ChatSpec":
         check_options(style=style, masking=masking)
         if column is not None and not isinstance(column, str):
             raise TypeError(f"column must be a string, got {type(column).__name__}")
@@ -64,11 +68,15 @@ class ChatSpec:
         if style == "preference" and (kwargs is not None or not train_reasoning):
             raise ValueError("chat_template_kwargs= and train_reasoning= apply to chat rows; a preference pair "
                              "takes its template variables from its own 'chat_template_kwargs' column")
-        return cls(style, column, masking, kwargs, train_reasoning)
+        if not isinstance(per_turn, bool):
+            raise TypeError(f"per_turn must be a bool, got {type(per_turn).__name__}")
+        if per_turn:
+            check_per_turn(style, masking)
+        return cls(style, column, masking, kwargs, train_reasoning, per_turn)
 
     def with_format(self, style: str, column: str | None, masking: str) -> "ChatSpec":
         """This spec with another row format (a mixture's source), validated; the call's template options kept."""
-        return ChatSpec.make(style, column, masking, self.template_kwargs(), self.train_reasoning)
+        return ChatSpec.make(style, column, masking, self.template_kwargs(), self.train_reasoning, self.per_turn)
 
     def template_kwargs(self) -> dict | None:
         """``chat_template_kwargs`` as a dict (None when not given)."""
@@ -81,6 +89,8 @@ class ChatSpec:
             out["chat_template_kwargs"] = self.template_kwargs()
         if not self.train_reasoning:
             out["train_reasoning"] = False
+        if self.per_turn:
+            out["per_turn"] = True
         return out
 
 
@@ -148,7 +158,8 @@ class PackSpec:
              prefix_sharing: bool = False, pad_id: int | None = None, ignore_index: int = IGNORE_INDEX,
              unit: str = "document") -> "PackSpec":
         """Validated; ``unit``: what is packed whole, ``"document"``, ``"pair"`` (preference pairs: never
-        split, prompts may be shared) or ``"images"`` (documents with images: never split)."""
+        split, prompts may be shared), ``"images"`` (documents with images: never split) or ``"turns"`` (a
+        conversation's per-turn documents, one trie: never split)."""
         pairs = unit == "pair"
         max_len = check_max_len(max_len)
         checked = check_options(strategy=strategy, long=long, shuffle_seed=shuffle_seed)
@@ -156,6 +167,8 @@ class PackSpec:
             check_options(pair_long=long)
         if unit == "images":
             check_options(vision_long=long)
+        if unit == "turns":
+            check_options(turn_long=long)
         if prefix_sharing and not pairs:
             raise ValueError("prefix_sharing=True needs style='preference'")
         return cls(max_len, strategy, long, checked["shuffle_seed"], bool(prefix_sharing), pad_id, ignore_index)

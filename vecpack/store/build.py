@@ -55,7 +55,7 @@ def build(data_files, tokenizer=None, max_len: int | None = None, *, style: str 
           mix_by: str = "tokens", mix_total: int | None = None, mix_seed: int = 0,
           mix_repeat: bool = True, prefix_sharing: bool = False, chat_template_kwargs: dict | None = None,
           train_reasoning: bool = True, output: str | None = None, processor=None,
-          pixels: str = "cache") -> Packed:
+          pixels: str = "cache", per_turn: bool = False) -> Packed:
     """Tokenize chat data and pack it, through the cache.
 
     Args:
@@ -80,6 +80,14 @@ def build(data_files, tokenizer=None, max_len: int | None = None, *, style: str 
         train_reasoning: False keeps each assistant message's reasoning
             (``reasoning_content``, ``thinking``) out of the loss; the rest of the
             turn is trained as ``masking`` says.
+        per_turn: each trained assistant turn becomes a document of its own, the
+            conversation before it rendered as the template renders a final turn
+            (so Qwen3-style templates keep its reasoning); a conversation's
+            documents are packed as one token trie, shared prefixes stored once.
+            Returns a :class:`~vecpack.turns.packed.PackedTurns` (batches:
+            :func:`vecpack.turns.collate.collate_turns`); ``long``: ``"truncate"``
+            keeps a conversation's first turns that fit, ``"drop"`` or ``"error"``.
+            See ``docs/agentic.md``.
         processor: instead of ``tokenizer``: a vision-language processor directory
             (``preprocessor_config.json``, the tokenizer and its chat template, as
             a checkpoint ships them) for rows with images; returns a
@@ -149,6 +157,6 @@ def build(data_files, tokenizer=None, max_len: int | None = None, *, style: str 
         "backend": backend, "encoder": encoder, "verify": verify, "allow_useless": allow_useless,
         "weights": weights, "mix_by": mix_by, "mix_total": mix_total, "mix_seed": mix_seed,
         "mix_repeat": mix_repeat, "prefix_sharing": prefix_sharing, "chat_template_kwargs": chat_template_kwargs,
-        "train_reasoning": train_reasoning, "output": output,
+        "train_reasoning": train_reasoning, "output": output, "per_turn": per_turn,
         **({"processor": processor, "pixels": pixels} if processor is not None else {})})
     return run_build(request, t0)

@@ -6,6 +6,7 @@ the request asks for; only the planner differs::
     kind of request           planner          cache entry   result
     one chat input            ChatPlanner      plan-<key>    Packed
     one input of pairs        PairPlanner      pairs-<key>   PackedPairs
+    one input, per_turn=True  TurnPlanner      turns-<key>   PackedTurns (a trie per conversation)
     a chat mixture            MixPlanner       mix-<key>     Packed over the corpora, in parts
     a mixture of pairs        PairMixPlanner   (not cached)  PackedPairs over the corpora joined
 
@@ -28,12 +29,13 @@ from vecpack.request.keys import mix_key, plan_key
 from vecpack.store import mixed as _mixed
 from vecpack.store.entries import corpus_labels
 
-__all__ = ["planner_for", "ChatPlanner", "MixPlanner", "PairMixPlanner", "PairPlanner"]
+__all__ = ["planner_for", "ChatPlanner", "MixPlanner", "PairMixPlanner", "PairPlanner", "TurnPlanner"]
 
 
-def _save(plan, names, tmp) -> None:
+def _save(plan, names, tmp, dtype=np.int64) -> None:
+    """The plan's arrays ``names`` as ``<name>.npy`` in ``tmp`` (``dtype=None``: each its own)."""
     for n in names:
-        np.save(tmp / f"{n}.npy", np.ascontiguousarray(getattr(plan, n), dtype=np.int64))
+        np.save(tmp / f"{n}.npy", np.ascontiguousarray(getattr(plan, n), dtype=dtype))
 
 
 class ChatPlanner:
@@ -117,6 +119,43 @@ class PairPlanner(ChatPlanner):
         return dict(p.stats, num_documents=p.stats["num_pairs"])
 
 
+class TurnPlanner(ChatPlanner):
+    """One per-turn corpus -> a ``TurnPlan`` (each conversation's trie) -> a ``PackedTurns``."""
+
+    def key(self, corpora):
+        return "turns", plan_key(self.pack, corpora[0].key, pairs=False)[1]
+
+    @property
+    def arrays(self):
+        from vecpack.turns.packed import TurnPlan
+
+        return TurnPlan.ARRAYS
+
+    def make(self, corpora):
+        from vecpack.tokenizing.tokenized import bits_to_labels
+        from vecpack.turns.packed import plan_turns
+
+        a, pk = corpora[0].arrays, self.pack
+        labels = bits_to_labels(np.asarray(a["tokens"]), a["trained"]) if "trained" in a else a["labels"]
+        return plan_turns(a["tokens"], labels, a["offsets"], a["row_ids"], pk.max_len,
+                          strategy=pk.strategy, long=pk.long, shuffle_seed=pk.shuffle_seed, ignore_index=IGNORE_INDEX)
+
+    def save(self, p, tmp) -> None:
+        _save(p, self.arrays, tmp, dtype=None)  # (depths and ends int32, labels uint8)
+
+    def load(self, entry):
+        from vecpack.turns.packed import TurnPlan
+
+        return TurnPlan(**{n: entry.arrays[n] for n in self.arrays}, max_len=self.pack.max_len,
+                        stats=dict(entry.meta.get("stats", {})))
+
+    def packed(self, corpora, p, validate: bool):
+        from vecpack.turns.packed import PackedTurns
+
+        return PackedTurns(corpora[0].arrays["tokens"], corpora[0].arrays["offsets"], p,
+                           pad_id=_pad(self.pack, corpora), ignore_index=self.pack.ignore_index)
+
+
 class MixPlanner(ChatPlanner):
     """Chat corpora, one per input -> documents chosen by weight into one plan -> a ``Packed`` in parts."""
 
@@ -175,6 +214,8 @@ def planner_for(request):
     """The planner of a request (see the module's table)."""
     if request.mixture:
         return PairMixPlanner(request) if request.pairs else MixPlanner(request)
+    if request.inputs[0].chat.per_turn:
+        return TurnPlanner(request)
     return PairPlanner(request) if request.pairs else ChatPlanner(request)
 
 

@@ -78,7 +78,9 @@ def save(packed: Packed, out_dir: str | os.PathLike, *, overwrite: bool = True,
     """
     pairs = type(packed).__name__ == "PackedPairs"  # vecpack.preference.packed (not imported here)
     if not (isinstance(packed, Packed) or pairs):
-        raise TypeError(f"packed must be a vecpack.Packed or PackedPairs, got {type(packed).__name__}")
+        hint = ("; per-turn tries are not saved yet: a second vecpack.build(..., per_turn=True) reads them from the "
+                "cache" if type(packed).__name__ == "PackedTurns" else "")
+        raise TypeError(f"packed must be a vecpack.Packed or PackedPairs, got {type(packed).__name__}{hint}")
     if _objects.is_url(out_dir):
         return _save_to_store(packed, out_dir, overwrite, progress)
     out = pathlib.Path(out_dir)

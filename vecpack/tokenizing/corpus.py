@@ -312,7 +312,10 @@ def _tokenize(call: _Call, feed) -> Tokenized:
 
             warn_caller(f"vecpack: the chat template did not render {agentic['reasoning_dropped']} of "
                         f"{agentic.get('reasoning', 0)} reasoning traces (it drops reasoning before the last user "
-                        "turn, as apply_chat_template does); they are not trained")
+                        "turn, as apply_chat_template does); they are not trained"
+                        + ("" if getattr(encoder, "per_turn", False) else
+                           ". per_turn=True (--per-turn) renders each trained turn as the final one, with its "
+                              "reasoning where the template keeps it there"))
     if getattr(encoder, "pairs", False):  # preference pairs: three documents per pair
         result.stats["pairs"] = len(result) // 3
     result.encoder = encoder

@@ -99,7 +99,8 @@ class ChatEncoder:
     def __init__(self, path, *, masking: str = "assistant", style: str = "sharegpt", column: str | None = None,
                  backend: str = "fastokens", backend_reason: str = "", template: ChatTemplate | None = None,
                  text_affixes: tuple[tuple[int, ...], tuple[int, ...]] = ((), ()),
-                 ids: dict | None = None, chat_template_kwargs: dict | None = None, train_reasoning: bool = True):
+                 ids: dict | None = None, chat_template_kwargs: dict | None = None, train_reasoning: bool = True,
+                 per_turn: bool = False):
         check_options(masking=masking, style=style)
         check_choice(backend, "backend", BACKENDS)
         self.path = str(path)
@@ -112,6 +113,7 @@ class ChatEncoder:
         self.text_affixes = (tuple(text_affixes[0]), tuple(text_affixes[1]))
         self.chat_template_kwargs = _call_kwargs(chat_template_kwargs)
         self.train_reasoning = bool(train_reasoning)
+        self.per_turn = bool(per_turn)  # one document per trained assistant turn (vecpack.turns.encoder)
         ids = ids or {}
         self.bos_id, self.eos_id, self.pad_id = ids.get("bos"), ids.get("eos"), ids.get("pad")
         self.pending_check = None  # sample texts of a deferred parity check (see from_tokenizer)
@@ -123,7 +125,7 @@ class ChatEncoder:
     def from_tokenizer(cls, tokenizer, *, masking: str = "assistant", style: str = "sharegpt",
                        column: str | None = None, sample_rows=None, backend: str = "auto",
                        defer_check: bool = False, chat_template_kwargs: dict | None = None,
-                       train_reasoning: bool = True) -> "ChatEncoder":
+                       train_reasoning: bool = True, per_turn: bool = False) -> "ChatEncoder":
         """Build an encoder and choose its backend.
 
         Args:
@@ -151,6 +153,9 @@ class ChatEncoder:
                 with them too. Not ``tools`` (a row's ``tools`` column).
             train_reasoning: ``False`` leaves each assistant message's reasoning
                 text untrained, the rest of its turn trained.
+            per_turn: each row becomes one document per trained assistant
+                turn, the conversation up to it rendered as its final turn
+                (:mod:`vecpack.turns.encoder`; :mod:`vecpack.turns.packed` packs them).
 
         >>> from vecpack.testing import cached_tokenizer_dir
         >>> ChatEncoder.from_tokenizer(cached_tokenizer_dir("qwen2.5"), backend="tokenizers").backend
@@ -184,7 +189,7 @@ class ChatEncoder:
         affixes = facts["affixes"]
         enc = cls(path, masking=masking, style=style, column=column, backend="tokenizers",
                   template=template, text_affixes=affixes, ids=ids, chat_template_kwargs=chat_template_kwargs,
-                  train_reasoning=train_reasoning)
+                  train_reasoning=train_reasoning, per_turn=per_turn)
 
         conversations = enc._conversations(sample_rows)
         enc._verify(conversations)
@@ -247,6 +252,15 @@ class ChatEncoder:
         out.__dict__.pop("pool", None)  # forked workers hold this encoder, not the fallback
         return out
 
+    def _per_turn(self) -> "ChatEncoder":
+        """This encoder with ``per_turn`` set (see :func:`encoder_for`)."""
+        out = type(self).__new__(type(self))
+        out.__dict__.update(self.__dict__)
+        out.per_turn = True
+        out.__dict__.pop("_fingerprint", None)
+        out.__dict__.pop("pool", None)  # forked workers hold the other encoder
+        return out
+
     # ------------------------------------------------------------------ pickling
 
     def __getstate__(self):
@@ -271,7 +285,7 @@ class ChatEncoder:
         """A hash of the tokenizer files and every option that changes the output."""
         key = (self.masking, self.style, self.column, self.text_affixes,
                json.dumps(self.__dict__.get("chat_template_kwargs") or {}, sort_keys=True, default=repr),
-               self.__dict__.get("train_reasoning", True))
+               self.__dict__.get("train_reasoning", True)) + (("per_turn",) if self.__dict__.get("per_turn") else ())
         memo = self.__dict__.get("_fingerprint")
         if memo is not None and memo[0] == key:
             return memo[1]
@@ -407,7 +421,7 @@ class ChatEncoder:
     def row_lane(self, nbytes: int | None = None):
         """The compiled row lane (:mod:`vecpack.tokenizing.lane`) for a JSONL range of ``nbytes``,
         or ``None`` where it does not apply (then :meth:`chunk_sink` / :meth:`encode_row`)."""
-        return lane_for(self, nbytes) if type(self) is ChatEncoder else None
+        return lane_for(self, nbytes) if type(self) is ChatEncoder and not self.per_turn else None
 
     def chunk_sink(self) -> "ChunkSink | None":
         """A collector that encodes many rows at once and labels them in one vectorized pass.
@@ -416,6 +430,10 @@ class ChatEncoder:
         style); callers then use :meth:`encode_row` (or :meth:`encode_row_counted`,
         which also gives an agentic row's counts). The result is identical.
         """
+        if self.per_turn and self.template is not None:
+            from vecpack.turns.encoder import TurnSink  # (a row becomes several documents)
+
+            return TurnSink(self)
         if self.backend == "tokenizers" or self.template is None:
             return None
         return ChunkSink(self)
@@ -513,16 +531,23 @@ def encoder_for(tokenizer, style: str, column: str | None, masking: str, sources
     rows the checks look at. ``cls``: the encoder class (default
     :class:`ChatEncoder`; :class:`~vecpack.preference.encoder.PairEncoder` for pairs).
     ``options``: more keyword arguments of ``from_tokenizer`` (``chat_template_kwargs``,
-    ``train_reasoning``), part of the key.
+    ``train_reasoning``, ``per_turn``), part of the key. A ``per_turn`` encoder is the same encoder
+    with ``per_turn`` set (it renders and encodes alike): made from the other, not built again.
     """
     from vecpack.inputs.readers import sample_rows
 
-    options = options or {}
+    options = dict(options or {})
+    per_turn = bool(options.pop("per_turn", False))
     key = (_tokenizer_key(tokenizer), style, column, masking)
     if options:
         key += (json.dumps(options, sort_keys=True, default=repr),)
+    if per_turn:
+        key += ("per_turn",)
     hit = _ENCODERS.get(key)
     enc = hit[0] if hit is not None and (key[0][0] == "path" or hit[1] is tokenizer) else None
+    if enc is None and per_turn:
+        enc = encoder_for(tokenizer, style, column, masking, sources, cls=cls, options=options)[1]._per_turn()
+        _ENCODERS[key] = (enc, tokenizer)
     if enc is None:
         _backend.preload(tokenizer)  # a new encoder wants a parity check: HF loads meanwhile
         enc = (cls or ChatEncoder).from_tokenizer(tokenizer, masking=masking, style=style, column=column,

@@ -14,7 +14,8 @@ An encoder with ``chunk_sink()`` (:class:`~vecpack.tokenizing.encoder.ChatEncode
 takes the rows one by one, then encodes (fastokens: in one batch call) and
 labels them all in one vectorised pass at the end. A sink whose ``per_row``
 says so turns each row into several documents (a preference pair: prompt,
-chosen, rejected), which then share the row's index.
+chosen, rejected; per-turn documents, as many as the row's ``row_docs`` says), which then share
+the row's index.
 
 >>> class Bytes:
 ...     def encode_row(self, row):
@@ -149,7 +150,10 @@ def encode_rows(encoder, payloads: Iterable[tuple[Any, Any]], *, on_error: str =
         counts = dict(getattr(sink, "counts", {}))
         lengths = sink_lengths.tolist()
         per_row = getattr(sink, "per_row", 1)  # documents per row (a preference pair: 3)
-        if per_row != 1:
+        row_docs = getattr(sink, "row_docs", None)  # or each row's own count (per-turn documents)
+        if row_docs is not None:
+            rows = np.repeat(np.asarray(rows, np.int64), np.asarray(row_docs, np.int64))
+        elif per_row != 1:
             rows = [r for r in rows for _ in range(per_row)]
     else:
         tokens = np.concatenate(toks) if toks else np.zeros(0, np.int32)
