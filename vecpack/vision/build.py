@@ -28,7 +28,8 @@ import numpy as np
 
 __all__ = ["build_vision", "n_workers", "run_vision"]
 
-PIXELS_FORMAT = 1
+#: Bump when the pixels entry changes for the same images (2: uint8 + table where the processor has a codec).
+PIXELS_FORMAT = 2
 
 
 def n_workers(n_jobs: int | None) -> int:
@@ -86,7 +87,7 @@ def run_vision(request):
     from vecpack.vision.corpus import encode_files
     from vecpack.vision.encode import VisionEncoder
     from vecpack.vision.packed import PackedVision
-    from vecpack.vision.pixels import LazyPixels, MappedPixels
+    from vecpack.vision.pixels import LazyPixels, mapped_pixels
     from vecpack.vision.processor import load_processor
     from vecpack.vision.stored import load_or_encode
     from vecpack.vision.workers import Workers
@@ -114,7 +115,7 @@ def run_vision(request):
         else:
             entry = _pixels_entry(corpus, encoder, workers, cache_dir)
             hit = not entry.built
-            store = MappedPixels(entry.arrays["pixels"], np.asarray(entry.arrays["pixel_offsets"]))
+            store = mapped_pixels(entry.arrays, entry.meta)
     packed = PackedVision(corpus, store, max_len, strategy=strategy, long=long, shuffle_seed=shuffle_seed,
                           pad_id=pad_id)
     lengths = np.diff(corpus.offsets)
@@ -143,14 +144,14 @@ def _unlinked_pixels(corpus, encoder, workers):
     import shutil
     import tempfile
 
-    from vecpack.vision.pixels import MappedPixels, write_pixels
+    from vecpack.vision.pixels import mapped_pixels, write_pixels
 
     tmp = tempfile.mkdtemp(prefix="vecpack-pixels-")
     try:
         encoder.loaded()
-        write_pixels(tmp, corpus, encoder, workers)
-        return MappedPixels(np.load(os.path.join(tmp, "pixels.npy"), mmap_mode="r"),
-                            np.load(os.path.join(tmp, "pixel_offsets.npy")))
+        meta = write_pixels(tmp, corpus, encoder, workers)
+        arrays = {f[:-4]: np.load(os.path.join(tmp, f), mmap_mode="r") for f in os.listdir(tmp) if f.endswith(".npy")}
+        return mapped_pixels(arrays, meta)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)  # a mapping outlives its unlinked file
 
