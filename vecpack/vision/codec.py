@@ -38,6 +38,10 @@ UINT8_IMAGE_PROCESSORS = frozenset({
     "Qwen2VLImageProcessorPil", "Qwen2VLImageProcessor", "CLIPImageProcessorPil", "CLIPImageProcessor",
     "Gemma3ImageProcessorPil", "Gemma3ImageProcessor"})
 
+#: Where the stored rows come straight from Pillow's resize (the processor's own steps on an RGB image: resize
+#: by its ``resample``, then patches), checked by the probe; other classes run the processor itself.
+_DIRECT = frozenset({"Qwen2VLImageProcessorPil"})
+
 _CODECS = memo("vision-pixel-codecs", 4)
 
 
@@ -49,10 +53,23 @@ class PixelCodec:
         temporal: how many times the processor repeats each frame in a row (1 for fixed-size images).
     """
 
-    def __init__(self, table: np.ndarray, temporal: int):
+    def __init__(self, table: np.ndarray, temporal: int, direct: tuple | None = None):
         self.table = np.ascontiguousarray(table, dtype=np.float32)
         self.channels = int(self.table.shape[0])
         self.temporal = int(temporal)
+        self.direct = direct
+
+    def image_rows(self, image, grid) -> np.ndarray | None:
+        """The stored rows of an RGB PIL image of ``grid`` made straight from Pillow's resize, where the probe found
+        that equal to the processor's own (``direct``: (patch, merge, resample) of Qwen2-VL's Pillow variant); else
+        None (run the processor with rescale and normalize off)."""
+        if self.direct is None or image.mode != "RGB" or "transparency" in image.info:
+            return None
+        p, m, resample = self.direct
+        _, gh, gw = (int(g) for g in grid)
+        hwc = np.asarray(image.resize((gw * p, gh * p), resample=resample))
+        patches = hwc.reshape(gh // m, m, p, gw // m, m, p, 3).transpose(0, 3, 1, 4, 6, 2, 5)
+        return patches.reshape(gh * gw, 3 * p * p)
 
     def row_dim(self, stored_dim: int) -> int:
         """Float values a row for ``stored_dim`` uint8 values a row."""
@@ -140,8 +157,16 @@ def image_codec(image_processor) -> PixelCodec | None:
         codec = PixelCodec(table, temporal)
         if np.isnan(table).any() or not codec.exact(raw, out):
             return None
-        raw, _ = pixel_rows(image_processor, Image.fromarray(noise), raw=True)
+        raw, made = pixel_rows(image_processor, Image.fromarray(noise), raw=True)
         out, _ = pixel_rows(image_processor, Image.fromarray(noise))
-        return codec if codec.exact(raw, out) else None
+        if not codec.exact(raw, out):
+            return None
+        if type(image_processor).__name__ in _DIRECT and image_processor.do_resize and temporal > 1:
+            codec.direct = (int(image_processor.patch_size), int(image_processor.merge_size),
+                            int(image_processor.resample))
+            direct = codec.image_rows(Image.fromarray(noise), made["image_grid_thw"][0])
+            if direct is None or not np.array_equal(direct, codec.encode(raw)):
+                codec.direct = None
+        return codec
     except (TypeError, ValueError):  # the processor takes no such option, or refuses the probe
         return None

@@ -60,16 +60,21 @@ def _preprocess_into(task) -> int:
     out = np.load(path, mmap_mode="r+")
     try:
         for k, u in enumerate(range(a, b)):
-            try:
-                rows, grid = enc.processor.preprocess(load_image(sources[k], enc), raw=codec is not None)
-            except InputError:
-                raise
-            except ValueError as e:  # the processor refuses it
-                raise InputError(f"the processor refuses image {sources[k][0]}: {e}") from None
-            if tuple(grid) != tuple(grids[k]) or len(rows) != offsets[u + 1] - offsets[u]:
-                raise RuntimeError(f"image {sources[k]}: the processor made grid {tuple(grid)}, its header "
-                                   f"said {tuple(grids[k])}")
-            out[offsets[u]:offsets[u + 1]] = rows if codec is None else codec.encode(rows)
+            image = load_image(sources[k], enc)
+            rows = None if codec is None else codec.image_rows(image, grids[k])
+            if rows is None:
+                try:
+                    rows, grid = enc.processor.preprocess(image, raw=codec is not None)
+                except ValueError as e:  # the processor refuses it
+                    raise InputError(f"the processor refuses image {sources[k][0]}: {e}") from None
+                if tuple(grid) != tuple(grids[k]):
+                    raise RuntimeError(f"image {sources[k]}: the processor made grid {tuple(grid)}, its header "
+                                       f"said {tuple(grids[k])}")
+                rows = rows if codec is None else codec.encode(rows)
+            if len(rows) != offsets[u + 1] - offsets[u]:
+                raise RuntimeError(f"image {sources[k]}: {len(rows)} pixel rows, its grid says "
+                                   f"{offsets[u + 1] - offsets[u]}")
+            out[offsets[u]:offsets[u + 1]] = rows
         out.flush()
     finally:
         del out
