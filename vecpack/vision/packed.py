@@ -85,6 +85,15 @@ class PackedVision:
         stats["empty"] = int(stats.get("empty", 0)) - len(dropped)
         self.stats = stats
 
+    @classmethod
+    def from_plan(cls, corpus, pixels, plan, *, pad_id: int, stats: dict | None = None) -> PackedVision:
+        """Packs of a plan made before (a saved dataset's): nothing is planned or checked again."""
+        self = cls.__new__(cls)
+        self.corpus, self.pixels, self.plan, self.max_len = corpus, pixels, plan, int(plan.max_len)
+        self.image_token_id, self.merge, self.pad_id = corpus.image_token_id, corpus.merge, int(pad_id)
+        self.stats = dict(stats or plan.stats)
+        return self
+
     def _lengths(self, long: str) -> tuple[np.ndarray, list, int]:
         c = self.corpus
         lengths = np.diff(c.offsets).astype(np.int64)
