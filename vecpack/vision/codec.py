@@ -168,5 +168,5 @@ def image_codec(image_processor) -> PixelCodec | None:
             if direct is None or not np.array_equal(direct, codec.encode(raw)):
                 codec.direct = None
         return codec
-    except (TypeError, ValueError):  # the processor takes no such option, or refuses the probe
+    except Exception:  # noqa: BLE001 -- any failure of the probe (an option the processor lacks, ...): float32
         return None

@@ -8,7 +8,9 @@ Where :func:`~vecpack.vision.codec.pixel_codec` gives a codec, ``pixels.npy``
 is uint8 (the processor's resized image, one frame, run with rescale and
 normalize off) and ``pixel_table.npy`` holds the codec's table: a pack's rows
 are decoded to the processor's float32 rows bit for bit when read. Otherwise
-``pixels.npy`` holds the float32 rows themselves. Reading a pack's pixels maps
+``pixels.npy`` holds the float32 rows themselves. For Qwen2-VL's Pillow
+variant the uint8 rows come straight from Pillow's resize cut into patches
+(:meth:`~vecpack.vision.codec.PixelCodec.image_rows`, checked by the probe). Reading a pack's pixels maps
 just its images' rows (:class:`MappedPixels`); :class:`LazyPixels`
 preprocesses them at batch time instead.
 """
