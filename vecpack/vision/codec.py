@@ -82,19 +82,21 @@ class PixelCodec:
     def encode(self, raw: np.ndarray) -> np.ndarray:
         """The processor's output with rescale and normalize off (uint8 values as any dtype) -> uint8 rows of one
         frame (the repeated frames are dropped)."""
+        raw = np.asarray(raw)
         n = len(raw)
-        frames = np.asarray(raw).reshape(n, self.channels, self.temporal, -1)[:, :, 0]
-        return frames.astype(np.uint8).reshape(n, -1)
+        frames = raw.reshape(n, self.channels, self.temporal, raw.shape[1] // (self.channels * self.temporal))[:, :, 0]
+        return frames.astype(np.uint8).reshape(n, frames.shape[1] * frames.shape[2])
 
     def decode(self, stored: np.ndarray) -> np.ndarray:
         """uint8 rows -> the processor's float32 rows (each value looked up in its channel's table, each frame
         repeated ``temporal`` times)."""
+        stored = np.asarray(stored)
         n = len(stored)
-        u8 = np.asarray(stored).reshape(n, self.channels, -1)
+        u8 = stored.reshape(n, self.channels, stored.shape[1] // self.channels)
         out = np.empty((n, self.channels, self.temporal, u8.shape[2]), dtype=np.float32)
         for c in range(self.channels):
             out[:, c, :, :] = self.table[c][u8[:, c]][:, None, :]
-        return out.reshape(n, -1)
+        return out.reshape(n, self.channels * self.temporal * u8.shape[2])
 
     def exact(self, raw: np.ndarray, want: np.ndarray) -> bool:
         """Whether ``raw`` (rescale and normalize off) encodes and decodes to ``want`` bit for bit."""

@@ -125,8 +125,13 @@ class MappedPixels:
         self.dim = int(pixels.shape[1]) if codec is None else codec.row_dim(pixels.shape[1])
 
     def rows(self, u: int) -> np.ndarray:
-        stored = self.pixels[self.offsets[u]:self.offsets[u + 1]]
-        return stored if self.codec is None else self.codec.decode(stored)
+        return self.pack_rows([u])
+
+    def pack_rows(self, images) -> np.ndarray:
+        """The float32 rows of unique images ``images``, in order (the stored rows gathered, then decoded once)."""
+        parts = [self.pixels[self.offsets[u]:self.offsets[u + 1]] for u in np.asarray(images, np.int64)]
+        stored = np.concatenate(parts) if parts else np.zeros((0, self.pixels.shape[1]), self.pixels.dtype)
+        return np.asarray(stored) if self.codec is None else self.codec.decode(stored)
 
 
 class LazyPixels:
@@ -140,3 +145,8 @@ class LazyPixels:
     def rows(self, u: int) -> np.ndarray:
         rows, _ = self.encoder.processor.preprocess(load_image(self.corpus.sources[u], self.encoder))
         return rows
+
+    def pack_rows(self, images) -> np.ndarray:
+        """The float32 rows of unique images ``images``, in order."""
+        parts = [self.rows(int(u)) for u in images]
+        return np.concatenate(parts) if parts else np.zeros((0, self.dim), dtype=np.float32)
