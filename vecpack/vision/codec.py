@@ -20,8 +20,8 @@ processor (vecpack's preprocessing and the probe alike).
 >>> table = np.stack([np.arange(256, dtype=np.float32) * k for k in (1, 2, 3)])
 >>> codec = PixelCodec(table, temporal=2)
 >>> stored = np.array([[1, 2, 3]], dtype=np.uint8)          # one row: one value a channel
->>> codec.decode(stored).tolist(), codec.row_dim(3)
-([[1.0, 1.0, 4.0, 4.0, 9.0, 9.0]], 6)
+>>> codec.decode(stored).tolist(), codec.row_dim(3), codec.decode(stored[:0]).shape
+([[1.0, 1.0, 4.0, 4.0, 9.0, 9.0]], 6, (0, 6))
 """
 
 from __future__ import annotations
