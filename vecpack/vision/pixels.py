@@ -10,9 +10,10 @@ normalize off) and ``pixel_table.npy`` holds the codec's table: a pack's rows
 are decoded to the processor's float32 rows bit for bit when read. Otherwise
 ``pixels.npy`` holds the float32 rows themselves. For Qwen2-VL's Pillow
 variant the uint8 rows come straight from Pillow's resize cut into patches
-(:meth:`~vecpack.vision.codec.PixelCodec.image_rows`, checked by the probe). Reading a pack's pixels maps
-just its images' rows (:class:`MappedPixels`); :class:`LazyPixels`
-preprocesses them at batch time instead.
+(:meth:`~vecpack.vision.codec.PixelCodec.image_rows`, checked by the probe).
+Reading a pack's pixels maps just its images' rows and decodes them once
+(:class:`MappedPixels`); :class:`LazyPixels` preprocesses them at batch time
+instead.
 """
 
 from __future__ import annotations
@@ -116,7 +117,7 @@ def mapped_pixels(arrays: dict, meta: dict) -> MappedPixels:
 
 
 class MappedPixels:
-    """Pixel rows of unique images from memory-mapped arrays: ``rows(u)`` reads (and decodes) them when used."""
+    """Pixel rows of unique images from memory-mapped arrays, read (and decoded) when a pack asks for them."""
 
     def __init__(self, pixels: np.ndarray, offsets: np.ndarray, codec: PixelCodec | None = None):
         self.pixels = pixels
