@@ -113,6 +113,8 @@ def test_pixels_are_cached_by_image_content_and_lazy_and_float32_pixels_equal_th
         m.setattr("vecpack.vision.pixels.pixel_codec", lambda processor: None)
         full = build_vision(data, proc_dir, 512, n_jobs=1, cache_dir=tmp_path / "float32")
     assert first.pixels.pixels.dtype == np.uint8 and full.pixels.pixels.dtype == np.float32
+    assert (first.stats["pixel_storage"], full.stats["pixel_storage"], lazy.stats["pixel_storage"]) == (
+        "uint8", "float32", "lazy")
     assert full.pixels.pixels.nbytes == 8 * first.pixels.pixels.nbytes  # 4 bytes a value, the frame twice
     for i in range(len(first)):
         for key in ("input_ids", "labels", "position_ids", "pixel_values", "image_grid_thw"):

@@ -41,7 +41,7 @@ def test_pack_with_a_processor_reports_what_build_makes(world, tmp_path, capsys)
     assert _number(out, r"images ([\d,]+) in the packs") == sum(len(r["images"]) for r in world["rows"])
     assert _number(out, r"([\d,]+) unique") == want["unique_images"]
     assert _number(out, r"padded batches of 8 would feed ([\d,]+)") == want["padded_tokens"]
-    assert "Qwen2VLImageProcessorPil" in out and "corpus built" in out and "pixels built" in out
+    assert "Qwen2VLImageProcessorPil" in out and "corpus built" in out and "pixels built (uint8)" in out
     assert main([str(a) for a in args] + ["--pixels", "lazy"]) == 0
     out = capsys.readouterr().out
     assert "corpus hit" in out and "pixels lazy" in out

@@ -291,7 +291,8 @@ def _vision_report(packed, *, elapsed: float) -> str:
              f"  padded batches of 8 would feed {s['padded_tokens']:,} tokens; the packs feed {fed:,} "
              f"({saved:,} {'saved' if saved >= 0 else 'more'})",
              f"  cache         corpus {cached(s['corpus_hit'])} · pixels "
-             f"{'lazy (at batch time)' if s.get('pixels') == 'lazy' else cached(s['pixels_hit'])}"]
+             f"{'lazy (at batch time)' if s.get('pixels') == 'lazy' else cached(s['pixels_hit'])}"
+             + ("" if s.get("pixels") == "lazy" else f" ({s['pixel_storage']})")]
     lines += [f"  rejected: {' '.join(str(e).split())}" for e in list(s.get("rejected_examples") or [])[:3]]
     return "\n".join(lines)
 

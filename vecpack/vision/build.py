@@ -69,8 +69,9 @@ def build_vision(data_files, processor, max_len: int, *, masking: str = "assista
         a :class:`~vecpack.vision.packed.PackedVision`; batch it with
         :func:`~vecpack.vision.collate.collate_vision`. ``.stats`` counts documents, packs, images, tokens,
         ``dropped`` / ``truncated``, ``padded_tokens`` (what padding every batch to its longest sample costs),
-        ``image_processor`` (the class used), ``corpus_hit`` / ``pixels_hit`` (whether the encoded rows / the
-        pixels came from the cache; None: not cached).
+        ``image_processor`` (the class used), ``pixel_storage`` (``"uint8"``: decoded bit for bit at batch time;
+        ``"float32"``: an image processor without a uint8 codec; ``"lazy"``), ``corpus_hit`` / ``pixels_hit``
+        (whether the encoded rows / the pixels came from the cache; None: not cached).
     """
     from vecpack.request.request import make_request
 
@@ -123,6 +124,7 @@ def run_vision(request):
         rows=len(corpus) + corpus.stats["rejected"], rejected=corpus.stats["rejected"],
         rejected_examples=corpus.stats["rejected_examples"],
         image_processor=corpus.image_processor, pixels=pixels, pixels_hit=hit, corpus_hit=corpus_hit,
+        pixel_storage="lazy" if pixels == "lazy" else "float32" if store.codec is None else "uint8",
         unique_images=len(corpus.grids),
         padded_tokens=_padded(lengths, min(8, max(1, len(lengths)))), encode_seconds=t1 - t0,
         seconds=time.perf_counter() - t0, n_jobs=jobs, tasks=corpus.stats["tasks"])
