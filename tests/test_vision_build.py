@@ -100,7 +100,7 @@ def test_a_document_cut_inside_its_first_image_with_nothing_trained_is_dropped_a
         build_vision(data, processor, 60, n_jobs=1, cache_dir=tmp_path / "c", long="error")
 
 
-def test_pixels_are_cached_by_image_content_and_lazy_pixels_equal_them(tmp_path, processor):
+def test_pixels_are_cached_by_image_content_and_lazy_and_float32_pixels_equal_them(tmp_path, processor):
     proc_dir = processor
     rows = make_rows(tmp_path, 5, seed=5)
     data = write_jsonl(tmp_path / "train.jsonl", rows)
@@ -109,10 +109,19 @@ def test_pixels_are_cached_by_image_content_and_lazy_pixels_equal_them(tmp_path,
     again = build_vision(data, proc_dir, 512, n_jobs=1, cache_dir=cache)
     assert first.stats["pixels_hit"] is False and again.stats["pixels_hit"] is True
     lazy = build_vision(data, proc_dir, 512, n_jobs=1, pixels="lazy")
+    with pytest.MonkeyPatch.context() as m:  # float32 storage, as for an image processor without a uint8 codec
+        m.setattr("vecpack.vision.pixels.pixel_codec", lambda processor: None)
+        full = build_vision(data, proc_dir, 512, n_jobs=1, cache_dir=tmp_path / "float32")
+    assert first.pixels.pixels.dtype == np.uint8 and full.pixels.pixels.dtype == np.float32
+    assert (first.stats["pixel_storage"], full.stats["pixel_storage"], lazy.stats["pixel_storage"]) == (
+        "uint8", "float32", "lazy")
+    assert full.pixels.pixels.nbytes == 8 * first.pixels.pixels.nbytes  # 4 bytes a value, the frame twice
     for i in range(len(first)):
         for key in ("input_ids", "labels", "position_ids", "pixel_values", "image_grid_thw"):
             np.testing.assert_array_equal(again[i][key], first[i][key])
             np.testing.assert_array_equal(lazy[i][key], first[i][key])
+            np.testing.assert_array_equal(full[i][key], first[i][key])
+        assert first[i]["pixel_values"].dtype == np.float32
     # a renamed image file hits; the same name with other pixels misses
     name = next(n for r in rows for n in r["images"])
     shutil.move(tmp_path / name, tmp_path / "renamed.png")

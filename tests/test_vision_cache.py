@@ -111,7 +111,9 @@ def test_a_build_that_skipped_rows_is_not_stored_so_a_fixed_image_is_seen(tmp_pa
     assert fixed.stats["num_entries"] == skipped.stats["num_entries"] + 1 == len(rows)
 
 
-def test_cache_false_leaves_nothing_on_disk_and_gives_the_same_packs(tmp_path):
+def test_cache_false_and_a_saved_dataset_without_the_cache_give_the_same_packs(tmp_path):
+    from vecpack.vision import collate_vision
+
     root = tmp_path / "d"
     data = write_jsonl(root / "train.jsonl", make_rows(root, 4, seed=29))
     proc_dir = make_processor_dir(tmp_path / "p")
@@ -119,3 +121,17 @@ def test_cache_false_leaves_nothing_on_disk_and_gives_the_same_packs(tmp_path):
     plain = vecpack.build(data, None, 512, processor=proc_dir, n_jobs=1, cache=False, cache_dir=tmp_path / "none")
     assert plain.stats["corpus_hit"] is None and not (tmp_path / "none").exists()
     _same(cached, plain)
+    # vecpack.save: the corpus, the plan and the uint8 pixels (linked from the cache); loaded with no cache left
+    out = vecpack.save(cached, tmp_path / "saved", progress=False)
+    assert np.load(out / "pixels.npy", mmap_mode="r").dtype == np.uint8 and (out / "pixel_table.npy").exists()
+    shutil.rmtree(tmp_path / "c")
+    loaded = vecpack.load(out)
+    assert type(loaded).__name__ == "PackedVision" and loaded.stats == vecpack.load(out).stats
+    _same(plain, loaded)
+    batch, again = collate_vision([plain[0], plain[-1]]), collate_vision([loaded[0], loaded[-1]])
+    assert batch.keys() == again.keys()
+    for key, value in batch.items():
+        assert value.equal(again[key]) if hasattr(value, "equal") else value == again[key]
+    with pytest.raises(ValueError, match="pixels='lazy'"):
+        vecpack.save(build_vision(data, proc_dir, 512, n_jobs=1, pixels="lazy"), tmp_path / "lazy")
+

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 
+import numpy as np
 import pytest
 
 pytest.importorskip("torch")
@@ -11,6 +12,7 @@ pytest.importorskip("PIL")
 
 from vision_data import make_processor_dir, make_rows, write_jsonl  # noqa: E402
 
+import vecpack  # noqa: E402
 from vecpack.cli import main  # noqa: E402
 from vecpack.vision import build_vision  # noqa: E402
 
@@ -39,16 +41,25 @@ def test_pack_with_a_processor_reports_what_build_makes(world, tmp_path, capsys)
     assert _number(out, r"images ([\d,]+) in the packs") == sum(len(r["images"]) for r in world["rows"])
     assert _number(out, r"([\d,]+) unique") == want["unique_images"]
     assert _number(out, r"padded batches of 8 would feed ([\d,]+)") == want["padded_tokens"]
-    assert "Qwen2VLImageProcessorPil" in out and "corpus built" in out and "pixels built" in out
+    assert "Qwen2VLImageProcessorPil" in out and "corpus built" in out and "pixels built (uint8)" in out
     assert main([str(a) for a in args] + ["--pixels", "lazy"]) == 0
     out = capsys.readouterr().out
     assert "corpus hit" in out and "pixels lazy" in out
+    # -o: the packs saved with their pixels; vecpack.load gives the same packs
+    assert main([str(a) for a in args] + ["-o", str(tmp_path / "saved")]) == 0
+    assert f"output        {tmp_path / 'saved'}" in capsys.readouterr().out
+    loaded, built = vecpack.load(tmp_path / "saved"), build_vision(world["data"], world["proc"], 512, n_jobs=1,
+                                                                   cache_dir=cache)
+    assert len(loaded) == len(built)
+    for i in range(len(built)):
+        for key, value in built[i].items():
+            np.testing.assert_array_equal(loaded[i][key], value)
 
 
 @pytest.mark.parametrize("extra, needle", [
     ([], "--tokenizer DIR (chat data) or --processor DIR"),
     (["--processor", "P", "--tokenizer", "P"], "not both"),
-    (["--processor", "P", "-o", "OUT"], "-o is not supported with --processor"),
+    (["--processor", "P", "-o", "OUT", "--pixels", "lazy"], "leave out --pixels lazy"),
     (["--processor", "P", "--pixels", "eager"], "pixels"),
 ])
 def test_bad_vision_command_lines_give_one_line(world, tmp_path, capsys, extra, needle):

@@ -134,7 +134,7 @@ def _check_output(out: pathlib.Path) -> None:
         return
     if not out.is_dir():
         raise FileExistsError(f"-o {out}: exists and is not a directory")
-    if any(out.iterdir()) and _manifest(out).get("kind") not in ("packed", "pairs"):
+    if any(out.iterdir()) and _manifest(out).get("kind") not in ("packed", "pairs", "vision"):
         raise FileExistsError(f"-o {out}: directory is not empty and is not a vecpack dataset; "
                               f"refusing to replace it")
 
@@ -243,17 +243,22 @@ def cmd_pack(args) -> int:
 
 
 def _pack_vision(args) -> int:
-    """``vecpack pack DATA --processor DIR``: the vision route of the request, and its report."""
+    """``vecpack pack DATA --processor DIR``: the vision route of the request, and its report (``-o``: saved)."""
+    import vecpack
     from vecpack.request.request import make_request
+    from vecpack.store.objects import is_url
     from vecpack.store.pipeline import run_build
 
     if args.tokenizer is not None:
         raise UsageError(f"{PROG} pack: give --processor or --tokenizer, not both (the processor directory "
                          "holds the tokenizer)")
+    out = None
     if args.output:
-        raise UsageError(f"{PROG} pack: -o is not supported with --processor yet (a saved dataset holds no "
-                         "pixels); build in the training script with vecpack.build(..., processor=DIR): a "
-                         "second build reads the corpus and the pixels from the cache")
+        if is_url(args.output) or args.pixels == "lazy":
+            raise UsageError(f"{PROG} pack: -o with --processor saves the pixels to a local directory: give a "
+                             "directory and leave out --pixels lazy")
+        out = pathlib.Path(args.output)
+        _check_output(out)
     processor = _existing_dir(args.processor, "--processor").resolve()
     masking, column = (v if v is None or isinstance(v, str) else v[0] for v in (args.masking, args.column))
     t0 = time.perf_counter()
@@ -263,7 +268,10 @@ def _pack_vision(args) -> int:
         "shuffle_seed": args.seed, "n_jobs": args.jobs, "on_error": args.on_error, "cache": not args.no_cache,
         "cache_dir": args.cache_dir}, door=f"{PROG} pack")
     packed = run_build(request)
-    print(_vision_report(packed, elapsed=time.perf_counter() - t0))
+    if out is not None:
+        vecpack.save(packed, out, progress=_progress(args))
+    print(_vision_report(packed, elapsed=time.perf_counter() - t0)
+          + (f"\n  output        {out} (vecpack.load gives these packs)" if out is not None else ""))
     return 0
 
 
@@ -288,7 +296,8 @@ def _vision_report(packed, *, elapsed: float) -> str:
              f"  padded batches of 8 would feed {s['padded_tokens']:,} tokens; the packs feed {fed:,} "
              f"({saved:,} {'saved' if saved >= 0 else 'more'})",
              f"  cache         corpus {cached(s['corpus_hit'])} · pixels "
-             f"{'lazy (at batch time)' if s.get('pixels') == 'lazy' else cached(s['pixels_hit'])}"]
+             f"{'lazy (at batch time)' if s.get('pixels') == 'lazy' else cached(s['pixels_hit'])}"
+             + ("" if s.get("pixels") == "lazy" else f" ({s['pixel_storage']})")]
     lines += [f"  rejected: {' '.join(str(e).split())}" for e in list(s.get("rejected_examples") or [])[:3]]
     return "\n".join(lines)
 

@@ -26,7 +26,8 @@ import numpy as np
 from vecpack.options import cache_root
 from vecpack.store._fs import flock
 
-__all__ = ["checksum_algorithm", "default_root", "file_digest", "file_digests", "hash_files", "make_key"]
+__all__ = ["bytes_digest", "checksum_algorithm", "default_root", "file_digest", "file_digests", "hash_files",
+           "make_key"]
 
 logger = logging.getLogger("vecpack")
 
@@ -85,6 +86,18 @@ def file_digest(path: str | os.PathLike, algo: str | None = None) -> str:
             if not n:
                 break
             h.update(view[:n])
+    return f"{algo}:{h.hexdigest()}"
+
+
+def bytes_digest(data: bytes, algo: str | None = None) -> str:
+    """What :func:`file_digest` gives a file holding ``data`` (for bytes already read).
+
+    >>> bytes_digest(b"hello", "blake2b_128")
+    'blake2b_128:46fb7408d4f285228f4af516ea25851b'
+    """
+    algo = algo or checksum_algorithm()
+    h = _hasher(algo)
+    h.update(data)
     return f"{algo}:{h.hexdigest()}"
 
 

@@ -77,10 +77,14 @@ def save(packed: Packed, out_dir: str | os.PathLike, *, overwrite: bool = True,
         ``out_dir`` as a :class:`pathlib.Path`.
     """
     pairs = type(packed).__name__ == "PackedPairs"  # vecpack.preference.packed (not imported here)
-    if not (isinstance(packed, Packed) or pairs):
+    vision = type(packed).__name__ == "PackedVision"  # vecpack.vision.packed (not imported here)
+    if not (isinstance(packed, Packed) or pairs or vision):
         hint = ("; per-turn tries are not saved yet: a second vecpack.build(..., per_turn=True) reads them from the "
                 "cache" if type(packed).__name__ == "PackedTurns" else "")
-        raise TypeError(f"packed must be a vecpack.Packed or PackedPairs, got {type(packed).__name__}{hint}")
+        raise TypeError(f"packed must be a vecpack.Packed, PackedPairs or PackedVision, got "
+                        f"{type(packed).__name__}{hint}")
+    if vision and _objects.is_url(out_dir):
+        raise ValueError("save: vision packs are saved to a local directory only (not to an object store) for now")
     if _objects.is_url(out_dir):
         return _save_to_store(packed, out_dir, overwrite, progress)
     out = pathlib.Path(out_dir)
@@ -96,7 +100,7 @@ def save(packed: Packed, out_dir: str | os.PathLike, *, overwrite: bool = True,
                     kind = json.loads(m.read_text()).get("kind")
                 except (OSError, ValueError):
                     pass
-            if kind not in ("packed", "pairs"):
+            if kind not in ("packed", "pairs", "vision"):
                 raise FileExistsError(f"save: {str(out)!r} is not empty and is not a vecpack "
                                       f"dataset; refusing to overwrite it")
             if not overwrite:
@@ -105,7 +109,12 @@ def save(packed: Packed, out_dir: str | os.PathLike, *, overwrite: bool = True,
     tmp = out.with_name(f".{out.name}.incomplete-{os.getpid()}-{uuid.uuid4().hex[:8]}")
     tmp.mkdir()
     try:
-        if pairs:
+        extra = {}
+        if vision:
+            from vecpack.vision.saved import vision_arrays
+
+            arrays, extra = vision_arrays(packed)
+        elif pairs:
             arrays = {"tokens": packed.tokens, "offsets": packed.offsets, "pair_index": packed.plan.pair_index,
                       "pair_lens": packed.plan.pair_lens, "pack_offsets": packed.plan.pack_offsets}
         else:
@@ -125,10 +134,11 @@ def save(packed: Packed, out_dir: str | os.PathLike, *, overwrite: bool = True,
                           "tokenize_stats": jsonable(info.tokenize_stats),
                           **jsonable(info.described)}
         manifest = {
-            "layout": _entries.CACHE_LAYOUT_VERSION, "format": SAVED_FORMAT, "kind": "pairs" if pairs else "packed",
+            "layout": _entries.CACHE_LAYOUT_VERSION, "format": SAVED_FORMAT,
+            "kind": "vision" if vision else "pairs" if pairs else "packed",
             "key": None, "meta": {"max_len": packed.max_len, "pad_id": packed.pad_id,
-                                  "ignore_index": packed.ignore_index,
-                                  "stats": jsonable(dict(packed.stats)), "provenance": provenance},
+                                  "ignore_index": getattr(packed, "ignore_index", -100),
+                                  "stats": jsonable(dict(packed.stats)), "provenance": provenance, **extra},
             "arrays": records, "checksum_algorithm": checksum_algorithm(),
             "vecpack_version": __version__, "created": iso(now), "created_unix": now,
         }
@@ -293,6 +303,11 @@ def load(path: str | os.PathLike, *, verify: bool = False, pad_id: int | None = 
     except _entries.CorruptEntry as e:
         raise ValueError(f"load: {str(path)!r} is not a vecpack dataset ({e})") from None
     kind = manifest.get("kind")
+    if kind == "vision":
+        from vecpack.vision.saved import vision_from_saved
+
+        a, meta = _open_saved(path, manifest, verify)
+        return vision_from_saved(a, meta, pad_id=pad_id, stats=dict(meta["stats"]))
     if kind == "pairs":
         return _load_pairs(path, manifest, verify, pad_id, ignore_index)
     if kind == "packed":

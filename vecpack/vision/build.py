@@ -28,7 +28,8 @@ import numpy as np
 
 __all__ = ["build_vision", "n_workers", "run_vision"]
 
-PIXELS_FORMAT = 1
+#: Bump when the pixels entry changes for the same images (2: uint8 + table where the processor has a codec).
+PIXELS_FORMAT = 2
 
 
 def n_workers(n_jobs: int | None) -> int:
@@ -68,8 +69,9 @@ def build_vision(data_files, processor, max_len: int, *, masking: str = "assista
         a :class:`~vecpack.vision.packed.PackedVision`; batch it with
         :func:`~vecpack.vision.collate.collate_vision`. ``.stats`` counts documents, packs, images, tokens,
         ``dropped`` / ``truncated``, ``padded_tokens`` (what padding every batch to its longest sample costs),
-        ``image_processor`` (the class used), ``corpus_hit`` / ``pixels_hit`` (whether the encoded rows / the
-        pixels came from the cache; None: not cached).
+        ``image_processor`` (the class used), ``pixel_storage`` (``"uint8"``: decoded bit for bit at batch time;
+        ``"float32"``: an image processor without a uint8 codec; ``"lazy"``), ``corpus_hit`` / ``pixels_hit``
+        (whether the encoded rows / the pixels came from the cache; None: not cached).
     """
     from vecpack.request.request import make_request
 
@@ -86,7 +88,7 @@ def run_vision(request):
     from vecpack.vision.corpus import encode_files
     from vecpack.vision.encode import VisionEncoder
     from vecpack.vision.packed import PackedVision
-    from vecpack.vision.pixels import LazyPixels, MappedPixels
+    from vecpack.vision.pixels import LazyPixels, mapped_pixels
     from vecpack.vision.processor import load_processor
     from vecpack.vision.stored import load_or_encode
     from vecpack.vision.workers import Workers
@@ -114,7 +116,7 @@ def run_vision(request):
         else:
             entry = _pixels_entry(corpus, encoder, workers, cache_dir)
             hit = not entry.built
-            store = MappedPixels(entry.arrays["pixels"], np.asarray(entry.arrays["pixel_offsets"]))
+            store = mapped_pixels(entry.arrays, entry.meta)
     packed = PackedVision(corpus, store, max_len, strategy=strategy, long=long, shuffle_seed=shuffle_seed,
                           pad_id=pad_id)
     lengths = np.diff(corpus.offsets)
@@ -122,6 +124,7 @@ def run_vision(request):
         rows=len(corpus) + corpus.stats["rejected"], rejected=corpus.stats["rejected"],
         rejected_examples=corpus.stats["rejected_examples"],
         image_processor=corpus.image_processor, pixels=pixels, pixels_hit=hit, corpus_hit=corpus_hit,
+        pixel_storage="lazy" if pixels == "lazy" else "float32" if store.codec is None else "uint8",
         unique_images=len(corpus.grids),
         padded_tokens=_padded(lengths, min(8, max(1, len(lengths)))), encode_seconds=t1 - t0,
         seconds=time.perf_counter() - t0, n_jobs=jobs, tasks=corpus.stats["tasks"])
@@ -143,14 +146,14 @@ def _unlinked_pixels(corpus, encoder, workers):
     import shutil
     import tempfile
 
-    from vecpack.vision.pixels import MappedPixels, write_pixels
+    from vecpack.vision.pixels import mapped_pixels, write_pixels
 
     tmp = tempfile.mkdtemp(prefix="vecpack-pixels-")
     try:
         encoder.loaded()
-        write_pixels(tmp, corpus, encoder, workers)
-        return MappedPixels(np.load(os.path.join(tmp, "pixels.npy"), mmap_mode="r"),
-                            np.load(os.path.join(tmp, "pixel_offsets.npy")))
+        meta = write_pixels(tmp, corpus, encoder, workers)
+        arrays = {f[:-4]: np.load(os.path.join(tmp, f), mmap_mode="r") for f in os.listdir(tmp) if f.endswith(".npy")}
+        return mapped_pixels(arrays, meta)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)  # a mapping outlives its unlinked file
 

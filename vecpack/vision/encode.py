@@ -77,7 +77,7 @@ class VisionEncoder:
             if m["role"] != "assistant":
                 continue
             head = render(messages[:i], add_generation_prompt=True) if i else ""
-            upto = render(messages[:i + 1])
+            upto = text if i + 1 == len(messages) else render(messages[:i + 1])  # the last turn: the whole text
             if not (upto.startswith(head) and text.startswith(upto)):
                 raise InputError("the chat template does not render this conversation turn by turn (each turn's "
                                  "text must extend the previous render); use masking='all'")

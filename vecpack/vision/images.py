@@ -20,7 +20,6 @@ an error that says so. Every message comes back with the images as
 
 from __future__ import annotations
 
-import hashlib
 import io
 import os
 from dataclasses import dataclass
@@ -156,7 +155,7 @@ def open_image(ref: ImageRef):
         img.load()
     except Exception as e:  # PIL raises many kinds
         raise InputError(f"{ref.where}: unreadable image {ref.path or '(bytes)'}: {_why(e)}") from None
-    return img.convert("RGB")
+    return img if img.mode == "RGB" else img.convert("RGB")
 
 
 def image_size(ref: ImageRef, data: bytes) -> tuple[int, int]:
@@ -180,5 +179,9 @@ def _why(e: Exception) -> str:
 
 
 def image_digest(data: bytes) -> str:
-    """The content key of an image's bytes (a renamed file keeps it, a changed one does not)."""
-    return hashlib.blake2b(data, digest_size=16).hexdigest()
+    """The content key of an image's bytes (a renamed file keeps it, a changed one does not): the digest the
+    cache's stat memo gives the image file (:func:`~vecpack.store.hashing.file_digest`), so the bytes the
+    encoder read are hashed once."""
+    from vecpack.store.hashing import bytes_digest
+
+    return bytes_digest(data)

@@ -56,7 +56,8 @@ class PackedVision:
 
     Args:
         corpus: a :class:`~vecpack.vision.corpus.VisionCorpus` (tokens, labels, offsets, images per document).
-        pixels: an object with ``rows(u) -> float32 [n, D]`` for unique image ``u`` (memory-mapped or lazy).
+        pixels: an object with ``pack_rows(images) -> float32 [n, D]``, the rows of unique images ``images`` in
+            order (memory-mapped or lazy: :mod:`vecpack.vision.pixels`).
         max_len: tokens per pack.
         strategy: the packing strategy of :func:`vecpack.plan`.
         long: ``"truncate"`` (at a text boundary), ``"drop"`` or ``"error"``.
@@ -84,6 +85,15 @@ class PackedVision:
                                                                               self.plan.doc_length))))
         stats["empty"] = int(stats.get("empty", 0)) - len(dropped)
         self.stats = stats
+
+    @classmethod
+    def from_plan(cls, corpus, pixels, plan, *, pad_id: int, stats: dict | None = None) -> PackedVision:
+        """Packs of a plan made before (a saved dataset's): nothing is planned or checked again."""
+        self = cls.__new__(cls)
+        self.corpus, self.pixels, self.plan, self.max_len = corpus, pixels, plan, int(plan.max_len)
+        self.image_token_id, self.merge, self.pad_id = corpus.image_token_id, corpus.merge, int(pad_id)
+        self.stats = dict(stats or plan.stats)
+        return self
 
     def _lengths(self, long: str) -> tuple[np.ndarray, list, int]:
         c = self.corpus
@@ -130,7 +140,7 @@ class PackedVision:
         ids = np.full(T, self.pad_id, dtype=np.int64)
         labels = np.full(T, IGNORE, dtype=np.int64)
         bounds = [0]
-        grids, rows = [], []
+        grids, images_in = [], []
         for e in range(e0, e1):
             d, n = int(p.doc_index[e]), int(p.doc_length[e])
             a, s = int(c.offsets[d]), bounds[-1]
@@ -141,13 +151,13 @@ class PackedVision:
             k = self._images_kept(d, n)
             images = c.doc_images(d)[:k]
             grids.append(c.grids[images])
-            rows.extend(self.pixels.rows(int(u)) for u in images)
+            images_in.append(images)
         seq_lens = np.diff(bounds)
         if bounds[-1] < T:
             bounds.append(T)
             grids.append(np.zeros((0, 3), dtype=np.int64))
         out = {"input_ids": ids, "labels": labels, "seq_lens": seq_lens.astype(np.int32)}
-        pixels = np.concatenate(rows) if rows else np.zeros((0, self.pixels.dim), dtype=np.float32)
+        pixels = self.pixels.pack_rows(np.concatenate(images_in) if images_in else np.zeros(0, np.int64))
         if c.mrope:
             out["position_ids"] = pack_positions(ids, np.asarray(bounds), grids, self.image_token_id, self.merge)
             out["image_grid_thw"] = np.concatenate(grids).astype(np.int64)

@@ -155,12 +155,14 @@ class VisionProcessor:
 
     # ------------------------------------------------------------------ pixels
 
-    def preprocess(self, image) -> tuple[np.ndarray, np.ndarray]:
-        """One PIL image -> (pixel rows float32 [n, patch_dim], grid int64 [3]) as the model's processor makes them."""
-        out = self.image_processor(images=[image], return_tensors="np")
-        rows = np.ascontiguousarray(out["pixel_values"], dtype=np.float32)
+    def preprocess(self, image, *, raw: bool = False, **options) -> tuple[np.ndarray, np.ndarray]:
+        """One PIL image -> (pixel rows float32 [n, patch_dim], grid int64 [3]) as the model's processor makes them
+        (``raw``, ``options``: as :func:`~vecpack.vision.codec.pixel_rows`)."""
+        from vecpack.vision.codec import pixel_rows
+
+        rows, out = pixel_rows(self.image_processor, image, raw=raw, **options)
         if self.fixed_grid is not None:
-            return rows.reshape(1, -1), np.asarray(self.fixed_grid, dtype=np.int64)
+            return rows, np.asarray(self.fixed_grid, dtype=np.int64)
         return rows, np.asarray(out["image_grid_thw"][0])
 
     def render(self, messages: list[dict], *, add_generation_prompt: bool = False) -> str:

@@ -9,7 +9,9 @@ Two entries, both content-addressed and never rewritten::
 
 A build reads ``vision_images-<A>``, hashes the image files it lists through
 the stat memo of :mod:`vecpack.store.hashing` (one ``stat`` an image when
-known, git's racy-clean rule otherwise) and opens ``vision_corpus-<B>``. So a
+known, git's racy-clean rule otherwise) and opens ``vision_corpus-<B>``; a
+build that encodes writes B with the digests of the bytes its workers read
+(the same :func:`~vecpack.store.hashing.file_digest`), not read again. So a
 renamed data file hits (content, not names, is keyed; image paths are kept
 relative), a one-byte data edit misses (A), and a changed image at the same
 path misses (B). Image digests belong in the key rather than in a check on
@@ -31,8 +33,9 @@ import numpy as np
 
 __all__ = ["VISION_CORPUS_FORMAT", "load_or_encode"]
 
-#: Bump when the stored corpus changes for the same rows and options (2: what the packs read of the processor).
-VISION_CORPUS_FORMAT = 2
+#: Bump when the stored corpus changes for the same rows and options (2: what the packs read of the processor;
+#: 3: image digests are the cache's file digests).
+VISION_CORPUS_FORMAT = 3
 
 _ARRAYS = ("tokens", "labels", "offsets", "image_offsets", "image_index", "grids", "lines", "doc_file")
 
@@ -94,7 +97,8 @@ def load_or_encode(request, encoder, encode):
     if corpus.stats["rejected"]:
         return corpus, False
     images = _image_files(corpus.sources)
-    digests = file_digests(images, root=cache.root, verify=run.verify)
+    read = {s[0]: d for s, d in zip(corpus.sources, corpus.digests) if len(s) == 1}
+    digests = [read[p] for p in images]  # the digests of the bytes encoded (file_digest's, not read again)
 
     def write(tmp):
         for name in _ARRAYS:
