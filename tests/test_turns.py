@@ -12,7 +12,7 @@ import pytest
 
 import vecpack
 from tests.agentic_data import agentic_rows, write_jsonl
-from tests.test_agentic import hf, reference, templated  # noqa: F401 (a fixture)
+from tests.test_agentic import hf, reference
 from vecpack.errors import InputError
 from vecpack.turns.packed import lay_out_tries, pack_turns, plan_turns
 
