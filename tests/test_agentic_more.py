@@ -275,6 +275,10 @@ def test_call_chat_template_kwargs_under_each_rows_own(qwen_dir, tmp_path):
         want = tok.apply_chat_template(row["messages"], tokenize=True, return_dict=True, **kw)["input_ids"]
         assert enc.encode_row(row)[0].tolist() == list(want)
     assert base.encode_row(plain)[0].tolist() != enc.encode_row(plain)[0].tolist()
+    # a None value is a defined variable, as transformers passes it (``default('')`` keeps it: "None<user>...")
+    none = ChatEncoder.from_tokenizer(d, style="openai", chat_template_kwargs={"greeting": None}, backend="tokenizers")
+    want = tok.apply_chat_template(plain["messages"], tokenize=True, return_dict=True, greeting=None)["input_ids"]
+    assert none.encode_row(plain)[0].tolist() == list(want) != base.encode_row(plain)[0].tolist()
     with pytest.raises(ValueError, match="tools"):
         ChatEncoder.from_tokenizer(d, style="openai", chat_template_kwargs={"tools": []}, backend="tokenizers")
 

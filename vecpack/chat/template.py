@@ -234,7 +234,7 @@ class ChatTemplate:
         if mode not in ("compiled", "jinja"):
             raise ValueError(f"mode must be 'compiled' or 'jinja', got {mode!r}")
         self.source = source
-        self.variables = {k: v for k, v in (variables or {}).items() if v is not None}
+        self.variables = dict(variables or {})  # a None is passed as defined, as transformers does
         self.added_tokens = tuple(added_tokens)
         self.masking = masking
         self.mode = mode
