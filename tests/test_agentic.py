@@ -9,6 +9,7 @@ import pytest
 
 from tests.agentic_data import (
     agentic_rows,
+    heterogeneous_rows,
     hf_tools,
     pack_documents,
     same_structure_rows,
@@ -159,6 +160,27 @@ def test_compiled_structures_equal_transformers(templated, base, name, engine):
             assert trained(labels) == list(ref["assistant_masks"])
     compiled = [v for v in enc.template.__dict__.get("_structures", {}).values() if type(v) is _Structure]
     assert len(compiled) >= 5 and all(v.verified for v in compiled)
+
+
+def test_a_rows_key_and_leaves_are_its_layouts():
+    """The per-row key (made without copying the messages) is the one the layout was compiled under, and
+    its leaves are in the layout's order: on every generator's rows, with a template's words and without,
+    objects and ``train``/``chat_template_kwargs`` options included."""
+    from vecpack.chat.structure import _Everything, _layout_of, shape
+
+    rows = (agentic_rows(60, seed=5) + same_structure_rows(20, seed=4) + xlam_rows(20, seed=3)
+            + heterogeneous_rows(20, seed=2) + heterogeneous_rows(10, seed=1, as_text=True))
+    rows[3] = {**rows[3], "chat_template_kwargs": {"enable_thinking": False, "x": [1, {"y": None}]}}
+    rows[4]["messages"][0]["train"] = False
+    words = frozenset({"role", "content", "tool_calls", "function", "name", "arguments", "type"})
+    keys = set()
+    for row in rows:
+        conv = read_conversation(row, "openai")
+        for used in (words, _Everything()):
+            key, leaves, _, _ = _layout_of(conv, used)
+            assert shape(conv, used) == (key, leaves)
+            keys.add(key)
+    assert len(keys) > 40
 
 
 def test_a_structure_the_template_reads_into_stays_on_jinja(templated):

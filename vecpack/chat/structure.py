@@ -106,6 +106,45 @@ def _walk(value, leaves: list, stand_in, used):
     return repr(value), value
 
 
+def _key(value, leaves: list, used):
+    """The structure :func:`_walk` gives ``value`` (the same leaves, in the same order), without
+    its copy: the per-row path (a row's key, to look its layout up), where no copy is wanted."""
+    t = type(value)
+    if t is dict:
+        shapes = []
+        for k, v in value.items():
+            if k not in used:
+                continue
+            t = type(v)
+            if k in _BAKED:
+                shapes.append((k, repr(v)))
+            elif t is str:
+                if v:
+                    leaves.append(v)
+                    shapes.append((k, "s"))
+                else:
+                    shapes.append((k, ""))
+            elif t is dict:
+                if k == "arguments":
+                    leaves.append(v)
+                    shapes.append((k, "o"))
+                else:
+                    shapes.append((k, _key(v, leaves, used)))
+            elif t is list:
+                shapes.append((k, _key(v, leaves, used)))
+            else:
+                shapes.append((k, repr(v)))
+        return tuple(shapes)
+    if t is list:
+        return ("L", tuple([_key(v, leaves, used) for v in value]))
+    if t is str:
+        if not value:
+            return ""
+        leaves.append(value)
+        return "s"
+    return repr(value)
+
+
 def _identity(i, leaf):
     return leaf
 
@@ -124,22 +163,36 @@ def _layout_of(conv, used, stand_in=_identity):
     leaves: list = []
     key, messages = _walk(conv.messages, leaves, stand_in, used)
     kwargs = {k: v for k, v in conv.kwargs.items() if k != "tools"}
-    baked = json.dumps(kwargs, sort_keys=True, ensure_ascii=False, default=repr)  # template options
     tools = conv.kwargs.get("tools")
+    row_key = _row_key(key, conv, kwargs, tools)
     if tools is not None:  # each schema an object the template serialises (tojson)
         kwargs["tools"] = []
         for tool in tools:
             leaves.append(tool)
             kwargs["tools"].append(stand_in(len(leaves) - 1, tool))
+    return row_key, leaves, messages, kwargs
+
+
+def _row_key(messages_key, conv, options: dict, tools) -> tuple:
+    """A conversation's structure: its messages' (``messages_key``), its template options baked in
+    (``options``: the kwargs but ``tools``), how many tool schemas, what is untrained."""
+    baked = json.dumps(options, sort_keys=True, ensure_ascii=False, default=repr) if options else "{}"
     n_tools = None if tools is None else len(tools)
-    return (key, baked, n_tools, tuple(sorted(conv.untrained)), conv.prompt_len), leaves, messages, kwargs
+    return messages_key, baked, n_tools, tuple(sorted(conv.untrained)), conv.prompt_len
 
 
 def shape(conv, used=None) -> tuple[tuple, list]:
     """``(key, leaves)``: the conversation's structure and its texts / objects in order (``used``: the
-    template's words; every key counts without it)."""
-    key, leaves, _, _ = _layout_of(conv, used if used is not None else _Everything())
-    return key, leaves
+    template's words; every key counts without it). The same as :func:`_layout_of` gives, made
+    without copying the messages (every row takes this path)."""
+    leaves: list = []
+    key = _key(conv.messages, leaves, used if used is not None else _Everything())
+    kw = conv.kwargs
+    tools = kw.get("tools")
+    options = kw if "tools" not in kw else {k: v for k, v in kw.items() if k != "tools"} if len(kw) > 1 else {}
+    if tools is not None:
+        leaves.extend(tools)
+    return _row_key(key, conv, options, tools), leaves
 
 
 class _Everything:
