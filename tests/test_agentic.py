@@ -183,6 +183,31 @@ def test_a_rows_key_and_leaves_are_its_layouts():
     assert len(keys) > 40
 
 
+@pytest.mark.parametrize("options", [{}, {"ensure_ascii": False}, {"ensure_ascii": True, "sort_keys": True},
+                                     {"ensure_ascii": False, "separators": (",", ":")},
+                                     {"ensure_ascii": False, "indent": 2}])
+def test_an_object_slot_writes_what_json_dumps_writes(options):
+    """An object slot's fill (the C encoder made once) is ``json.dumps`` with the template's ``tojson`` options,
+    on every JSON value, and after an object it cannot write it still writes the same objects."""
+    from vecpack.chat.structure import _Dumps
+
+    shared = {"k": [1, 2.5, -0.0, 1e16, 1e-7, 12345678901234567890123, None, True, float("nan")]}
+    values = [schema for row in agentic_rows(10, seed=3) for schema in tool_schemas()] + [
+        {"é\n\"x\u2028": "\x00\x1f\ud800 ok", "e": {}, "l": [], "n": shared, "m": shared}]
+    dumps = _Dumps(options)
+    for v in values:
+        assert dumps(v) == json.dumps(v, **options)
+    bad = {"x": [1, {2}]}
+    with pytest.raises(TypeError):
+        dumps({"a": bad})  # leaves `bad` in the encoder's circular-reference markers
+    bad["x"] = [1, 2]
+    assert dumps({"again": bad}) == json.dumps({"again": bad}, **options)
+    loop: dict = {}
+    loop["self"] = loop
+    with pytest.raises(ValueError, match="Circular"):
+        dumps(loop)
+
+
 def test_a_structure_the_template_reads_into_stays_on_jinja(templated):
     """gemma4 renders arguments key by key: its structures never compile, and the rows stay exact."""
     d = templated("qwen2.5", "gemma4_v5")
