@@ -208,6 +208,26 @@ def test_an_object_slot_writes_what_json_dumps_writes(options):
         dumps(loop)
 
 
+def test_a_schema_the_template_tests_keys_of_renders_as_jinja_in_any_order():
+    """A template that tests ``tool.function is defined``: flat and ``{"function": ...}`` schemas are different
+    structures, so a layout checked on one kind never writes the other (it wrote the whole schema)."""
+    from vecpack.chat.spans import conversation_parts
+    from vecpack.chat.template import ChatTemplate
+
+    src = ("{% for tool in tools %}{% if tool.function is defined %}{{ tool.function | tojson }}{% else %}"
+           "{{ tool | tojson }}{% endif %}{% endfor %}{% for m in messages %}<{{ m.role }}>{{ m.content }}</s>"
+           "{% endfor %}")
+    flat = {"name": "f", "parameters": {}}
+    nested = {"type": "function", "function": {"name": "g", "parameters": {"x": 1}}}
+    for order in ([flat, flat, nested, nested, flat], [nested, nested, flat, flat, nested]):
+        t = ChatTemplate(src, added_tokens=["</s>"], variables={"eos_token": "</s>"})
+        for k, tool in enumerate(order):
+            conv = read_conversation({"messages": [{"role": "user", "content": f"q{k}"},
+                                                   {"role": "assistant", "content": f"a{k}"}], "tools": [tool]},
+                                     "openai")
+            assert "".join(conversation_parts(t, conv)[0]) == t.render(conv.messages, extra=conv.kwargs)
+
+
 def test_a_structure_the_template_reads_into_stays_on_jinja(templated):
     """gemma4 renders arguments key by key: its structures never compile, and the rows stay exact."""
     d = templated("qwen2.5", "gemma4_v5")

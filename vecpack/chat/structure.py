@@ -176,10 +176,14 @@ def _layout_of(conv, used, stand_in=_identity):
 
 def _row_key(messages_key, conv, options: dict, tools) -> tuple:
     """A conversation's structure: its messages' (``messages_key``), its template options baked in
-    (``options``: the kwargs but ``tools``), how many tool schemas, what is untrained."""
+    (``options``: the kwargs but ``tools``), the top-level keys of each tool schema, what is untrained.
+
+    A schema is one slot, but its keys are part of the structure: a template that tests
+    ``tool.function is defined`` renders a schema with ``function`` and one without differently, and
+    the layout is checked against Jinja on one row of the structure only."""
     baked = json.dumps(options, sort_keys=True, ensure_ascii=False, default=repr) if options else "{}"
-    n_tools = None if tools is None else len(tools)
-    return messages_key, baked, n_tools, tuple(sorted(conv.untrained)), conv.prompt_len
+    schemas = None if tools is None else tuple([tuple(tool) for tool in tools])
+    return messages_key, baked, schemas, tuple(sorted(conv.untrained)), conv.prompt_len
 
 
 def shape(conv, used=None) -> tuple[tuple, list]:
