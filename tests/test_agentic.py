@@ -9,6 +9,7 @@ import pytest
 
 from tests.agentic_data import (
     agentic_rows,
+    heterogeneous_rows,
     hf_tools,
     pack_documents,
     same_structure_rows,
@@ -148,6 +149,72 @@ def test_compiled_structures_equal_transformers(templated, base, name, engine):
             assert trained(labels) == list(ref["assistant_masks"])
     compiled = [v for v in enc.template.__dict__.get("_structures", {}).values() if type(v) is _Structure]
     assert len(compiled) >= 5 and all(v.verified for v in compiled)
+
+
+def test_a_rows_key_and_leaves_are_its_layouts():
+    """The per-row key (made without copying the messages) is the one the layout was compiled under, and
+    its leaves are in the layout's order: on every generator's rows, with a template's words and without,
+    objects and ``train``/``chat_template_kwargs`` options included."""
+    from vecpack.chat.structure import _Everything, _layout_of, shape
+
+    rows = (agentic_rows(60, seed=5) + same_structure_rows(20, seed=4) + xlam_rows(20, seed=3)
+            + heterogeneous_rows(20, seed=2) + heterogeneous_rows(10, seed=1, as_text=True))
+    rows[3] = {**rows[3], "chat_template_kwargs": {"enable_thinking": False, "x": [1, {"y": None}]}}
+    rows[4]["messages"][0]["train"] = False
+    words = frozenset({"role", "content", "tool_calls", "function", "name", "arguments", "type"})
+    keys = set()
+    for row in rows:
+        conv = read_conversation(row, "openai")
+        for used in (words, _Everything()):
+            key, leaves, _, _ = _layout_of(conv, used)
+            assert shape(conv, used) == (key, leaves)
+            keys.add(key)
+    assert len(keys) > 40
+
+
+@pytest.mark.parametrize("options", [{}, {"ensure_ascii": False}, {"ensure_ascii": True, "sort_keys": True},
+                                     {"ensure_ascii": False, "separators": (",", ":")},
+                                     {"ensure_ascii": False, "indent": 2}])
+def test_an_object_slot_writes_what_json_dumps_writes(options):
+    """An object slot's fill (the C encoder made once) is ``json.dumps`` with the template's ``tojson`` options,
+    on every JSON value, and after an object it cannot write it still writes the same objects."""
+    from vecpack.chat.structure import _Dumps
+
+    shared = {"k": [1, 2.5, -0.0, 1e16, 1e-7, 12345678901234567890123, None, True, float("nan")]}
+    values = [schema for row in agentic_rows(10, seed=3) for schema in tool_schemas()] + [
+        {"é\n\"x\u2028": "\x00\x1f\ud800 ok", "e": {}, "l": [], "n": shared, "m": shared}]
+    dumps = _Dumps(options)
+    for v in values:
+        assert dumps(v) == json.dumps(v, **options)
+    bad = {"x": [1, {2}]}
+    with pytest.raises(TypeError):
+        dumps({"a": bad})  # leaves `bad` in the encoder's circular-reference markers
+    bad["x"] = [1, 2]
+    assert dumps({"again": bad}) == json.dumps({"again": bad}, **options)
+    loop: dict = {}
+    loop["self"] = loop
+    with pytest.raises(ValueError, match="Circular"):
+        dumps(loop)
+
+
+def test_a_schema_the_template_tests_keys_of_renders_as_jinja_in_any_order():
+    """A template that tests ``tool.function is defined``: flat and ``{"function": ...}`` schemas are different
+    structures, so a layout checked on one kind never writes the other (it wrote the whole schema)."""
+    from vecpack.chat.spans import conversation_parts
+    from vecpack.chat.template import ChatTemplate
+
+    src = ("{% for tool in tools %}{% if tool.function is defined %}{{ tool.function | tojson }}{% else %}"
+           "{{ tool | tojson }}{% endif %}{% endfor %}{% for m in messages %}<{{ m.role }}>{{ m.content }}</s>"
+           "{% endfor %}")
+    flat = {"name": "f", "parameters": {}}
+    nested = {"type": "function", "function": {"name": "g", "parameters": {"x": 1}}}
+    for order in ([flat, flat, nested, nested, flat], [nested, nested, flat, flat, nested]):
+        t = ChatTemplate(src, added_tokens=["</s>"], variables={"eos_token": "</s>"})
+        for k, tool in enumerate(order):
+            conv = read_conversation({"messages": [{"role": "user", "content": f"q{k}"},
+                                                   {"role": "assistant", "content": f"a{k}"}], "tools": [tool]},
+                                     "openai")
+            assert "".join(conversation_parts(t, conv)[0]) == t.render(conv.messages, extra=conv.kwargs)
 
 
 def test_a_structure_the_template_reads_into_stays_on_jinja(templated):

@@ -54,6 +54,7 @@ import json
 
 from vecpack.chat.formats import DEFAULT_COLUMNS, MESSAGE_SHAPES, OPENAI_ROLES, _openai_content, to_messages
 from vecpack.errors import InputError
+from vecpack.inputs.records import loads_text
 from vecpack.options import CONVERSATION_STYLES
 
 __all__ = ["Conversation", "REASONING_KEYS", "TextCompletion", "is_plain", "read_conversation", "read_row",
@@ -66,6 +67,7 @@ TRAIN_KEYS = ("train", "training")
 #: Row columns that make a row more than roles and texts.
 ROW_KEYS = ("tools", "chat_template_kwargs")
 _ROLES = {*OPENAI_ROLES, "developer", "tool"}
+_OPENAI = {r: r for r in _ROLES}  # an OpenAI message's role -> the role the template sees
 _PLAIN_ROLES = frozenset(OPENAI_ROLES.values())
 _SHAREGPT = {"system": "system", "human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant",
              "function_call": "function_call", "observation": "tool", "tool": "tool", "function": "tool"}
@@ -190,7 +192,7 @@ def template_kwargs(row: dict) -> dict:
     tools = row.get("tools")
     if isinstance(tools, str):
         try:
-            tools = json.loads(tools)
+            tools = loads_text(tools)
         except ValueError as e:
             raise InputError(f"'tools' is a string but not JSON: {e}") from None
     if tools is not None:
@@ -282,7 +284,8 @@ def _message(i: int, msg, roles: dict, role_key: str, text_key: str, state: dict
         state["tool_results"] += 1
     elif role != "system":
         state["open"] = False
-    reasoning = next((out[k] for k in REASONING_KEYS if out.get(k) is not None), None)
+    # (out holds no None values: a reasoning key in it holds the reasoning)
+    reasoning = None if out.keys().isdisjoint(REASONING_KEYS) else next(out[k] for k in REASONING_KEYS if k in out)
     if reasoning is not None:
         if role != "assistant":
             raise InputError(f"message {i} ({who}) has reasoning; only an assistant message reasons")
@@ -290,7 +293,7 @@ def _message(i: int, msg, roles: dict, role_key: str, text_key: str, state: dict
             raise InputError(f"message {i} (assistant) reasoning is a {_kind(reasoning)}, expected a string")
         out = {"thinking": reasoning, **out, "reasoning_content": reasoning}  # as transformers aliases them
         state["reasoning"] += 1
-    for key in TRAIN_KEYS:
+    for key in () if msg.keys().isdisjoint(TRAIN_KEYS) else TRAIN_KEYS:
         flag = msg.get(key)
         if flag is not None and type(flag) is not bool:
             raise InputError(f"message {i} ({who}) {key!r} is a {_kind(flag)}, expected true or false")
@@ -303,7 +306,7 @@ def _messages(conv, style: str, state: dict) -> list[dict]:
     if style == "sharegpt":
         roles, role_key, text_key = _SHAREGPT, "from", "value"
     else:
-        roles, role_key, text_key = {r: r for r in _ROLES}, "role", "content"
+        roles, role_key, text_key = _OPENAI, "role", "content"
     return [_message(i, m, roles, role_key, text_key, state) for i, m in enumerate(conv)]
 
 

@@ -73,15 +73,23 @@ def _common_suffix(a: str, b: str, limit: int) -> int:
     return n
 
 
+_TOOL_WORDS = (("tool schemas ('tools')", "tools"), ("tool calls ('tool_calls')", "tool_calls"),
+               ("tool results (role 'tool')", "tool"))  # what a tool row needs the template to name
+
+
 def _check_tools(template, conv) -> None:
     """A row with tools on a template that cannot render them is an error naming the template and the fix."""
     if not conv.uses_tools:
         return
-    src = template.source
-    missing = [what for what, present, needed in (
-        ("tool schemas ('tools')", "tools" in src, conv.kwargs.get("tools") is not None),
-        ("tool calls ('tool_calls')", "tool_calls" in src, conv.counts["tool_calls"] > 0),
-        ("tool results (role 'tool')", "tool" in src, conv.counts["tool_results"] > 0)) if needed and not present]
+    absent = template.__dict__.get("_tool_words_absent")
+    if absent is None:  # (looked for once per template, not once per row)
+        absent = template.__dict__["_tool_words_absent"] = frozenset(
+            word for _, word in _TOOL_WORDS if word not in template.source)
+    if not absent:
+        return
+    needed = {"tools": conv.kwargs.get("tools") is not None, "tool_calls": conv.counts["tool_calls"] > 0,
+              "tool": conv.counts["tool_results"] > 0}
+    missing = [what for what, word in _TOOL_WORDS if word in absent and needed[word]]
     if missing:
         where = f"the chat template in {template.origin}" if template.origin else "the chat template"
         raise InputError(f"{where} does not render {' or '.join(missing)}, so this row cannot be trained as "

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import json
 import re
+from json.encoder import c_make_encoder, encode_basestring, encode_basestring_ascii
 
 from vecpack.chat.layout import _SENTINEL, OBJECT_RE, SentinelObject, _Layout, tracking_objects, transform_at
 from vecpack.errors import InputError
@@ -106,6 +107,45 @@ def _walk(value, leaves: list, stand_in, used):
     return repr(value), value
 
 
+def _key(value, leaves: list, used):
+    """The structure :func:`_walk` gives ``value`` (the same leaves, in the same order), without
+    its copy: the per-row path (a row's key, to look its layout up), where no copy is wanted."""
+    t = type(value)
+    if t is dict:
+        shapes = []
+        for k, v in value.items():
+            if k not in used:
+                continue
+            t = type(v)
+            if k in _BAKED:
+                shapes.append((k, repr(v)))
+            elif t is str:
+                if v:
+                    leaves.append(v)
+                    shapes.append((k, "s"))
+                else:
+                    shapes.append((k, ""))
+            elif t is dict:
+                if k == "arguments":
+                    leaves.append(v)
+                    shapes.append((k, "o"))
+                else:
+                    shapes.append((k, _key(v, leaves, used)))
+            elif t is list:
+                shapes.append((k, _key(v, leaves, used)))
+            else:
+                shapes.append((k, repr(v)))
+        return tuple(shapes)
+    if t is list:
+        return ("L", tuple([_key(v, leaves, used) for v in value]))
+    if t is str:
+        if not value:
+            return ""
+        leaves.append(value)
+        return "s"
+    return repr(value)
+
+
 def _identity(i, leaf):
     return leaf
 
@@ -124,22 +164,40 @@ def _layout_of(conv, used, stand_in=_identity):
     leaves: list = []
     key, messages = _walk(conv.messages, leaves, stand_in, used)
     kwargs = {k: v for k, v in conv.kwargs.items() if k != "tools"}
-    baked = json.dumps(kwargs, sort_keys=True, ensure_ascii=False, default=repr)  # template options
     tools = conv.kwargs.get("tools")
+    row_key = _row_key(key, conv, kwargs, tools)
     if tools is not None:  # each schema an object the template serialises (tojson)
         kwargs["tools"] = []
         for tool in tools:
             leaves.append(tool)
             kwargs["tools"].append(stand_in(len(leaves) - 1, tool))
-    n_tools = None if tools is None else len(tools)
-    return (key, baked, n_tools, tuple(sorted(conv.untrained)), conv.prompt_len), leaves, messages, kwargs
+    return row_key, leaves, messages, kwargs
+
+
+def _row_key(messages_key, conv, options: dict, tools) -> tuple:
+    """A conversation's structure: its messages' (``messages_key``), its template options baked in
+    (``options``: the kwargs but ``tools``), the top-level keys of each tool schema, what is untrained.
+
+    A schema is one slot, but its keys are part of the structure: a template that tests
+    ``tool.function is defined`` renders a schema with ``function`` and one without differently, and
+    the layout is checked against Jinja on one row of the structure only."""
+    baked = json.dumps(options, sort_keys=True, ensure_ascii=False, default=repr) if options else "{}"
+    schemas = None if tools is None else tuple([tuple(tool) for tool in tools])
+    return messages_key, baked, schemas, tuple(sorted(conv.untrained)), conv.prompt_len
 
 
 def shape(conv, used=None) -> tuple[tuple, list]:
     """``(key, leaves)``: the conversation's structure and its texts / objects in order (``used``: the
-    template's words; every key counts without it)."""
-    key, leaves, _, _ = _layout_of(conv, used if used is not None else _Everything())
-    return key, leaves
+    template's words; every key counts without it). The same as :func:`_layout_of` gives, made
+    without copying the messages (every row takes this path)."""
+    leaves: list = []
+    key = _key(conv.messages, leaves, used if used is not None else _Everything())
+    kw = conv.kwargs
+    tools = kw.get("tools")
+    options = kw if "tools" not in kw else {k: v for k, v in kw.items() if k != "tools"} if len(kw) > 1 else {}
+    if tools is not None:
+        leaves.extend(tools)
+    return _row_key(key, conv, options, tools), leaves
 
 
 class _Everything:
@@ -165,6 +223,42 @@ def _stand_ins(conv, used, pad: str = "", tail: str = "", objects: bool = True):
     return Conversation(messages, kwargs, conv.untrained, conv.prompt_len, conv.counts), made
 
 
+class _Dumps:
+    """``json.dumps(obj, **options)``, with the C encoder that :class:`json.JSONEncoder` makes per call
+    made once (half the time of a schema's ``tojson``).
+
+    >>> d = _Dumps({"ensure_ascii": False, "sort_keys": True})
+    >>> d({"b": [1.5, None, "é"], "a": {}}) == json.dumps({"b": [1.5, None, "é"], "a": {}}, ensure_ascii=False,
+    ...                                                   sort_keys=True)
+    True
+    """
+
+    __slots__ = ("encoder", "fast")
+
+    def __init__(self, options: dict):
+        self.encoder = json.JSONEncoder(**options)
+        self.fast = self._c_encoder()
+
+    def _c_encoder(self):
+        """What ``JSONEncoder.iterencode(o, _one_shot=True)`` runs (None where it runs Python instead)."""
+        e = self.encoder
+        if c_make_encoder is None or e.indent is not None:
+            return None
+        return c_make_encoder({} if e.check_circular else None, e.default,
+                              encode_basestring_ascii if e.ensure_ascii else encode_basestring, e.indent,
+                              e.key_separator, e.item_separator, e.sort_keys, e.skipkeys, e.allow_nan)
+
+    def __call__(self, obj) -> str:
+        fast = self.fast
+        if fast is None or type(obj) is str:
+            return self.encoder.encode(obj)
+        try:
+            return "".join(fast(obj, 0))
+        except BaseException:
+            self.fast = self._c_encoder()  # its circular-reference markers may still hold this call's objects
+            raise
+
+
 class _Structure:
     """A compiled structure: a :class:`~vecpack.chat.layout._Layout` whose slots hold leaf indices
     (with a transform, or the ``tojson`` options of an object), and whether Jinja has confirmed it."""
@@ -174,8 +268,7 @@ class _Structure:
     def __init__(self, layout):
         self.layout, self.verified = layout, False
         # an object slot's json.dumps options as an encoder made once (json.dumps makes one a call)
-        self._fills = [(pos, i, json.JSONEncoder(**fn).encode if type(fn) is dict else fn)
-                       for pos, i, fn in layout.slots]
+        self._fills = [(pos, i, _Dumps(fn) if type(fn) is dict else fn) for pos, i, fn in layout.slots]
 
     def fill(self, leaves) -> list[str]:
         parts = self.layout.parts.copy()

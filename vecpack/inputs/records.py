@@ -21,7 +21,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-__all__ = ["BOM", "BadRecord", "json_type", "to_record"]
+__all__ = ["BOM", "BadRecord", "json_type", "loads_text", "to_record"]
 
 BOM = b"\xef\xbb\xbf"
 
@@ -66,7 +66,27 @@ def _big_ints(raw) -> bool:
     (True, False)
     """
     line = raw if type(raw) is bytes else bytes(raw)
-    return b'"tool' in line and b"0" * 19 in line.translate(_DIGITS)
+    return b'"tool' in line and _long_digits(line)
+
+
+def _long_digits(line: bytes) -> bool:
+    """Whether ``line`` holds a run of 19 digits (an integer orjson may read as a float)."""
+    return b"0" * 19 in line.translate(_DIGITS)
+
+
+def loads_text(text: str):
+    """``json.loads(text)`` (raising what it raises), read by orjson where orjson gives the same value:
+    a text without a run of 19 digits (see :func:`_big_ints`) that orjson accepts.
+
+    >>> loads_text('[1, 12345678901234567890123, NaN]')
+    [1, 12345678901234567890123, nan]
+    """
+    if _orjson_loads is not None and not _long_digits(text.encode("utf-8", "surrogatepass")):
+        try:
+            return _orjson_loads(text)
+        except ValueError:
+            pass
+    return json.loads(text)
 
 
 def _parse_line(raw: bytes | memoryview):
