@@ -116,7 +116,7 @@ def pack_run(path: str, tokenizer: str, tree: str) -> dict:
     """``vecpack pack`` in a fresh process, into a fresh cache directory."""
     cache = tempfile.mkdtemp(prefix="seed-limit-cache-")
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(x for x in (tree, os.environ.get("PYTHONPATH", "")) if x))
-    cmd = [sys.executable, "-c", "import sys; from vecpack.cli import main; sys.exit(main())"  # as the console script,
+    cmd = [sys.executable, "-c", "import sys; from vecpack.cli import main; sys.exit(main())",  # as the console script
            "pack", path, "--tokenizer", tokenizer, "--max-len", str(MAX_LEN), "--cache-dir", cache]
     logs = tempfile.TemporaryFile("w+"), tempfile.TemporaryFile("w+")
     try:
