@@ -259,32 +259,24 @@ def add_child_args(ap) -> None:
     ap.add_argument("--tokenizer", default=None, help=argparse.SUPPRESS)
 
 
-def run_child(name, a, data, rows, *, extra=(), label=None, watch_rss=True, script=None):
-    """Run one contender in a fresh process; return its result with peak RSS (bytes).
+class TreeRSS:
+    """The peak RSS of a process and its children together, sampled every 50 ms in a thread
+    (the list of children every 0.5 s: scanning /proc for them costs more). :meth:`stop` returns it."""
 
-    Peak RSS is the sum over the process and its children, sampled every 50 ms
-    (the list of children every 0.5 s: scanning /proc for them costs more).
-    ``watch_rss=False`` skips the sampling, for timings that report no RSS.
-    ``script``: the benchmark whose ``--child`` runs (default: this one).
-    """
-    import psutil
+    def __init__(self, pid: int):
+        self.peak, self._done = 0, threading.Event()
+        self._th = threading.Thread(target=self._watch, args=(pid,), daemon=True)
+        self._th.start()
 
-    cmd = [sys.executable, os.path.abspath(script or __file__), "--child", name, "--data", data,
-           "--rows", str(rows), "--tokenizer", a.tokenizer, "--max-len", str(a.max_len),
-           "--jobs", str(a.jobs), "--workdir", a.workdir, *extra]
-    env = dict(os.environ, TOKENIZERS_PARALLELISM="false",
-               HF_DATASETS_CACHE=os.path.join(a.workdir, "hf-datasets-cache"),
-               HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", TQDM_DISABLE="1")
-    label = label or name
-    print(f"  running {label} on {rows:,} rows ...", file=sys.stderr, flush=True)
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
-    peak = [0]
-    done = threading.Event()
+    def _watch(self, pid: int) -> None:
+        import psutil
 
-    def watch():
-        p = psutil.Process(proc.pid)
+        try:
+            p = psutil.Process(pid)
+        except psutil.Error:
+            return
         procs, listed = [p], 0.0
-        while not done.is_set():
+        while not self._done.is_set():
             if time.monotonic() - listed > 0.5:
                 try:
                     procs = [p, *p.children(recursive=True)]
@@ -297,18 +289,36 @@ def run_child(name, a, data, rows, *, extra=(), label=None, watch_rss=True, scri
                     total += q.memory_info().rss
                 except psutil.Error:
                     pass
-            peak[0] = max(peak[0], total)
-            done.wait(0.05)
+            self.peak = max(self.peak, total)
+            self._done.wait(0.05)
 
-    th = threading.Thread(target=watch, daemon=True)
-    if watch_rss:
-        th.start()
+    def stop(self) -> int:
+        self._done.set()
+        self._th.join()
+        return self.peak
+
+
+def run_child(name, a, data, rows, *, extra=(), label=None, watch_rss=True, script=None):
+    """Run one contender in a fresh process; return its result with peak RSS (bytes).
+
+    Peak RSS is the sum over the process and its children (:class:`TreeRSS`).
+    ``watch_rss=False`` skips the sampling, for timings that report no RSS.
+    ``script``: the benchmark whose ``--child`` runs (default: this one).
+    """
+    cmd = [sys.executable, os.path.abspath(script or __file__), "--child", name, "--data", data,
+           "--rows", str(rows), "--tokenizer", a.tokenizer, "--max-len", str(a.max_len),
+           "--jobs", str(a.jobs), "--workdir", a.workdir, *extra]
+    env = dict(os.environ, TOKENIZERS_PARALLELISM="false",
+               HF_DATASETS_CACHE=os.path.join(a.workdir, "hf-datasets-cache"),
+               HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", TQDM_DISABLE="1")
+    label = label or name
+    print(f"  running {label} on {rows:,} rows ...", file=sys.stderr, flush=True)
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    rss = TreeRSS(proc.pid) if watch_rss else None
     t0 = time.perf_counter()
     out, err = proc.communicate()
     wall = time.perf_counter() - t0
-    done.set()
-    if watch_rss:
-        th.join()
+    peak = [rss.stop() if rss is not None else 0]
     lines = [ln for ln in out.splitlines() if ln.startswith("RESULT ")]
     if proc.returncode != 0 or not lines:
         sys.stderr.write(err[-4000:])

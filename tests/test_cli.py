@@ -539,3 +539,20 @@ def test_example_tokenizer_matches_tiktoken():
     text = pathlib.Path(__file__).read_text(encoding="utf-8") + EXAMPLE_DATA.read_text(encoding="utf-8")[:200_000]
     text = text.replace("<|", "< |")  # HF would read special tokens; encode_ordinary would not
     assert enc.encode_ordinary(text) == tk.encode(text, add_special_tokens=False).ids
+
+
+def test_the_console_command_leaves_its_objects_to_the_exit(monkeypatch, capsys):
+    """``vecpack`` as a command (no argv given) freezes the collector as it returns: the interpreter's
+    last collections walked every object for about 1 s; a caller's ``main(argv)`` leaves it alone."""
+    import gc
+
+    from vecpack.cli.run import main
+
+    before = gc.get_freeze_count()
+    assert main([]) == 2 and gc.get_freeze_count() == before
+    monkeypatch.setattr(sys, "argv", ["vecpack"])
+    try:
+        assert main() == 2
+        assert gc.get_freeze_count() > before
+    finally:
+        gc.unfreeze()

@@ -149,3 +149,34 @@ def test_trained_tokens_equals_reference_and_the_filled_packs(lengths, max_len, 
     assert trained_tokens(p, labels, offsets) == want
     tokens = np.arange(1, int(offsets[-1]) + 1, dtype=np.int32)
     assert _trained_tokens(pack(tokens, offsets, max_len, labels=labels, long=long, strategy=strategy)) == want
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.integers(1, 12), min_size=1, max_size=40), st.integers(1, 16),
+       st.sampled_from(["greedy", "bfd"]), st.integers(0, 2**31))
+def test_trained_tokens_of_bits_equals_reference(lengths, max_len, strategy, seed):
+    """A corpus's labels as bits (the cache's ``trained``): the count over whole documents (set bits
+    less the documents' first tokens) and the kernel's (a document cut) equal the reference."""
+    from vecpack.packing.plan import _whole_documents, plan, trained_tokens
+
+    rng = np.random.default_rng(seed)
+    lengths = np.asarray(lengths, np.int64)
+    offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+    on = rng.random(int(offsets[-1])) < rng.random()
+    labels = np.where(on, 7, -100).astype(np.int32)
+    bits = np.packbits(on, bitorder="little")
+    bits[-1] |= np.uint8(0xFF) << np.uint8(int(offsets[-1]) % 8) if offsets[-1] % 8 else np.uint8(0)  # stray tail
+    p = plan(lengths, max_len, strategy=strategy)
+    want = ref.trained_tokens(labels, offsets, p.doc_index, p.doc_start, p.doc_length)
+    assert trained_tokens(p, bits, offsets) == trained_tokens(p, labels, offsets) == want
+    assert (_whole_documents(p, offsets) is not None) == bool((lengths <= max_len).all())
+
+
+def test_set_bits_counts_a_range():
+    from vecpack.packing.plan import _set_bits
+
+    rng = np.random.default_rng(3)
+    on = rng.random(1000) < 0.5
+    bits = np.packbits(on, bitorder="little")
+    for lo, hi in [(0, 1000), (3, 5), (7, 9), (8, 16), (13, 997), (0, 0), (500, 501)]:
+        assert _set_bits(bits, lo, hi) == int(on[lo:hi].sum()), (lo, hi)

@@ -293,3 +293,23 @@ def test_a_file_that_shrinks_after_the_call_measured_it_is_an_error_not_fewer_ro
     monkeypatch.setenv("VECPACK_ROW_LANE", lane)
     with pytest.raises(InputError, match=r"growing\.jsonl: the file ends before byte .* changed while it was read"):
         vecpack.tokenize(data, qwen_dir, n_jobs=1, on_error="skip", progress=False)
+
+
+def test_a_torn_tiktoken_memo_is_parsed_again(tmp_path, monkeypatch):
+    """The .tiktoken file and the spec's pickle of one tokenizer, written by two threads of one process,
+    once shared a temporary name, so a .pkl memo could hold the ranks' text: it is parsed again."""
+    from vecpack.tokenizing import spec
+
+    monkeypatch.setenv("VECPACK_CACHE", str(tmp_path / "cache"))
+    parsed = []
+    monkeypatch.setattr(spec, "tiktoken_parts", lambda s: parsed.append(1) or ("pat", {b"a": 0}, False))
+    (tmp_path / "tokenizer.json").write_text('{"added_tokens": [{"content": "<|x|>", "id": 1}]}')
+    want = ("pat", {b"a": 0}, {"<|x|>": 1}, False)
+    assert spec.tiktoken_spec(tmp_path) == want
+    spec._SPECS.clear()
+    memo = tmp_path / "cache" / "tiktoken" / f"{spec.stat_key(tmp_path, 'tokenizer.json')}.pkl"
+    memo.write_text("IQ== 0\nIg== 1\n")  # what the torn memo held
+    assert spec.tiktoken_spec(tmp_path) == want and len(parsed) == 2
+    spec._SPECS.clear()
+    assert spec.tiktoken_spec(tmp_path) == want and len(parsed) == 2  # rewritten: read, not parsed
+    assert spec._tmp_name(memo) != spec._tmp_name(memo.with_suffix(".tiktoken"))

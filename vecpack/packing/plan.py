@@ -235,5 +235,55 @@ def trained_tokens(p: Plan, labels, offsets, ignore_index: int = -100) -> int:
     >>> trained_tokens(plan(np.array([3, 2]), 4), labels, np.array([0, 3, 5]))
     3
     """
-    return int(_kernels.trained_tokens(_ro(np.asarray(labels)), _ro(np.asarray(offsets, np.int64)),
-                                       p.doc_index, p.doc_start, p.doc_length, ignore_index))
+    labels, offsets = np.asarray(labels), np.asarray(offsets, np.int64)
+    whole = _whole_documents(p, offsets)
+    if whole is not None:
+        return _whole_trained(labels, offsets, whole, ignore_index)
+    return int(_kernels.trained_tokens(_ro(labels), _ro(offsets), p.doc_index, p.doc_start, p.doc_length,
+                                       ignore_index))
+
+
+def _whole_documents(p: Plan, offsets: np.ndarray) -> np.ndarray | None:
+    """The documents' lengths when ``p`` packs every document of ``offsets`` once and whole (the
+    common plan: nothing empty, truncated, dropped or split), else None."""
+    lengths = np.diff(offsets)
+    d = lengths.shape[0]
+    if p.doc_index.shape[0] != d or not d or (lengths == 0).any() or not (p.doc_start == 0).all():
+        return None
+    once = np.bincount(p.doc_index, minlength=d)  # (a negative index raises: not a plan of these documents)
+    if once.shape[0] != d or (once != 1).any() or not np.array_equal(p.doc_length, lengths.take(p.doc_index)):
+        return None
+    return lengths
+
+
+def _whole_trained(labels, offsets: np.ndarray, lengths: np.ndarray, ignore_index: int = -100) -> int:
+    """:func:`trained_tokens` of a plan that packs every document once and whole: the corpus's trained
+    tokens (a count of set bits, or of labels) less the documents' first tokens trained.
+
+    >>> bits = np.packbits(np.array([1, 1, 0, 1, 1, 0, 0, 0, 1], bool), bitorder="little")
+    >>> _whole_trained(bits, np.array([0, 3, 9]), np.array([3, 6]))
+    3
+    """
+    lo, hi = (int(offsets[0]), int(offsets[-1])) if offsets.shape[0] else (0, 0)
+    firsts = offsets[:-1][lengths > 0]
+    if labels.dtype == np.uint8:  # trained bits, bit i % 8 of byte i // 8
+        first = (labels.take(firsts >> 3) >> (firsts & 7).astype(np.uint8)) & 1
+        return _set_bits(labels, lo, hi) - int(first.sum(dtype=np.int64))
+    total = int(np.count_nonzero(np.asarray(labels[lo:hi]) != ignore_index))
+    return total - int(np.count_nonzero(labels.take(firsts) != ignore_index))
+
+
+_POPCOUNT = np.array([bin(i).count("1") for i in range(256)], np.uint8)
+
+
+def _set_bits(bits, lo: int, hi: int) -> int:
+    """Set bits ``lo <= i < hi`` of ``bits`` (bit ``i % 8`` of byte ``i // 8``), in 16 MB steps."""
+    total = 0
+    for a in range(lo // 8, (hi + 7) // 8, 1 << 24):
+        block = np.asarray(bits[a:min(a + (1 << 24), (hi + 7) // 8)])
+        count = getattr(np, "bitwise_count", None)  # NumPy >= 2
+        total += int((count(block) if count is not None else _POPCOUNT.take(block)).sum(dtype=np.int64))
+    if hi > lo:  # leave out the first byte's bits below lo and the last byte's from hi on
+        for byte, keep in ((lo // 8, range(lo % 8)), ((hi - 1) // 8, range((hi - 1) % 8 + 1, 8))):
+            total -= sum((int(bits[byte]) >> i) & 1 for i in keep)
+    return total

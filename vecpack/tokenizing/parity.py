@@ -197,12 +197,16 @@ def preload(path: str) -> None:
         pass
 
 
-def shutdown() -> None:
-    """Stop this process's HF process (a later check starts another)."""
+def shutdown(wait: bool = True) -> None:
+    """Stop this process's HF process (a later check starts another).
+
+    ``wait=False`` (at interpreter exit): close its stdin and go; it exits on
+    its own at end of input, and the driver's exit does not wait for it.
+    """
     with _HF.lock:
         server, _HF.server = _HF.server, None
     if server is not None:
-        server.close()
+        server.close(wait)
 
 
 def _tokenizer_file(path: str) -> tuple[str, tuple]:
@@ -263,12 +267,14 @@ class _Server:
             raise RuntimeError(value)
         return value
 
-    def close(self) -> None:
+    def close(self, wait: bool = True) -> None:
         self.io.shutdown(wait=False, cancel_futures=True)
         proc = self.proc
         if proc is not None and proc.poll() is None:
             try:
                 proc.stdin.close()  # the process exits at end of input
+                if not wait:
+                    return
                 proc.wait(timeout=2)
             except (OSError, subprocess.TimeoutExpired):
                 proc.kill()
@@ -308,4 +314,4 @@ def _forget_after_fork() -> None:
 
 
 os.register_at_fork(after_in_child=_forget_after_fork)
-atexit.register(shutdown)
+atexit.register(shutdown, wait=False)

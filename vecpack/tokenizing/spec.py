@@ -251,7 +251,7 @@ def tiktoken_spec(path: pathlib.Path) -> tuple[str, dict[bytes, int], dict[str, 
             out = pickle.load(f)
         _SPECS[key] = out
         return out
-    except (OSError, EOFError, pickle.UnpicklingError):
+    except Exception:  # noqa: BLE001 - missing or unreadable (a torn or foreign file): parse again, rewrite it
         pass
     spec = json.loads((path / "tokenizer.json").read_text(encoding="utf-8"))
     added_list = spec.get("added_tokens", ())
@@ -294,7 +294,7 @@ def tiktoken_file(path: pathlib.Path) -> pathlib.Path:
     text = "".join(f"{base64.b64encode(b).decode()} {r}\n" for b, r in order)
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
-        tmp = out.with_suffix(f".{os.getpid()}.tmp")
+        tmp = _tmp_name(out)
         tmp.write_text(text, encoding="ascii")
         os.replace(tmp, out)
     except OSError:  # a read-only cache: a private copy
@@ -307,13 +307,26 @@ def tiktoken_file(path: pathlib.Path) -> pathlib.Path:
     return out
 
 
+def _tmp_name(path: pathlib.Path) -> pathlib.Path:
+    """A name beside ``path`` that no other writer uses: this process, this thread, this file's whole
+    name (``<key>.pkl`` and ``<key>.tiktoken`` once shared ``<key>.<pid>.tmp``, so two threads of one
+    process building both wrote each other's content into the other's memo).
+
+    >>> _tmp_name(pathlib.Path("/c/k.pkl")).name.startswith("k.pkl.")
+    True
+    """
+    import threading
+
+    return path.with_name(f"{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+
+
 def write_memo(memo: pathlib.Path, obj) -> None:
     """Pickle ``obj`` to ``memo`` atomically (a read-only cache only makes start-ups slower)."""
     import pickle
 
     try:
         memo.parent.mkdir(parents=True, exist_ok=True)
-        tmp = memo.with_suffix(f".{os.getpid()}.tmp")
+        tmp = _tmp_name(memo)
         with open(tmp, "wb") as f:
             pickle.dump(obj, f, protocol=pickle.HIGHEST_PROTOCOL)
         os.replace(tmp, memo)
