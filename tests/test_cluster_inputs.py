@@ -147,6 +147,7 @@ def test_parquet_with_heterogeneous_rows_equals_the_local_build(templated, tmp_p
 def test_mixtures_pairs_and_images_are_refused_before_any_work(chat, qwen_dir, tmp_path):
     """What the cluster does not build yet is one clear error at the call, before Ray starts or a unit is cut,
     through both front doors (``build_on_cluster`` and ``vecpack.build(..., backend="ray", output=)``)."""
+    from tests.vision_data import make_processor_dir
     from vecpack.cluster import build_on_cluster
 
     d, text, encoder = chat
@@ -158,6 +159,9 @@ def test_mixtures_pairs_and_images_are_refused_before_any_work(chat, qwen_dir, t
                                   progress=False),
         r"preference pairs .*style='preference'\)":
             lambda: build_on_cluster(rows, qwen_dir, 256, output=out, style="preference", progress=False),
+        r"images \(processor=\) .*processor=\.\.\.\)":
+            lambda: vecpack.build(rows, None, 256, processor=make_processor_dir(tmp_path / "proc"), backend="ray",
+                                  output=out, progress=False),
     }
     for message, call in calls.items():
         with pytest.raises(ValueError, match=message):
