@@ -176,14 +176,17 @@ def _deleted_turn_span(template, messages, kwargs, i: int, text: str) -> tuple[i
     if n <= 0:
         return p, p
     lo = len(other) - _common_suffix(text, other, len(other))  # text[b + n:] == other[b:] from b = lo on
-    eot = template.eot_re
-    if eot is not None:
-        for b in range(p, lo - 1, -1):
-            for m in eot.finditer(text, b, b + n):
-                if m.end() == b + n:
-                    return b, b + n
-    return p, p + n
+    b = _ending_turn(template.eot_re, text, range(p, lo - 1, -1), n)
+    return (p, p + n) if b is None else (b, b + n)
 
+
+def _ending_turn(eot, text: str, places, n: int) -> int | None:
+    """The first of ``places`` where ``text[b:b + n]`` ends with the end-of-turn token, or None."""
+    if eot is not None:
+        for b in places:
+            if any(m.end() == b + n for m in eot.finditer(text, b, b + n)):
+                return b
+    return None
 
 
 def _doubled_turn_span(template, messages, kwargs, i: int, text: str, lo: int) -> tuple[int, int]:
@@ -215,15 +218,14 @@ def _doubled_turn_span(template, messages, kwargs, i: int, text: str, lo: int) -
     first = len(text) - _common_suffix(text, other, len(text))  # other[b + n:] == text[b:] from b = first on
     places = [b for b in range(min(p, len(text) - n), max(first, lo) - 1, -1)
               if text[b:b + n] == other[b:b + n]]  # text holds the copy itself there
-    eot, header = template.eot_re, _header(template, kwargs)
-    for b in places:
-        if eot is not None and any(m.end() == b + n for m in eot.finditer(text, b, b + n)):
-            break
-    else:
+    header = _header(template, kwargs)
+    b = _ending_turn(template.eot_re, text, places, n)
+    if b is None:
         b = next((b for b in places if header and text.startswith(header, b)), places[0] if places else p)
     if header and text.startswith(header, b) and len(header) < n:
         return b + len(header), b + n
     return b, b + n
+
 
 def conversation_parts(template, conv, *, compiled: bool = True) -> tuple[list[str], list[bool], dict]:
     """``(texts, trainable, info)`` of a conversation: the rendered text cut at its trained spans.
