@@ -101,17 +101,23 @@ class SlowEncoder:
         return self.inner.encode_row(row)
 
 
-def slow_scatter(delay: float, trace: str | None = None):
+def slow_scatter(delay: float, trace: str | None = None, hold: str | None = None):
     """The cluster's scatter task, ``delay`` seconds slower, so that a run can be interrupted during the
-    scatter; with ``trace``, each start appends a byte to ``trace/<node>`` (as :class:`SlowEncoder`)."""
+    scatter; with ``trace``, each start appends a byte to ``trace/<node>`` (as :class:`SlowEncoder`).
+    With ``hold`` (a node's name), a scatter started on that node never finishes: it waits until the node
+    is lost, so a test that loses it mid-scatter does not depend on the host's speed (it fails loudly,
+    not silently, if the node is never lost)."""
 
     def scatter(*args):
         from vecpack.cluster.scatter import scatter_unit
 
+        node = os.path.basename(os.path.dirname(os.environ.get("TMPDIR", "/none/x")))
         if trace:
-            node = os.path.basename(os.path.dirname(os.environ.get("TMPDIR", "/none/x")))
             with open(os.path.join(trace, node), "ab") as f:
                 f.write(b".")
+        if hold is not None and node == hold:
+            time.sleep(300)   # the test removes this node long before
+            raise RuntimeError(f"node {node} was held mid-scatter but never lost")
         time.sleep(delay)
         return scatter_unit(*args)
 

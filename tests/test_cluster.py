@@ -335,7 +335,8 @@ def test_the_scatter_survives_a_killed_driver_then_a_lost_node(nodes, data, qwen
     ) % (data["glob"], str(qwen_dir), MAX_LEN, out, UNIT), "scatter")
     trace = tmp_path / "trace"   # which node starts a scatter, and how many
     trace.mkdir()
-    monkeypatch.setattr(cluster_run, "scatter_unit", s3_helpers.slow_scatter(0.3, str(trace)))
+    victim = os.path.basename(nodes.workers[next(iter(nodes.workers))])   # _lose_a_node_during's victim
+    monkeypatch.setattr(cluster_run, "scatter_unit", s3_helpers.slow_scatter(0.3, str(trace), hold=victim))
     r = _lose_a_node_during(
         nodes, lambda: build_on_cluster(data["glob"], qwen_dir, MAX_LEN, output=out, unit_bytes=UNIT), trace,
         what="a scatter")
