@@ -73,3 +73,15 @@ def fresh_state():
     _state.reset()
     yield
     _state.reset()
+
+
+# The modules that start a Ray cluster or an S3 endpoint for their tests (a module fixture each): under
+# ``pytest -n 2 --dist loadgroup`` (the README's test command) they run on one xdist worker, so that each
+# fixture starts once, not once per worker, and two Ray clusters never share the 2 cores.
+_ONE_WORKER = {"test_cluster", "test_cluster_inputs", "test_cluster_store", "test_ray"}
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if item.module is not None and item.module.__name__.rsplit(".", 1)[-1] in _ONE_WORKER:
+            item.add_marker(pytest.mark.xdist_group("ray"))

@@ -593,17 +593,17 @@ def test_hf_iterable_dataset_shards_and_needs_the_main_process(small_file):
 def test_qwen_pool_fill_and_resume(qwen_dir, tmp_path):
     """The real Qwen2.5 ChatEncoder, tokenized ahead in the loky pool (n_jobs=2)."""
     path = tmp_path / "chat.jsonl"
-    make_sharegpt(path, 2000, seed=11)
-    inline = StreamingPackedDataset(str(path), qwen_dir, 4096, buffer_size=1000, n_jobs=1)
+    make_sharegpt(path, 800, seed=11)
+    inline = StreamingPackedDataset(str(path), qwen_dir, 4096, buffer_size=400, n_jobs=1)
     ref = list(inline)
     assert inline.stats["fill"] >= 0.98, inline.stats
-    pooled = StreamingPackedDataset(str(path), qwen_dir, 4096, buffer_size=1000, n_jobs=2)
+    pooled = StreamingPackedDataset(str(path), qwen_dir, 4096, buffer_size=400, n_jobs=2)
     it = iter(pooled)
     head = [next(it) for _ in range(len(ref) // 2)]
     state = pooled.state_dict()
     rest = list(it)
     assert same(head + rest, ref)               # same stream whatever n_jobs
-    resumed = StreamingPackedDataset(str(path), qwen_dir, 4096, buffer_size=1000, n_jobs=2)
+    resumed = StreamingPackedDataset(str(path), qwen_dir, 4096, buffer_size=400, n_jobs=2)
     resumed.load_state_dict(state)
     assert same(head + list(resumed), ref)
 
