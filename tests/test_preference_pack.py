@@ -285,3 +285,31 @@ def test_prefix_sharing_through_build_and_the_cli(pairs_corpus, qwen_dir, cache_
     assert vecpack.load(out).plan.prefix_sharing
     with pytest.raises(ValueError, match="prefix_sharing=True needs style='preference'"):
         vecpack.build(path, qwen_dir, 4096, prefix_sharing=True, cache_dir=cache_dir, progress=False)
+
+
+def test_shared_batches_read_the_tree_mask_as_plain_python_draws_it():
+    """A prefix-shared batch's ``end`` (the tree mask of :mod:`vecpack.integrations.masks`, shared with
+    :mod:`vecpack.turns`): a token sees the earlier tokens of its own pair's prompt and of its own answer,
+    nothing else, even when a pack appears twice in one batch (a mixture repeats pairs) so that two
+    copies of one pair sit side by side with the same ``document_ids``."""
+    from vecpack.preference.collate import collate_preference, prefix_dense_mask
+
+    rng = np.random.default_rng(5)
+    tokens, offsets = random_corpus(rng, 40)
+    pp = pack_pairs(tokens, offsets, 48, strategy="greedy", prefix_sharing=True)
+    packs = [pp[i] for i in range(len(pp))]
+    batch = collate_preference(packs + packs[:1] + packs[:1])
+    ref = reference_pack(tokens, offsets, pp.plan, pp.pad_id, -100)
+    inst, part, at = [], [], 0
+    for i in [*range(len(pp)), 0, 0]:
+        doc = np.array(ref[i][3])
+        keep = doc >= 0
+        runs = np.concatenate([[0], np.cumsum(doc[keep][1:] != doc[keep][:-1])])
+        inst += (runs + at).tolist()
+        at += int(runs[-1]) + 1
+        part += np.array(ref[i][4])[keep].tolist()
+    n = len(inst)
+    want = [[inst[q] == inst[k] and k <= q and (part[k] == 0 or part[k] == part[q]) for k in range(n)]
+            for q in range(n)]
+    assert batch["input_ids"].shape[1] == n and (batch["part_ids"][0].tolist() == part)
+    assert prefix_dense_mask(batch)[0, 0].tolist() == want

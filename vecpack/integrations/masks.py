@@ -47,8 +47,10 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
+from vecpack.options import ATTENTION_MASKS, check_choice
+
 __all__ = ["block_causal_mask", "flex_block_mask", "flex_image_block_mask", "image_block_ids", "image_block_mask",
-           "seq_idx_from_seq_lens"]
+           "seq_idx_from_seq_lens", "tree_block_mask", "tree_dense_mask", "tree_model_inputs"]
 
 
 def seq_idx_from_seq_lens(seq_lens: Sequence[np.ndarray], length: int) -> np.ndarray:
@@ -250,3 +252,47 @@ def flex_image_block_mask(seq_idx: torch.Tensor, blocks: torch.Tensor, *, slidin
     rule = _image_rule(seg, blocks, sliding_window)
     return create_block_mask(lambda bb, h, q, kv: rule(bb, q, kv), b, None, t, t, device=seq_idx.device,
                              BLOCK_SIZE=block_size)
+
+
+# ---------------------------------------------------------------------------- tree masks (shared prefixes)
+# Sequences that share a prefix are stored once, as a tree laid out depth first: a token's subtree (the
+# token and every token laid out after it that continues it) ends at ``end[i]``. Query ``j`` may attend key
+# ``i`` iff ``i <= j < end[i]``: ``i`` is ``j`` itself or one of its ancestors. Preference pairs with prefix
+# sharing (a prompt, its chosen answer, its rejected answer) and per-turn conversations
+# (:mod:`vecpack.turns`) are both such trees; plain packing is the tree where every token's subtree ends at
+# its document's end.
+
+
+def tree_dense_mask(end: torch.Tensor) -> torch.Tensor:
+    """The tree mask as a dense bool ``[1, 1, T, T]`` tensor (``sdpa`` / ``eager``), on ``end``'s device.
+
+    >>> tree_dense_mask(torch.tensor([[5, 5, 3, 5, 5]]))[0, 0].int().tolist()   # 1 2 3 and 1 2 4 5
+    [[1, 0, 0, 0, 0], [1, 1, 0, 0, 0], [1, 1, 1, 0, 0], [1, 1, 0, 1, 0], [1, 1, 0, 1, 1]]
+    """
+    end = end.reshape(-1)
+    q = torch.arange(end.numel(), device=end.device)
+    return ((q[None, :] <= q[:, None]) & (q[:, None] < end[None, :]))[None, None]
+
+
+def tree_block_mask(end: torch.Tensor, *, block_size: int = 128):
+    """The tree mask as a flex-attention ``BlockMask`` over one ``[1, T]`` row, on ``end``'s device."""
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    end = end.reshape(-1)
+    n = end.numel()
+
+    def mask_mod(b, h, q, k):
+        return (k <= q) & (q < end[k])
+
+    return create_block_mask(mask_mod, 1, None, n, n, device=end.device, BLOCK_SIZE=block_size)
+
+
+def tree_model_inputs(batch, *, mask: str = "flex") -> dict:
+    """A tree batch's model keyword arguments: ``input_ids``, ``position_ids`` (each token's depth, its
+    position in its own sequence), the tree mask of ``batch["end"]`` built on the batch's device (a flex
+    ``BlockMask`` for ``mask="flex"``, a dense bool mask for ``mask="dense"``) and ``use_cache=False``."""
+    check_choice(mask, "mask", ATTENTION_MASKS)
+    end = batch["end"].to(batch["input_ids"].device)
+    attention = tree_block_mask(end) if mask == "flex" else tree_dense_mask(end)
+    return {"input_ids": batch["input_ids"], "position_ids": batch["position_ids"], "attention_mask": attention,
+            "use_cache": False}

@@ -33,7 +33,7 @@ import numpy as np
 import torch
 
 from vecpack.integrations.collate import _array, collate_flash
-from vecpack.options import ATTENTION_MASKS, check_choice
+from vecpack.integrations.masks import tree_block_mask, tree_dense_mask, tree_model_inputs
 
 __all__ = ["MODEL_KEYS", "collate_preference", "model_inputs", "prefix_block_mask", "prefix_dense_mask"]
 
@@ -60,8 +60,9 @@ def collate_preference(packs: Sequence[Mapping[str, Any]], *, ignore_index: int 
         batch order) and ``pair_ids`` (long ``[N]``: the corpus's pair of
         each batch pair; a pair a mixture repeats may appear twice).
         Packs laid out with prefix sharing give no ``cu_seq_lens`` (one varlen
-        call cannot let an answer skip the other) but ``document_ids`` and
-        ``part_ids`` (``[1, T]``, for the mask), ``logit_index`` (``[1, T]``:
+        call cannot let an answer skip the other) but ``document_ids``,
+        ``part_ids`` and ``end`` (``[1, T]``; ``end`` gives the tree mask,
+        :func:`prefix_block_mask`), ``logit_index`` (``[1, T]``:
         the position whose logits predict each token; a rejected answer's
         first token is predicted from its prompt's last token) and
         ``prefix_sharing=True``. Pass :func:`model_inputs` of it to the model.
@@ -123,12 +124,20 @@ def _collate_shared(packs, ignore_index: int) -> dict[str, Any]:
     rejected = np.flatnonzero((flat["part_ids"][starts] == 2) & (first_pos > 0))
     # a shared rejected answer follows the chosen one: its first token is predicted by the prompt's last
     logit_index[starts[rejected]] = starts[rejected - 1] + first_pos[rejected] - 1
+    # the tree mask's subtree ends: a token's own sequence's end, but a shared prompt's tokens reach to the
+    # end of the rejected answer that follows its chosen one (vecpack.integrations.masks, "tree masks")
+    ends = starts + all_lens
+    end = np.repeat(ends, all_lens)
+    plen = first_pos[rejected]
+    at = np.repeat(starts[rejected - 1] - (np.cumsum(plen) - plen), plen) + np.arange(int(plen.sum()))
+    end[at] = np.repeat(ends[rejected], plen)
     labels = flat["labels"]
     labels[starts[first_pos == 0]] = ignore_index
     out = {k: torch.from_numpy(v)[None] for k, v in flat.items()}
     out["labels"] = torch.from_numpy(labels)[None]
     out["seq_idx"] = torch.from_numpy(np.repeat(np.arange(all_lens.size, dtype=np.int32), all_lens))[None]
     out["logit_index"] = torch.from_numpy(logit_index)[None]
+    out["end"] = torch.from_numpy(end)[None]
     out["use_cache"] = False
     out["prefix_sharing"] = True
     return out
@@ -137,34 +146,28 @@ def _collate_shared(packs, ignore_index: int) -> dict[str, Any]:
 def prefix_block_mask(batch: Mapping[str, Any], *, device=None, block_size: int = 128):
     """The flex-attention ``BlockMask`` of a prefix-shared batch: each answer sees its prompt and itself.
 
-    A token attends to earlier tokens of its own pair, except that a rejected
-    answer never sees the chosen one (which sits between it and the prompt).
+    The batch is a forest of trees (a prompt, its chosen answer, its shared
+    rejected answer), read through the tree mask of ``batch["end"]``
+    (:func:`vecpack.integrations.masks.tree_block_mask`, the masks of
+    :mod:`vecpack.turns` too): a token attends to earlier tokens of its own
+    sequence, and a shared rejected answer to its prompt, never to the chosen
+    answer that sits between them.
 
-    >>> import torch
-    >>> b = {"document_ids": torch.tensor([[4, 4, 4, 4, 4]]), "part_ids": torch.tensor([[0, 0, 1, 2, 2]])}
-    >>> prefix_dense_mask(b)[0, 0].int().tolist()
-    [[1, 0, 0, 0, 0], [1, 1, 0, 0, 0], [1, 1, 1, 0, 0], [1, 1, 0, 1, 0], [1, 1, 0, 1, 1]]
+    >>> import numpy as np
+    >>> from vecpack.preference.packed import pack_pairs
+    >>> pp = pack_pairs(np.arange(1, 9, dtype=np.int32), np.array([0, 3, 5, 8]), max_len=12, prefix_sharing=True)
+    >>> b = collate_preference([pp[0]])                     # prompt 1 2 3, chosen 4 5, rejected 6 7 8
+    >>> b["input_ids"].tolist(), b["end"].tolist()
+    ([[1, 2, 3, 4, 5, 6, 7, 8]], [[8, 8, 8, 5, 5, 8, 8, 8]])
+    >>> prefix_dense_mask(b)[0, 0, 5:].int().tolist()        # the rejected answer skips 4 5
+    [[1, 1, 1, 0, 0, 1, 0, 0], [1, 1, 1, 0, 0, 1, 1, 0], [1, 1, 1, 0, 0, 1, 1, 1]]
     """
-    from torch.nn.attention.flex_attention import create_block_mask
-
-    doc = batch["document_ids"].reshape(-1).to(device)
-    part = batch["part_ids"].reshape(-1).to(device)
-    n = doc.numel()
-
-    def mask_mod(b, h, q, k):
-        return (doc[q] == doc[k]) & (k <= q) & ~((part[q] == 2) & (part[k] == 1))
-
-    return create_block_mask(mask_mod, 1, None, n, n, device=doc.device, BLOCK_SIZE=block_size)
+    return tree_block_mask(batch["end"].to(device), block_size=block_size)
 
 
 def prefix_dense_mask(batch: Mapping[str, Any], *, device=None) -> torch.Tensor:
     """The same mask as :func:`prefix_block_mask`, dense: bool ``[1, 1, T, T]`` (``sdpa`` / ``eager``)."""
-    doc = batch["document_ids"].reshape(-1).to(device)
-    part = batch["part_ids"].reshape(-1).to(device)
-    q = torch.arange(doc.numel(), device=doc.device)
-    mask = (doc[:, None] == doc[None, :]) & (q[None, :] <= q[:, None])
-    mask &= ~((part[:, None] == 2) & (part[None, :] == 1))
-    return mask[None, None]
+    return tree_dense_mask(batch["end"].to(device))
 
 
 def model_inputs(batch: Mapping[str, Any], *, mask: str = "flex") -> dict[str, Any]:
@@ -177,8 +180,4 @@ def model_inputs(batch: Mapping[str, Any], *, mask: str = "flex") -> dict[str, A
     """
     if not batch.get("prefix_sharing"):
         return {k: batch[k] for k in MODEL_KEYS if k in batch}
-    check_choice(mask, "mask", ATTENTION_MASKS)
-    device = batch["input_ids"].device
-    attention = prefix_block_mask(batch, device=device) if mask == "flex" else prefix_dense_mask(batch, device=device)
-    return {"input_ids": batch["input_ids"], "position_ids": batch["position_ids"], "attention_mask": attention,
-            "use_cache": False}
+    return tree_model_inputs(batch, mask=mask)

@@ -44,7 +44,7 @@ import numpy as np
 import torch
 
 from vecpack.integrations.collate import _array
-from vecpack.options import ATTENTION_MASKS, check_choice
+from vecpack.integrations.masks import tree_block_mask, tree_dense_mask, tree_model_inputs
 
 __all__ = ["collate_turns", "model_inputs", "turn_block_mask", "turn_dense_mask"]
 
@@ -81,23 +81,14 @@ def collate_turns(packs: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
 
 
 def turn_block_mask(batch: Mapping[str, Any], *, device=None, block_size: int = 128):
-    """The flex-attention ``BlockMask`` of a :func:`collate_turns` batch: each token sees itself and its ancestors."""
-    from torch.nn.attention.flex_attention import create_block_mask
-
-    end = batch["end"].reshape(-1).to(device)
-    n = end.numel()
-
-    def mask_mod(b, h, q, k):
-        return (k <= q) & (q < end[k])
-
-    return create_block_mask(mask_mod, 1, None, n, n, device=end.device, BLOCK_SIZE=block_size)
+    """The flex-attention ``BlockMask`` of a :func:`collate_turns` batch: each token sees itself and its
+    ancestors (:func:`vecpack.integrations.masks.tree_block_mask` of ``batch["end"]``)."""
+    return tree_block_mask(batch["end"].to(device), block_size=block_size)
 
 
 def turn_dense_mask(batch: Mapping[str, Any], *, device=None) -> torch.Tensor:
     """The same mask as :func:`turn_block_mask`, dense: bool ``[1, 1, T, T]`` (``sdpa`` / ``eager``)."""
-    end = batch["end"].reshape(-1).to(device)
-    q = torch.arange(end.numel(), device=end.device)
-    return ((q[None, :] <= q[:, None]) & (q[:, None] < end[None, :]))[None, None]
+    return tree_dense_mask(batch["end"].to(device))
 
 
 def model_inputs(batch: Mapping[str, Any], *, mask: str = "flex") -> dict[str, Any]:
@@ -105,10 +96,8 @@ def model_inputs(batch: Mapping[str, Any], *, mask: str = "flex") -> dict[str, A
 
     ``attention_mask`` is built on the batch's device: a flex ``BlockMask``
     (``mask="flex"``, for ``attn_implementation="flex_attention"``) or a dense
-    bool ``[1, 1, T, T]`` mask (``mask="dense"``, for ``sdpa`` / ``eager``).
+    bool ``[1, 1, T, T]`` mask (``mask="dense"``, for ``sdpa`` / ``eager``);
+    the same tree masks as prefix-shared preference pairs
+    (:func:`vecpack.integrations.masks.tree_model_inputs`).
     """
-    check_choice(mask, "mask", ATTENTION_MASKS)
-    device = batch["input_ids"].device
-    attention = turn_block_mask(batch, device=device) if mask == "flex" else turn_dense_mask(batch, device=device)
-    return {"input_ids": batch["input_ids"], "position_ids": batch["position_ids"], "attention_mask": attention,
-            "use_cache": False}
+    return tree_model_inputs(batch, mask=mask)
