@@ -297,8 +297,22 @@ def test_per_turn_front_doors_and_refusals(templated, tmp_path, capsys):  # noqa
             vecpack.build(data, d, 4096, **{**dict(per_turn=True, **kw), **bad})
     with pytest.raises(TypeError):
         vecpack.StreamingPackedDataset(path, d, 4096, style="openai", per_turn=True)
-    with pytest.raises(TypeError, match="per-turn tries are not saved yet"):
-        vecpack.save(first, tmp_path / "out")
+    # saved and loaded (vecpack.save, vecpack pack --per-turn -o): the same packs, without the cache
+    for saved in (vecpack.load(vecpack.save(first, tmp_path / "out", progress=False)), _cli_saved(path, d, tmp_path)):
+        assert type(saved).__name__ == "PackedTurns" and len(saved) == len(first) and saved.stats == first.stats
+        for i in range(len(first)):
+            assert all(np.array_equal(saved[i][k], first[i][k]) for k in first[i])
+    with pytest.raises(ValueError, match="per-turn packs are saved to a local directory only"):
+        vecpack.save(first, "s3://bucket/out")
+
+
+def _cli_saved(path, d, tmp_path):
+    from vecpack.cli import main
+
+    out = tmp_path / "cli-out"
+    assert main(["pack", str(path), "--tokenizer", str(d), "--max-len", "4096", "--style", "openai", "--per-turn",
+                 "--cache-dir", str(tmp_path / "cli-cache"), "-j", "1", "-q", "-o", str(out)]) == 0
+    return vecpack.load(out)
 
 
 # ----------------------------------------------------------------------------- the model sees each document

@@ -206,10 +206,9 @@ def cmd_pack(args) -> int:
     out = pathlib.Path(args.output) if args.output and not is_url(args.output) else None
     if out is not None:
         _check_output(out)
-    if args.per_turn and args.output:
-        raise UsageError(f"{PROG} pack: -o is not supported with --per-turn yet (a saved dataset has no trie "
-                         "layout); build in the training script with vecpack.build(..., per_turn=True): a second "
-                         "build reads the corpus and the tries from the cache")
+    if args.per_turn and args.output and out is None:
+        raise UsageError(f"{PROG} pack: -o with --per-turn saves to a local directory (not to an object store) "
+                         "for now: give a directory")
     from vecpack._state import compile_stats
     from vecpack.cli.report import compile_since, compile_time_apart
 
@@ -345,7 +344,8 @@ def _turns_report(packed, *, elapsed: float, out, args) -> str:
         f"{', from the cache' if hit else ''} (strategy {args.strategy}, fill {s['fill']:.3f})",
         f"tokens: {t['stored_tokens']:,} stored for {t['expanded_tokens']:,} in the expanded conversations "
         f"({100 * saved:.1f}% fewer); {s['trained_tokens']:,} trained",
-        f"long ({s['long']}): {s['truncated']:,} conversations lost later turns, {s['dropped']:,} dropped"])
+        f"long ({s['long']}): {s['truncated']:,} conversations lost later turns, {s['dropped']:,} dropped",
+        *([f"output: {out} (vecpack.load reads it back)"] if out is not None else [])])
 
 
 def _is_pairs(packed) -> bool:

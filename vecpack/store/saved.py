@@ -78,13 +78,13 @@ def save(packed: Packed, out_dir: str | os.PathLike, *, overwrite: bool = True,
     """
     pairs = type(packed).__name__ == "PackedPairs"  # vecpack.preference.packed (not imported here)
     vision = type(packed).__name__ == "PackedVision"  # vecpack.vision.packed (not imported here)
-    if not (isinstance(packed, Packed) or pairs or vision):
-        hint = ("; per-turn tries are not saved yet: a second vecpack.build(..., per_turn=True) reads them from the "
-                "cache" if type(packed).__name__ == "PackedTurns" else "")
-        raise TypeError(f"packed must be a vecpack.Packed, PackedPairs or PackedVision, got "
-                        f"{type(packed).__name__}{hint}")
-    if vision and _objects.is_url(out_dir):
-        raise ValueError("save: vision packs are saved to a local directory only (not to an object store) for now")
+    turns = type(packed).__name__ == "PackedTurns"  # vecpack.turns.packed (not imported here)
+    if not (isinstance(packed, Packed) or pairs or vision or turns):
+        raise TypeError(f"packed must be a vecpack.Packed, PackedPairs, PackedVision or PackedTurns, got "
+                        f"{type(packed).__name__}")
+    if (vision or turns) and _objects.is_url(out_dir):
+        raise ValueError(f"save: {'vision' if vision else 'per-turn'} packs are saved to a local directory only "
+                         f"(not to an object store) for now")
     if _objects.is_url(out_dir):
         return _save_to_store(packed, out_dir, overwrite, progress)
     out = pathlib.Path(out_dir)
@@ -100,7 +100,7 @@ def save(packed: Packed, out_dir: str | os.PathLike, *, overwrite: bool = True,
                     kind = json.loads(m.read_text()).get("kind")
                 except (OSError, ValueError):
                     pass
-            if kind not in ("packed", "pairs", "vision"):
+            if kind not in ("packed", "pairs", "vision", "turns"):
                 raise FileExistsError(f"save: {str(out)!r} is not empty and is not a vecpack "
                                       f"dataset; refusing to overwrite it")
             if not overwrite:
@@ -114,6 +114,10 @@ def save(packed: Packed, out_dir: str | os.PathLike, *, overwrite: bool = True,
             from vecpack.vision.saved import vision_arrays
 
             arrays, extra = vision_arrays(packed)
+        elif turns:
+            from vecpack.turns.saved import turns_arrays
+
+            arrays, extra = turns_arrays(packed)
         elif pairs:
             arrays = {"tokens": packed.tokens, "offsets": packed.offsets, "pair_index": packed.plan.pair_index,
                       "pair_lens": packed.plan.pair_lens, "pack_offsets": packed.plan.pack_offsets}
@@ -135,7 +139,7 @@ def save(packed: Packed, out_dir: str | os.PathLike, *, overwrite: bool = True,
                           **jsonable(info.described)}
         manifest = {
             "layout": _entries.CACHE_LAYOUT_VERSION, "format": SAVED_FORMAT,
-            "kind": "vision" if vision else "pairs" if pairs else "packed",
+            "kind": "vision" if vision else "turns" if turns else "pairs" if pairs else "packed",
             "key": None, "meta": {"max_len": packed.max_len, "pad_id": packed.pad_id,
                                   "ignore_index": getattr(packed, "ignore_index", -100),
                                   "stats": jsonable(dict(packed.stats)), "provenance": provenance, **extra},
@@ -308,6 +312,11 @@ def load(path: str | os.PathLike, *, verify: bool = False, pad_id: int | None = 
 
         a, meta = _open_saved(path, manifest, verify)
         return vision_from_saved(a, meta, pad_id=pad_id, stats=dict(meta["stats"]))
+    if kind == "turns":
+        from vecpack.turns.saved import turns_from_saved
+
+        a, meta = _open_saved(path, manifest, verify)
+        return turns_from_saved(a, meta, pad_id=pad_id, ignore_index=ignore_index)
     if kind == "pairs":
         return _load_pairs(path, manifest, verify, pad_id, ignore_index)
     if kind == "packed":
