@@ -76,13 +76,15 @@ _WARMING: list[threading.Thread] = []  # background threads that load numba kern
 _AHEAD = {"vecpack-warm-kernels": "vecpack.packing._kernels"}
 #: Seconds a compiling process may take before the warm-up compiles its half itself.
 AHEAD_TIMEOUT = 120.0
-_COMPILE = {"kernels": 0, "seconds": 0.0, "waited": 0.0, "apart": 0}  # see compile_stats()
+_COMPILE = {"kernels": 0, "seconds": 0.0, "waited": 0.0, "apart": 0, "bodies": 0}  # see compile_stats()
 _LISTENING: list = []
 _LISTEN_LOCK = threading.Lock()
 _DECIDED: dict[str, threading.Event] = {}  # kernel module -> set once its warm-up knows what numba has cached
 #: (kernel module, kernel name) -> an Event set once another process has compiled it into numba's cache
 #: (or failed to); while unset, :func:`runnable` serves small calls with the kernel's Python body
 _APART: dict[tuple, threading.Event] = {}
+_APART_LOCK = threading.Lock()
+_BODIES: set = set()  # kernels this process ran as Python bodies (compile_stats()["bodies"])
 #: The estimated time of a kernel's Python body (microseconds) up to which :func:`runnable` runs it
 #: rather than wait for the kernel's compilation (1.5-3 s on a cold cache, 2 cores).
 PLAIN_US = 500_000
@@ -110,7 +112,8 @@ def start_warming(fn: Callable[[], None], name: str) -> threading.Thread:
     def run():
         try:
             _watch_compiles()  # (here: its import of numba is part of the background work)
-            cold = module is not None and _compile_apart(module)
+            with _APART_LOCK:  # (two warm-ups of one build: the second sees what the first started)
+                cold = module is not None and _compile_apart(module)
         finally:
             if decided is not None:
                 decided.set()
@@ -146,7 +149,8 @@ def compile_stats() -> dict:
     time (much of it alongside other work); ``waited``: the part of it the main
     thread waited for (its own compilations, and its wait for a warm-up thread
     that compiled); ``apart``: kernels that processes :func:`start_warming`
-    started are compiling for later calls, not waited for. A difference of two
+    started are compiling for later calls, not waited for; ``bodies``: kernels
+    run as their Python bodies meanwhile (:func:`runnable`). A difference of two
     snapshots is a call's share.
     """
     return dict(_COMPILE)
@@ -246,6 +250,9 @@ def runnable(kernel, plain_us: float):
     if done is None or done.is_set():
         return kernel
     if plain_us <= PLAIN_US:
+        with _LISTEN_LOCK:
+            _BODIES.add(key)
+            _COMPILE["bodies"] = len(_BODIES)
         return plain(kernel)
     t0 = time.perf_counter()
     done.wait(AHEAD_TIMEOUT)  # (if it never comes, numba compiles the kernel in this call)

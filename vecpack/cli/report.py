@@ -130,8 +130,9 @@ def compile_time_apart(report: str, compiled: dict) -> str:
     1,000 rows → 88 packs of 2,048 tokens in 1.00 s (1,000 rows/s)
       compiled      kernels, once per install: 1.50 s (7 numba kernels; not in the time and rate above)
       rows          1,000 read
-    >>> print(compile_time_apart(r, {"kernels": 0, "seconds": 0.0, "waited": 0.0, "apart": 8}).splitlines()[1][28:])
-    8 numba kernels compiling in the background for the next run (this run planned with their Python bodies)
+    >>> apart = {"kernels": 0, "seconds": 0.0, "waited": 0.0, "apart": 8, "bodies": 3}
+    >>> print(compile_time_apart(r, apart).splitlines()[1].partition("install: ")[2])
+    8 numba kernels compiling in the background for the next run (3 run here as plain Python)
     >>> compile_time_apart(r, {"kernels": 0, "seconds": 0.0, "waited": 0.0}) == r
     True
     """
@@ -146,8 +147,9 @@ def compile_time_apart(report: str, compiled: dict) -> str:
         parts.append(f"{format_duration(waited)} ({plural(compiled['kernels'], 'numba kernel')}{more}; "
                      f"not in the time and rate above)")
     if apart:
+        bodies = compiled.get("bodies", 0)
         parts.append(f"{plural(apart, 'numba kernel')} compiling in the background for the next run"
-                     + ("" if compiled.get("kernels") else " (this run planned with their Python bodies)"))
+                     + (f" ({bodies:,} run here as plain Python)" if bodies else ""))
     line = f"  {'compiled':<13} kernels, once per install: " + "; ".join(parts)
     first, _, rest = report.partition("\n")
     return "\n".join([first, line] + ([rest] if rest else []))
