@@ -112,6 +112,7 @@ def _apart(monkeypatch, set_after: float | None = None) -> threading.Event:
         if hasattr(value, "py_func"):
             monkeypatch.setitem(_state._APART, (K.__name__, name), done)
     monkeypatch.delitem(_state._DECIDED, K.__name__, raising=False)
+    monkeypatch.setattr(_state, "_APART_PID", [os.getpid()])
     if set_after is not None:
         threading.Timer(set_after, done.set).start()
     return done
@@ -160,6 +161,9 @@ def test_a_large_call_waits_for_the_compiling_process(monkeypatch):
 
     _apart(monkeypatch, set_after=0.3)
     monkeypatch.setitem(_state._COMPILE, "apart", 1)
+    monkeypatch.setattr(_state, "_APART_PID", [-1])  # a process forked from the one that waits for them:
+    assert _state.runnable(K.expand_entries, 10) is K.expand_entries  # no thread there sets the events
+    monkeypatch.setattr(_state, "_APART_PID", [os.getpid()])
     before = _state.compile_stats()
     assert _state.runnable(K.expand_entries, 10) is not K.expand_entries   # small: its body, no wait
     t0 = time.perf_counter()

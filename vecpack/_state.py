@@ -84,6 +84,7 @@ _DECIDED: dict[str, threading.Event] = {}  # kernel module -> set once its warm-
 #: (or failed to); while unset, :func:`runnable` serves small calls with the kernel's Python body
 _APART: dict[tuple, threading.Event] = {}
 _APART_LOCK = threading.Lock()
+_APART_PID = [0]  # the process whose threads set _APART's events
 _BODIES: set = set()  # kernels this process ran as Python bodies (compile_stats()["bodies"])
 #: The estimated time of a kernel's Python body (microseconds) up to which :func:`runnable` runs it
 #: rather than wait for the kernel's compilation (1.5-3 s on a cold cache, 2 cores).
@@ -247,7 +248,7 @@ def runnable(kernel, plain_us: float):
     if decided is not None:
         decided.wait()
     done = _APART.get(key)
-    if done is None or done.is_set():
+    if done is None or done.is_set() or _APART_PID[0] != os.getpid():  # (a forked child: no reader thread)
         return kernel
     if plain_us <= PLAIN_US:
         with _LISTEN_LOCK:
@@ -357,6 +358,7 @@ def _compile_apart(module_name: str) -> bool:
 
 def _track(module_name: str, events: dict) -> None:
     with _LISTEN_LOCK:
+        _APART_PID[0] = os.getpid()
         _APART.update(((module_name, n), e) for n, e in events.items())
         _COMPILE["apart"] += len(events)
 
