@@ -322,8 +322,7 @@ def _compile_apart(module_name: str) -> bool:
             if any(type(getattr(kernels, n)._cache).__name__ == "NullCache" for n, _ in wanted):
                 return False  # no disk cache: fn() compiles them here
             pending = [n for n, _ in wanted if (module_name, n) in _APART and not _APART[(module_name, n)].is_set()]
-            missing = [(n, s) for n, s in wanted if n not in pending
-                       and getattr(kernels, n)._cache.load_overload(s, getattr(kernels, n).targetctx) is None]
+            missing = [(n, s) for n, s in wanted if n not in pending and not _cached(getattr(kernels, n), s)]
     except Exception:  # noqa: BLE001 - numba without this cache API (or jit disabled): fn() does it all
         return False
     if not missing:
@@ -354,6 +353,13 @@ def _compile_apart(module_name: str) -> bool:
         _track(module_name, events)
         threading.Thread(target=_read_compiled, args=(p, events), daemon=True).start()
     return True
+
+
+def _cached(kernel, sig) -> bool:
+    """Whether numba's cache has ``kernel`` for ``sig`` (its index says so: nothing is loaded here)."""
+    cache, ctx = kernel._cache, kernel.targetctx
+    ctx.refresh()
+    return cache._index_key(sig, ctx.codegen()) in cache._cache_file._load_index()
 
 
 def _track(module_name: str, events: dict) -> None:
