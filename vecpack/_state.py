@@ -17,12 +17,13 @@ that changed its tokenizer files in place.
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from typing import Callable
 
-__all__ = ["Memo", "compile_stats", "finish_warming", "kernel_cache", "memo", "on_reset", "reset",
-           "start_warming"]
+__all__ = ["Memo", "compile_stats", "finish_warming", "kernel_cache", "memo", "on_reset", "plain", "reset",
+           "runnable", "start_warming"]
 
 
 class Memo(dict):
@@ -75,9 +76,19 @@ _WARMING: list[threading.Thread] = []  # background threads that load numba kern
 _AHEAD = {"vecpack-warm-kernels": "vecpack.packing._kernels"}
 #: Seconds a compiling process may take before the warm-up compiles its half itself.
 AHEAD_TIMEOUT = 120.0
-_COMPILE = {"kernels": 0, "seconds": 0.0, "waited": 0.0}  # see compile_stats()
+_COMPILE = {"kernels": 0, "seconds": 0.0, "waited": 0.0, "apart": 0, "bodies": 0}  # see compile_stats()
 _LISTENING: list = []
 _LISTEN_LOCK = threading.Lock()
+_DECIDED: dict[str, threading.Event] = {}  # kernel module -> set once its warm-up knows what numba has cached
+#: (kernel module, kernel name) -> an Event set once another process has compiled it into numba's cache
+#: (or failed to); while unset, :func:`runnable` serves small calls with the kernel's Python body
+_APART: dict[tuple, threading.Event] = {}
+_APART_LOCK = threading.Lock()
+_APART_PID = [0]  # the process whose threads set _APART's events
+_BODIES: set = set()  # kernels this process ran as Python bodies (compile_stats()["bodies"])
+#: The estimated time of a kernel's Python body (microseconds) up to which :func:`runnable` runs it
+#: rather than wait for the kernel's compilation (1.5-3 s on a cold cache, 2 cores).
+PLAIN_US = 500_000
 
 
 def start_warming(fn: Callable[[], None], name: str) -> threading.Thread:
@@ -88,21 +99,27 @@ def start_warming(fn: Callable[[], None], name: str) -> threading.Thread:
     hang on its first kernel call. So a fork waits for them first
     (:mod:`vecpack.tokenizing.forkpool`).
 
-    Where numba has not compiled the kernels yet (a machine's first run) and
-    ``name`` is in ``_AHEAD``, the thread compiles them first, two halves side by
-    side: its own in this process, the other in a new Python process that leaves
-    them in numba's cache. It holds numba's compiler lock until both are done, so
-    no other thread compiles them a second time, and skips ``fn``. The other process
-    then goes on to compile the module's ``LATER`` kernels (what ``fn`` loads besides)
-    for the next run, unwaited for: it may outlive this process by a second or two.
+    Where ``name`` is in ``_AHEAD`` and numba has not cached some of the
+    module's ``FIRST_RUN`` and ``LATER`` kernels yet (a machine's first run, or a
+    run just after it), the thread compiles nothing and skips ``fn``: it starts
+    two Python processes at low priority that compile the missing ones into
+    numba's cache (``FIRST_RUN``'s halves side by side, then ``LATER``); they may
+    outlive this process by a few seconds. Meanwhile :func:`runnable` gives small
+    calls those kernels' Python bodies and makes large ones wait for them.
     """
     module = _AHEAD.get(name)
+    decided = _DECIDED[module] = threading.Event() if module is not None else None
 
     def run():
-        _watch_compiles()  # (here: its import of numba is part of the background work)
-        if module is not None and _compile_ahead(module):
-            return  # the other process compiles fn()'s other kernels (LATER) for the next run
-        fn()
+        try:
+            _watch_compiles()  # (here: its import of numba is part of the background work)
+            with _APART_LOCK:  # (two warm-ups of one build: the second sees what the first started)
+                cold = module is not None and _compile_apart(module)
+        finally:
+            if decided is not None:
+                decided.set()
+        if not cold:
+            fn()
 
     thread = threading.Thread(target=run, name=name, daemon=True)
     _WARMING[:] = [t for t in _WARMING if t.is_alive()]
@@ -132,7 +149,10 @@ def compile_stats() -> dict:
     process :func:`start_warming` started; ``seconds``: the compilation's wall
     time (much of it alongside other work); ``waited``: the part of it the main
     thread waited for (its own compilations, and its wait for a warm-up thread
-    that compiled). A difference of two snapshots is a call's share.
+    that compiled); ``apart``: kernels that processes :func:`start_warming`
+    started are compiling for later calls, not waited for; ``bodies``: kernels
+    run as their Python bodies meanwhile (:func:`runnable`). A difference of two
+    snapshots is a call's share.
     """
     return dict(_COMPILE)
 
@@ -208,60 +228,213 @@ def _watch_compiles() -> None:
     event.register("numba:compile", Listener())
 
 
-def _compile_ahead(module_name: str) -> bool:
-    """On a cold numba cache, compile ``module_name.FIRST_RUN``, half here, half in another process;
-    returns whether it did."""
+def runnable(kernel, plain_us: float):
+    """``kernel`` (a numba dispatcher), or its Python body where that is quicker: while another
+    process compiles it into numba's cache (:func:`start_warming`) and the call is small.
+
+    ``plain_us``: about how long the body would take (microseconds; up to
+    ``PLAIN_US`` the body runs). A larger call waits for the other process (the
+    wait counts in :func:`compile_stats` as compilation the main thread waited
+    for), then numba loads the kernel from its cache. The Python bodies give
+    the compiled kernels' results (``tests/test_kernels.py`` runs them under
+    ``NUMBA_DISABLE_JIT``, ``tests/test_first_run.py`` through :func:`plain`).
+
+    >>> runnable(len, 10) is len  # not a kernel compiling apart
+    True
+    """
+    body = getattr(kernel, "py_func", None)
+    key = (getattr(body, "__module__", None), getattr(body, "__name__", None))
+    decided = _DECIDED.get(key[0])
+    if decided is not None:
+        decided.wait()
+    done = _APART.get(key)
+    if done is None or done.is_set() or _APART_PID[0] != os.getpid():  # (a forked child: no reader thread)
+        return kernel
+    if plain_us <= PLAIN_US:
+        with _LISTEN_LOCK:
+            _BODIES.add(key)
+            _COMPILE["bodies"] = len(_BODIES)
+        return plain(kernel)
+    t0 = time.perf_counter()
+    done.wait(AHEAD_TIMEOUT)  # (if it never comes, numba compiles the kernel in this call)
+    seconds = time.perf_counter() - t0
+    with _LISTEN_LOCK:
+        if _APART.pop(key, None) is not None:
+            _COMPILE["apart"] -= 1
+            _COMPILE["kernels"] += 1
+            _COMPILE["seconds"] += seconds
+            if threading.current_thread() is threading.main_thread():
+                _COMPILE["waited"] += seconds
+    return kernel
+
+
+def plain(kernel):
+    """The Python body of the numba ``kernel``, the kernels it calls swapped for their bodies too
+    (what ``NUMBA_DISABLE_JIT`` runs; integer overflow wraps around silently, as compiled), memoised.
+
+    >>> import numpy as np
+    >>> from vecpack.packing import _kernels as K
+    >>> plain(K.expand_entries)(np.array([3, 5]), 4, K.LONG_TRUNCATE)[2].tolist()  # entry lengths
+    [3, 4]
+    """
+    import numpy as np
+
+    body = _body(kernel)
+
+    def run(*args):
+        with np.errstate(over="ignore"):
+            return body(*args)
+
+    return run
+
+
+def _body(kernel):
+    import types
+
+    fn = _PLAIN.get(kernel)
+    if fn is None:
+        body = kernel.py_func
+        names = dict(body.__globals__)
+        fn = _PLAIN[kernel] = types.FunctionType(body.__code__, names, body.__name__, body.__defaults__,
+                                                 body.__closure__)
+        for name in body.__code__.co_names:
+            if hasattr(names.get(name), "py_func"):
+                names[name] = _body(names[name])
+    return fn
+
+
+_PLAIN: dict = {}
+
+
+def _compile_apart(module_name: str) -> bool:
+    """Where numba's cache lacks some of ``module_name``'s ``FIRST_RUN`` and ``LATER`` kernels, start
+    the processes that compile them (:data:`_APART`); returns whether any is compiling apart."""
     import importlib
 
     kernels = importlib.import_module(module_name)
-    first, second = kernels.FIRST_RUN
-    name, sig = second[0]
-    disp = getattr(kernels, name)
+    wanted = [*kernels.FIRST_RUN[0], *kernels.FIRST_RUN[1], *kernels.LATER]
     try:
         from numba.core.compiler_lock import global_compiler_lock
 
         # (under the compiler lock, as numba loads its cache: a load beside another thread's compilation
         # can leave that thread's typing half-refreshed, e.g. "Unknown attribute 'shape' of type array")
         with global_compiler_lock:
-            if type(disp._cache).__name__ == "NullCache" or disp._cache.load_overload(sig, disp.targetctx):
-                return False  # no disk cache, or compiled before (the halves are cached together)
+            if any(type(getattr(kernels, n)._cache).__name__ == "NullCache" for n, _ in wanted):
+                return False  # no disk cache: fn() compiles them here
+            pending = [n for n, _ in wanted if (module_name, n) in _APART and not _APART[(module_name, n)].is_set()]
+            missing = [(n, s) for n, s in wanted if n not in pending and not _cached(getattr(kernels, n), s)]
     except Exception:  # noqa: BLE001 - numba without this cache API (or jit disabled): fn() does it all
         return False
-    proc = _start_compiler(module_name)
-    with global_compiler_lock:  # another thread's kernel call waits for both halves, then loads
-        for name, sig in first if proc is not None else first + second:
-            getattr(kernels, name).compile(sig)  # (the listener counts these)
-        if proc is not None:
-            t0 = time.perf_counter()
-            line: list = []  # its first line: the half is in the cache (then it compiles LATER, unwaited)
-            reader = threading.Thread(target=lambda: line.append(proc.stdout.readline()), daemon=True)
-            reader.start()
-            reader.join(AHEAD_TIMEOUT)
-            if line and line[0].strip().isdigit():
-                _COMPILE["kernels"] += int(line[0])
-                _COMPILE["seconds"] += time.perf_counter() - t0  # the other half's time beyond ours
-            else:  # it failed or hung: compile its half here
-                proc.kill()
-                for name, sig in second:
-                    getattr(kernels, name).compile(sig)
+    if not missing:
+        return bool(pending)
+    lock = _compile_lock(getattr(kernels, missing[0][0])._cache._cache_path)
+    if lock == "busy":  # another run's processes compile them now: this run waits for those (or runs bodies)
+        events = {n: threading.Event() for n, _ in missing}
+        _track(module_name, events)
+        threading.Thread(target=_when_unlocked, args=(getattr(kernels, missing[0][0])._cache._cache_path,
+                                                      events), daemon=True).start()
+        return True
+    first = {n for n, _ in kernels.FIRST_RUN[0]}
+    halves = [[n for n, _ in missing if n in first], [n for n, _ in missing if n not in first]]
+    if not halves[0]:  # (FIRST_RUN's first half is cached: share the rest out)
+        halves = [halves[1][::2], halves[1][1::2]]
+    try:
+        procs = [(names, _start_compiler(module_name, names, lock)) for names in halves if names]
+    finally:
+        if lock is not None:
+            os.close(lock)  # (the processes hold the lock until both have exited)
+    if any(p is None for _, p in procs):
+        for _, p in procs:
+            if p is not None:
+                p.kill()
+        return bool(pending)  # no process here: fn() compiles them in this thread (or waits for them)
+    for names, p in procs:
+        events = {n: threading.Event() for n in names}
+        _track(module_name, events)
+        threading.Thread(target=_read_compiled, args=(p, events), daemon=True).start()
     return True
 
 
-def _start_compiler(module_name: str):
-    """A Python process that compiles the second half of ``module_name.FIRST_RUN`` into numba's
-    cache, prints how many kernels it compiled, then compiles ``module_name.LATER`` (what a later
-    run's warm-up loads) and exits, whether this process waits or not; None where it cannot start."""
+def _cached(kernel, sig) -> bool:
+    """Whether numba's cache has ``kernel`` for ``sig`` (its index says so: nothing is loaded here)."""
+    cache, ctx = kernel._cache, kernel.targetctx
+    ctx.refresh()
+    return cache._index_key(sig, ctx.codegen()) in cache._cache_file._load_index()
+
+
+def _track(module_name: str, events: dict) -> None:
+    with _LISTEN_LOCK:
+        _APART_PID[0] = os.getpid()
+        _APART.update(((module_name, n), e) for n, e in events.items())
+        _COMPILE["apart"] += len(events)
+
+
+#: The file in numba's cache directory that the compiling processes hold locked (POSIX only).
+_LOCK_NAME = "vecpack-compiling.lock"
+
+
+def _compile_lock(directory: str):
+    """An open file descriptor of ``directory``'s lock file, locked (for the compiling processes to
+    inherit); ``"busy"`` if another run's processes hold it; None where there is no such lock."""
+    try:
+        import fcntl
+
+        fd = os.open(os.path.join(directory, _LOCK_NAME), os.O_RDWR | os.O_CREAT, 0o644)
+    except (ImportError, OSError):
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return fd
+    except OSError:
+        os.close(fd)
+        return "busy"
+
+
+def _when_unlocked(directory: str, events: dict) -> None:
+    """Set ``events`` once no process holds ``directory``'s lock file (its compilation is over)."""
+    try:
+        import fcntl
+
+        fd = os.open(os.path.join(directory, _LOCK_NAME), os.O_RDWR)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH)
+        finally:
+            os.close(fd)
+    except OSError:
+        pass
+    finally:
+        for e in events.values():
+            e.set()
+
+
+def _read_compiled(proc, events: dict) -> None:
+    """Set each kernel's event as ``proc`` says it compiled it (one name a line); the rest when it ends."""
+    for line in proc.stdout:
+        e = events.get(line.strip())
+        if e is not None:
+            e.set()
+    for e in events.values():
+        e.set()  # (one it failed to compile: numba compiles it where it is called)
+
+
+def _start_compiler(module_name: str, names: list, lock=None):
+    """A Python process at low priority that compiles ``module_name``'s kernels ``names`` (with the
+    signatures of its ``FIRST_RUN`` and ``LATER``) into numba's cache, printing each one's name once
+    compiled, and exits, whether this process waits or not; None where it cannot start. ``lock``: a
+    locked file descriptor it keeps open (see :func:`_compile_lock`)."""
     import subprocess
     import sys
 
     if not sys.executable:
         return None
-    code = (f"import importlib, sys; sys.path[:] = sys.argv[1:]; k = importlib.import_module({module_name!r}); "
-            f"[getattr(k, n).compile(s) for n, s in k.FIRST_RUN[1]]; print(len(k.FIRST_RUN[1]), flush=True); "
-            f"import os; hasattr(os, 'nice') and os.nice(10); "  # LATER yields the CPU to the run itself
-            f"[getattr(k, n).compile(s) for n, s in k.LATER]")
+    code = (f"import importlib, os, sys\nsys.path[:] = sys.argv[1:]\nhasattr(os, 'nice') and os.nice(10)\n"
+            f"k = importlib.import_module({module_name!r})\nsig = dict(k.FIRST_RUN[0] + k.FIRST_RUN[1] + k.LATER)\n"
+            f"for n in {names!r}:\n    getattr(k, n).compile(sig[n])\n"
+            f"    try:\n        print(n, flush=True)\n"
+            f"    except OSError:\n        pass  # (the run is over: the next one will load them)\n")
     try:
         return subprocess.Popen([sys.executable, "-c", code, *sys.path], stdin=subprocess.DEVNULL,  # our imports
-                                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+                                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+                                pass_fds=() if lock is None else (lock,))
     except OSError:
         return None

@@ -122,23 +122,35 @@ def compile_since(before: dict) -> dict:
 
 def compile_time_apart(report: str, compiled: dict) -> str:
     r"""``report`` (a ``vecpack pack`` report, whose first line's time and rate leave out
-    ``compiled["waited"]``) with the compilation on a line of its own, after the first.
+    ``compiled["waited"]``) with the compilation on a line of its own, after the first: what
+    was compiled and waited for, and what other processes are compiling for the next run.
 
     >>> r = "1,000 rows → 88 packs of 2,048 tokens in 1.00 s (1,000 rows/s)\n  rows          1,000 read"
     >>> print(compile_time_apart(r, {"kernels": 7, "seconds": 1.6, "waited": 1.5}))
     1,000 rows → 88 packs of 2,048 tokens in 1.00 s (1,000 rows/s)
       compiled      kernels, once per install: 1.50 s (7 numba kernels; not in the time and rate above)
       rows          1,000 read
+    >>> apart = {"kernels": 0, "seconds": 0.0, "waited": 0.0, "apart": 8, "bodies": 3}
+    >>> print(compile_time_apart(r, apart).splitlines()[1].partition("install: ")[2])
+    8 numba kernels compiling in the background for the next run (3 run here as plain Python)
     >>> compile_time_apart(r, {"kernels": 0, "seconds": 0.0, "waited": 0.0}) == r
     True
     """
-    if not compiled.get("kernels"):
+    apart = compiled.get("apart", 0)
+    if not compiled.get("kernels") and not apart:
         return report
     waited, seconds = compiled["waited"], compiled["seconds"]
-    more = (f", {format_duration(seconds)} of compilation in all, the rest beside the run's other work"
-            if seconds - waited > max(0.1, 0.1 * seconds) else "")
-    line = (f"  {'compiled':<13} kernels, once per install: {format_duration(waited)} "
-            f"({plural(compiled['kernels'], 'numba kernel')}{more}; not in the time and rate above)")
+    parts = []
+    if compiled.get("kernels"):
+        more = (f", {format_duration(seconds)} of compilation in all, the rest beside the run's other work"
+                if seconds - waited > max(0.1, 0.1 * seconds) else "")
+        parts.append(f"{format_duration(waited)} ({plural(compiled['kernels'], 'numba kernel')}{more}; "
+                     f"not in the time and rate above)")
+    if apart:
+        bodies = compiled.get("bodies", 0)
+        parts.append(f"{plural(apart, 'numba kernel')} compiling in the background for the next run"
+                     + (f" ({bodies:,} run here as plain Python)" if bodies else ""))
+    line = f"  {'compiled':<13} kernels, once per install: " + "; ".join(parts)
     first, _, rest = report.partition("\n")
     return "\n".join([first, line] + ([rest] if rest else []))
 

@@ -32,7 +32,7 @@ import numpy as np
 
 from vecpack._state import start_warming
 from vecpack.options import check_index, check_int
-from vecpack.packing.plan import Plan, _kernels, _ro, plan
+from vecpack.packing.plan import Plan, _kernel, _ro, plan
 from vecpack.tokenizing.tokenized import bits_to_labels
 
 __all__ = ["Packed", "PlanViews", "pack", "warm_kernels"]
@@ -219,7 +219,7 @@ class Packed(PlanViews):
         self.plan = plan
         self._views()
         if validate:
-            code, where = _kernels.check_plan(_ro(np.diff(offsets)), self._doc_index,
+            code, where = _kernel("check_plan", self._doc_index.shape[0])(_ro(np.diff(offsets)), self._doc_index,
                                               self._doc_start, self._doc_length,
                                               self._pack_offsets, plan.max_len)
             if code:
@@ -305,13 +305,13 @@ class Packed(PlanViews):
             for name in _ARRAYS:
                 out[name][:] = self._arrays[name][i]
         elif len(self._parts) == 1:
-            _kernels.fill_pack(self._tokens, self._labels, self._offsets, self._doc_index,
+            _kernel("fill_pack", 2 * m)(self._tokens, self._labels, self._offsets, self._doc_index,
                                self._doc_start, self._doc_length, self._pack_offsets, i,
                                self.pad_id, self.ignore_index, out["input_ids"], out["labels"],
                                out["position_ids"], out["document_ids"])
         else:
             for tokens, labels, shift in self._parts:
-                _kernels.fill_pack_part(tokens, labels, shift, self._offsets, self._doc_index,
+                _kernel("fill_pack_part", 2 * m)(tokens, labels, shift, self._offsets, self._doc_index,
                                         self._doc_start, self._doc_length, self._pack_offsets, i,
                                         self.pad_id, self.ignore_index, out["input_ids"], out["labels"],
                                         out["position_ids"], out["document_ids"])
@@ -342,17 +342,18 @@ class Packed(PlanViews):
     def _fill(self, start: int, stop: int) -> dict:
         shape = (stop - start, self.max_len)
         out = {name: _empty(shape) for name in _ARRAYS}
+        plain_us = 2 * shape[0] * shape[1]  # (a machine's first run may fill with the kernels' Python bodies)
         if stop > start and len(self._parts) == 1:
-            _kernels.fill_packs(self._tokens, self._labels, self._offsets, self._doc_index,
-                                self._doc_start, self._doc_length, self._pack_offsets, start,
-                                self.pad_id, self.ignore_index, out["input_ids"], out["labels"],
-                                out["position_ids"], out["document_ids"])
+            _kernel("fill_packs", plain_us)(self._tokens, self._labels, self._offsets, self._doc_index,
+                                            self._doc_start, self._doc_length, self._pack_offsets, start,
+                                            self.pad_id, self.ignore_index, out["input_ids"], out["labels"],
+                                            out["position_ids"], out["document_ids"])
         elif stop > start:
             for tokens, labels, shift in self._parts:
-                _kernels.fill_packs_part(tokens, labels, shift, self._offsets, self._doc_index,
-                                         self._doc_start, self._doc_length, self._pack_offsets, start,
-                                         self.pad_id, self.ignore_index, out["input_ids"], out["labels"],
-                                         out["position_ids"], out["document_ids"])
+                _kernel("fill_packs_part", plain_us)(tokens, labels, shift, self._offsets, self._doc_index,
+                                                     self._doc_start, self._doc_length, self._pack_offsets, start,
+                                                     self.pad_id, self.ignore_index, out["input_ids"],
+                                                     out["labels"], out["position_ids"], out["document_ids"])
         return out
 
     def _materialize(self) -> dict:

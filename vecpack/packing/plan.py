@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from vecpack._state import runnable
 from vecpack.errors import InputError
 from vecpack.options import LONG_POLICIES, check_max_len, check_options
 
@@ -45,6 +46,14 @@ class _LazyKernels:
 
 
 _kernels = _LazyKernels()
+
+
+def _kernel(name: str, plain_us: float):
+    """The kernel ``name`` for a call whose Python body takes about ``plain_us`` microseconds: compiled,
+    or that body while a machine's first run compiles the kernels apart (:func:`vecpack._state.runnable`).
+    The estimates are a microsecond a document, entry or token (expand, group, check, trained tokens),
+    16 an entry plus 45 per unit of ``max_len`` for best and first fit (measured with CPython 3.11)."""
+    return runnable(getattr(_kernels, name), plain_us)
 
 
 @dataclass(frozen=True, eq=False)
@@ -170,24 +179,25 @@ def plan(lengths, max_len: int, *, strategy: str = "bfd", long: str = "truncate"
             f"({int(too_long.sum())} such documents); pass long='truncate', 'split' or 'drop', "
             f"or raise max_len", row=i)
 
-    entry_doc, entry_start, entry_len, est = _kernels.expand_entries(_ro(lengths), max_len, policy)
+    entry_doc, entry_start, entry_len, est = _kernel("expand_entries", lengths.shape[0])(
+        _ro(lengths), max_len, policy)
     entry_len_ro = _ro(entry_len)
     if strategy == "greedy":
-        pack_offsets = _kernels.assign_greedy(entry_len_ro, max_len)
+        pack_offsets = _kernel("assign_greedy", entry_len.shape[0])(entry_len_ro, max_len)
         doc_index, doc_start, doc_length = entry_doc, entry_start, entry_len
         shuffled = False
     else:
-        assign = _kernels.assign_bfd if strategy == "bfd" else _kernels.assign_ffd
-        order, pack_sorted, counts, num_packs = assign(entry_len_ro, max_len)
+        order, pack_sorted, counts, num_packs = _kernel(f"assign_{strategy}", 45 * max_len + 16 * entry_len.shape[0])(
+            entry_len_ro, max_len)
         del entry_len, entry_len_ro  # lengths are in `counts` now; keep the peak low
         if shuffle_seed is None:
             ranks = np.arange(num_packs, dtype=np.int64)
         else:
-            ranks = _kernels.shuffle_ranks(num_packs, np.uint64(shuffle_seed))
+            ranks = _kernel("shuffle_ranks", num_packs)(num_packs, np.uint64(shuffle_seed))
         # Entry e is document e unless a document was left out or split.
         identity = est[_kernels.ST_EMPTY] == 0 and (
             est[_kernels.ST_LONG] == 0 or policy == _kernels.LONG_TRUNCATE)
-        doc_index, doc_start, doc_length, pack_offsets = _kernels.group_entries(
+        doc_index, doc_start, doc_length, pack_offsets = _kernel("group_entries", order.shape[0])(
             _ro(order), _ro(pack_sorted), _ro(counts), num_packs, _ro(ranks), _ro(entry_doc),
             _ro(entry_start), bool(identity), policy == _kernels.LONG_SPLIT)
         shuffled = shuffle_seed is not None
@@ -239,8 +249,8 @@ def trained_tokens(p: Plan, labels, offsets, ignore_index: int = -100) -> int:
     whole = _whole_documents(p, offsets)
     if whole is not None:
         return _whole_trained(labels, offsets, whole, ignore_index)
-    return int(_kernels.trained_tokens(_ro(labels), _ro(offsets), p.doc_index, p.doc_start, p.doc_length,
-                                       ignore_index))
+    return int(_kernel("trained_tokens", int(p.doc_length.sum()))(_ro(labels), _ro(offsets), p.doc_index, p.doc_start,
+                                                              p.doc_length, ignore_index))
 
 
 def _whole_documents(p: Plan, offsets: np.ndarray) -> np.ndarray | None:

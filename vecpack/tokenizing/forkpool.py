@@ -223,7 +223,24 @@ def prepare(tokenizer, share: int):
 
 
 def _settle() -> None:
-    """Wait for this process's background work that holds locks a fork must not copy held."""
+    """Wait for this process's background work that holds locks a fork must not copy held.
+
+    The engines' extension modules are imported here first: the parity check's
+    thread may be loading one right now (its engine side), and a child forked
+    while the dynamic loader is half-way through a library cannot load it
+    (``undefined symbol: _Unwind_GetIP, version GCC_3.0`` from tiktoken's, in
+    about one run in 15). This import waits for that load to end, or loads it
+    whole before the fork; the children then inherit it loaded.
+    """
+    import importlib
+
+    for name in _ENGINE_MODULES:
+        with contextlib.suppress(ImportError):
+            importlib.import_module(name)
     futs, _PREPARING[:] = list(_PREPARING), []
     wait(futs)
     finish_warming()  # the packing kernels' loads: inside numba's compiler lock
+
+
+#: The extension modules of the engines a forked worker encodes with (see :func:`_settle`).
+_ENGINE_MODULES = ("tiktoken._tiktoken", "fastokens")
