@@ -350,6 +350,18 @@ def test_cut_joined_kernel_equals_cut_joined(seed):
         assert not ok and cut_joined(bad_ids, bytelen, bad_bytes, sep, head_of, table) is None
 
 
+@pytest.mark.parametrize("seed", range(6))
+def test_join_texts_kernel_equals_bytes_join(seed):
+    rng = np.random.default_rng(seed)
+    out = rng.integers(0, 256, 300).astype(np.uint8)
+    n = int(rng.integers(0, 9))
+    starts = np.sort(rng.integers(0, 300, n)).astype(np.int64)
+    stops = np.minimum(starts + rng.integers(0, 40, n), 300).astype(np.int64)
+    sep = rng.integers(0, 256, int(rng.integers(0, 5))).astype(np.uint8)
+    want = bytes(sep).join(bytes(out[a:b]) for a, b in zip(starts, stops))
+    assert K.join_texts(out, starts, stops, sep).tobytes() == want
+
+
 def test_joined_rows_encode_as_each_alone(qwen_dir, llama3_dir):
     """The separator the lane joins rows by: each row gets the ids it gets alone, on awkward texts
     (added tokens and their pieces at the edges, whitespace runs, marks) for Qwen2.5 and Llama 3."""
