@@ -143,12 +143,13 @@ def join_texts(out, starts, stops, sep):
         total += (n - 1) * sep.shape[0]
     joined = np.empty(total, np.uint8)
     o = 0
+    w = sep.shape[0]
     for i in range(n):
-        if i:
-            for x in range(sep.shape[0]):
-                joined[o] = sep[x]
-                o += 1
-        for x in range(starts[i], stops[i]):
-            joined[o] = out[x]
-            o += 1
+        if i and w:
+            joined[o:o + w] = sep
+            o += w
+        m = stops[i] - starts[i]
+        if m > 0:
+            joined[o:o + m] = out[starts[i]:stops[i]]
+            o += m
     return joined
