@@ -4,11 +4,16 @@ For the common case, plain ShareGPT or OpenAI rows rendered by a compiled
 template and encoded by fastokens, a worker spends most of its time in Python
 per row (the JSON objects, the message lists, the pieces). The lane does that
 part in numba kernels (:mod:`vecpack.tokenizing._lane_kernels`) over the range's
-bytes, then makes one ``str`` per row for fastokens' batch call::
+bytes, then gives fastokens the range's rows as one text, joined by an added
+token (:func:`join_separator`), and cuts the ids back into rows by their bytes
+(:func:`cut_joined`): text on either side of an added token is encoded apart, so
+each row gets the ids it gets alone, and fastokens takes one text of 12k short
+rows about 1.4 µs a row faster than 12k texts (long rows gain nothing: the
+Python path keeps one text a row)::
 
     range bytes ──scan_lines──▶ per line: FAST (roles, text spans) or SLOW
          FAST ──render_rows (each role sequence's template layout)──▶ texts, piece sizes, flags
-              ──fastokens, cached prefixes spliced, labels──────────▶ tokens, labels
+              ──join_texts, fastokens once, cut_joined (cached prefixes spliced), labels──▶ tokens, labels
          SLOW ──the Python path (encode_rows), at their places────▶ tokens, labels, or bad rows
 
 Nothing changes in what comes out: a line the lane is unsure of (another
