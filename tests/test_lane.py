@@ -315,6 +315,73 @@ def test_splice_heads_kernel_equals_splice_heads(seed):
     got = TK.splice_heads(ids, lengths, head_of, np.concatenate(table), heads_off)
     assert got[0].tolist() == want[0].tolist() and got[1].tolist() == want[1].tolist()
 
+@pytest.mark.parametrize("seed", range(12))
+def test_cut_joined_kernel_equals_cut_joined(seed):
+    """Rows joined by a separator token, cut back: the kernel and its NumPy reference agree, on
+    well-formed joins (each row's ids, its prefix in front) and on broken ones (both refuse)."""
+    from vecpack.tokenizing.lane import cut_joined, splice_heads
+
+    rng = np.random.default_rng(seed)
+    bytelen = rng.integers(1, 5, 50).astype(np.int64)
+    sep = 49
+    table = [rng.integers(0, 40, int(rng.integers(0, 4))).astype(np.int32) for _ in range(2)]
+    heads_off = np.zeros(len(table) + 1, np.int64)
+    np.cumsum([len(h) for h in table], out=heads_off[1:])
+    heads = np.concatenate(table)
+    n = int(rng.integers(1, 8))
+    rows = [rng.integers(0, 49, int(rng.integers(0, 5))).astype(np.int32) for _ in range(n)]
+    head_of = rng.integers(-1, len(table), n).astype(np.int64)
+    parts = []
+    for i, r in enumerate(rows):
+        parts += ([np.array([sep], np.int32)] if i else []) + [r]
+    joined = np.concatenate(parts)
+    row_bytes = np.array([int(bytelen[r].sum()) for r in rows], np.int64)
+    want = splice_heads(np.concatenate(rows), np.array([len(r) for r in rows], np.int64), head_of, table)
+    ref = cut_joined(joined, bytelen, row_bytes, sep, head_of, table)
+    got = TK.cut_joined(joined, bytelen.astype(np.int32), row_bytes, sep, head_of, heads, heads_off)
+    assert got[2] and ref is not None
+    assert got[0].tolist() == ref[0].tolist() == want[0].tolist()
+    assert got[1].tolist() == ref[1].tolist() == want[1].tolist()
+    # broken: a row's byte count off by one, a separator missing, a token across a row's edge
+    for bad_ids, bad_bytes in [(joined, row_bytes + (np.arange(n) == 0)),
+                               (joined[joined != sep] if n > 1 else joined[:-1] if len(joined) else
+                                np.array([0], np.int32), row_bytes)]:
+        ok = TK.cut_joined(bad_ids, bytelen.astype(np.int32), bad_bytes, sep, head_of, heads, heads_off)[2]
+        assert not ok and cut_joined(bad_ids, bytelen, bad_bytes, sep, head_of, table) is None
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_join_texts_kernel_equals_bytes_join(seed):
+    rng = np.random.default_rng(seed)
+    out = rng.integers(0, 256, 300).astype(np.uint8)
+    n = int(rng.integers(0, 9))
+    starts = np.sort(rng.integers(0, 300, n)).astype(np.int64)
+    stops = np.minimum(starts + rng.integers(0, 40, n), 300).astype(np.int64)
+    sep = rng.integers(0, 256, int(rng.integers(0, 5))).astype(np.uint8)
+    want = bytes(sep).join(bytes(out[a:b]) for a, b in zip(starts, stops))
+    assert K.join_texts(out, starts, stops, sep).tobytes() == want
+
+
+def test_joined_rows_encode_as_each_alone(qwen_dir, llama3_dir):
+    """The separator the lane joins rows by: each row gets the ids it gets alone, on awkward texts
+    (added tokens and their pieces at the edges, whitespace runs, marks) for Qwen2.5 and Llama 3."""
+    from vecpack.tokenizing.lane import join_separator
+    from vecpack.tokenizing.parity import PROBES
+    from vecpack.tokenizing.runtime import runtime
+
+    for d in (qwen_dir, llama3_dir):
+        rt = runtime(str(d), "fastokens")
+        sep = join_separator(rt.added)
+        assert sep is not None
+        added = sorted(rt.added)[:6]
+        texts = list(PROBES) + [t + "\n" for t in added] + ["\n" + t for t in added] + [
+            t[:3] for t in added] + [t[-3:] for t in added] + ["", " ", "\n\n", "  x  ", "\u0338a", "é\n"]
+        for a in texts:
+            for b in texts[::3]:
+                ids = rt.encode(a + sep[0].decode() + b).tolist()
+                assert ids == rt.encode(a).tolist() + [sep[1]] + rt.encode(b).tolist(), (a, b)
+
+
 def test_lane_leaves_contents_the_template_inspects_to_jinja(qwen_dir, tmp_path):
     """A Qwen3-like template splits '</think>' out of replies: those rows must not take the layout."""
     import os

@@ -35,6 +35,7 @@ from vecpack.tokenizing._text_kernels import (  # noqa: F401 - the lane reaches 
     _hash,
     _last_start,
     _space,
+    join_texts,
     same_prefix,
 )
 

@@ -3,8 +3,8 @@
 Characters (:func:`_code_point`, :func:`_space` as ``str.isspace``), the
 template's content checks (a content equal to, holding, or starting or ending
 with given words), the hash and the comparison that group rows by their
-cacheable prefix. Each takes ``uint8`` arrays and positions; none allocates
-per row.
+cacheable prefix, and the join of many rows into one text for the engine. Each
+takes ``uint8`` arrays and positions; none allocates per row.
 """
 
 import numpy as np
@@ -129,3 +129,27 @@ def same_prefix(out, starts, n, rep):
                 same[i] = False
                 break
     return same
+
+
+@njit(cache=CACHE)
+def join_texts(out, starts, stops, sep):
+    """``sep.join(out[starts[i]:stops[i]] for each i)`` as one ``uint8`` array: a range's rows as
+    one text (:func:`vecpack.tokenizing.lane.join_separator`), without a ``bytes`` object a row."""
+    n = starts.shape[0]
+    total = 0
+    for i in range(n):
+        total += stops[i] - starts[i]
+    if n > 1:
+        total += (n - 1) * sep.shape[0]
+    joined = np.empty(total, np.uint8)
+    o = 0
+    w = sep.shape[0]
+    for i in range(n):
+        if i and w:
+            joined[o:o + w] = sep
+            o += w
+        m = stops[i] - starts[i]
+        if m > 0:
+            joined[o:o + m] = out[starts[i]:stops[i]]
+            o += m
+    return joined

@@ -3,7 +3,8 @@
 Each is the one-pass form of a vectorised NumPy function that stays the reference
 (and serves the Python path, which does not load numba): ``label_tokens`` of
 :func:`~vecpack.tokenizing.labels.labels_from_parts`, ``splice_heads`` of
-:func:`~vecpack.tokenizing.lane.splice_heads`. ``tests/test_lane.py`` compares each
+:func:`~vecpack.tokenizing.lane.splice_heads`, ``cut_joined`` of
+:func:`~vecpack.tokenizing.lane.cut_joined`. ``tests/test_lane.py`` compares each
 with its reference.
 """
 
@@ -103,3 +104,50 @@ def splice_heads(ids, lengths, head_of, heads, heads_off):
             o += 1
             s += 1
     return out, new_len
+
+
+@njit(cache=CACHE)
+def cut_joined(ids, bytelen, row_bytes, sep, head_of, heads, heads_off):
+    """:func:`vecpack.tokenizing.lane.cut_joined` in one pass: the ids of texts encoded as one,
+    joined by the added token ``sep``, cut back into rows (``row_bytes[i]`` bytes each, the
+    ``sep`` between two rows dropped), each with its cached prefix in front (as :func:`splice_heads`).
+    Returns ``(ids, lengths, ok)``; ``ok`` False when the tokens do not fall so."""
+    n = row_bytes.shape[0]
+    nb = bytelen.shape[0]
+    total = ids.shape[0] - (n - 1 if n > 0 else 0)
+    for i in range(n):
+        h = head_of[i]
+        if h >= 0:
+            total += heads_off[h + 1] - heads_off[h]
+    lengths = np.zeros(n, np.int64)
+    if total < 0:
+        return np.empty(0, np.int32), lengths, False
+    out = np.empty(total, np.int32)
+    o = 0
+    t = 0
+    for i in range(n):
+        h = head_of[i]
+        start = o
+        if h >= 0:
+            for x in range(heads_off[h], heads_off[h + 1]):
+                out[o] = heads[x]
+                o += 1
+        got = 0
+        while got < row_bytes[i]:
+            if t >= ids.shape[0] or o >= total:
+                return out, lengths, False
+            tok = ids[t]
+            if tok < 0 or tok >= nb:
+                return out, lengths, False
+            got += bytelen[tok]
+            out[o] = tok
+            o += 1
+            t += 1
+        if got != row_bytes[i]:
+            return out, lengths, False
+        lengths[i] = o - start
+        if i < n - 1:
+            if t >= ids.shape[0] or ids[t] != sep:
+                return out, lengths, False
+            t += 1
+    return out, lengths, t == ids.shape[0] and o == total
