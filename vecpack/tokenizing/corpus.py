@@ -201,21 +201,31 @@ class _Call:
     forking: bool
     share: int
     t0: float
+    warm: object = None    # background work to start (once) where it delays no fork: see tokenize_input
 
     @property
     def pool(self) -> bool:
         return self.run.executor == "loky" and self.n_jobs > 1
 
+    def start_warm(self) -> None:
+        fn, self.warm = self.warm, None
+        if fn is not None:
+            fn()
 
-def tokenize_input(inp, tok, run, out_dir=None) -> Tokenized:
+
+def tokenize_input(inp, tok, run, out_dir=None, warm=None) -> Tokenized:
     """Tokenize one resolved input (its files, its :class:`~vecpack.request.specs.ChatSpec`) with
-    ``tok`` as ``run`` says; ``out_dir``: write the arrays there, memory-mapped."""
+    ``tok`` as ``run`` says; ``out_dir``: write the arrays there, memory-mapped.
+
+    ``warm()``: background work that a fork must wait for (the packing kernels' load,
+    :func:`vecpack.packing.packed.warm_kernels`): started at once where no workers fork, else right
+    after they fork, beside them (started first, it held the fork back by its whole load)."""
     n_jobs = _pool.effective_n_jobs(run.n_jobs)
     t0 = time.perf_counter()
     sources = list(inp.files)
     chunk_bytes = run.chunk_bytes if run.chunk_bytes is not None else _chunk_bytes(sources, n_jobs)
     call = _Call(inp, tok, run, None if out_dir is None else os.fspath(out_dir), n_jobs, chunk_bytes,
-                 _forking(run.executor, n_jobs, tok.encoder), worker_share(sources, n_jobs), t0)
+                 _forking(run.executor, n_jobs, tok.encoder), worker_share(sources, n_jobs), t0, warm)
     scratch = feed = None
     if any(s.kind == "compressed" for s in sources):
         if call.pool and _many_tasks(sources, chunk_bytes):
@@ -249,6 +259,9 @@ def _tokenize(call: _Call, feed) -> Tokenized:
             # one task runs here: starting workers would only take CPU from it
             _start_workers(n_jobs - 1 if getattr(encoder, "slow_to_load", False) else n_jobs, tokenizer,
                            share, forking)
+    fork = forking and many
+    if not fork:
+        call.start_warm()  # nothing forks: it loads beside the encoder's set-up
     key, texts = None, None
     if encoder is None:
         key, encoder = encoder_for(tokenizer, chat.style, chat.column, chat.masking, sources,
@@ -267,7 +280,7 @@ def _tokenize(call: _Call, feed) -> Tokenized:
     workers = n_jobs if backend == "loky" and many else 1
 
     def forked(enc):  # the chunk workers, forked with ``enc`` in them (else loky's run them)
-        return forked_workers(enc, n_jobs) if forking and many else contextlib.nullcontext()
+        return forked_workers(enc, n_jobs, after=call.start_warm) if fork else contextlib.nullcontext()
 
     run = dict(executor=backend, n_jobs=n_jobs, on_error=call.run.on_error, progress=call.run.progress, share=share)
     with forked(encoder):

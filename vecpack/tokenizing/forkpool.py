@@ -160,21 +160,31 @@ class ForkPool:
 
 
 @contextlib.contextmanager
-def forked_workers(encoder, n: int):
+def forked_workers(encoder, n: int, after=None):
     """``encoder.pool``: a :class:`ForkPool` of ``n`` workers for the ``with`` block, then stopped.
 
     Yields the pool, or None (and nothing forks) for ``n < 2``, when
     :func:`fork_refusal` says no, or when the fork fails (``OSError``, with a
-    warning): the caller then runs its loky path.
+    warning): the caller then runs its loky path. ``after()``, if given, runs
+    once the workers are forked (or once it is known that none will be): work
+    that a fork would have to wait for (the packing kernels' load) starts there,
+    beside the workers, instead of delaying them.
     """
-    if n < 2 or fork_refusal() is not None:
-        yield None
-        return
-    try:
-        fp = ForkPool(encoder, n)
-    except OSError as e:  # no memory or no process left for a fork: the caller's loky path
-        warnings.warn(f"vecpack: cannot fork item workers ({e}); using loky workers", RuntimeWarning,
-                      stacklevel=3)
+    fp = None
+    if n >= 2 and fork_refusal() is None:
+        try:
+            fp = ForkPool(encoder, n)
+        except OSError as e:  # no memory or no process left for a fork: the caller's loky path
+            warnings.warn(f"vecpack: cannot fork item workers ({e}); using loky workers", RuntimeWarning,
+                          stacklevel=3)
+    if after is not None:
+        try:
+            after()
+        except BaseException:
+            if fp is not None:
+                fp.shutdown(wait=True, kill_workers=True)
+            raise
+    if fp is None:
         yield None
         return
     encoder.pool = fp
