@@ -633,3 +633,14 @@ def test_latin1_text_is_nfc():
     assert all(unicodedata.is_normalized("NFC", a + b) for a in latin1 for b in latin1)
     for text in ("Você é", "e\u0301", "\u212b", "日本語", "A\u030a", "ñ" * 50 + "\u0303", "x"):
         assert is_nfc(text) == unicodedata.is_normalized("NFC", text)
+
+
+def test_fastokens_repays_its_build_from_less_input_on_two_cores(monkeypatch):
+    """On 2 cores the driver's build of fastokens runs beside work that would take a core from the
+    workers: from 8 MB a worker; with cores to spare, from 16 MB."""
+    from vecpack.tokenizing import runtime as runtime_mod
+
+    for cores, worth_12mb in ((2, True), (1, True), (16, False)):
+        monkeypatch.setattr(runtime_mod, "usable_cores", lambda cores=cores: cores)
+        assert runtime_mod.worth_fastokens(12 << 20) is worth_12mb
+        assert runtime_mod.worth_fastokens(20 << 20) and not runtime_mod.worth_fastokens(4 << 20)

@@ -35,7 +35,7 @@ from vecpack.tokenizing import pool as _pool
 from vecpack.tokenizing.backend import Pending, fall_back
 from vecpack.tokenizing.encoder import encoder_for, remember
 from vecpack.tokenizing.feed import TaskFeed
-from vecpack.tokenizing.forkpool import fork_refusal, forked_workers, prepare
+from vecpack.tokenizing.forkpool import fork_refusal, fork_will_wait, forked_workers, prepare
 from vecpack.tokenizing.merge import ChunkMerger
 from vecpack.tokenizing.tasks import agentic_counts, default_chunk_bytes, plan_chunks, rejected_examples
 from vecpack.tokenizing.tokenized import Tokenized, merge_stats
@@ -260,8 +260,8 @@ def _tokenize(call: _Call, feed) -> Tokenized:
             _start_workers(n_jobs - 1 if getattr(encoder, "slow_to_load", False) else n_jobs, tokenizer,
                            share, forking)
     fork = forking and many
-    if not fork:
-        call.start_warm()  # nothing forks: it loads beside the encoder's set-up
+    if not fork or fork_will_wait():
+        call.start_warm()  # nothing forks, or the fork waits for fastokens anyway: it loads meanwhile
     key, texts = None, None
     if encoder is None:
         key, encoder = encoder_for(tokenizer, chat.style, chat.column, chat.masking, sources,

@@ -62,7 +62,7 @@ from vecpack.tokenizing import pool as _pool
 from vecpack.tokenizing.lane import expect_bytes, preload_lane
 from vecpack.tokenizing.runtime import fast_engine, runtime, worth_fastokens
 
-__all__ = ["ForkPool", "fork_refusal", "forked_workers", "prepare"]
+__all__ = ["ForkPool", "fork_refusal", "fork_will_wait", "forked_workers", "prepare"]
 
 
 def fork_refusal() -> str | None:
@@ -230,6 +230,12 @@ def prepare(tokenizer, share: int):
     fut = _pool._in_background(build)
     _PREPARING.append(fut)
     return fut
+
+
+def fork_will_wait() -> bool:
+    """Whether the next fork will wait for an engine :func:`prepare` is still building (other
+    background work then costs the fork nothing if it runs meanwhile)."""
+    return any(not f.done() for f in _PREPARING)
 
 
 def _settle() -> None:

@@ -33,7 +33,7 @@ import unicodedata
 import numpy as np
 
 from vecpack._state import Memo, memo
-from vecpack.options import cache_root
+from vecpack.options import cache_root, usable_cores
 from vecpack.tokenizing.labels import labels_from_parts
 from vecpack.tokenizing.sp import SPACE, sp_labels, sp_spec, token_bytes
 from vecpack.tokenizing.spec import (
@@ -46,9 +46,9 @@ from vecpack.tokenizing.spec import (
     write_memo,
 )
 
-__all__ = ["DUMMY_PREFIX_LABELS", "FASTOKENS_WORTH_BYTES", "LINE_SAFE_PATTERNS", "Runtime", "added_tokens",
-           "engine_ids", "fast_engine", "hf_facts", "is_nfc", "runtime", "sentencepiece_style", "warm_start",
-           "worth_fastokens"]
+__all__ = ["DUMMY_PREFIX_LABELS", "FASTOKENS_WORTH_BYTES", "FASTOKENS_WORTH_BYTES_FEW_CORES", "LINE_SAFE_PATTERNS",
+           "Runtime", "added_tokens", "engine_ids", "fast_engine", "hf_facts", "is_nfc", "runtime",
+           "sentencepiece_style", "warm_start", "worth_fastokens"]
 
 _PREFIX_CACHE_MAX = 1024        # cached conversation prefixes per process
 #: Pre-tokenizer patterns (tiktoken's form) in which a line break followed by a printable ASCII
@@ -453,11 +453,18 @@ _WARM_START = [False, False]  # pool workers: [serve with tiktoken first, build 
 #: Input bytes per worker from which a call builds fastokens (about 1.3 s of CPU) in its
 #: workers: tiktoken costs about 0.08 µs more per byte of chat JSON, so ~16 MB repays it.
 FASTOKENS_WORTH_BYTES = 16 << 20
+#: The same on a machine of 2 cores or fewer. There the driver builds fastokens before its
+#: workers fork, beside its other work of that time (the packing kernels' load, the HF side of
+#: the parity check), which would otherwise take a core from the workers: what counts is the
+#: CPU of the whole call, and 2 workers' ~0.07 µs a byte repay ~1 s of build from ~8 MB each
+#: (measured on 2 cores, 20k tool rows, 12 MB a worker: about 1 s of CPU less, and less wall).
+FASTOKENS_WORTH_BYTES_FEW_CORES = 8 << 20
 
 
 def worth_fastokens(share: int) -> bool:
     """Whether a call that gives a worker ``share`` bytes of input repays building fastokens there."""
-    return share >= FASTOKENS_WORTH_BYTES
+    few = usable_cores() <= 2
+    return share >= (FASTOKENS_WORTH_BYTES_FEW_CORES if few else FASTOKENS_WORTH_BYTES)
 
 
 def warm_start(build: bool = False) -> None:
