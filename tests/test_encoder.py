@@ -637,10 +637,25 @@ def test_latin1_text_is_nfc():
 
 def test_fastokens_repays_its_build_from_less_input_on_two_cores(monkeypatch):
     """On 2 cores the driver's build of fastokens runs beside work that would take a core from the
-    workers: from 8 MB a worker; with cores to spare, from 16 MB."""
+    workers: from 8 MB a worker for tool rows (JSON text); plain rows, and any rows with cores to
+    spare, from 16 MB."""
     from vecpack.tokenizing import runtime as runtime_mod
 
-    for cores, worth_12mb in ((2, True), (1, True), (16, False)):
+    for cores, dense, worth_12mb in ((2, True, True), (1, True, True), (2, False, False), (16, True, False)):
         monkeypatch.setattr(runtime_mod, "usable_cores", lambda cores=cores: cores)
-        assert runtime_mod.worth_fastokens(12 << 20) is worth_12mb
-        assert runtime_mod.worth_fastokens(20 << 20) and not runtime_mod.worth_fastokens(4 << 20)
+        assert runtime_mod.worth_fastokens(12 << 20, dense) is worth_12mb
+        assert runtime_mod.worth_fastokens(20 << 20, dense) and not runtime_mod.worth_fastokens(4 << 20, dense)
+
+
+def test_tool_rows_are_told_from_their_first_rows(tmp_path):
+    from vecpack.inputs.sources import resolve_sources
+    from vecpack.tokenizing.corpus import _tool_rows
+
+    plain = {"messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello"}]}
+    calls = {"messages": [{"role": "user", "content": "Hi"},
+                          {"role": "assistant", "tool_calls": [{"function": {"name": "f", "arguments": "{}"}}]}]}
+    schemas = {**plain, "tools": "[{\"type\": \"function\"}]"}
+    for rows, want in (([plain] * 3, False), ([plain, calls], True), ([schemas], True)):
+        path = tmp_path / f"{want}-{len(rows)}.jsonl"
+        path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+        assert _tool_rows(resolve_sources(str(path))) is want

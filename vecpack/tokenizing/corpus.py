@@ -37,6 +37,7 @@ from vecpack.tokenizing.encoder import encoder_for, remember
 from vecpack.tokenizing.feed import TaskFeed
 from vecpack.tokenizing.forkpool import fork_refusal, fork_will_wait, forked_workers, prepare
 from vecpack.tokenizing.merge import ChunkMerger
+from vecpack.tokenizing.runtime import worth_fastokens
 from vecpack.tokenizing.tasks import agentic_counts, default_chunk_bytes, plan_chunks, rejected_examples
 from vecpack.tokenizing.tokenized import Tokenized, merge_stats
 
@@ -105,12 +106,27 @@ def _forking(backend: str, n_jobs: int, encoder) -> bool:
     return backend == "loky" and n_jobs > 1 and ours and fork_refusal() is None
 
 
-def _start_workers(n_jobs: int, tokenizer, share: int, forking: bool) -> None:
-    """Start what the chunk workers need now: the loky pool, or (forked workers) this process's engine."""
+def _start_workers(n_jobs: int, tokenizer, share: int, forking: bool, dense: bool = False) -> None:
+    """Start what the chunk workers need now: the loky pool, or (forked workers) this process's engine
+    (``dense``: tool rows, :func:`_tool_rows`)."""
     if forking:
-        prepare(tokenizer, share)
+        prepare(tokenizer, share, dense)
     else:
         _pool.warm(n_jobs, tokenizer, share=share)
+
+
+def _tool_rows(sources) -> bool:
+    """Whether the inputs' first rows carry tool schemas or calls: JSON text, which tiktoken encodes
+    slower a byte than prose, so fastokens repays its build from less input
+    (:data:`~vecpack.tokenizing.runtime.FASTOKENS_WORTH_BYTES_FEW_CORES`)."""
+    for row in sample_rows(sources, 16):
+        if row.get("tools"):
+            return True
+        for v in row.values():
+            if type(v) is list and any(type(m) is dict and (m.get("tool_calls") or m.get("function_call"))
+                                       for m in v):
+                return True
+    return False
 
 
 def worker_share(sources, n_jobs: int) -> int:
@@ -202,6 +218,7 @@ class _Call:
     share: int
     t0: float
     warm: object = None    # background work to start (once) where it delays no fork: see tokenize_input
+    dense: bool = False    # tool rows (_tool_rows): fastokens repays its build from less input
 
     @property
     def pool(self) -> bool:
@@ -226,10 +243,13 @@ def tokenize_input(inp, tok, run, out_dir=None, warm=None) -> Tokenized:
     chunk_bytes = run.chunk_bytes if run.chunk_bytes is not None else _chunk_bytes(sources, n_jobs)
     call = _Call(inp, tok, run, None if out_dir is None else os.fspath(out_dir), n_jobs, chunk_bytes,
                  _forking(run.executor, n_jobs, tok.encoder), worker_share(sources, n_jobs), t0, warm)
+    if call.forking and not worth_fastokens(call.share) and worth_fastokens(call.share, True):
+        call.dense = _tool_rows(sources)  # (read only where it decides the engine)
     scratch = feed = None
     if any(s.kind == "compressed" for s in sources):
         if call.pool and _many_tasks(sources, chunk_bytes):
-            _start_workers(n_jobs, tok.tokenizer, call.share, call.forking)  # they start while the inputs decompress
+            # they start while the inputs decompress
+            _start_workers(n_jobs, tok.tokenizer, call.share, call.forking, call.dense)
         # decompressed in background threads, several files at once, into plain files that the
         # workers range-read as their lines land (Ray: once complete; see TaskFeed)
         scratch = _pool.chunk_dir(_estimate_output_bytes(sources) // 2, out_dir,
@@ -258,7 +278,7 @@ def _tokenize(call: _Call, feed) -> Tokenized:
         if call.pool and many and getattr(encoder, "pool", None) is None:  # (a forked pool is up already)
             # one task runs here: starting workers would only take CPU from it
             _start_workers(n_jobs - 1 if getattr(encoder, "slow_to_load", False) else n_jobs, tokenizer,
-                           share, forking)
+                           share, forking, call.dense)
     fork = forking and many
     if not fork or fork_will_wait():
         call.start_warm()  # nothing forks, or the fork waits for fastokens anyway: it loads meanwhile
@@ -284,7 +304,7 @@ def _tokenize(call: _Call, feed) -> Tokenized:
 
     run = dict(executor=backend, n_jobs=n_jobs, on_error=call.run.on_error, progress=call.run.progress, share=share)
     with forked(encoder):
-        check = Pending.start(encoder, texts, key, workers, share)
+        check = Pending.start(encoder, texts, key, workers, share, call.dense)
         early = check.known()
         if early:  # known before anything ran (the engine cannot be built, or the check cannot run)
             encoder = fall_back(encoder, early)

@@ -204,7 +204,7 @@ def forked_workers(encoder, n: int, after=None):
 _PREPARING: list = []  # futures of prepare() that the next fork waits for
 
 
-def prepare(tokenizer, share: int):
+def prepare(tokenizer, share: int, dense: bool = False):
     """Build here, in the background, the engine that a file call's forked workers will inherit.
 
     Only for a call that gives each worker ``share`` bytes, enough to repay
@@ -214,7 +214,7 @@ def prepare(tokenizer, share: int):
     build tiktoken (0.09 s) themselves, as loky's do. Returns the future, or None.
     """
     path = _pool.tokenizer_dir(tokenizer)
-    if path is None or not worth_fastokens(share):
+    if path is None or not worth_fastokens(share, dense):
         return None
 
     def build():

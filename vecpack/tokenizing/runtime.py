@@ -453,17 +453,19 @@ _WARM_START = [False, False]  # pool workers: [serve with tiktoken first, build 
 #: Input bytes per worker from which a call builds fastokens (about 1.3 s of CPU) in its
 #: workers: tiktoken costs about 0.08 µs more per byte of chat JSON, so ~16 MB repays it.
 FASTOKENS_WORTH_BYTES = 16 << 20
-#: The same on a machine of 2 cores or fewer. There the driver builds fastokens before its
-#: workers fork, beside its other work of that time (the packing kernels' load, the HF side of
-#: the parity check), which would otherwise take a core from the workers: what counts is the
-#: CPU of the whole call, and 2 workers' ~0.07 µs a byte repay ~1 s of build from ~8 MB each
-#: (measured on 2 cores, 20k tool rows, 12 MB a worker: about 1 s of CPU less, and less wall).
+#: The same for tool rows (``dense``: schemas and calls, JSON text that tiktoken encodes at about
+#: 0.06 µs a byte more than fastokens, about 77 µs an xlam row) on a machine of 2 cores or fewer.
+#: There the driver builds fastokens before its workers fork, beside its other work of that time
+#: (the packing kernels' load, the HF side of the parity check), which would otherwise take a core
+#: from the workers: measured on 2 cores, 20k xlam rows (12 MB a worker) took about 1 s of CPU
+#: less, and less wall. Plain chat rows at 8.7 MB a worker took 0.3 s more: they keep 16 MB.
 FASTOKENS_WORTH_BYTES_FEW_CORES = 8 << 20
 
 
-def worth_fastokens(share: int) -> bool:
-    """Whether a call that gives a worker ``share`` bytes of input repays building fastokens there."""
-    few = usable_cores() <= 2
+def worth_fastokens(share: int, dense: bool = False) -> bool:
+    """Whether a call that gives a worker ``share`` bytes of input repays building fastokens there
+    (``dense``: its rows are tool rows, see :data:`FASTOKENS_WORTH_BYTES_FEW_CORES`)."""
+    few = dense and usable_cores() <= 2
     return share >= (FASTOKENS_WORTH_BYTES_FEW_CORES if few else FASTOKENS_WORTH_BYTES)
 
 
