@@ -633,3 +633,29 @@ def test_latin1_text_is_nfc():
     assert all(unicodedata.is_normalized("NFC", a + b) for a in latin1 for b in latin1)
     for text in ("Você é", "e\u0301", "\u212b", "日本語", "A\u030a", "ñ" * 50 + "\u0303", "x"):
         assert is_nfc(text) == unicodedata.is_normalized("NFC", text)
+
+
+def test_fastokens_repays_its_build_from_less_input_on_two_cores(monkeypatch):
+    """On 2 cores the driver's build of fastokens runs beside work that would take a core from the
+    workers: from 8 MB a worker for tool rows (JSON text); plain rows, and any rows with cores to
+    spare, from 16 MB."""
+    from vecpack.tokenizing import runtime as runtime_mod
+
+    for cores, dense, worth_12mb in ((2, True, True), (1, True, True), (2, False, False), (16, True, False)):
+        monkeypatch.setattr(runtime_mod, "usable_cores", lambda cores=cores: cores)
+        assert runtime_mod.worth_fastokens(12 << 20, dense) is worth_12mb
+        assert runtime_mod.worth_fastokens(20 << 20, dense) and not runtime_mod.worth_fastokens(4 << 20, dense)
+
+
+def test_tool_rows_are_told_from_their_first_rows(tmp_path):
+    from vecpack.inputs.sources import resolve_sources
+    from vecpack.tokenizing.corpus import _tool_rows
+
+    plain = {"messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello"}]}
+    calls = {"messages": [{"role": "user", "content": "Hi"},
+                          {"role": "assistant", "tool_calls": [{"function": {"name": "f", "arguments": "{}"}}]}]}
+    schemas = {**plain, "tools": "[{\"type\": \"function\"}]"}
+    for rows, want in (([plain] * 3, False), ([plain, calls], True), ([schemas], True)):
+        path = tmp_path / f"{want}-{len(rows)}.jsonl"
+        path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+        assert _tool_rows(resolve_sources(str(path))) is want

@@ -195,3 +195,49 @@ def test_workers_forked_after_the_driver_encoded_on_several_threads(sharegpt_fil
     env = dict(os.environ, FASTOKENS_BPE_THREADS="4", RAYON_NUM_THREADS="4", VECPACK_WORKER_START="auto")
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=300)
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-3000:]
+
+
+@pytest.mark.parametrize("n_jobs,building", [(1, False), (2, False), (2, True)])
+def test_a_build_loads_its_packing_kernels_after_its_workers_fork(sharegpt_file, qwen_dir, monkeypatch, tmp_path,
+                                                                    n_jobs, building):
+    """A fork waits for the kernels' background load; a build that forks starts that load once its
+    workers are forked (beside them, not before them), unless the fork waits for fastokens' build
+    anyway; one that does not fork starts it before its encoder is set up (beside that)."""
+    from vecpack.store import pipeline
+    from vecpack.tokenizing import forkpool
+
+    events = []
+    real_init, real_encoder_for = forkpool.ForkPool.__init__, corpus.encoder_for
+
+    def init(self, *args):
+        real_init(self, *args)
+        events.append("fork")
+
+    def encoder_for(*args, **kwargs):
+        events.append("encoder")
+        return real_encoder_for(*args, **kwargs)
+
+    monkeypatch.setattr(forkpool.ForkPool, "__init__", init)
+    monkeypatch.setattr(corpus, "encoder_for", encoder_for)
+    monkeypatch.setattr(pipeline, "warm_kernels", lambda *a, **k: events.append("warm"))
+    monkeypatch.setattr(corpus, "_chunk_bytes", lambda sources, n_jobs: 50_000)  # several tasks
+    monkeypatch.setattr(corpus, "fork_will_wait", lambda: building)
+    packed = vecpack.build(sharegpt_file, qwen_dir, max_len=512, n_jobs=n_jobs, cache_dir=tmp_path, progress=False)
+    assert len(packed) > 0 and packed.build_info.tokenize_stats["chunks"] > 2
+    assert events == (["encoder", "fork", "warm"] if n_jobs == 2 and not building else
+                      ["warm", "encoder", "fork"] if building else ["warm", "encoder"])
+
+
+def test_a_fork_waits_for_an_engine_still_building():
+    from concurrent.futures import Future
+
+    from vecpack.tokenizing import forkpool
+
+    fut = Future()
+    forkpool._PREPARING.append(fut)
+    try:
+        assert forkpool.fork_will_wait()
+        fut.set_result(None)
+        assert not forkpool.fork_will_wait()
+    finally:
+        forkpool._PREPARING.remove(fut)

@@ -17,6 +17,7 @@ that changed its tokenizer files in place.
 
 from __future__ import annotations
 
+import collections
 import os
 import threading
 import time
@@ -26,19 +27,23 @@ __all__ = ["Memo", "compile_stats", "finish_warming", "kernel_cache", "memo", "o
            "runnable", "start_warming"]
 
 
-class Memo(dict):
-    """A dict that keeps its ``limit`` most recently added keys (oldest dropped first)."""
+class Memo(collections.OrderedDict):
+    """A dict that keeps its ``limit`` most recently added keys (oldest dropped first).
 
-    def __init__(self, name: str, limit: int):
+    An ordered dict: dropping the oldest key is O(1) however many went before
+    (a plain dict's first key is found past every slot its deleted keys left,
+    about 6 µs an insert in a full memo of 8192).
+    """
+
+    def __init__(self, name: str = "memo", limit: int = 1024):
         super().__init__()
         self.name, self.limit = name, int(limit)
 
     def __setitem__(self, key, value):
-        if key in self:
-            super().__delitem__(key)  # re-added: now the newest
-        while len(self) >= self.limit:
-            super().__delitem__(next(iter(self)))
         super().__setitem__(key, value)
+        self.move_to_end(key)  # re-added: now the newest
+        while len(self) > self.limit:
+            self.popitem(last=False)
 
     def __repr__(self) -> str:
         return f"Memo({self.name!r}, {len(self)}/{self.limit})"

@@ -175,6 +175,14 @@ def check_n_jobs(value, name: str = "n_jobs") -> int | None:
     return int(value)
 
 
+def usable_cores() -> int:
+    """The cores this process may run on (its affinity where the platform has one), >= 1."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # macOS, Windows
+        return os.cpu_count() or 1
+
+
 def check_seed(value, name: str = "seed") -> int | None:
     """A seed: an integer >= 0, or ``None``."""
     return None if value is None else check_int(value, name, minimum=0, maximum=2**64 - 1)

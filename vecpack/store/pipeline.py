@@ -101,9 +101,7 @@ def corpus_of(request, inp, store, keep=()) -> Corpus:
     kernels = None if request.pairs else (lambda: warm_kernels(pk.strategy, pk.long, bits=store is not None
                                                                and stores_bits(tok.encoder)))
     if store is None:
-        if kernels is not None:
-            kernels()  # they load while the tokenizer loads
-        t = _tokenize_input(inp, tok, run)
+        t = _tokenize_input(inp, tok, run, warm=kernels)  # they load beside the tokenizing
         arrays = {"tokens": t.tokens, "labels": t.labels, "offsets": t.offsets, "row_ids": np.asarray(t.row_ids)}
         return Corpus(inp, arrays, dict(t.stats), default_pad_id(tok.tokenizer, t.encoder or tok.encoder),
                       describe(inp.data, tok.tokenizer, tok.encoder))
@@ -111,11 +109,11 @@ def corpus_of(request, inp, store, keep=()) -> Corpus:
     inputs, described = corpus_key(inp, tok, run, root=store.root, on_read=early)
 
     def make(tmp):
-        t = _tokenize_input(inp, tok, run, tmp)
+        t = _tokenize_input(inp, tok, run, tmp, warm=kernels)  # they load beside the tokenizing
         return t, default_pad_id(tok.tokenizer, t.encoder or tok.encoder)
 
     entry = corpus_entry(store, inputs, described, make, bits=stores_bits(tok.encoder), verify=run.verify,
-                         keep=keep, before=kernels)
+                         keep=keep)
     return Corpus(inp, entry.arrays, dict(entry.meta.get("stats") or {}), int(entry.meta.get("pad_id", 0) or 0),
                   described, entry.key, entry.path, not entry.built, entry.manifest)
 
@@ -193,11 +191,11 @@ def _start_early(request, inp):
     return on_read
 
 
-def _tokenize_input(inp, tok, run, out_dir=None):
+def _tokenize_input(inp, tok, run, out_dir=None, warm=None):
     """The tokenize stage, imported only when something is tokenized (a cache hit loads no tokenizer)."""
     from vecpack.tokenizing.corpus import tokenize_input
 
-    return tokenize_input(inp, tok, run, out_dir)
+    return tokenize_input(inp, tok, run, out_dir, warm=warm)
 
 
 # --------------------------------------------------------------------------- the plan stage

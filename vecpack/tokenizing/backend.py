@@ -116,12 +116,12 @@ class Pending:
         self._reason: str | None = None if check is not None else ""
 
     @classmethod
-    def start(cls, encoder, texts, key, workers: int, share: int = 0) -> "Pending":
+    def start(cls, encoder, texts, key, workers: int, share: int = 0, dense: bool = False) -> "Pending":
         if texts is None or getattr(encoder, "backend", None) not in FAST_ENGINES:
             return cls()
         # pool workers serve a fastokens encoder with tiktoken unless the call's share repays fastokens:
         # a sample that passed with one engine has not passed with the other
-        serving = "tiktoken" if workers > 1 and not worth_fastokens(share) else encoder.backend
+        serving = "tiktoken" if workers > 1 and not worth_fastokens(share, dense) else encoder.backend
         digest = _digest((key if key is not None else encoder.path, serving), texts)
         if digest in _PASSED:  # these very rows passed with this tokenizer in this process
             encoder.pending_check = None

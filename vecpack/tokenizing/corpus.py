@@ -35,8 +35,9 @@ from vecpack.tokenizing import pool as _pool
 from vecpack.tokenizing.backend import Pending, fall_back
 from vecpack.tokenizing.encoder import encoder_for, remember
 from vecpack.tokenizing.feed import TaskFeed
-from vecpack.tokenizing.forkpool import fork_refusal, forked_workers, prepare
+from vecpack.tokenizing.forkpool import fork_refusal, fork_will_wait, forked_workers, prepare
 from vecpack.tokenizing.merge import ChunkMerger
+from vecpack.tokenizing.runtime import worth_fastokens
 from vecpack.tokenizing.tasks import agentic_counts, default_chunk_bytes, plan_chunks, rejected_examples
 from vecpack.tokenizing.tokenized import Tokenized, merge_stats
 
@@ -105,12 +106,27 @@ def _forking(backend: str, n_jobs: int, encoder) -> bool:
     return backend == "loky" and n_jobs > 1 and ours and fork_refusal() is None
 
 
-def _start_workers(n_jobs: int, tokenizer, share: int, forking: bool) -> None:
-    """Start what the chunk workers need now: the loky pool, or (forked workers) this process's engine."""
+def _start_workers(n_jobs: int, tokenizer, share: int, forking: bool, dense: bool = False) -> None:
+    """Start what the chunk workers need now: the loky pool, or (forked workers) this process's engine
+    (``dense``: tool rows, :func:`_tool_rows`)."""
     if forking:
-        prepare(tokenizer, share)
+        prepare(tokenizer, share, dense)
     else:
         _pool.warm(n_jobs, tokenizer, share=share)
+
+
+def _tool_rows(sources) -> bool:
+    """Whether the inputs' first rows carry tool schemas or calls: JSON text, which tiktoken encodes
+    slower a byte than prose, so fastokens repays its build from less input
+    (:data:`~vecpack.tokenizing.runtime.FASTOKENS_WORTH_BYTES_FEW_CORES`)."""
+    for row in sample_rows(sources, 16):
+        if row.get("tools"):
+            return True
+        for v in row.values():
+            if type(v) is list and any(type(m) is dict and (m.get("tool_calls") or m.get("function_call"))
+                                       for m in v):
+                return True
+    return False
 
 
 def worker_share(sources, n_jobs: int) -> int:
@@ -201,25 +217,39 @@ class _Call:
     forking: bool
     share: int
     t0: float
+    warm: object = None    # background work to start (once) where it delays no fork: see tokenize_input
+    dense: bool = False    # tool rows (_tool_rows): fastokens repays its build from less input
 
     @property
     def pool(self) -> bool:
         return self.run.executor == "loky" and self.n_jobs > 1
 
+    def start_warm(self) -> None:
+        fn, self.warm = self.warm, None
+        if fn is not None:
+            fn()
 
-def tokenize_input(inp, tok, run, out_dir=None) -> Tokenized:
+
+def tokenize_input(inp, tok, run, out_dir=None, warm=None) -> Tokenized:
     """Tokenize one resolved input (its files, its :class:`~vecpack.request.specs.ChatSpec`) with
-    ``tok`` as ``run`` says; ``out_dir``: write the arrays there, memory-mapped."""
+    ``tok`` as ``run`` says; ``out_dir``: write the arrays there, memory-mapped.
+
+    ``warm()``: background work that a fork must wait for (the packing kernels' load,
+    :func:`vecpack.packing.packed.warm_kernels`): started at once where no workers fork, else right
+    after they fork, beside them (started first, it held the fork back by its whole load)."""
     n_jobs = _pool.effective_n_jobs(run.n_jobs)
     t0 = time.perf_counter()
     sources = list(inp.files)
     chunk_bytes = run.chunk_bytes if run.chunk_bytes is not None else _chunk_bytes(sources, n_jobs)
     call = _Call(inp, tok, run, None if out_dir is None else os.fspath(out_dir), n_jobs, chunk_bytes,
-                 _forking(run.executor, n_jobs, tok.encoder), worker_share(sources, n_jobs), t0)
+                 _forking(run.executor, n_jobs, tok.encoder), worker_share(sources, n_jobs), t0, warm)
+    if call.forking and not worth_fastokens(call.share) and worth_fastokens(call.share, True):
+        call.dense = _tool_rows(sources)  # (read only where it decides the engine)
     scratch = feed = None
     if any(s.kind == "compressed" for s in sources):
         if call.pool and _many_tasks(sources, chunk_bytes):
-            _start_workers(n_jobs, tok.tokenizer, call.share, call.forking)  # they start while the inputs decompress
+            # they start while the inputs decompress
+            _start_workers(n_jobs, tok.tokenizer, call.share, call.forking, call.dense)
         # decompressed in background threads, several files at once, into plain files that the
         # workers range-read as their lines land (Ray: once complete; see TaskFeed)
         scratch = _pool.chunk_dir(_estimate_output_bytes(sources) // 2, out_dir,
@@ -248,7 +278,10 @@ def _tokenize(call: _Call, feed) -> Tokenized:
         if call.pool and many and getattr(encoder, "pool", None) is None:  # (a forked pool is up already)
             # one task runs here: starting workers would only take CPU from it
             _start_workers(n_jobs - 1 if getattr(encoder, "slow_to_load", False) else n_jobs, tokenizer,
-                           share, forking)
+                           share, forking, call.dense)
+    fork = forking and many
+    if not fork or fork_will_wait():
+        call.start_warm()  # nothing forks, or the fork waits for fastokens anyway: it loads meanwhile
     key, texts = None, None
     if encoder is None:
         key, encoder = encoder_for(tokenizer, chat.style, chat.column, chat.masking, sources,
@@ -267,11 +300,11 @@ def _tokenize(call: _Call, feed) -> Tokenized:
     workers = n_jobs if backend == "loky" and many else 1
 
     def forked(enc):  # the chunk workers, forked with ``enc`` in them (else loky's run them)
-        return forked_workers(enc, n_jobs) if forking and many else contextlib.nullcontext()
+        return forked_workers(enc, n_jobs, after=call.start_warm) if fork else contextlib.nullcontext()
 
     run = dict(executor=backend, n_jobs=n_jobs, on_error=call.run.on_error, progress=call.run.progress, share=share)
     with forked(encoder):
-        check = Pending.start(encoder, texts, key, workers, share)
+        check = Pending.start(encoder, texts, key, workers, share, call.dense)
         early = check.known()
         if early:  # known before anything ran (the engine cannot be built, or the check cannot run)
             encoder = fall_back(encoder, early)

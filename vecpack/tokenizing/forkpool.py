@@ -62,7 +62,7 @@ from vecpack.tokenizing import pool as _pool
 from vecpack.tokenizing.lane import expect_bytes, preload_lane
 from vecpack.tokenizing.runtime import fast_engine, runtime, worth_fastokens
 
-__all__ = ["ForkPool", "fork_refusal", "forked_workers", "prepare"]
+__all__ = ["ForkPool", "fork_refusal", "fork_will_wait", "forked_workers", "prepare"]
 
 
 def fork_refusal() -> str | None:
@@ -160,21 +160,31 @@ class ForkPool:
 
 
 @contextlib.contextmanager
-def forked_workers(encoder, n: int):
+def forked_workers(encoder, n: int, after=None):
     """``encoder.pool``: a :class:`ForkPool` of ``n`` workers for the ``with`` block, then stopped.
 
     Yields the pool, or None (and nothing forks) for ``n < 2``, when
     :func:`fork_refusal` says no, or when the fork fails (``OSError``, with a
-    warning): the caller then runs its loky path.
+    warning): the caller then runs its loky path. ``after()``, if given, runs
+    once the workers are forked (or once it is known that none will be): work
+    that a fork would have to wait for (the packing kernels' load) starts there,
+    beside the workers, instead of delaying them.
     """
-    if n < 2 or fork_refusal() is not None:
-        yield None
-        return
-    try:
-        fp = ForkPool(encoder, n)
-    except OSError as e:  # no memory or no process left for a fork: the caller's loky path
-        warnings.warn(f"vecpack: cannot fork item workers ({e}); using loky workers", RuntimeWarning,
-                      stacklevel=3)
+    fp = None
+    if n >= 2 and fork_refusal() is None:
+        try:
+            fp = ForkPool(encoder, n)
+        except OSError as e:  # no memory or no process left for a fork: the caller's loky path
+            warnings.warn(f"vecpack: cannot fork item workers ({e}); using loky workers", RuntimeWarning,
+                          stacklevel=3)
+    if after is not None:
+        try:
+            after()
+        except BaseException:
+            if fp is not None:
+                fp.shutdown(wait=True, kill_workers=True)
+            raise
+    if fp is None:
         yield None
         return
     encoder.pool = fp
@@ -194,7 +204,7 @@ def forked_workers(encoder, n: int):
 _PREPARING: list = []  # futures of prepare() that the next fork waits for
 
 
-def prepare(tokenizer, share: int):
+def prepare(tokenizer, share: int, dense: bool = False):
     """Build here, in the background, the engine that a file call's forked workers will inherit.
 
     Only for a call that gives each worker ``share`` bytes, enough to repay
@@ -204,7 +214,7 @@ def prepare(tokenizer, share: int):
     build tiktoken (0.09 s) themselves, as loky's do. Returns the future, or None.
     """
     path = _pool.tokenizer_dir(tokenizer)
-    if path is None or not worth_fastokens(share):
+    if path is None or not worth_fastokens(share, dense):
         return None
 
     def build():
@@ -220,6 +230,12 @@ def prepare(tokenizer, share: int):
     fut = _pool._in_background(build)
     _PREPARING.append(fut)
     return fut
+
+
+def fork_will_wait() -> bool:
+    """Whether the next fork will wait for an engine :func:`prepare` is still building (other
+    background work then costs the fork nothing if it runs meanwhile)."""
+    return any(not f.done() for f in _PREPARING)
 
 
 def _settle() -> None:

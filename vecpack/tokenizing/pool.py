@@ -169,15 +169,11 @@ def _warm(tokenizer_path: str | None = None, modules: tuple = (), share: int = 0
 
 def effective_n_jobs(n_jobs: int | None) -> int:
     """``-1`` -> every usable core; ``-2`` -> all but one; ``None`` -> 1."""
-    from vecpack.options import check_n_jobs
+    from vecpack.options import check_n_jobs, usable_cores
 
     if check_n_jobs(n_jobs) is None:
         return 1
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except AttributeError:  # macOS, Windows
-        cores = os.cpu_count() or 1
-    return max(1, int(n_jobs) if n_jobs > 0 else cores + 1 + int(n_jobs))
+    return max(1, int(n_jobs) if n_jobs > 0 else usable_cores() + 1 + int(n_jobs))
 
 
 _EXECUTOR_ENV = {"TOKENIZERS_PARALLELISM": "false", "RAYON_NUM_THREADS": "1", "FASTOKENS_BPE_THREADS": "1"}

@@ -33,7 +33,7 @@ import unicodedata
 import numpy as np
 
 from vecpack._state import Memo, memo
-from vecpack.options import cache_root
+from vecpack.options import cache_root, usable_cores
 from vecpack.tokenizing.labels import labels_from_parts
 from vecpack.tokenizing.sp import SPACE, sp_labels, sp_spec, token_bytes
 from vecpack.tokenizing.spec import (
@@ -46,10 +46,27 @@ from vecpack.tokenizing.spec import (
     write_memo,
 )
 
-__all__ = ["DUMMY_PREFIX_LABELS", "FASTOKENS_WORTH_BYTES", "Runtime", "added_tokens", "engine_ids", "fast_engine",
-           "hf_facts", "is_nfc", "runtime", "sentencepiece_style", "warm_start", "worth_fastokens"]
+__all__ = ["DUMMY_PREFIX_LABELS", "FASTOKENS_WORTH_BYTES", "FASTOKENS_WORTH_BYTES_FEW_CORES", "LINE_SAFE_PATTERNS",
+           "Runtime", "added_tokens", "engine_ids", "fast_engine", "hf_facts", "is_nfc", "runtime",
+           "sentencepiece_style", "warm_start", "worth_fastokens"]
 
 _PREFIX_CACHE_MAX = 1024        # cached conversation prefixes per process
+#: Pre-tokenizer patterns (tiktoken's form) in which a line break followed by a printable ASCII
+#: character always ends a pre-token, whatever comes before or after (:meth:`Runtime.encode`):
+#: a ``\n`` is matched only by a whitespace run or as the ``[\r\n]*`` tail of a punctuation
+#: run, and neither can go on over a printable ASCII character; no alternative looks behind, and
+#: a whitespace run that ends in a line break is taken whole by ``\s*[\r\n]+`` before the
+#: look-ahead alternative is tried, so a text cut there tokenizes as its two sides do alone.
+#: Qwen2 to Qwen3, and cl100k / Llama 3 (digits in threes).
+LINE_SAFE_PATTERNS = frozenset({
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+"
+    r"|\s+(?!\S)|\s+",
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+    r"|\s*[\r\n]+|\s+(?!\S)|\s+",
+})
+_LINE_CUT = re.compile(r"\n(?=[!-~])")   # where such a pattern always ends a pre-token
+_PIECE_MIN_CHARS = 32            # a repeated piece is cut out of its text from this length on
+_PIECES_MAX = 8192               # repeated pieces whose ids a process keeps (and as many seen once)
 # tiktoken's regex engine overflows its backtracking stack on a run of ~1M non-newline
 # spaces; such a text (any run this long, to be safe) goes to HF tokenizers instead
 _LONG_WS = re.compile(r"\s{100000}")
@@ -193,6 +210,7 @@ class Runtime:
         self.sp = None               # a SentencePiece-family tokenizer's SPSpec
         self.dummy = False           # ... with a dummy prefix (labels need Runtime.labels)
         self.prefix_cache = Memo("conversation prefixes", _PREFIX_CACHE_MAX)
+        self.pieces = self.seen = None  # tiktoken: the ids of repeated pieces of text (see encode)
         if backend == "tokenizers":
             tk = self.hf()
             self.added = {t.content: i for i, t in tk.get_added_tokens_decoder().items()}
@@ -227,6 +245,8 @@ class Runtime:
         enc = tiktoken.Encoding(f"vecpack-{path.name}", pat_str=pattern, mergeable_ranks=ranks,
                                 special_tokens=self.added)
         self.core = enc._core_bpe
+        if pattern in LINE_SAFE_PATTERNS and not any("\n" in t for t in self.added):
+            self.pieces, self.seen = Memo("repeated pieces", _PIECES_MAX), Memo("pieces seen once", _PIECES_MAX)
         # a content holding none of the first two characters of any added token holds no added token
         pairs = sorted({t[:2] for t in self.added})
         self.heads = tuple((ch, tuple(p for p in pairs if p[0] == ch)) for ch in sorted({p[0] for p in pairs}))
@@ -318,11 +338,48 @@ class Runtime:
         """The fast engine's int32 ids of ``text`` (which :meth:`exact` accepts); added tokens anywhere.
 
         ``allowed`` (tiktoken): the added tokens that may occur (fewer is faster).
+
+        With tiktoken on a pattern of :data:`LINE_SAFE_PATTERNS` (and no added token holding a line
+        break), a text is cut where a line break meets a printable ASCII character, into pieces of
+        at least ``_PIECE_MIN_CHARS``: a piece seen before in this process (the same tool schema,
+        template text...) has its ids kept from its second sight on, and is not encoded again; the
+        text between such pieces is encoded as one. The ids are those of the whole text: no
+        pre-token and no added token spans a cut (``tests/test_pieces.py`` checks it).
         """
         if self.fast is not None:
             return np.frombuffer(self.fast.encode_batch_flat([text])[0], dtype=np.int32)
-        return np.frombuffer(self.core.encode_to_tiktoken_buffer(text, self.allowed if allowed is None
-                                                                 else allowed), dtype=np.int32)
+        if allowed is None or allowed is self.allowed:
+            if self.pieces is not None and len(text) >= 2 * _PIECE_MIN_CHARS:
+                return self._encode_pieces(text)
+            allowed = self.allowed
+        return np.frombuffer(self.core.encode_to_tiktoken_buffer(text, allowed), dtype=np.int32)
+
+    def _encode_pieces(self, text: str) -> np.ndarray:
+        """:meth:`encode` of ``text`` (every added token allowed) with its repeated pieces' ids kept."""
+        core, allowed, pieces, seen = self.core, self.allowed, self.pieces, self.seen
+        out: list = []
+        start = done = 0  # the piece being read starts at start; text[:done] is in out
+        for m in _LINE_CUT.finditer(text, _PIECE_MIN_CHARS - 1):
+            end = m.end()
+            if end - start < _PIECE_MIN_CHARS:
+                continue
+            piece = text[start:end]
+            ids = pieces.get(piece)
+            if ids is None:
+                if piece not in seen:  # (a piece seen once is not cut out: most never recur)
+                    seen[piece] = True
+                    start = end
+                    continue
+                ids = pieces[piece] = np.frombuffer(core.encode_to_tiktoken_buffer(piece, allowed), dtype=np.int32)
+            if done < start:
+                out.append(np.frombuffer(core.encode_to_tiktoken_buffer(text[done:start], allowed), dtype=np.int32))
+            out.append(ids)
+            start = done = end
+        rest = np.frombuffer(core.encode_to_tiktoken_buffer(text[done:], allowed), dtype=np.int32)
+        if not out:
+            return rest
+        out.append(rest)
+        return np.concatenate(out)
 
     def encode_batch(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
         """``(ids int32, offsets int64 [len(texts) + 1])`` of many texts in one call (fastokens)."""
@@ -396,11 +453,20 @@ _WARM_START = [False, False]  # pool workers: [serve with tiktoken first, build 
 #: Input bytes per worker from which a call builds fastokens (about 1.3 s of CPU) in its
 #: workers: tiktoken costs about 0.08 µs more per byte of chat JSON, so ~16 MB repays it.
 FASTOKENS_WORTH_BYTES = 16 << 20
+#: The same for tool rows (``dense``: schemas and calls, JSON text that tiktoken encodes at about
+#: 0.06 µs a byte more than fastokens, about 77 µs an xlam row) on a machine of 2 cores or fewer.
+#: There the driver builds fastokens before its workers fork, beside its other work of that time
+#: (the packing kernels' load, the HF side of the parity check), which would otherwise take a core
+#: from the workers: measured on 2 cores, 20k xlam rows (12 MB a worker) took about 1 s of CPU
+#: less, and less wall. Plain chat rows at 8.7 MB a worker took 0.3 s more: they keep 16 MB.
+FASTOKENS_WORTH_BYTES_FEW_CORES = 8 << 20
 
 
-def worth_fastokens(share: int) -> bool:
-    """Whether a call that gives a worker ``share`` bytes of input repays building fastokens there."""
-    return share >= FASTOKENS_WORTH_BYTES
+def worth_fastokens(share: int, dense: bool = False) -> bool:
+    """Whether a call that gives a worker ``share`` bytes of input repays building fastokens there
+    (``dense``: its rows are tool rows, see :data:`FASTOKENS_WORTH_BYTES_FEW_CORES`)."""
+    few = dense and usable_cores() <= 2
+    return share >= (FASTOKENS_WORTH_BYTES_FEW_CORES if few else FASTOKENS_WORTH_BYTES)
 
 
 def warm_start(build: bool = False) -> None:

@@ -26,6 +26,8 @@ import time
 
 import numpy as np
 
+from vecpack.options import usable_cores
+
 __all__ = ["build_vision", "n_workers", "run_vision"]
 
 #: Bump when the pixels entry changes for the same images (2: uint8 + table where the processor has a codec).
@@ -38,8 +40,7 @@ def n_workers(n_jobs: int | None) -> int:
         return 1
     if isinstance(n_jobs, bool) or not isinstance(n_jobs, (int, np.integer)) or n_jobs == 0:
         raise ValueError(f"n_jobs must be a non-zero integer (-1 = every core), got {n_jobs!r}")
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    return max(1, int(n_jobs) if n_jobs > 0 else cores + 1 + int(n_jobs))
+    return max(1, int(n_jobs) if n_jobs > 0 else usable_cores() + 1 + int(n_jobs))
 
 
 def build_vision(data_files, processor, max_len: int, *, masking: str = "assistant", column: str | None = None,
