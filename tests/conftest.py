@@ -83,5 +83,5 @@ _ONE_WORKER = {"test_cluster", "test_cluster_inputs", "test_cluster_store", "tes
 
 def pytest_collection_modifyitems(config, items):
     for item in items:
-        if item.module is not None and item.module.__name__.rsplit(".", 1)[-1] in _ONE_WORKER:
+        if item.path.stem in _ONE_WORKER:   # (doctest items have no .module)
             item.add_marker(pytest.mark.xdist_group("ray"))
