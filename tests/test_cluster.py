@@ -329,14 +329,14 @@ def test_the_scatter_survives_a_killed_driver_then_a_lost_node(nodes, data, qwen
     first = build_on_cluster(data["glob"], qwen_dir, MAX_LEN, output=out, unit_bytes=UNIT, pack=False)
     assert first.units_tokenized == first.units
     before = _killed_driver(nodes, out, (
-        "import vecpack.cluster.run as run; run.scatter_unit = s3_helpers.slow_scatter(0.3)\n"
+        "import vecpack.cluster.run as run; run.scatter_unit = s3_helpers.slow_scatter(0.15)\n"
         "from vecpack.cluster import build_on_cluster\n"
         "build_on_cluster(%r, %r, %d, output=%r, unit_bytes=%d, progress=False)\n"
     ) % (data["glob"], str(qwen_dir), MAX_LEN, out, UNIT), "scatter")
     trace = tmp_path / "trace"   # which node starts a scatter, and how many
     trace.mkdir()
     victim = os.path.basename(nodes.workers[next(iter(nodes.workers))])   # _lose_a_node_during's victim
-    monkeypatch.setattr(cluster_run, "scatter_unit", s3_helpers.slow_scatter(0.3, str(trace), hold=victim))
+    monkeypatch.setattr(cluster_run, "scatter_unit", s3_helpers.slow_scatter(0.15, str(trace), hold=victim))
     r = _lose_a_node_during(
         nodes, lambda: build_on_cluster(data["glob"], qwen_dir, MAX_LEN, output=out, unit_bytes=UNIT), trace,
         what="a scatter")

@@ -174,7 +174,7 @@ def test_a_1d_rope_vlm_llava_packs_exactly_and_unrestarted_positions_leak(tmp_pa
         np.testing.assert_array_equal(enc.encode_row(row, base=str(tmp_path)).tokens, out["input_ids"][0].numpy())
         solo[d] = {k: v for k, v in out.items() if k != "attention_mask"}
     model = tiny_llava(ref.tokenizer)
-    packed = build_vision(write_jsonl(tmp_path / "t.jsonl", rows), proc, 1024, n_jobs=1, cache_dir=tmp_path / "c")
+    packed = build_vision(write_jsonl(tmp_path / "t.jsonl", rows), proc, 512, n_jobs=1, cache_dir=tmp_path / "c")
     p = packed.plan
     i = int(np.argmax(np.diff(p.pack_offsets)))
     batch = collate_vision([packed[i]])
