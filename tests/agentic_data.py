@@ -1,6 +1,7 @@
 """Generated agentic rows for the tests: tool schemas, parallel calls, results, reasoning, awkward text."""
 
 import json
+import os
 import pathlib
 import random
 import shutil
@@ -74,10 +75,12 @@ def trl_templates() -> pathlib.Path:
 
 
 def with_template(base: pathlib.Path, name: str, out: pathlib.Path) -> pathlib.Path:
-    """A copy of tokenizer directory ``base`` whose chat template is TRL's ``name``."""
+    """A copy of tokenizer directory ``base`` whose chat template is TRL's ``name`` (its ``tokenizer.json`` a
+    symlink to ``base``'s, as a hub cache's snapshots share a file, so that one engine serves them all)."""
     out = pathlib.Path(out)
     if not out.exists():
-        shutil.copytree(base, out)
+        shutil.copytree(base, out, ignore=shutil.ignore_patterns("tokenizer.json"))
+        os.symlink(pathlib.Path(base).resolve() / "tokenizer.json", out / "tokenizer.json")
         (out / "chat_template.jinja").write_text((trl_templates() / f"{name}.jinja").read_text(encoding="utf-8"),
                                                  encoding="utf-8")
     return out

@@ -4,6 +4,7 @@ import functools
 import json
 import os
 import pickle
+import shutil
 import unicodedata
 
 import numpy as np
@@ -659,3 +660,25 @@ def test_tool_rows_are_told_from_their_first_rows(tmp_path):
         path = tmp_path / f"{want}-{len(rows)}.jsonl"
         path.write_text("".join(json.dumps(r) + "\n" for r in rows))
         assert _tool_rows(resolve_sources(str(path))) is want
+
+
+def test_directories_sharing_a_tokenizer_file_share_one_runtime(qwen_dir, tmp_path):
+    """A symlinked ``tokenizer.json`` and the same ``tokenizer_config.json``: one engine for both directories
+    (a hub cache's snapshots, a model's template variants); another config, or another file, gets its own."""
+    from vecpack.tokenizing.runtime import runtime
+
+    def make(name, config_extra=None, link=True):
+        d = tmp_path / name
+        d.mkdir()
+        config = json.loads((qwen_dir / "tokenizer_config.json").read_text(encoding="utf-8"))
+        (d / "tokenizer_config.json").write_text(json.dumps({**config, **(config_extra or {})}), encoding="utf-8")
+        if link:
+            os.symlink(qwen_dir / "tokenizer.json", d / "tokenizer.json")
+        else:
+            shutil.copy2(qwen_dir / "tokenizer.json", d / "tokenizer.json")
+        return str(d)
+
+    a, b = runtime(make("a"), "tiktoken"), runtime(make("b", {"chat_template": "{{ messages }}"}), "tiktoken")
+    assert a is b
+    assert runtime(make("c", {"model_max_length": 7}), "tiktoken") is not a
+    assert runtime(make("d", link=False), "tiktoken") is not a

@@ -24,6 +24,8 @@ parallelism.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import pathlib
 import pickle
@@ -489,10 +491,26 @@ def warm_start(build: bool = False) -> None:
 
 
 def runtime(path: str, backend: str) -> Runtime:
-    """This process's :class:`Runtime` of ``backend`` for the tokenizer at ``path`` (built once)."""
+    """This process's :class:`Runtime` of ``backend`` for the tokenizer at ``path`` (built once).
+
+    Directories that share their ``tokenizer.json`` (a symlink to one file, as in HF's hub cache
+    snapshots, or a model's directories that differ only in their chat template) and hold the same
+    ``tokenizer_config.json`` (but for its ``chat_template``) share one runtime: nothing else of a
+    directory goes into it."""
     p = pathlib.Path(path)
-    st = (p / "tokenizer.json").stat()
-    key = (str(p), backend, st.st_size, st.st_mtime_ns)
+    file = p / "tokenizer.json"
+    st = file.stat()
+    try:
+        config = (p / "tokenizer_config.json").read_bytes()
+    except FileNotFoundError:
+        config = b""
+    try:  # (its chat template is the encoder's business, not the engine's)
+        config = json.dumps({k: v for k, v in json.loads(config).items() if k != "chat_template"},
+                            sort_keys=True).encode()
+    except (ValueError, AttributeError):
+        pass
+    config = hashlib.blake2b(config, digest_size=16).hexdigest()
+    key = (os.path.realpath(file), backend, st.st_size, st.st_mtime_ns, config)
     rt = _RUNTIMES.get(key)
     if rt is None:
         if backend == "fastokens" and _WARM_START[1]:  # fastokens now: no tiktoken to serve first,
