@@ -134,7 +134,9 @@ def _check_output(out: pathlib.Path) -> None:
         return
     if not out.is_dir():
         raise FileExistsError(f"-o {out}: exists and is not a directory")
-    if any(out.iterdir()) and _manifest(out).get("kind") not in ("packed", "pairs", "vision"):
+    from vecpack.store.saved import SAVED_KINDS
+
+    if any(out.iterdir()) and _manifest(out).get("kind") not in SAVED_KINDS:
         raise FileExistsError(f"-o {out}: directory is not empty and is not a vecpack dataset; "
                               f"refusing to replace it")
 

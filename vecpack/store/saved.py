@@ -41,10 +41,12 @@ from vecpack.store.hashing import checksum_algorithm
 from vecpack.store.mixed import packed_from_mixture, row_ids
 from vecpack.tokenizing.tokenized import bits_to_labels, merge_stats
 
-__all__ = ["SAVED_FORMAT", "load", "save"]
+__all__ = ["SAVED_FORMAT", "SAVED_KINDS", "load", "save"]
 
 #: Layout of directories written by :func:`save`. 2: labels may be ``trained.npy`` bits.
 SAVED_FORMAT = 2
+#: The manifest kinds of a directory that :func:`save` writes (and may replace).
+SAVED_KINDS = ("packed", "pairs", "vision", "turns")
 
 
 def save(packed: Packed, out_dir: str | os.PathLike, *, overwrite: bool = True,
@@ -100,7 +102,7 @@ def save(packed: Packed, out_dir: str | os.PathLike, *, overwrite: bool = True,
                     kind = json.loads(m.read_text()).get("kind")
                 except (OSError, ValueError):
                     pass
-            if kind not in ("packed", "pairs", "vision", "turns"):
+            if kind not in SAVED_KINDS:
                 raise FileExistsError(f"save: {str(out)!r} is not empty and is not a vecpack "
                                       f"dataset; refusing to overwrite it")
             if not overwrite:
