@@ -28,6 +28,8 @@ def main(argv: list[str] | None = None) -> int:
     console = argv is None  # the process is ours to end (not a caller's, e.g. a test)
     argv = sys.argv[1:] if argv is None else list(argv)
     debug = "--debug" in argv
+    if console:
+        _keep_swallowed_interrupts()
     try:
         parser = build_parser()
         with warnings.catch_warnings():
@@ -44,6 +46,57 @@ def main(argv: list[str] | None = None) -> int:
     if console:
         _skip_last_collections()
     return status
+
+
+def _keep_swallowed_interrupts() -> None:
+    """Ctrl-C is never lost: not inside the import machinery, not in a callback.
+
+    CPython drops a ``KeyboardInterrupt`` raised inside a callback that it
+    calls on its own (printing "Exception ignored in ..."), and the run goes on
+    as if no Ctrl-C came. Raised in the weakref callback that frees an import
+    lock (``_get_module_lock.<locals>.cb``) right after it took the global
+    import lock, it also leaves that lock held, and the next import in another
+    thread waits forever: CI saw a run hang so. Hence:
+
+    - a Ctrl-C that arrives while the main thread runs importlib's own code is
+      raised 10 ms later, once it has left it (the module being imported still
+      stops at once: its code is not importlib's);
+    - one dropped anyway (a ``__del__``, another library's callback) is
+      raised again 10 ms later where the program goes on.
+
+    Both go through a timer thread: delivered at once, the signal would be
+    raised inside the same callback and lost again. A SIGINT that the process
+    inherited as ignored stays ignored; other unraisable exceptions reach the
+    previous hook unchanged.
+    """
+    import signal
+
+    previous = sys.unraisablehook
+
+    def hook(unraisable):
+        if unraisable.exc_type is not None and issubclass(unraisable.exc_type, KeyboardInterrupt):
+            _ctrl_c_again()
+        else:
+            previous(unraisable)
+
+    def on_ctrl_c(signum, frame):
+        if frame is not None and frame.f_code.co_filename.startswith("<frozen importlib"):
+            _ctrl_c_again()
+            return
+        raise KeyboardInterrupt
+
+    sys.unraisablehook = hook
+    if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+        signal.signal(signal.SIGINT, on_ctrl_c)
+
+
+def _ctrl_c_again() -> None:
+    import _thread
+    import threading
+
+    again = threading.Timer(0.01, _thread.interrupt_main)
+    again.daemon = True
+    again.start()
 
 
 def _skip_last_collections() -> None:
