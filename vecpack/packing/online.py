@@ -6,7 +6,7 @@ ended) does the packer decide anything, so its decisions depend on the
 input alone, never on timing. With a ``ramp`` (streaming's is
 :data:`RAMP`, 64) the buffer starts smaller and grows with the input: it
 is full at ``min(buffer_size, max(ramp, arrivals // 2))`` entries, where
-``arrivals`` counts every entry added so far, so the first pack comes
+``arrivals`` counts every entry added so far, so the first decision comes
 after ``ramp`` entries instead of ``buffer_size``, and from
 ``2 * buffer_size`` arrivals on the buffer is ``buffer_size`` entries, as
 without a ramp. The ramp is a function of the arrival count alone, which
@@ -57,7 +57,7 @@ from typing import Hashable, Iterator
 
 __all__ = ["RAMP", "BufferPacker"]
 
-RAMP = 64   # streaming's ramp: the first pack after 64 documents (a tokenizing batch), not buffer_size
+RAMP = 64   # streaming's ramp: the first decision after 64 documents (a tokenizing batch), not buffer_size
 
 
 class BufferPacker:

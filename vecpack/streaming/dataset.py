@@ -4,7 +4,7 @@
 rows, tokenizes them ahead of the packer (a process pool, or inline in each
 DataLoader worker) and packs them with best fit over a bounded buffer
 (:mod:`vecpack.packing.online`). Nothing is tokenized up front: the first
-pack is out as soon as 64 documents have been read (the packer's ramp,
+pack is out a few documents after the first 64 have been read (the packer's ramp,
 :data:`vecpack.packing.online.RAMP`: the buffer then grows by one document
 every two that arrive, to ``buffer_size``)::
 
@@ -159,8 +159,8 @@ class StreamingPackedDataset(IterableDataset):
             :func:`vecpack.preference.packed.plan_pairs`).
         buffer_size: documents the packer chooses from (>= 1). 1 is greedy
             packing in input order (torchtune's); 1000 fills >= 0.99 on
-            chat data. Above 64 the buffer ramps up: the first pack comes
-            after 64 documents, and the buffer is ``buffer_size`` from
+            chat data. Above 64 the buffer ramps up: the packer starts
+            deciding after 64 documents, and the buffer is ``buffer_size`` from
             ``2 * buffer_size`` documents on (docs/streaming.md).
         strategy: ``"bfd"`` (best fit over the buffer) or ``"greedy"``
             (same as ``buffer_size=1``).
