@@ -93,7 +93,7 @@ from vecpack import options
 from vecpack.inputs.readers import reader
 from vecpack.inputs.sources import resolve_sources
 from vecpack.options import STREAM_STRATEGIES, check_choice, check_int, check_seed
-from vecpack.streaming.encoding import EngineStart
+from vecpack.streaming.encoding import EngineStart, checked_before
 from vecpack.streaming.mix import SOURCE_STATS, MixRun, mixture_stats, stream_sources
 from vecpack.streaming.readers import Layout
 from vecpack.streaming.run import STAT_KEYS, STATE_VERSION, Run, with_fill
@@ -262,8 +262,10 @@ class StreamingPackedDataset(IterableDataset):
             cls = encoder_class(style)
             # a ChatEncoder's parity check runs beside the stream's start (EngineStart), not here
             chat = request.inputs[0].chat
+            # (HF's process for the check starts now, unless this tokenizer was checked before)
             self._key, encoder = encoder_for(tokenizer, style, column, masking, sample,
-                                             defer=cls is None, cls=cls, options=chat.encoder_options())
+                                             defer=cls is None, cls=cls, options=chat.encoder_options(),
+                                             preload=not checked_before(tokenizer))
             self._tokenizer = tokenizer
         self.encoder = encoder
         self._start = None
