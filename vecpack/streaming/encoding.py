@@ -202,7 +202,11 @@ class _After:
         return self._check.done() and (self._check.exception() is not None or self._check.result().done())
 
     def result(self) -> str:
-        return self._check.result().result()
+        try:
+            check = self._check.result()
+        except Exception as e:  # noqa: BLE001 - (parity.start says so itself; this is its own start failing)
+            return f"the parity check could not run ({type(e).__name__}: {e})"
+        return check.result()
 
 
 class EngineStart:
