@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import pathlib
+import threading
 from concurrent.futures import Future
 
 import numpy as np
@@ -173,12 +174,17 @@ def test_a_failed_fastokens_check_hands_the_rest_to_hf(rows, fresh, qwen_dir, mo
 
 
 def test_a_verdict_is_remembered_on_disk(rows, fresh, qwen_dir, monkeypatch):
-    """A check that passed is not run again by a fresh process (same tokenizer file, versions, sample);
-    another sample is checked."""
+    """A check that passed is not run again by a fresh process (same tokenizer file, versions, sample),
+    nor its HF process started ahead; another sample is checked."""
     from vecpack import _state
     from vecpack.tokenizing import parity
 
+    preloads = []
+    preload, real_start = parity.preload, parity.start
+    monkeypatch.setattr(parity, "preload", lambda path: preloads.append(path) or preload(path))
+    assert not encoding.checked_before(str(qwen_dir))
     ds = StreamingPackedDataset(rows, str(qwen_dir), **ARGS)
+    assert len(preloads) == 1                    # never checked: HF loads beside the encoder's build
     start = ds._engine_start()
     texts = ds.encoder.pending_check
     list(ds)
@@ -187,6 +193,7 @@ def test_a_verdict_is_remembered_on_disk(rows, fresh, qwen_dir, monkeypatch):
     assert encoding._passed_before(qwen_dir, "tiktoken", texts)
     assert encoding._passed_before(qwen_dir, "fastokens", texts)
     assert not encoding._passed_before(qwen_dir, "fastokens", texts[1:])
+    assert encoding.checked_before(str(qwen_dir)) and not encoding.checked_before(str(rows))
 
     _state.reset()                               # as a fresh process
     calls = []
@@ -194,7 +201,24 @@ def test_a_verdict_is_remembered_on_disk(rows, fresh, qwen_dir, monkeypatch):
     again = StreamingPackedDataset(rows, str(qwen_dir), **ARGS)
     start = again._engine_start()
     assert start.serving is None and start.fast_check is None and not calls
+    assert len(preloads) == 1                    # no HF process for a check that will not run
     assert same(list(again), _hf_packs(rows, qwen_dir))
+
+    # tiktoken's verdict remembered, fastokens' not: fastokens' check (HF's process) waits for its build
+    encoding._passed_file(qwen_dir, "fastokens", texts).unlink()
+    _state.reset()
+    release, build = threading.Event(), runtime_mod.Runtime._new_fastokens
+    monkeypatch.setattr(runtime_mod.Runtime, "_new_fastokens", lambda rt, p: release.wait(60) and build(rt, p))
+    monkeypatch.setattr(parity, "start", lambda *a, **kw: calls.append(a[2]) or real_start(*a, **kw))
+    try:
+        third = StreamingPackedDataset(rows, str(qwen_dir), **ARGS)
+        start = third._engine_start()
+        assert same([next(iter(third))], _hf_packs(rows, qwen_dir)[:1])
+        assert not calls and start.serving is None and len(preloads) == 1
+    finally:
+        release.set()
+    start.finish()
+    assert calls == ["fastokens"] and encoding._passed_before(qwen_dir, "fastokens", texts)
 
 
 def test_forked_loader_workers_check_for_themselves(rows, fresh, qwen_dir):

@@ -6,10 +6,11 @@ max_len=4096, buffer_size=1000, seed=0)`` (``n_jobs`` as the README leaves
 it: every core) and ``next(iter(ds))``. Data: 4,000 generated ShareGPT rows
 (``vecpack.testing.make_sharegpt``), the offline Qwen2.5 tokenizer.
 
-Each run is a new Python process with the same private vecpack cache, filled
-by one run in setup (the tokenizer's tables, the encoder's facts, the JSONL
-index and, for ``track_first_pack_s``, the parity verdict of these rows: a
-fresh process of a run that has started before, such as a restart or another
+Each run is a new Python process with the same private vecpack cache and
+vecpack's bytecode (as an installed package has it), filled by one run in
+setup (the tokenizer's tables, the encoder's facts, the JSONL index and,
+for ``track_first_pack_s``, the parity verdict of these rows: a fresh
+process of a run that has started before, such as a restart or another
 rank). ``track_first_pack_checked_s`` forgets the verdict before each run, so
 the first pack waits for the parity check's HF tokenizers process (a new
 dataset's first run). Both report the median of 3 runs; as a script
@@ -61,6 +62,9 @@ def _run(info: dict, forget_verdict: bool = False) -> tuple[float, str]:
         shutil.rmtree(os.path.join(info["cache"], "parity"), ignore_errors=True)
     env = dict(os.environ, VECPACK_CACHE=info["cache"],
                PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep))
+    # as installed: pip compiles a package's bytecode at install, so the setup run may write it (a shell
+    # with PYTHONDONTWRITEBYTECODE would have every run compile vecpack's modules from source, ~0.08 s)
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
     out = subprocess.run([sys.executable, "-c", _CHILD, info["data"], info["tokenizer"]], env=env, cwd=info["root"],
                          capture_output=True, text=True, check=True, timeout=300)
     dt, digest = out.stdout.split()[-2:]

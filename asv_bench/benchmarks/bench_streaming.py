@@ -144,7 +144,7 @@ class Streaming:
     track_first_pack_file_order_s.unit = "seconds"
 
     def track_index_scan_s(self, info):
-        from vecpack.streaming.dataset import _scan_jsonl
+        from vecpack.inputs.jsonl import _scan_jsonl
 
         return best_of(lambda: _scan_jsonl(info["data"]), repeat=3)
 

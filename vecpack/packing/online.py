@@ -3,7 +3,15 @@
 Documents arrive one by one. They wait in a buffer of at most
 ``buffer_size`` entries; only when the buffer is full (or the input has
 ended) does the packer decide anything, so its decisions depend on the
-input alone, never on timing. Each decision is one of:
+input alone, never on timing. With a ``ramp`` (streaming's is
+:data:`RAMP`, 64) the buffer starts smaller and grows with the input: it
+is full at ``min(buffer_size, max(ramp, arrivals // 2))`` entries, where
+``arrivals`` counts every entry added so far, so the first decision comes
+after ``ramp`` entries instead of ``buffer_size``, and from
+``2 * buffer_size`` arrivals on the buffer is ``buffer_size`` entries, as
+without a ramp. The ramp is a function of the arrival count alone, which
+the packer's state holds, so a restored packer continues exactly. Each
+decision is one of:
 
 * **place**: the open pack has ``gap`` free tokens; the longest buffered
   entry with ``length <= gap`` goes into it (ties: the oldest entry). A
@@ -36,6 +44,10 @@ Entries are opaque handles (e.g. slots into the caller's token store).
 [0, 2]
 >>> list(p.drain())
 [[1, 3]]
+>>> r = BufferPacker(max_len=10, buffer_size=1000, ramp=2)   # full at 2 entries, then at arrivals // 2
+>>> _ = r.add(0, 6), r.add(1, 4)
+>>> r.full, r.capacity, r.step(), r.step()
+(True, 2, None, [0, 1])
 """
 
 from __future__ import annotations
@@ -43,7 +55,9 @@ from __future__ import annotations
 import bisect
 from typing import Hashable, Iterator
 
-__all__ = ["BufferPacker"]
+__all__ = ["RAMP", "BufferPacker"]
+
+RAMP = 64   # streaming's ramp: the first decision after 64 documents (a tokenizing batch), not buffer_size
 
 
 class BufferPacker:
@@ -53,20 +67,26 @@ class BufferPacker:
         max_len: capacity of a pack in tokens.
         buffer_size: how many entries wait before the packer decides; 1 is
             greedy packing in input order.
+        ramp: 0 (none), or where the buffer starts: it is full at
+            ``min(buffer_size, max(ramp, arrivals // 2))`` entries (see the
+            module docs); no effect when ``ramp >= buffer_size``.
 
     The packer holds ``(length, -seq, handle)`` keys sorted, so "the longest
     entry that fits, oldest first" is one binary search.
     """
 
-    __slots__ = ("max_len", "buffer_size", "_keys", "_open", "_used", "_seq")
+    __slots__ = ("max_len", "buffer_size", "ramp", "_keys", "_open", "_used", "_seq")
 
-    def __init__(self, max_len: int, buffer_size: int):
+    def __init__(self, max_len: int, buffer_size: int, ramp: int = 0):
         if max_len < 1:
             raise ValueError(f"max_len must be >= 1, got {max_len}")
         if buffer_size < 1:
             raise ValueError(f"buffer_size must be >= 1, got {buffer_size}")
         self.max_len = int(max_len)
+        if ramp < 0:
+            raise ValueError(f"ramp must be >= 0, got {ramp}")
         self.buffer_size = int(buffer_size)
+        self.ramp = int(ramp)
         self._keys: list[tuple[int, int, Hashable]] = []   # sorted (length, -seq, handle)
         self._open: list[Hashable] = []                      # entries of the open pack, in order
         self._used = 0                                       # tokens in the open pack
@@ -84,9 +104,18 @@ class BufferPacker:
         return seq
 
     @property
+    def capacity(self) -> int:
+        """Entries the buffer waits for before the next decision: ``buffer_size``, or on the ramp
+        ``max(ramp, arrivals // 2)`` while that is smaller."""
+        b = self.buffer_size
+        if not self.ramp or self.ramp >= b:
+            return b
+        return min(b, max(self.ramp, self._seq // 2))
+
+    @property
     def full(self) -> bool:
-        """True when the buffer holds ``buffer_size`` entries or more."""
-        return len(self._keys) >= self.buffer_size
+        """True when the buffer holds :attr:`capacity` entries or more."""
+        return len(self._keys) >= self.capacity
 
     def __len__(self) -> int:
         """Number of buffered entries (the open pack not included)."""

@@ -4,7 +4,9 @@
 rows, tokenizes them ahead of the packer (a process pool, or inline in each
 DataLoader worker) and packs them with best fit over a bounded buffer
 (:mod:`vecpack.packing.online`). Nothing is tokenized up front: the first
-pack is out as soon as ``buffer_size`` documents have been read::
+pack is out a few documents after the first 64 have been read (the packer's ramp,
+:data:`vecpack.packing.online.RAMP`: the buffer then grows by one document
+every two that arrive, to ``buffer_size``)::
 
     rows (JSONL / Parquet / datasets.Dataset), row r -> shard r % num_shards
       │   blocks of 64 rows (Parquet: row groups) in an order drawn from (seed, epoch),
@@ -91,7 +93,7 @@ from vecpack import options
 from vecpack.inputs.readers import reader
 from vecpack.inputs.sources import resolve_sources
 from vecpack.options import STREAM_STRATEGIES, check_choice, check_int, check_seed
-from vecpack.streaming.encoding import EngineStart
+from vecpack.streaming.encoding import EngineStart, checked_before
 from vecpack.streaming.mix import SOURCE_STATS, MixRun, mixture_stats, stream_sources
 from vecpack.streaming.readers import Layout
 from vecpack.streaming.run import STAT_KEYS, STATE_VERSION, Run, with_fill
@@ -157,7 +159,9 @@ class StreamingPackedDataset(IterableDataset):
             :func:`vecpack.preference.packed.plan_pairs`).
         buffer_size: documents the packer chooses from (>= 1). 1 is greedy
             packing in input order (torchtune's); 1000 fills >= 0.99 on
-            chat data.
+            chat data. Above 64 the buffer ramps up: the packer starts
+            deciding after 64 documents, and the buffer is ``buffer_size`` from
+            ``2 * buffer_size`` documents on (docs/streaming.md).
         strategy: ``"bfd"`` (best fit over the buffer) or ``"greedy"``
             (same as ``buffer_size=1``).
         long: a document longer than ``max_len``: ``"truncate"`` keeps its
@@ -258,8 +262,10 @@ class StreamingPackedDataset(IterableDataset):
             cls = encoder_class(style)
             # a ChatEncoder's parity check runs beside the stream's start (EngineStart), not here
             chat = request.inputs[0].chat
+            # (HF's process for the check starts now, unless this tokenizer was checked before)
             self._key, encoder = encoder_for(tokenizer, style, column, masking, sample,
-                                             defer=cls is None, cls=cls, options=chat.encoder_options())
+                                             defer=cls is None, cls=cls, options=chat.encoder_options(),
+                                             preload=not checked_before(tokenizer))
             self._tokenizer = tokenizer
         self.encoder = encoder
         self._start = None

@@ -26,7 +26,8 @@ from vecpack.errors import EncoderError
 from vecpack.tokenizing import pool as _pool
 from vecpack.tokenizing.rows import RowFailure, Rows, encode_rows
 
-__all__ = ["Encoding", "EngineStart", "documents", "encode_batch", "encode_in_worker", "encoder_ready"]
+__all__ = ["Encoding", "EngineStart", "checked_before", "documents", "encode_batch", "encode_in_worker",
+           "encoder_ready"]
 
 
 def encode_batch(encoder, payloads: list) -> Rows:
@@ -97,12 +98,30 @@ def _in_thread(fn, name: str, nice: int = 0) -> Future:
     return fut
 
 
+def _tokenizer_tag(path) -> str | None:
+    """The first part of a remembered verdict's name: the tokenizer file (path, size, mtime) and the
+    versions of vecpack and HF tokenizers (None without HF tokenizers)."""
+    import hashlib
+    from importlib.metadata import PackageNotFoundError, version
+
+    from vecpack import __version__
+    from vecpack.tokenizing.spec import stat_key
+
+    try:
+        hf = version("tokenizers")
+    except PackageNotFoundError:
+        return None
+    key = "\0".join((stat_key(pathlib.Path(path), "tokenizer.json"), __version__, hf))
+    return hashlib.blake2b(key.encode(), digest_size=8).hexdigest()
+
+
 def _passed_file(path, engine: str, texts) -> pathlib.Path | None:
     """Where a parity check of ``engine`` on ``texts`` that passed is remembered on disk, or None.
 
     Keyed by everything the verdict depends on: the tokenizer file (path, size,
     mtime), the engine, the versions of vecpack (its probes), of the engine's
-    library and of HF tokenizers, and the sample texts. Only passes are kept (an
+    library and of HF tokenizers, and the sample texts; the name starts with
+    the tokenizer's part (:func:`checked_before`). Only passes are kept (an
     empty file), under ``<cache root>/parity/``, so a fresh process of the same
     run (a restart, another rank) starts without waiting for HF tokenizers; a
     failure is always found again.
@@ -110,21 +129,43 @@ def _passed_file(path, engine: str, texts) -> pathlib.Path | None:
     import hashlib
     from importlib.metadata import PackageNotFoundError, version
 
-    from vecpack import __version__
     from vecpack.options import cache_root
-    from vecpack.tokenizing.spec import stat_key
 
+    tag = _tokenizer_tag(path)
     try:
-        libs = [version(name) for name in ("tokenizers", "tiktoken" if engine == "tiktoken" else "fastokens")]
+        lib = version("tiktoken" if engine == "tiktoken" else "fastokens")
     except PackageNotFoundError:
         return None
+    if tag is None:
+        return None
     h = hashlib.blake2b(digest_size=16)
-    for part in (stat_key(pathlib.Path(path), "tokenizer.json"), engine, __version__, *libs):
+    for part in (tag, engine, lib):
         h.update(part.encode() + b"\0")
     for t in texts:
         b = t.encode("utf-8", "surrogatepass")
         h.update(len(b).to_bytes(8, "little") + b)
-    return cache_root() / "parity" / f"{h.hexdigest()}.passed"
+    return cache_root() / "parity" / f"{tag}-{h.hexdigest()}.passed"
+
+
+def checked_before(tokenizer) -> bool:
+    """Whether a parity check of this tokenizer directory passed before, on any sample (a restart,
+    another rank, another stream of the same run).
+
+    A stream then does not start the check's HF process ahead of its encoder
+    (:func:`vecpack.tokenizing.encoder.encoder_for`'s ``preload``): its own
+    verdict is most likely remembered too, and that process (about 0.5 s of
+    a core to load Qwen2.5's tokenizer) would only compete with the first
+    pack. If this sample was not checked, its check starts the process then.
+
+    >>> checked_before(None)
+    False
+    """
+    from vecpack.options import cache_root
+    from vecpack.tokenizing.pool import tokenizer_dir
+
+    d = tokenizer_dir(tokenizer)
+    tag = None if d is None else _tokenizer_tag(pathlib.Path(d).expanduser().resolve())
+    return tag is not None and any((cache_root() / "parity").glob(f"{tag}-*.passed"))
 
 
 def _passed_before(path, engine: str, texts) -> bool:
@@ -140,6 +181,32 @@ def _remember_pass(path, engine: str, texts) -> None:
             f.touch()
         except OSError:  # a read-only cache: the next process checks again
             pass
+
+
+class _After:
+    """A parity check started once ``first`` is done (fastokens' own, once fastokens is built), with the
+    :class:`~vecpack.tokenizing.parity.Check` interface: ``done()`` and ``result()``."""
+
+    def __init__(self, first: Future, start: Callable):
+        self._check: Future = Future()
+
+        def go(_):
+            try:
+                self._check.set_result(start())
+            except BaseException as e:  # noqa: BLE001 - handed to whoever asks
+                self._check.set_exception(e)
+
+        first.add_done_callback(go)
+
+    def done(self) -> bool:
+        return self._check.done() and (self._check.exception() is not None or self._check.result().done())
+
+    def result(self) -> str:
+        try:
+            check = self._check.result()
+        except Exception as e:  # noqa: BLE001 - (parity.start says so itself; this is its own start failing)
+            return f"the parity check could not run ({type(e).__name__}: {e})"
+        return check.result()
 
 
 class EngineStart:
@@ -194,8 +261,9 @@ class EngineStart:
         elif texts is not None:
             self._check(encoder.backend, texts)
 
-    def _check(self, engine: str, texts, engine_side=None):
-        """Start the parity check of ``engine`` (None if it passed before on these texts: then none)."""
+    def _check(self, engine: str, texts, engine_side=None, after: Future | None = None):
+        """Start the parity check of ``engine`` (None if it passed before on these texts: then none),
+        or, with ``after``, once that is done."""
         from vecpack.tokenizing import parity
 
         self._texts = texts
@@ -203,7 +271,11 @@ class EngineStart:
         if _passed_before(self.base.path, engine, texts):
             self._trusted(engine)
             return None
-        check = parity.start(str(self.base.path), texts, engine, engine_side=engine_side)
+
+        def begin():
+            return parity.start(str(self.base.path), texts, engine, engine_side=engine_side)
+
+        check = begin() if after is None else _After(after, begin)
         if engine == "fastokens" and self._fast is not None:
             self.fast_check = check
         else:
@@ -230,7 +302,7 @@ class EngineStart:
         self.encoder, self._rt = enc, rt
         pattern = rt._pattern
         # at low priority: the first pack (tiktoken, in this thread) and the check come first
-        self._fast = _in_thread(lambda: rt._new_fastokens(pattern), "vecpack-stream-fastokens", nice=10)
+        built = self._fast = _in_thread(lambda: rt._new_fastokens(pattern), "vecpack-stream-fastokens", nice=10)
         if texts is None:           # checked before in this process: both engines passed
             return
 
@@ -250,12 +322,14 @@ class EngineStart:
                 except BaseException as e:  # noqa: BLE001 - the check says it could not run
                     out.set_exception(e)
 
-            self._fast.add_done_callback(ids)
+            built.add_done_callback(ids)
             return out
 
         self._needed.add("fastokens")  # (before tiktoken's may pass at once)
         self._check("tiktoken", texts, tiktoken_ids)
-        self._check("fastokens", texts, fastokens_ids)
+        # fastokens' check starts once it is built: with tiktoken's verdict remembered, HF's process
+        # then does not compete with the first pack (else it is loading for tiktoken's check anyway)
+        self._check("fastokens", texts, fastokens_ids, after=built)
 
     def between_batches(self) -> None:
         """Switch to fastokens if it is built and trusted (never waits); called between two batches."""

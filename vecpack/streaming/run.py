@@ -10,8 +10,10 @@ rejected`` with prefix sharing), after the pair ``long`` policy of
 :func:`vecpack.preference.packed.pair_policy`; a pack of them is laid out by
 :func:`vecpack.preference.packed.lay_out_pack`, as ``PackedPairs[i]``. Its
 state (:meth:`Run.state_dict`) is the read cursor, the position of every
-buffered document and of the open pack's, the counters and the epoch; a
-restore re-reads and re-encodes those documents.
+buffered document and of the open pack's, the counters, the epoch and the
+packer's ramp (:data:`vecpack.packing.online.RAMP`; a state without one,
+saved before the ramp, resumes without it); a restore re-reads and
+re-encodes those documents.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ import torch
 
 from vecpack.errors import InputError
 from vecpack.options import INT32_MAX
-from vecpack.packing.online import BufferPacker
+from vecpack.packing.online import RAMP, BufferPacker
 from vecpack.streaming.encoding import Encoding, documents
 from vecpack.streaming.readers import Layout, Reader, ShuffledReader
 
@@ -108,7 +110,9 @@ class Run:
         self.max_len = ds.max_len
         self.pairs = getattr(ds, "pairs", False)   # preference pairs: three documents per row, one entry
         self.per_row = 3 if self.pairs else 1
-        self.packer = BufferPacker(ds.max_len, ds.buffer_size)
+        # a state resumes with the ramp it was saved with (none before the ramp existed)
+        ramp = RAMP if state is None else int(state["config"].get("ramp", 0))
+        self.packer = BufferPacker(ds.max_len, ds.buffer_size, ramp)
         cap = ds.buffer_size + 64
         self.meta = np.zeros((cap, _NCOL), np.int64)     # one row per entry slot
         self.used = np.zeros(cap, bool)
@@ -163,7 +167,7 @@ class Run:
             "version": STATE_VERSION,
             "epoch": self.epoch,
             "shard": [self.shard, self.nshards],
-            "config": self.ds._config(),
+            "config": dict(self.ds._config(), ramp=self.packer.ramp),
             "cursor": [int(c) for c in self.cursor],
             "buffer": torch.from_numpy(self.meta[buf].copy()),
             "open": torch.from_numpy(self.meta[self.open].copy()),

@@ -522,7 +522,8 @@ def _tokenizer_key(tokenizer):
 
 
 def encoder_for(tokenizer, style: str, column: str | None, masking: str, sources, *,
-                defer: bool = True, cls=None, options: dict | None = None) -> tuple[tuple, ChatEncoder]:
+                defer: bool = True, cls=None, options: dict | None = None,
+                preload: bool = True) -> tuple[tuple, ChatEncoder]:
     """``(key, encoder)`` for these options, built once per process and reused.
 
     With ``defer`` the encoder may carry a pending parity check, which the
@@ -533,6 +534,8 @@ def encoder_for(tokenizer, style: str, column: str | None, masking: str, sources
     ``options``: more keyword arguments of ``from_tokenizer`` (``chat_template_kwargs``,
     ``train_reasoning``, ``per_turn``), part of the key. A ``per_turn`` encoder is the same encoder
     with ``per_turn`` set (it renders and encodes alike): made from the other, not built again.
+    ``preload``: start the parity check's HF process now, as a new encoder will want a check (a stream
+    whose tokenizer was checked before passes False).
     """
     from vecpack.inputs.readers import sample_rows
 
@@ -549,7 +552,8 @@ def encoder_for(tokenizer, style: str, column: str | None, masking: str, sources
         enc = encoder_for(tokenizer, style, column, masking, sources, cls=cls, options=options)[1]._per_turn()
         _ENCODERS[key] = (enc, tokenizer)
     if enc is None:
-        _backend.preload(tokenizer)  # a new encoder wants a parity check: HF loads meanwhile
+        if preload:
+            _backend.preload(tokenizer)  # a new encoder wants a parity check: HF loads meanwhile
         enc = (cls or ChatEncoder).from_tokenizer(tokenizer, masking=masking, style=style, column=column,
                                                   sample_rows=sample_rows(sources, 64), defer_check=True,
                                                   **options)
