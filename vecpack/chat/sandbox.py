@@ -14,7 +14,8 @@ advance directly, and sends every other one to the sandbox's own code:
 * a counter of a ``{% for %}`` loop (``loop.index0``, ``loop.last``...: ints and
   bools, none of them private, internal, a method or mutable);
 * a method of a plain ``str`` other than ``format`` / ``format_map`` (which the
-  sandbox wraps) and the ``_`` names (which it refuses).
+  sandbox wraps) and the ``_`` names (which it refuses);
+* a call of one of the environment's own extension methods (``direct_calls``).
 
 So every template renders the same text, and raises the same errors, as in
 ``ImmutableSandboxedEnvironment`` (tests/test_sandbox.py renders hostile
@@ -26,6 +27,8 @@ templates in both).
 """
 
 from __future__ import annotations
+
+from types import MethodType
 
 from jinja2.runtime import LoopContext
 from jinja2.sandbox import ImmutableSandboxedEnvironment
@@ -41,7 +44,13 @@ _getattr = getattr
 
 class FastSandbox(ImmutableSandboxedEnvironment):
     """``ImmutableSandboxedEnvironment`` whose ``getattr`` takes a direct path where the sandbox's answer is
-    known in advance (see the module's docstring); every other lookup is the sandbox's."""
+    known in advance (see the module's docstring); every other lookup is the sandbox's.
+
+    ``direct_calls``: functions of the caller's own (an extension's methods) whose bound methods the
+    template calls directly, as ``Context.call`` calls them (none of them takes the context).
+    """
+
+    direct_calls: frozenset = frozenset()
 
     def getattr(self, obj, attribute):
         if type(attribute) is str:
@@ -61,3 +70,14 @@ class FastSandbox(ImmutableSandboxedEnvironment):
             elif t is str and attribute in _STR_METHODS:
                 return _getattr(obj, attribute)
         return ImmutableSandboxedEnvironment.getattr(self, obj, attribute)
+
+    def call(__self, __context, __obj, *args, **kwargs):  # noqa: N805 - jinja2's names (never a keyword's)
+        if type(__obj) is MethodType and __obj.__func__ in __self.direct_calls:
+            kwargs.pop("_block_vars", None)
+            kwargs.pop("_loop_vars", None)
+            try:
+                return __obj(*args, **kwargs)
+            except StopIteration:  # as Context.call answers it
+                return __context.environment.undefined("value was undefined because a callable raised a "
+                                                       "StopIteration exception")
+        return ImmutableSandboxedEnvironment.call(__self, __context, __obj, *args, **kwargs)
