@@ -129,8 +129,10 @@ def test_fast_sandbox_is_used():
 
     from vecpack.chat.sandbox import FastSandbox
 
-    assert type(compile_jinja("x").environment) is FastSandbox
-    assert type(compile_jinja("x", fast=False).environment) is ImmutableSandboxedEnvironment
+    fast, plain = compile_jinja("x"), compile_jinja("x", fast=False)
+    assert type(fast.environment) is FastSandbox
+    assert type(plain.environment) is ImmutableSandboxedEnvironment
+    assert type(fast.globals) is dict and set(fast.globals) == set(plain.globals)  # one dict, the same names
 
 
 def _sources():
