@@ -137,13 +137,16 @@ def tekken_dir(llama3_dir, tmp_path_factory):
 
 
 @pytest.mark.parametrize("engine", ["fastokens", "tiktoken", "tokenizers"])
-def test_mistral_tekken_tool_template_ids_and_turn_masks(tekken_dir, engine):
+def test_mistral_tekken_tool_template_ids_and_turn_masks(tekken_dir, engine, monkeypatch):
     """Mistral-Nemo's tool template ([AVAILABLE_TOOLS], [TOOL_CALLS], [TOOL_RESULTS]): ids equal
     apply_chat_template; each assistant turn (calls or answer) is trained whole with its </s>, nothing else."""
     from transformers import AutoTokenizer
 
     from tests.agentic_data import hf_tools, mistral_rows
+    from vecpack.chat import structure
     from vecpack.tokenizing.encoder import ChatEncoder
+
+    monkeypatch.setattr(structure, "_COMPILE_AT", 2)
 
     tok = AutoTokenizer.from_pretrained(tekken_dir)
     rows = mistral_rows(20, seed=12) + mistral_rows(20, seed=12)  # the second sight runs the compiled structures
@@ -297,14 +300,16 @@ def _reasoning_holes(text: str, messages) -> list:
 
 
 @pytest.mark.parametrize("name", ["qwen3", "qwen3_training"])
-def test_reasoning_kept_out_of_the_loss(templated, name):
+def test_reasoning_kept_out_of_the_loss(templated, name, monkeypatch):
     """``train_reasoning=False``: the tokens wholly inside a rendered reasoning text are untrained, every
     other label as with the default, on a probe-masked (Qwen3) and a generation-tagged template, both on
     Jinja and on the compiled structures (each row twice)."""
     from tests.agentic_data import agentic_rows, hf_tools
     from tests.test_agentic import hf
+    from vecpack.chat import structure
     from vecpack.tokenizing.encoder import ChatEncoder
 
+    monkeypatch.setattr(structure, "_COMPILE_AT", 2)
     d = templated("qwen2.5", name)
     tok = hf(d)
     rows = [r for r in agentic_rows(30, seed=21) if r["messages"][-1].get("reasoning_content")][:6] * 2

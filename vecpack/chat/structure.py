@@ -4,7 +4,7 @@ Most chat templates lay out a tool-calling conversation the same way whatever
 its texts: what matters is the row's *structure*: the roles, which keys each
 message has, how many calls each assistant message makes and whether their
 arguments are objects or JSON text, the tool schemas and the template options.
-For each structure seen twice, the template is rendered with sentinel texts
+For each structure seen a few times (``_COMPILE_AT``), the template is rendered with sentinel texts
 (a sentinel string for every text: contents, reasoning, names, ids, arguments
 as JSON text; a sentinel object for arguments given as objects, which the
 environment's ``tojson`` writes as a marker carrying its options). The output
@@ -48,6 +48,12 @@ _PAD = "\t \n\x0b"
 _QUOTED = '"\\<é'
 _MAX = 4096          # structures remembered per template
 _BAKED = ("role", "type")  # message and call keys whose value is part of the structure, not a text
+# A structure compiles at its _COMPILE_AT-th sighting: compiling (three sentinel renders, their analysis, a
+# verifying render) costs about what Jinja spends on nine rows of agentic data and a compiled row saves
+# about half a Jinja row's time, so a structure seen only a few times is cheaper rendered by Jinja
+# (asv_bench/compare_agentic.py --kind multi: 6 measured best of 2, 3, 4, 6, 8, 10 and 16).
+_COMPILE_AT = 6
+_MAX_SEEN = 1 << 16  # sightings counted per template (by the key's hash: a collision only compiles sooner)
 
 
 _QUOTE = json.encoder.encode_basestring  # json.dumps(s, ensure_ascii=False) of a str, without its dispatch
@@ -65,19 +71,17 @@ def _json_inner(s: str) -> str:
 _TRANSFORMS = (None, str.lstrip, str.rstrip, _json_inner, str.strip)  # most specific first
 
 
-def _walk(value, leaves: list, stand_in, used):
-    """``(structure, copy)`` of a message value: texts and argument objects become leaves.
-
-    ``stand_in(i, leaf)`` gives what the copy holds at leaf ``i``. Keys the template never
-    names (``used``) are left out of both.
-    """
+def _copy(value, leaves: list, stand_in, used):
+    """A message value as the template is given it, with ``stand_in(i, leaf)`` at each leaf ``i`` (its texts
+    and argument objects, in the order :func:`_key` lists them). Keys the template never names (``used``)
+    are left out."""
     if type(value) is str:
         if not value:  # templates test texts for emptiness: an empty text is part of the structure
-            return "", value
+            return value
         leaves.append(value)
-        return "s", stand_in(len(leaves) - 1, value)
+        return stand_in(len(leaves) - 1, value)
     if type(value) is dict:
-        shapes, copy = [], {}
+        copy = {}
         for k, v in value.items():
             if k not in used:
                 continue
@@ -85,65 +89,76 @@ def _walk(value, leaves: list, stand_in, used):
             if t is str and k not in _BAKED:  # a text (as the str case above, without a call per text)
                 if v:
                     leaves.append(v)
-                    shapes.append((k, "s"))
                     copy[k] = stand_in(len(leaves) - 1, v)
                 else:
-                    shapes.append((k, ""))
                     copy[k] = v
             elif k in _BAKED or t is not str and t is not dict and t is not list:
-                shapes.append((k, repr(v)))
                 copy[k] = v
             elif k == "arguments" and type(v) is dict:  # an object the template serialises
                 leaves.append(v)
-                shapes.append((k, "o"))
                 copy[k] = stand_in(len(leaves) - 1, v)
             else:
-                sub, copy[k] = _walk(v, leaves, stand_in, used)
-                shapes.append((k, sub))
-        return tuple(shapes), copy
+                copy[k] = _copy(v, leaves, stand_in, used)
+        return copy
     if type(value) is list:
-        items = [_walk(v, leaves, stand_in, used) for v in value]
-        return ("L", tuple(s for s, _ in items)), [c for _, c in items]
-    return repr(value), value
+        return [_copy(v, leaves, stand_in, used) for v in value]
+    return value
 
 
-def _key(value, leaves: list, used):
-    """The structure :func:`_walk` gives ``value`` (the same leaves, in the same order), without
-    its copy: the per-row path (a row's key, to look its layout up), where no copy is wanted."""
+# the markers of a structure's flat form (ints: never a key, a text or a repr, which are str)
+_DICT, _LIST, _END, _TEXT, _EMPTY, _OBJECT = range(6)
+
+
+def _key(value, out: list, leaves: list, used) -> None:
+    """Append ``value``'s structure to ``out``, flat: ``_DICT``, then each used key and its value's
+    structure, ``_END``; ``_LIST``, its items', ``_END``; ``_TEXT`` (its text appended to ``leaves``),
+    ``_EMPTY``, ``_OBJECT`` (arguments as an object, appended to ``leaves``), or the ``repr`` of another
+    value (a role, a type, a number...). One tuple a row, not one per message and call: the per-row path.
+
+    >>> out, leaves = [], []
+    >>> _key([{"role": "user", "content": "Hi", "n": 1}, {"x": {"arguments": {}}}], out, leaves, _Everything())
+    >>> out == [_LIST, _DICT, "role", "'user'", "content", _TEXT, "n", "1", _END, _DICT, "x", _DICT,
+    ...         "arguments", _OBJECT, _END, _END, _END] and leaves == ["Hi", {}]
+    True
+    """
     t = type(value)
     if t is dict:
-        shapes = []
+        out.append(_DICT)
         for k, v in value.items():
             if k not in used:
                 continue
+            out.append(k if type(k) is str else (repr(k),))  # a key that is no str: never a marker
             t = type(v)
             if k in _BAKED:
-                shapes.append((k, repr(v)))
+                out.append(repr(v))
             elif t is str:
                 if v:
                     leaves.append(v)
-                    shapes.append((k, "s"))
+                    out.append(_TEXT)
                 else:
-                    shapes.append((k, ""))
+                    out.append(_EMPTY)
             elif t is dict:
                 if k == "arguments":
                     leaves.append(v)
-                    shapes.append((k, "o"))
+                    out.append(_OBJECT)
                 else:
-                    shapes.append((k, _key(v, leaves, used)))
+                    _key(v, out, leaves, used)
             elif t is list:
-                shapes.append((k, _key(v, leaves, used)))
+                _key(v, out, leaves, used)
             else:
-                shapes.append((k, repr(v)))
-        return tuple(shapes)
-    if t is list:
-        return ("L", tuple([_key(v, leaves, used) for v in value]))
-    if t is str:
-        if not value:
-            return ""
-        leaves.append(value)
-        return "s"
-    return repr(value)
+                out.append(repr(v))
+        out.append(_END)
+    elif t is list:
+        out.append(_LIST)
+        for v in value:
+            _key(v, out, leaves, used)
+        out.append(_END)
+    elif t is str:  # (a dict's texts are handled inline above: no call per text)
+        out.append(_TEXT if value else _EMPTY)
+        if value:
+            leaves.append(value)
+    else:
+        out.append(repr(value))
 
 
 def _identity(i, leaf):
@@ -161,17 +176,21 @@ def _names(template) -> frozenset:
 def _layout_of(conv, used, stand_in=_identity):
     """``(key, leaves, messages, kwargs)``: the structure, the texts and objects in order, and the
     conversation as the template is given it (with ``stand_in`` s at the leaves)."""
+    return (shape(conv, used)[0], *_copied(conv, used, stand_in))
+
+
+def _copied(conv, used, stand_in):
+    """``(leaves, messages, kwargs)`` of :func:`_layout_of`."""
     leaves: list = []
-    key, messages = _walk(conv.messages, leaves, stand_in, used)
+    messages = _copy(conv.messages, leaves, stand_in, used)
     kwargs = {k: v for k, v in conv.kwargs.items() if k != "tools"}
     tools = conv.kwargs.get("tools")
-    row_key = _row_key(key, conv, kwargs, tools)
     if tools is not None:  # each schema an object the template serialises (tojson)
         kwargs["tools"] = []
         for tool in tools:
             leaves.append(tool)
             kwargs["tools"].append(stand_in(len(leaves) - 1, tool))
-    return row_key, leaves, messages, kwargs
+    return leaves, messages, kwargs
 
 
 def _row_key(messages_key, conv, options: dict, tools) -> tuple:
@@ -191,7 +210,9 @@ def shape(conv, used=None) -> tuple[tuple, list]:
     template's words; every key counts without it). The same as :func:`_layout_of` gives, made
     without copying the messages (every row takes this path)."""
     leaves: list = []
-    key = _key(conv.messages, leaves, used if used is not None else _Everything())
+    out: list = []
+    _key(conv.messages, out, leaves, used if used is not None else _Everything())
+    key = tuple(out)
     kw = conv.kwargs
     tools = kw.get("tools")
     options = kw if "tools" not in kw else {k: v for k, v in kw.items() if k != "tools"} if len(kw) > 1 else {}
@@ -219,7 +240,7 @@ def _stand_ins(conv, used, pad: str = "", tail: str = "", objects: bool = True):
             made.append(pad + _SENTINEL.format(i) + tail + pad)
         return made[-1]
 
-    _, _, messages, kwargs = _layout_of(conv, used, stand_in)
+    _, messages, kwargs = _copied(conv, used, stand_in)
     return Conversation(messages, kwargs, conv.untrained, conv.prompt_len, conv.counts), made
 
 
@@ -349,18 +370,24 @@ def _compile(template, conv, cut):
 
 def compiled_parts(template, conv, cut):
     """``(texts, trainable)`` of ``conv`` from its structure's compiled layout, or ``None`` where
-    Jinja must render it (a structure seen once, one that did not compile or verify, a text the
-    template tests for). ``cut``: see :func:`_compile`."""
+    Jinja must render it (a structure seen fewer than ``_COMPILE_AT`` times, one that did not compile
+    or verify, a text the template tests for). ``cut``: see :func:`_compile`."""
     key, leaves = shape(conv, _names(template))
     memo = template.__dict__.setdefault("_structures", {})
-    entry = memo.get(key)
-    if entry is None:  # first sight: Jinja renders it; compile on the second
+    entry = memo.get(key, False)
+    if entry is False:  # not compiled: Jinja renders the structure's first sightings, counted by hash
+        seen = template.__dict__.setdefault("_sightings", {})
+        h = hash(key)
+        n = seen.get(h, 0) + 1
+        if n < _COMPILE_AT:
+            if len(seen) >= _MAX_SEEN:
+                seen.clear()
+            seen[h] = n
+            return None
+        seen.pop(h, None)
         if len(memo) >= _MAX:
             memo.clear()
-        memo[key] = False
-        return None
-    if entry is False:
-        entry = memo[key] = _compile(template, conv, cut) or 0
+        entry = memo[key] = _compile(template, conv, cut)
     if not entry:
         return None
     strings = [leaf for leaf in leaves if type(leaf) is str]
@@ -369,7 +396,7 @@ def compiled_parts(template, conv, cut):
     parts = entry.fill(leaves)
     if not entry.verified:
         if "".join(parts) != template.render(conv.messages, extra=conv.kwargs):
-            memo[key] = 0
+            memo[key] = None
             return None
         entry.verified = True
     return parts, entry.layout.train

@@ -64,6 +64,7 @@ from vecpack.chat.layout import (
     object_marker,
     transform_at,
 )
+from vecpack.chat.structure import _Dumps
 from vecpack.errors import InputError
 from vecpack.options import MASKINGS, check_choice
 
@@ -79,10 +80,12 @@ _TRACKING = contextvars.ContextVar("vecpack_generation_tracking", default=None) 
 _GENERATION = re.compile(r"\{%-?\s*generation\s*-?%\}")
 
 
-def compile_jinja(source: str):
+def compile_jinja(source: str, *, fast: bool = True):
     """Compile a chat template in the environment transformers renders it in.
 
-    A ``{% generation %}`` block rendered inside :meth:`ChatTemplate.render_tracked`
+    ``fast`` renders in :class:`vecpack.chat.sandbox.FastSandbox` (the same
+    output and errors, its hot lookups direct); ``False`` in jinja2's own
+    ``ImmutableSandboxedEnvironment``. A ``{% generation %}`` block rendered inside :meth:`ChatTemplate.render_tracked`
     records its span as transformers' ``AssistantTracker`` does.
 
     >>> compile_jinja("{{ bos_token }}{{ [1, 'é'] | tojson }}").render(bos_token="<s>")
@@ -120,7 +123,18 @@ def compile_jinja(source: str):
                                    sort_keys=sort_keys)
             if marker is not None:
                 return marker
-        return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+        options = (ensure_ascii, indent, type(indent), separators, sort_keys)  # (indent 2.0 is no 2)
+        try:
+            dumps = encoders.get(options)
+        except TypeError:  # options that are no dict key (separators as a list): json.dumps itself
+            return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators,
+                              sort_keys=sort_keys)
+        if dumps is None:  # json.dumps with these options, its encoder made once (json.dumps makes one a call)
+            dumps = encoders[options] = _Dumps({"ensure_ascii": ensure_ascii, "indent": indent,
+                                                "separators": separators, "sort_keys": sort_keys})
+        return dumps(x)
+
+    encoders: dict = {}
 
     def strftime_now(fmt):
         return datetime.now().strftime(fmt)
@@ -147,8 +161,12 @@ def compile_jinja(source: str):
         def fromkeys(self, *args, **kwargs):
             return dict.fromkeys(*args, **kwargs)
 
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
-                                        extensions=[Generation, loopcontrols])
+    from vecpack.chat.sandbox import FastSandbox
+
+    env = (FastSandbox if fast else ImmutableSandboxedEnvironment)(trim_blocks=True, lstrip_blocks=True,
+                                                                  extensions=[Generation, loopcontrols])
+    if fast:
+        env.direct_calls = frozenset({Generation._render})
     env.filters["tojson"] = tojson
     env.globals["raise_exception"] = raise_exception
     env.globals["strftime_now"] = strftime_now
