@@ -264,8 +264,9 @@ class StreamingPackedDataset(IterableDataset):
             chat = request.inputs[0].chat
             # (HF's process for the check starts now, unless this tokenizer was checked before)
             self._key, encoder = encoder_for(tokenizer, style, column, masking, sample,
-                                             defer=cls is None, cls=cls, options=chat.encoder_options(),
-                                             preload=not checked_before(tokenizer))
+                                             defer=cls is None, cls=cls,
+                                             options={**chat.encoder_options(),
+                                                      "preload": not checked_before(tokenizer)})
             self._tokenizer = tokenizer
         self.encoder = encoder
         self._start = None

@@ -152,7 +152,7 @@ def checked_before(tokenizer) -> bool:
     another rank, another stream of the same run).
 
     A stream then does not start the check's HF process ahead of its encoder
-    (:func:`vecpack.tokenizing.encoder.encoder_for`'s ``preload``): its own
+    (:func:`vecpack.tokenizing.encoder.encoder_for`'s ``options["preload"]``): its own
     verdict is most likely remembered too, and that process (about 0.5 s of
     a core to load Qwen2.5's tokenizer) would only compete with the first
     pack. If this sample was not checked, its check starts the process then.

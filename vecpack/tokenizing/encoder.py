@@ -522,8 +522,7 @@ def _tokenizer_key(tokenizer):
 
 
 def encoder_for(tokenizer, style: str, column: str | None, masking: str, sources, *,
-                defer: bool = True, cls=None, options: dict | None = None,
-                preload: bool = True) -> tuple[tuple, ChatEncoder]:
+                defer: bool = True, cls=None, options: dict | None = None) -> tuple[tuple, ChatEncoder]:
     """``(key, encoder)`` for these options, built once per process and reused.
 
     With ``defer`` the encoder may carry a pending parity check, which the
@@ -534,13 +533,15 @@ def encoder_for(tokenizer, style: str, column: str | None, masking: str, sources
     ``options``: more keyword arguments of ``from_tokenizer`` (``chat_template_kwargs``,
     ``train_reasoning``, ``per_turn``), part of the key. A ``per_turn`` encoder is the same encoder
     with ``per_turn`` set (it renders and encodes alike): made from the other, not built again.
-    ``preload``: start the parity check's HF process now, as a new encoder will want a check (a stream
-    whose tokenizer was checked before passes False).
+    ``options["preload"]`` (default True; not part of the key, not passed on): start the parity
+    check's HF process now, as a new encoder will want a check (a stream whose tokenizer was checked
+    before passes False).
     """
     from vecpack.inputs.readers import sample_rows
 
     options = dict(options or {})
     per_turn = bool(options.pop("per_turn", False))
+    preload = bool(options.pop("preload", True))
     key = (_tokenizer_key(tokenizer), style, column, masking)
     if options:
         key += (json.dumps(options, sort_keys=True, default=repr),)
