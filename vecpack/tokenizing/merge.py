@@ -308,6 +308,8 @@ class ChunkMerger:
         if self.mode == "dense":  # the chunk's flags back from its bits, then its labels
             f, at = self.files, self.tokens
             b = np.fromfile(f["trained"].path, np.uint8, whole // 8, offset=_NPY_HEADER + (at + head.shape[0]) // 8)
+            if b.shape[0] != whole // 8:
+                raise RuntimeError(f"chunk {m.index}'s bits are missing from {f['trained'].path}")
             mask = np.concatenate([head, np.unpackbits(b, bitorder="little").view(bool), tail])
             for a in range(0, m.tokens, _BLOCK):
                 n = min(_BLOCK, m.tokens - a)
