@@ -14,8 +14,8 @@ For each row count it prints, per round:
 * ``pack``: wall time of ``vecpack pack FILE --tokenizer DIR --max-len 2048
   --cache-dir <fresh>`` in a fresh process (interpreter start, imports, pool,
   tokenizing, the cache entry, the plan, the report and exit: what a user
-  waits for), its rows/s, its CPU seconds (every process it started, those that outlive it
-  included), its peak RSS (the largest single process, as
+  waits for), its rows/s, its CPU seconds, user and system, and its minor page faults (every
+  process it started, those that outlive it included), its peak RSS (the largest single process, as
   ``/usr/bin/time -v`` says, and the process tree's sampled sum) and the
   size of the cache entry it wrote (the corpus and the plan);
 * ``engine``: the raw engine on the same rows: fastokens' ``encode_batch_flat``
@@ -125,10 +125,10 @@ def _subreaper() -> None:
         pass
 
 
-def _reap_orphans(before, mine: set) -> float:
+def _reap_orphans(before, mine: set) -> dict:
     """Wait for the processes the pack left (see :func:`_subreaper`; ``mine``: this process's own
     children before it started, e.g. multiprocessing's resource tracker, are not waited for);
-    the CPU seconds of all since ``before``."""
+    the user and system CPU seconds and the minor page faults of all since ``before``."""
     import psutil
 
     for _ in range(2):
@@ -139,7 +139,8 @@ def _reap_orphans(before, mine: set) -> float:
                 except ChildProcessError:
                     pass
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    return {"user": after.ru_utime - before.ru_utime, "sys": after.ru_stime - before.ru_stime,
+            "faults": after.ru_minflt - before.ru_minflt}
 
 
 def pack_run(path: str, tokenizer: str, tree: str) -> dict:
@@ -160,7 +161,7 @@ def pack_run(path: str, tokenizer: str, tree: str) -> dict:
         _, status, usage = os.wait4(proc.pid, 0)  # (Popen.wait would not give the rusage)
         wall = time.perf_counter() - t0
         tree = rss.stop()
-        cpu = _reap_orphans(before, mine)
+        spent = _reap_orphans(before, mine)
         proc.returncode = os.waitstatus_to_exitcode(status)
         for f in logs:
             f.seek(0)
@@ -173,7 +174,8 @@ def pack_run(path: str, tokenizer: str, tree: str) -> dict:
                 sizes[entry.name.split("-")[0]] = sum(f.stat().st_size for f in entry.rglob("*") if f.is_file())
         # ru_maxrss of wait4: the largest single process of the tree (KiB), as /usr/bin/time -v says
         return {"seconds": wall, "max_rss": usage.ru_maxrss * 1024, "tree_rss": tree, "entry": sizes,
-                "cpu": cpu, "report": out_text.splitlines()[:1]}
+                "cpu": spent["user"] + spent["sys"], "user": spent["user"], "sys": spent["sys"],
+                "faults": spent["faults"], "report": out_text.splitlines()[:1]}
     finally:
         for f in logs:
             f.close()
@@ -203,7 +205,8 @@ def main(argv=None) -> None:
                 res = pack_run(path, tokenizer, t)
                 runs[t].append(res)
                 print(f"{rows:>9,} rows  round {r + 1}  pack [{t or 'installed'}]: {res['seconds']:6.2f} s "
-                      f"({rows / res['seconds']:9,.0f} rows/s, {res['cpu']:6.1f} CPU-s)  max RSS {gb(res['max_rss'])}"
+                      f"({rows / res['seconds']:9,.0f} rows/s, {res['cpu']:6.1f} CPU-s: user {res['user']:.1f} sys "
+                      f"{res['sys']:.1f}, {res['faults'] / 1e3:,.0f}k page faults)  max RSS {gb(res['max_rss'])}"
                       f"  tree {gb(res['tree_rss'])}  entry corpus {gb(res['entry'].get('corpus', 0))} "
                       f"plan {gb(res['entry'].get('plan', 0))}", flush=True)
             eng = engine_seconds(path, tokenizer)

@@ -74,6 +74,25 @@ def test_build_then_hit_is_mmapped_and_identical(tmp_path):
     assert second.path == tmp_path / key and _leftovers(tmp_path) == []
 
 
+@pytest.mark.parametrize("algo", ["xxh3_128", "blake2b_128"])
+def test_mapped_digest_is_the_file_digest(tmp_path, monkeypatch, algo):
+    """An entry's arrays are hashed through a mapping, a window at a time: the digest a read gives,
+    at window edges and for an empty file."""
+    import mmap
+
+    from vecpack.store import hashing
+
+    if algo == "xxh3_128":
+        pytest.importorskip("xxhash")
+    window = mmap.ALLOCATIONGRANULARITY
+    monkeypatch.setattr(hashing, "_MAP_WINDOW", window)
+    rng = np.random.default_rng(3)
+    for n in (0, 1, window - 1, window, 3 * window + 5):
+        p = tmp_path / f"f{n}.npy"
+        p.write_bytes(rng.integers(0, 256, n, dtype=np.uint8).tobytes())
+        assert hashing.mapped_digest(p, algo) == file_digest(p, algo), n
+
+
 def test_make_key_is_order_free_and_sensitive():
     a = make_key("plan", {"max_len": 4096, "strategy": "bfd", "corpus": "c1"})
     assert a == make_key("plan", {"corpus": "c1", "strategy": "bfd", "max_len": 4096})

@@ -59,11 +59,11 @@ def test_bits_give_the_packs_int32_labels_gave_on_every_engine(engine, qwen_dir,
         np.testing.assert_array_equal(loaded[k], want[k], err_msg=k)
 
 
-def _chunks(rng, n_chunks, other_labels_in=None):
+def _chunks(rng, n_chunks, other_labels_in=None, longest=40):
     """Chunks of (tokens, labels, lengths): labels the token or -100, except in chunk ``other_labels_in``."""
     out = []
     for i in range(n_chunks):
-        lengths = rng.integers(1, 40, size=rng.integers(1, 6)).astype(np.int64)
+        lengths = rng.integers(1, longest, size=rng.integers(1, 6)).astype(np.int64)
         tokens = rng.integers(0, 1000, size=int(lengths.sum())).astype(np.int32)
         labels = np.where(rng.random(tokens.shape[0]) < 0.6, tokens, -100).astype(np.int32)
         if i == other_labels_in:
@@ -72,25 +72,29 @@ def _chunks(rng, n_chunks, other_labels_in=None):
     return out
 
 
+@pytest.mark.parametrize("longest", [40, 4])
 @pytest.mark.parametrize("other", [None, 0, 3, 6])
-def test_the_merger_writes_bits_or_falls_back_to_exact_labels(other, tmp_path):
+def test_the_merger_writes_bits_or_falls_back_to_exact_labels(other, longest, tmp_path):
     """Direct and file chunks in any order, as the workers make them; a chunk whose labels are not
-    bits turns the whole corpus to labels.npy, the labels before it decoded from the bits."""
-    rng = np.random.default_rng(5 + (other or 0))
-    chunks = _chunks(rng, 7, other)
+    bits turns the whole corpus to labels.npy, the labels before it decoded from the bits.
+    ``longest`` 4: chunks of a few tokens, several in one byte of bits."""
+    rng = np.random.default_rng(5 + (other or 0) + longest)
+    chunks = _chunks(rng, 7 if longest > 4 else 30, other, longest)
+    order = (2, 0, 1, 4, 3, 6, 5) if longest > 4 else [i + (i % 5 == 3) - (i % 5 == 4) for i in range(30)]
     work, out = tmp_path / "work", tmp_path / "out"
     work.mkdir()
     with trained_bits():
         merger = ChunkMerger(str(out))
     target = merger.direct_target(str(work), len(chunks))
     metas = []
-    for i in (2, 0, 1, 4, 3, 6, 5):                     # the order workers finish in
+    for i in order:
         tokens, labels, lengths = chunks[i]
         meta = ChunkMeta(i, str(work), records=len(lengths), documents=len(lengths), tokens=len(tokens),
                          trainable=0, lines=len(lengths), rejected=0, lengths=lengths,
                          rows=np.arange(len(lengths), dtype=np.int64))
-        if i % 3 != 1 and target.write(i, tokens, labels):   # every third chunk comes as files
-            meta.direct = True
+        edges = target.write(i, tokens, labels) if i % 3 != 1 or longest == 4 else None   # some as files
+        if edges is not None:
+            meta.direct, meta.edges = True, edges
         else:
             for name, arr in (("tokens", tokens), ("labels", labels)):
                 np.save(meta.path(name), arr)
@@ -112,6 +116,26 @@ def test_the_merger_writes_bits_or_falls_back_to_exact_labels(other, tmp_path):
     assert [p for p in os.listdir(work) if not p.startswith("counts-")] == []   # no scratch left
     # without trained_bits() (vecpack.tokenize(out_dir=...)): labels.npy, as before
     assert "labels" in ChunkMerger(str(tmp_path / "plain")).files
+
+
+def test_split_bits_against_packbits():
+    """A chunk's edge flags and whole bytes, at every offset into a byte: put back in place they
+    are ``np.packbits`` of the corpus's flags."""
+    from vecpack.tokenizing.merge import split_bits
+
+    rng = np.random.default_rng(2)
+    for n in (0, 1, 5, 8, 9, 23, 64):
+        for at in range(17):
+            mask = rng.random(n) < 0.5
+            head, whole, tail = split_bits(mask, at)
+            assert head.shape[0] == min((-at) % 8, n) and tail.shape[0] < 8
+            assert (at + head.shape[0]) % 8 == 0 or not whole.size
+            corpus = np.concatenate([np.zeros(at, bool), mask, np.zeros(16, bool)])
+            want = np.packbits(corpus, bitorder="little")
+            k = (at + head.shape[0]) // 8
+            assert whole.tobytes() == want[k:k + whole.size].tobytes()
+            np.testing.assert_array_equal(np.concatenate([head, np.unpackbits(whole, bitorder="little").view(bool),
+                                                          tail]), mask)
 
 
 def test_an_entry_of_the_old_layout_is_rebuilt_not_misread(chats, qwen_dir, tmp_path):

@@ -17,7 +17,7 @@ import warnings
 import numpy as np
 
 from vecpack.store._fs import iso
-from vecpack.store.hashing import checksum_algorithm, file_digest, json_default
+from vecpack.store.hashing import checksum_algorithm, file_digest, json_default, mapped_digest
 
 __all__ = ["CACHE_LAYOUT_VERSION", "CacheWarning", "CorruptEntry", "Entry", "EntryInfo", "corpus_labels",
            "describe_array", "describe_arrays", "describe_files", "npy_header", "open_arrays", "read_manifest",
@@ -115,7 +115,7 @@ def describe_array(path: pathlib.Path, *, checksums: bool = True) -> dict:
     rec = {"file": path.name, "shape": list(shape), "dtype": dtype, "fortran_order": fortran,
            "header_bytes": offset, "bytes": path.stat().st_size}
     if checksums:
-        rec["checksum"] = file_digest(path, checksum_algorithm())
+        rec["checksum"] = mapped_digest(path, checksum_algorithm())  # (files this process just wrote)
     return rec
 
 

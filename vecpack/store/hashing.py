@@ -27,7 +27,7 @@ from vecpack.options import cache_root
 from vecpack.store._fs import flock
 
 __all__ = ["bytes_digest", "checksum_algorithm", "default_root", "file_digest", "file_digests", "hash_files",
-           "make_key"]
+           "make_key", "mapped_digest"]
 
 logger = logging.getLogger("vecpack")
 
@@ -86,6 +86,43 @@ def file_digest(path: str | os.PathLike, algo: str | None = None) -> str:
             if not n:
                 break
             h.update(view[:n])
+    return f"{algo}:{h.hexdigest()}"
+
+
+_MAP_WINDOW = 1 << 30  # bytes of a file mapped at a time by mapped_digest
+
+
+def mapped_digest(path: str | os.PathLike, algo: str | None = None) -> str:
+    """:func:`file_digest` of a file this process wrote and nothing else changes meanwhile (the
+    arrays of an entry being built or saved), hashed through a read-only mapping, a window at a
+    time, instead of copied out of the page cache: about half the time on a large file.
+
+    Not for inputs: a file truncated while mapped would kill the process (SIGBUS). Where the file
+    cannot be mapped (no ``mmap`` flags here), it is read as :func:`file_digest` reads it.
+
+    >>> import tempfile, os
+    >>> p = os.path.join(tempfile.mkdtemp(), "f")
+    >>> _ = open(p, "w").write("hello")
+    >>> mapped_digest(p, "blake2b_128") == file_digest(p, "blake2b_128")
+    True
+    """
+    import mmap
+
+    algo = algo or checksum_algorithm()
+    h = _hasher(algo)
+    flags = getattr(mmap, "MAP_SHARED", 0) | getattr(mmap, "MAP_POPULATE", 0)
+    with open(path, "rb", buffering=0) as f:
+        size = os.fstat(f.fileno()).st_size
+        try:
+            for at in range(0, size, _MAP_WINDOW):
+                m = mmap.mmap(f.fileno(), min(_MAP_WINDOW, size - at), flags=flags, prot=mmap.PROT_READ,
+                              offset=at)
+                try:
+                    h.update(m)
+                finally:
+                    m.close()
+        except (OSError, ValueError, TypeError, AttributeError):  # no mapping here: read it
+            return file_digest(path, algo)
     return f"{algo}:{h.hexdigest()}"
 
 

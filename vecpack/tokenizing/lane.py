@@ -321,11 +321,11 @@ def encode_range(lane: _Lane, buf, *, on_error: str = "raise", progress=None, ne
             lit, lit_off, n_cache, equal_b, equal_off, inside_b, inside_off, edges_b, edges_off,
             scratch, out, sizes, train)
         wide_layout = np.array([x.wide for x in chunk_layouts], bool)[lay]
-        text = out.tobytes()  # one copy: rows are sliced from it as bytes, then decoded
+        text = memoryview(out)  # rows are decoded from their own bytes where needed (no copy of the range)
         # a text that may not be NFC (or is long, for tiktoken's regex) is checked as the Python path does
         check = np.flatnonzero(ok & (((flags & k.F_WIDE) != 0) | wide_layout | ((flags & k.F_LONG) != 0)))
         for j in check.tolist():
-            if not rt.exact(text[t0[j]:t1[j]].decode("utf-8")):
+            if not rt.exact(str(text[t0[j]:t1[j]], "utf-8")):
                 ok[j] = False
     slow = np.ones(n, bool)
     fast_tokens = None
@@ -354,7 +354,7 @@ def encode_range(lane: _Lane, buf, *, on_error: str = "raise", progress=None, ne
         if cut is not None and cut[2]:
             ids, lengths = cut[0], cut[1]
         else:  # each row's text decoded from its own bytes
-            ids, offsets = rt.encode_batch([text[a:b].decode("utf-8") for a, b in zip(rest_from.tolist(),
+            ids, offsets = rt.encode_batch([str(text[a:b], "utf-8") for a, b in zip(rest_from.tolist(),
                                                                                        stops.tolist())])
             if table:  # the cached prefixes in front (the kernel of splice_heads)
                 ids, lengths = tk.splice_heads(ids, np.diff(offsets), head_of, heads, heads_off)
@@ -374,7 +374,7 @@ def encode_range(lane: _Lane, buf, *, on_error: str = "raise", progress=None, ne
     return _merge(n, fast_tokens, rest, slow_idx)
 
 
-def _prefixes(lane, text: bytes, out: np.ndarray, starts, prefix_stop, prefix_hash):
+def _prefixes(lane, text: memoryview, out: np.ndarray, starts, prefix_stop, prefix_hash):
     """``(head_of, table, rest_from)``: each row's cached prefix (an index into ``table``, the
     prefixes' ids, or -1) and where the text left to encode starts."""
     rt, k = lane.rt, lane.k
@@ -392,7 +392,7 @@ def _prefixes(lane, text: bytes, out: np.ndarray, starts, prefix_stop, prefix_ha
         rep = int(members[0])
         n = int(plen[rep])
         members = members[plen[members] == n]
-        key = text[starts[rep]:starts[rep] + n].decode("utf-8")
+        key = str(text[starts[rep]:starts[rep] + n], "utf-8")
         k_chars, ids, _ = rt.cache_prefix(key)
         if not k_chars:
             continue

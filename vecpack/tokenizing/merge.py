@@ -13,10 +13,12 @@ and writes ``offsets`` and ``row_ids`` as it goes::
 Within :func:`trained_bits` (the cache's corpus builds), a merger that keeps its
 files stores the labels as one bit a token, ``trained.npy`` (see
 :mod:`vecpack.tokenizing.tokenized`), when every label is its token or -100:
-direct chunks write a byte a token into a scratch file beside the chunk files,
-which the merger packs into bits in order. A chunk with any other label goes
-to chunk files, and from it on the merger writes ``labels.npy`` instead
-(the labels before it decoded from the bits so far).
+a direct chunk writes its bits in place too, the bytes wholly its own, and
+hands the merger the flags of its first and last few tokens, which share a
+byte with its neighbours' (:func:`split_bits`); the merger writes those bytes
+in order. A chunk with any other label goes to chunk files, and from it on
+the merger writes ``labels.npy`` instead (the labels before it decoded from
+the bits so far).
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ import numpy as np
 
 from vecpack.tokenizing.tasks import ChunkMeta
 
-__all__ = ["ChunkMerger", "DirectTarget", "merge_chunks", "trained_bits"]
+__all__ = ["ChunkMerger", "DirectTarget", "merge_chunks", "split_bits", "trained_bits"]
 
 _SUFFIXES = ("tokens", "labels")
 _BITS = contextvars.ContextVar("vecpack_trained_bits", default=False)
@@ -66,9 +68,11 @@ class DirectTarget:
     tokens_path: str
     labels_path: str
     header: int
-    mask_path: str | None = None  # bits mode: a byte a token (1: trained) here, instead of labels
+    mask_path: str | None = None  # bits mode: trained.npy, a bit a token (1: trained), instead of labels
 
-    def write(self, index: int, tokens: np.ndarray, labels: np.ndarray) -> bool:
+    def write(self, index: int, tokens: np.ndarray, labels: np.ndarray) -> tuple | None:
+        """Write the chunk in place if every earlier chunk's size is known: then its edge bits
+        (see :func:`split_bits`; two empty arrays where labels are written), else None."""
         from vecpack.tokenizing.tokenized import trained_mask
 
         mask = trained_mask(tokens, labels) if self.mask_path is not None else None
@@ -79,14 +83,15 @@ class DirectTarget:
         finally:
             del counts
         if (before < 0).any() or (self.mask_path is not None and mask is None):
-            return False  # (labels that are not bits: chunk files, and the merger writes labels.npy)
+            return None  # (labels that are not bits: chunk files, and the merger writes labels.npy)
         at = int(before.sum())
         _pwrite_all(self.tokens_path, np.ascontiguousarray(tokens, dtype=np.int32), self.header + at * 4)
         if mask is None:
             _pwrite_all(self.labels_path, np.ascontiguousarray(labels, dtype=np.int32), self.header + at * 4)
-        else:
-            _pwrite_all(self.mask_path, mask.view(np.uint8), at)
-        return True
+            return np.zeros(0, bool), np.zeros(0, bool)
+        head, whole, tail = split_bits(mask, at)
+        _pwrite_all(self.mask_path, whole, self.header + (at + head.shape[0]) // 8)
+        return head, tail
 
 
     def grown(self, n_tasks: int) -> DirectTarget:
@@ -96,6 +101,21 @@ class DirectTarget:
         with open(self.counts_path, "ab") as f:
             f.write(np.full(n_tasks - self.n_tasks, -1, np.int64).tobytes())
         return replace(self, n_tasks=n_tasks)
+
+
+def split_bits(mask: np.ndarray, at: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(head, whole, tail)`` of a chunk's flags ``mask`` that starts at token ``at`` of the corpus:
+    the flags before its first byte boundary, the bytes wholly its own (bits, little order) and
+    the flags after its last boundary. Head and tail share a byte with the neighbours' flags.
+
+    >>> head, whole, tail = split_bits(np.array([1, 1, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 0], bool), 5)
+    >>> head.tolist(), whole.tolist(), tail.tolist()
+    ([True, True, False], [192], [True, False])
+    """
+    h = min((-at) % 8, mask.shape[0])
+    full = (mask.shape[0] - h) // 8 * 8
+    return (np.array(mask[:h]), np.packbits(mask[h:h + full], bitorder="little"),
+            np.array(mask[h + full:]))
 
 
 def _pwrite_all(path: str, arr: np.ndarray, offset: int) -> None:
@@ -236,7 +256,6 @@ class ChunkMerger:
         self._synced = 0          # tokens flushed to disk by the background syncer
         self._syncer = None
         self._carry = np.zeros(0, bool)   # bits mode: the last tokens' flags, fewer than 8
-        self._mask_path = None            # bits mode: where direct chunks write a byte a token
         self._done = 0                    # bits mode: tokens whose flags (or labels) are written
 
     def direct_target(self, work_dir: str, n_tasks: int) -> DirectTarget:
@@ -246,12 +265,9 @@ class ChunkMerger:
         counts[:] = -1
         counts.flush()
         del counts
-        if self.mode != "labels" and self._mask_path is None:
-            self._mask_path = os.path.join(work_dir, f"trained-{uuid.uuid4().hex[:8]}.u8")
-            open(self._mask_path, "wb").close()
         labels = self.files["labels"].path if "labels" in self.files else ""
-        return DirectTarget(counts_path, max(1, n_tasks), self.files["tokens"].path, labels, _NPY_HEADER,
-                            self._mask_path)
+        bits = self.files["trained"].path if self.mode != "labels" else None
+        return DirectTarget(counts_path, max(1, n_tasks), self.files["tokens"].path, labels, _NPY_HEADER, bits)
 
     def add(self, meta: ChunkMeta) -> None:
         self.pending[meta.index] = meta
@@ -265,12 +281,8 @@ class ChunkMerger:
             f["tokens"].skip(m.tokens)
             if self.mode == "labels":
                 f["labels"].skip(m.tokens)
-            else:  # the worker wrote a byte a token into the scratch file
-                for a in range(0, m.tokens, _BLOCK):
-                    n = min(_BLOCK, m.tokens - a)
-                    mask = np.fromfile(self._mask_path, np.uint8, n, offset=self.tokens + a).view(bool)
-                    self._put(mask, lambda n=n, a=a: np.fromfile(f["tokens"].path, np.int32, n, offset=_NPY_HEADER
-                                                                 + (self.tokens + a) * 4), None)
+            else:  # the worker wrote its whole bytes of bits in place; the edges are here
+                self._put_direct_bits(m)
         else:
             f["tokens"].append_npy(m.path("tokens"), m.tokens)
             if self.mode == "labels":
@@ -285,6 +297,34 @@ class ChunkMerger:
         self.records += m.records
         if self.keep and (self.tokens - self._synced) * 8 >= _SYNC_EVERY:
             self._sync_behind()
+
+    def _put_direct_bits(self, m: ChunkMeta) -> None:
+        """A direct chunk's flags: its edge bits joined to the neighbours' (bits mode), or its
+        labels from the bits it wrote (dense: bits given up before it)."""
+        if m.edges is None:
+            raise RuntimeError(f"chunk {m.index} was written in place without its edge bits")
+        head, tail = m.edges
+        whole = m.tokens - head.shape[0] - tail.shape[0]
+        if self.mode == "dense":  # the chunk's flags back from its bits, then its labels
+            f, at = self.files, self.tokens
+            b = np.fromfile(f["trained"].path, np.uint8, whole // 8, offset=_NPY_HEADER + (at + head.shape[0]) // 8)
+            if b.shape[0] != whole // 8:
+                raise RuntimeError(f"chunk {m.index}'s bits are missing from {f['trained'].path}")
+            mask = np.concatenate([head, np.unpackbits(b, bitorder="little").view(bool), tail])
+            for a in range(0, m.tokens, _BLOCK):
+                n = min(_BLOCK, m.tokens - a)
+                self._put(mask[a:a + n], lambda n=n, a=a: np.fromfile(f["tokens"].path, np.int32, n,
+                                                                      offset=_NPY_HEADER + (at + a) * 4), None)
+            return
+        c = np.concatenate([self._carry, head])
+        if c.shape[0] == 8:
+            self.files["trained"].append(np.packbits(c, bitorder="little"))
+            c = c[:0]
+        if c.shape[0] > 8 or (c.shape[0] and whole) or whole % 8:
+            raise RuntimeError(f"chunk {m.index}'s edge bits do not fit its place")
+        self.files["trained"].skip(whole // 8)
+        self._carry = np.concatenate([c, tail])
+        self._done += m.tokens
 
     def _put_chunk_file(self, m: ChunkMeta) -> None:
         """Bits (or labels) of a chunk that came as files."""
@@ -366,7 +406,6 @@ class ChunkMerger:
             self.files["trained"].append(np.packbits(self._carry, bitorder="little"))
         if self.mode == "dense":
             self.files.pop("trained").abort()
-        self._drop_scratch()
         arrays = {}
         for name, f in self.files.items():
             f.close()
@@ -383,12 +422,6 @@ class ChunkMerger:
             self._syncer.join()
         for f in self.files.values():
             f.abort()
-        self._drop_scratch()
-
-    def _drop_scratch(self) -> None:
-        if self._mask_path is not None:
-            with contextlib.suppress(OSError):
-                os.unlink(self._mask_path)
 
 
 def merge_chunks(metas: list[ChunkMeta], out_dir: str | None = None):

@@ -207,8 +207,9 @@ def tokenize_chunk(task: ChunkTask, encoder, out_dir: str, *, on_error: str = "r
                      lines=info.get("newlines", out.records), rejected=len(out.rejected),
                      examples=out.rejected[:MAX_EXAMPLES], pid=os.getpid(), lengths=out.lengths,
                      rows=out.rows, counts=out.counts)
-    if direct is not None and direct.write(task.index, out.tokens, out.labels):
-        meta.direct = True
+    edges = direct.write(task.index, out.tokens, out.labels) if direct is not None else None
+    if edges is not None:
+        meta.direct, meta.edges = True, edges
     else:
         for name, arr in (("tokens", out.tokens), ("labels", out.labels)):
             np.save(meta.path(name), arr, allow_pickle=False)

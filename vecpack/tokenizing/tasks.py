@@ -86,6 +86,7 @@ class ChunkMeta:
     lengths: np.ndarray | None = field(default=None, repr=False)  # int64 tokens per document
     rows: np.ndarray | None = field(default=None, repr=False)     # int64 record index in the range
     direct: bool = False    # tokens and labels were written straight into the final files
+    edges: tuple | None = field(default=None, repr=False)  # direct: DirectTarget.write's edge bits
     counts: dict = field(default_factory=dict)  # agentic rows: tool calls, results, reasoning (Rows.counts)
 
     def path(self, name: str) -> str:
