@@ -179,7 +179,7 @@ def _interrupt_mid_run(tmp_path, backend: str) -> None:
     assert rc == 130, err[-3000:]
     assert "Traceback" not in err and "KeyboardInterrupt" not in err, err[-3000:]
     lines = [ln for ln in err.replace("\r", "\n").splitlines() if ln.strip() and not ln.startswith("tokenize")]
-    assert lines[-1] == "vecpack: error: interrupted", err[-3000:]   # (Ray logs its start before)
+    assert lines and lines[-1] == "vecpack: error: interrupted", err[-3000:]   # (Ray logs its start before)
     assert sum("error" in ln for ln in lines) == 1, err[-3000:]
 
 
@@ -297,3 +297,52 @@ def test_a_ctrl_c_that_cpython_would_lose_still_ends_the_run(where):
     assert rc == 130, err
     assert ("ValueError: kept" if where == "callback" else "not raised inside importlib") in err, err
     assert "KeyboardInterrupt" not in err and err.strip().splitlines()[-1] == "vecpack: error: interrupted", err
+
+
+def test_a_ctrl_c_inside_the_bars_close_still_ends_its_line():
+    """CI saw "vecpack: error: interrupted" glued to the progress bar's line: a Ctrl-C inside tqdm's
+    close (which marks the bar closed before it writes the newline) left that line open."""
+    import io
+
+    from tqdm.auto import tqdm
+
+    from vecpack.tokenizing.executors import _Bar
+
+    out = io.StringIO()
+    bar = _Bar.__new__(_Bar)
+    bar.bar = tqdm(total=10, file=out, desc="tokenize")
+    bar.bar.update(3)
+
+    def interrupted_close():
+        bar_object.disable = True   # what tqdm's close does first
+        raise KeyboardInterrupt
+
+    bar_object = bar.bar
+    bar_object.close = interrupted_close
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            bar.close()
+        assert out.getvalue().endswith("\n") and bar.bar is None
+        bar.close()   # closed once: a second close (the caller's except branch) does nothing
+        assert out.getvalue().count("\n") == 1
+    finally:
+        del bar_object.close   # tqdm's own close again (a no-op now: the bar is marked closed)
+
+
+def test_an_executor_thread_a_ctrl_c_left_unrecorded_does_not_hold_the_exit():
+    """A Ctrl-C that cuts ``ThreadPoolExecutor.submit`` between starting its thread and recording it
+    leaves that thread idle on its queue, unknown to concurrent.futures' exit hook: the interpreter
+    then waited for it forever (the HF check's thread, seen on an early Ctrl-C). vecpack's own exit
+    hooks shut both of its executors down, which ends such a thread too."""
+    code = textwrap.dedent("""
+        import concurrent.futures.thread as cft
+        from vecpack.tokenizing import parity, pool
+        parity._server().io.submit(int).result()
+        pool._stop_at_exit()
+        pool._in_background(int).result()
+        cft._threads_queues.clear()   # as if a Ctrl-C had cut each submit before it recorded its thread
+    """)
+    tag = uuid.uuid4().hex
+    proc = _start([], tag, code=code)
+    rc, err = _finish(proc, tag, time.monotonic())
+    assert rc == 0, err

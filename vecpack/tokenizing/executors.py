@@ -404,9 +404,23 @@ class _Bar:
             self.bar.refresh()
 
     def close(self, final: int | None = None) -> None:
-        if self.bar is not None:
+        """Close the bar (once). A Ctrl-C inside tqdm's own close can leave the bar's line without its
+        newline (tqdm marks the bar closed first); the line is ended here, so that the next message
+        ("vecpack: error: interrupted") starts a line of its own."""
+        bar = self.bar
+        if bar is None:
+            return
+        try:
             if final is not None:
-                self.bar.n = self.bar.total
+                bar.n = bar.total
                 self._show(final)
-                self.bar.refresh()
-            self.bar.close()
+                bar.refresh()
+            self.bar = None
+            bar.close()
+        except BaseException:
+            self.bar = None
+            try:
+                bar.fp.write("\n")
+            except Exception:  # noqa: BLE001 - the stream itself is gone: nothing to end
+                pass
+            raise

@@ -314,4 +314,11 @@ def _forget_after_fork() -> None:
 
 
 os.register_at_fork(after_in_child=_forget_after_fork)
-atexit.register(shutdown, wait=False)
+# Before the interpreter joins its threads (as concurrent.futures' own hook runs): a Ctrl-C that
+# cut ThreadPoolExecutor.submit between starting the check's thread and recording it left that
+# thread idle on its queue, unknown to concurrent.futures' hook, and the exit waited for it forever.
+# Shutting the executor down puts the end-of-work mark on that queue, which every thread of it reads.
+try:
+    threading._register_atexit(shutdown, wait=False)
+except (AttributeError, RuntimeError):  # no such hook (another Python), or already exiting
+    atexit.register(shutdown, wait=False)

@@ -313,6 +313,9 @@ def _before_thread_join() -> None:
     if held:
         _POOL.lock.release()
     _shutdown_existing()
+    starter = _POOL.starter
+    if starter is not None:  # its thread ends after its task (one a Ctrl-C left unrecorded too)
+        starter.shutdown(wait=False)
 
 
 def _shutdown_existing() -> None:
