@@ -183,7 +183,8 @@ def is_plain(row: dict, column: str) -> bool:
 def template_kwargs(row: dict) -> dict:
     """TRL's ``{"tools": tools, **chat_template_kwargs}`` of a row (``tools`` may be JSON text).
 
-    Null options are left out (a unified Arrow schema adds them); the schemas are passed as they are.
+    Null options are left out (a unified Arrow schema adds them); the schemas are passed as they are
+    (rows whose ``tools`` is the same JSON text share one list of them: do not change it).
 
     >>> template_kwargs({"tools": '[{"type": "function"}]', "chat_template_kwargs": {"enable_thinking": False}})
     {'tools': [{'type': 'function'}], 'enable_thinking': False}
@@ -191,13 +192,10 @@ def template_kwargs(row: dict) -> dict:
     out = {}
     tools = row.get("tools")
     if isinstance(tools, str):
-        try:
-            tools = loads_text(tools)
-        except ValueError as e:
-            raise InputError(f"'tools' is a string but not JSON: {e}") from None
+        tools = _tools_of_text(tools)
+    elif tools is not None:
+        _check_tools(tools)
     if tools is not None:
-        if not isinstance(tools, list) or not all(isinstance(t, dict) for t in tools):
-            raise InputError(f"'tools' is a {_kind(tools)}, expected a list of JSON schemas (objects)")
         out["tools"] = tools
     kw = row.get("chat_template_kwargs")
     if kw is not None:
@@ -205,6 +203,45 @@ def template_kwargs(row: dict) -> dict:
             raise InputError(f"'chat_template_kwargs' is a {_kind(kw)}, expected an object")
         out.update((k, v) for k, v in kw.items() if v is not None)
     return out
+
+
+def _check_tools(tools) -> None:
+    if not isinstance(tools, list) or not all(isinstance(t, dict) for t in tools):
+        raise InputError(f"'tools' is a {_kind(tools)}, expected a list of JSON schemas (objects)")
+
+
+#: ``tools`` JSON texts already read -> their schemas (``_MAX_TOOL_TEXTS`` at most, then forgotten at once).
+#: Datasets repeat one tool list over many rows: those rows share one parsed list, and
+#: :data:`SHARED_SCHEMAS` lets a template's ``tojson`` of each schema be made once.
+_TOOL_TEXTS: dict = {}
+_MAX_TOOL_TEXTS = 256
+#: ``id(schema) -> (schema, {encoder: its JSON})`` for the schemas of :data:`_TOOL_TEXTS`. Nothing changes
+#: them (templates render in an immutable sandbox; vecpack copies before it edits), so their JSON is kept.
+SHARED_SCHEMAS: dict = {}
+
+
+def _tools_of_text(text: str) -> list:
+    """The schemas of a ``tools`` column given as JSON text, read once per distinct text (a shared list:
+    do not change it).
+
+    >>> _tools_of_text('[{"type": "function"}]') is _tools_of_text('[{"type": "function"}]')
+    True
+    """
+    tools = _TOOL_TEXTS.get(text)
+    if tools is not None:
+        return tools
+    try:
+        tools = loads_text(text)
+    except ValueError as e:
+        raise InputError(f"'tools' is a string but not JSON: {e}") from None
+    _check_tools(tools)
+    if len(_TOOL_TEXTS) >= _MAX_TOOL_TEXTS:
+        _TOOL_TEXTS.clear()
+        SHARED_SCHEMAS.clear()
+    _TOOL_TEXTS[text] = tools
+    for schema in tools:
+        SHARED_SCHEMAS[id(schema)] = (schema, {})
+    return tools
 
 
 def _text(i: int, role: str, content) -> str:
