@@ -96,6 +96,8 @@ def test_rows_sharing_a_tools_text_share_its_schemas_and_their_json(monkeypatch)
     from vecpack.chat import conversation
 
     monkeypatch.setattr(conversation, "_MAX_TOOL_TEXTS", 2)
+    monkeypatch.setattr(conversation, "_TOOL_TEXTS", {})
+    monkeypatch.setattr(conversation, "_SEEN_TOOL_TEXTS", {})
     t = _template()
     schemas = [{"type": "function", "function": {"name": "f", "description": "é \"q\"", "parameters": {"n": 1}}}]
     texts = [json.dumps(schemas), json.dumps(schemas, indent=1), json.dumps(schemas, ensure_ascii=False)]
@@ -103,8 +105,10 @@ def test_rows_sharing_a_tools_text_share_its_schemas_and_their_json(monkeypatch)
     for k in range(3 * structure._COMPILE_AT):
         row = {"messages": [{"role": "user", "content": f"q{k}"}, {"role": "assistant", "content": f"a{k}"}],
                "tools": texts[k % 3]}
+        first = conversation.template_kwargs(row)["tools"]  # a text is kept from its second sighting on
         conv = read_conversation(row, "openai")
         tools = conv.kwargs["tools"]
+        assert (tools is first) == (k >= 3)
         assert tools == schemas and tools is conversation.template_kwargs(row)["tools"]
         shared += id(tools[0]) in conversation.SHARED_SCHEMAS
         got = conversation_parts(t, conv)

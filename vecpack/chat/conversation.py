@@ -210,22 +210,27 @@ def _check_tools(tools) -> None:
         raise InputError(f"'tools' is a {_kind(tools)}, expected a list of JSON schemas (objects)")
 
 
-#: ``tools`` JSON texts already read -> their schemas (``_MAX_TOOL_TEXTS`` at most, then forgotten at once).
-#: Datasets repeat one tool list over many rows: those rows share one parsed list, and
-#: :data:`SHARED_SCHEMAS` lets a template's ``tojson`` of each schema be made once.
+#: ``tools`` JSON texts read twice -> their schemas (``_MAX_TOOL_TEXTS`` at most, then forgotten at once).
+#: Datasets often repeat one tool list over many rows: those rows share one parsed list, and
+#: :data:`SHARED_SCHEMAS` lets a template's ``tojson`` of each schema be made once. A text is kept at its
+#: second sighting (counted by hash in ``_SEEN_TOOL_TEXTS``, ints that garbage collection never scans):
+#: keeping every row's schemas alive a while, where each row has its own, cost more than it saved (xlam).
 _TOOL_TEXTS: dict = {}
-_MAX_TOOL_TEXTS = 256
+_MAX_TOOL_TEXTS = 64
+_SEEN_TOOL_TEXTS: dict = {}
+_MAX_SEEN_TOOL_TEXTS = 1 << 14
 #: ``id(schema) -> (schema, {encoder: its JSON})`` for the schemas of :data:`_TOOL_TEXTS`. Nothing changes
 #: them (templates render in an immutable sandbox; vecpack copies before it edits), so their JSON is kept.
 SHARED_SCHEMAS: dict = {}
 
 
 def _tools_of_text(text: str) -> list:
-    """The schemas of a ``tools`` column given as JSON text, read once per distinct text (a shared list:
-    do not change it).
+    """The schemas of a ``tools`` column given as JSON text, read once per text seen twice (then a shared
+    list: do not change it).
 
-    >>> _tools_of_text('[{"type": "function"}]') is _tools_of_text('[{"type": "function"}]')
-    True
+    >>> text = '[{"type": "function"}]'
+    >>> _tools_of_text(text) is _tools_of_text(text), _tools_of_text(text) is _tools_of_text(text)
+    (False, True)
     """
     tools = _TOOL_TEXTS.get(text)
     if tools is not None:
@@ -235,6 +240,12 @@ def _tools_of_text(text: str) -> list:
     except ValueError as e:
         raise InputError(f"'tools' is a string but not JSON: {e}") from None
     _check_tools(tools)
+    h = hash(text)
+    if h not in _SEEN_TOOL_TEXTS:
+        if len(_SEEN_TOOL_TEXTS) >= _MAX_SEEN_TOOL_TEXTS:
+            _SEEN_TOOL_TEXTS.clear()
+        _SEEN_TOOL_TEXTS[h] = None
+        return tools
     if len(_TOOL_TEXTS) >= _MAX_TOOL_TEXTS:
         _TOOL_TEXTS.clear()
         SHARED_SCHEMAS.clear()
