@@ -86,3 +86,34 @@ def test_the_flat_key_tells_structures_apart():
             structure._key(messages, out, leaves, structure._Everything())
             keys.append(tuple(out))
         assert keys[0] != keys[1], (a, b)
+
+
+def test_rows_sharing_a_tools_text_share_its_schemas_and_their_json(monkeypatch):
+    """Rows whose ``tools`` is the same JSON text share one parsed list; each schema's ``tojson`` is made once per
+    encoder and equals ``json.dumps`` of it, on the Jinja path and the compiled one, after the memo is forgotten too."""
+    import json
+
+    from vecpack.chat import conversation
+
+    monkeypatch.setattr(conversation, "_MAX_TOOL_TEXTS", 2)
+    monkeypatch.setattr(conversation, "_TOOL_TEXTS", {})
+    monkeypatch.setattr(conversation, "_SEEN_TOOL_TEXTS", {})
+    t = _template()
+    schemas = [{"type": "function", "function": {"name": "f", "description": "é \"q\"", "parameters": {"n": 1}}}]
+    texts = [json.dumps(schemas), json.dumps(schemas, indent=1), json.dumps(schemas, ensure_ascii=False)]
+    shared = 0
+    for k in range(3 * structure._COMPILE_AT):
+        row = {"messages": [{"role": "user", "content": f"q{k}"}, {"role": "assistant", "content": f"a{k}"}],
+               "tools": texts[k % 3]}
+        first = conversation.template_kwargs(row)["tools"]  # a text is kept from its second sighting on
+        conv = read_conversation(row, "openai")
+        tools = conv.kwargs["tools"]
+        assert (tools is first) == (k >= 3)
+        assert tools == schemas and tools is conversation.template_kwargs(row)["tools"]
+        shared += id(tools[0]) in conversation.SHARED_SCHEMAS
+        got = conversation_parts(t, conv)
+        plain = read_conversation({**row, "tools": schemas}, "openai")  # the same schemas, not shared
+        want = conversation_parts(t, plain, compiled=False)
+        assert "".join(got[0]) == "".join(want[0]) and _mask(*got[:2]) == _mask(*want[:2])
+        assert json.dumps(schemas[0], ensure_ascii=False) in "".join(got[0])
+    assert shared == 3 * structure._COMPILE_AT

@@ -183,7 +183,8 @@ def is_plain(row: dict, column: str) -> bool:
 def template_kwargs(row: dict) -> dict:
     """TRL's ``{"tools": tools, **chat_template_kwargs}`` of a row (``tools`` may be JSON text).
 
-    Null options are left out (a unified Arrow schema adds them); the schemas are passed as they are.
+    Null options are left out (a unified Arrow schema adds them); the schemas are passed as they are
+    (rows whose ``tools`` is the same JSON text share one list of them: do not change it).
 
     >>> template_kwargs({"tools": '[{"type": "function"}]', "chat_template_kwargs": {"enable_thinking": False}})
     {'tools': [{'type': 'function'}], 'enable_thinking': False}
@@ -191,13 +192,10 @@ def template_kwargs(row: dict) -> dict:
     out = {}
     tools = row.get("tools")
     if isinstance(tools, str):
-        try:
-            tools = loads_text(tools)
-        except ValueError as e:
-            raise InputError(f"'tools' is a string but not JSON: {e}") from None
+        tools = _tools_of_text(tools)
+    elif tools is not None:
+        _check_tools(tools)
     if tools is not None:
-        if not isinstance(tools, list) or not all(isinstance(t, dict) for t in tools):
-            raise InputError(f"'tools' is a {_kind(tools)}, expected a list of JSON schemas (objects)")
         out["tools"] = tools
     kw = row.get("chat_template_kwargs")
     if kw is not None:
@@ -205,6 +203,56 @@ def template_kwargs(row: dict) -> dict:
             raise InputError(f"'chat_template_kwargs' is a {_kind(kw)}, expected an object")
         out.update((k, v) for k, v in kw.items() if v is not None)
     return out
+
+
+def _check_tools(tools) -> None:
+    if not isinstance(tools, list) or not all(isinstance(t, dict) for t in tools):
+        raise InputError(f"'tools' is a {_kind(tools)}, expected a list of JSON schemas (objects)")
+
+
+#: ``tools`` JSON texts read twice -> their schemas (``_MAX_TOOL_TEXTS`` at most, then forgotten at once).
+#: Datasets often repeat one tool list over many rows: those rows share one parsed list, and
+#: :data:`SHARED_SCHEMAS` lets a template's ``tojson`` of each schema be made once. A text is kept at its
+#: second sighting (counted by hash in ``_SEEN_TOOL_TEXTS``, ints that garbage collection never scans):
+#: keeping every row's schemas alive a while, where each row has its own, cost more than it saved (xlam).
+_TOOL_TEXTS: dict = {}
+_MAX_TOOL_TEXTS = 64
+_SEEN_TOOL_TEXTS: dict = {}
+_MAX_SEEN_TOOL_TEXTS = 1 << 14
+#: ``id(schema) -> (schema, {encoder: its JSON})`` for the schemas of :data:`_TOOL_TEXTS`. Nothing changes
+#: them (templates render in an immutable sandbox; vecpack copies before it edits), so their JSON is kept.
+SHARED_SCHEMAS: dict = {}
+
+
+def _tools_of_text(text: str) -> list:
+    """The schemas of a ``tools`` column given as JSON text, read once per text seen twice (then a shared
+    list: do not change it).
+
+    >>> text = '[{"type": "function"}]'
+    >>> _tools_of_text(text) is _tools_of_text(text), _tools_of_text(text) is _tools_of_text(text)
+    (False, True)
+    """
+    tools = _TOOL_TEXTS.get(text)
+    if tools is not None:
+        return tools
+    try:
+        tools = loads_text(text)
+    except ValueError as e:
+        raise InputError(f"'tools' is a string but not JSON: {e}") from None
+    _check_tools(tools)
+    h = hash(text)
+    if h not in _SEEN_TOOL_TEXTS:
+        if len(_SEEN_TOOL_TEXTS) >= _MAX_SEEN_TOOL_TEXTS:
+            _SEEN_TOOL_TEXTS.clear()
+        _SEEN_TOOL_TEXTS[h] = None
+        return tools
+    if len(_TOOL_TEXTS) >= _MAX_TOOL_TEXTS:
+        _TOOL_TEXTS.clear()
+        SHARED_SCHEMAS.clear()
+    _TOOL_TEXTS[text] = tools
+    for schema in tools:
+        SHARED_SCHEMAS[id(schema)] = (schema, {})
+    return tools
 
 
 def _text(i: int, role: str, content) -> str:
@@ -215,28 +263,42 @@ def _text(i: int, role: str, content) -> str:
 def _calls(i: int, calls) -> list:
     if not isinstance(calls, list):
         raise InputError(f"message {i} (assistant) 'tool_calls' is a {_kind(calls)}, expected a list")
-    out = []
     for j, call in enumerate(calls):
-        where = f"message {i} (assistant) tool call {j}"
-        if not isinstance(call, dict):
-            raise InputError(f"{where} is a {_kind(call)}, expected an object")
-        fn = call.get("function", call)  # {"function": {...}} (OpenAI) or the function itself
-        if not isinstance(fn, dict):
-            raise InputError(f"{where}: 'function' is a {_kind(fn)}, expected an object with 'name' and 'arguments'")
-        name = fn.get("name")
-        if type(name) is not str or not name:
-            raise InputError(f"{where} has no function name")
-        args = fn.get("arguments", {})
-        if isinstance(args, str):
+        fn = call.get("function", call) if isinstance(call, dict) else None  # {"function": {...}} or the function
+        name = fn.get("name") if isinstance(fn, dict) else None
+        args = fn.get("arguments", {}) if type(name) is str and name else None
+        if type(args) is str:
             try:
                 _check_json(args)
-            except ValueError as e:
-                raise InputError(f"{where} ({name}): 'arguments' is a string but not JSON ({e}); "
-                                 "give the arguments as a JSON object or as JSON text") from None
-        elif not isinstance(args, dict):
-            raise InputError(f"{where} ({name}): 'arguments' is a {_kind(args)}, expected a JSON object")
-        out.append(call)
-    return out
+                continue
+            except ValueError:
+                pass
+        elif type(args) is dict:
+            continue
+        _bad_call(i, j, call)  # the checks again, worded: raises (a str or dict subclass passes)
+    return list(calls)
+
+
+def _bad_call(i: int, j: int, call) -> None:
+    """Raise the :class:`InputError` of a tool call :func:`_calls` refused (the checks made again, worded)."""
+    where = f"message {i} (assistant) tool call {j}"
+    if not isinstance(call, dict):
+        raise InputError(f"{where} is a {_kind(call)}, expected an object")
+    fn = call.get("function", call)
+    if not isinstance(fn, dict):
+        raise InputError(f"{where}: 'function' is a {_kind(fn)}, expected an object with 'name' and 'arguments'")
+    name = fn.get("name")
+    if type(name) is not str or not name:
+        raise InputError(f"{where} has no function name")
+    args = fn.get("arguments", {})
+    if isinstance(args, str):
+        try:
+            _check_json(args)
+        except ValueError as e:
+            raise InputError(f"{where} ({name}): 'arguments' is a string but not JSON ({e}); "
+                             "give the arguments as a JSON object or as JSON text") from None
+    elif not isinstance(args, dict):
+        raise InputError(f"{where} ({name}): 'arguments' is a {_kind(args)}, expected a JSON object")
 
 
 def _message(i: int, msg, roles: dict, role_key: str, text_key: str, state: dict) -> dict | None:

@@ -38,6 +38,7 @@ import json
 import re
 from json.encoder import c_make_encoder, encode_basestring, encode_basestring_ascii
 
+from vecpack.chat.conversation import SHARED_SCHEMAS, Conversation
 from vecpack.chat.layout import _SENTINEL, OBJECT_RE, SentinelObject, _Layout, tracking_objects, transform_at
 from vecpack.errors import InputError
 
@@ -229,8 +230,6 @@ class _Everything:
 def _stand_ins(conv, used, pad: str = "", tail: str = "", objects: bool = True):
     """The sentinel conversation and its stand-ins: every text a numbered sentinel (wrapped in ``pad``,
     ``tail`` after it), every object a :class:`SentinelObject` (a small real object if not ``objects``)."""
-    from vecpack.chat.conversation import Conversation
-
     made: list = []
 
     def stand_in(i, leaf):
@@ -270,6 +269,15 @@ class _Dumps:
                               e.key_separator, e.item_separator, e.sort_keys, e.skipkeys, e.allow_nan)
 
     def __call__(self, obj) -> str:
+        shared = SHARED_SCHEMAS.get(id(obj))
+        if shared is not None and shared[0] is obj:  # a schema rows share: its JSON made once
+            out = shared[1].get(self)
+            if out is None:
+                out = shared[1][self] = self._dumps(obj)
+            return out
+        return self._dumps(obj)
+
+    def _dumps(self, obj) -> str:
         fast = self.fast
         if fast is None or type(obj) is str:
             return self.encoder.encode(obj)

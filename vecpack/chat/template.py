@@ -76,7 +76,7 @@ _PAD = "\t \n\x0b"  # whitespace probes wrap the sentinels in (unlikely in a tem
 _TRANSFORMS = (None, str.lstrip, str.rstrip, str.strip)  # most specific first: strip's output always matches
 _MAX_LAYOUTS = 4096  # distinct role sequences remembered per process
 _EOT_HINT = re.compile(r"end|eot|eom|eos|^<\|(?:call|return)\|>$", re.IGNORECASE)  # gpt-oss: <|call|>, <|return|>
-_TRACKING = contextvars.ContextVar("vecpack_generation_tracking", default=None)  # (blocks, spans) of a render
+_TRACKING = contextvars.ContextVar("vecpack_generation_tracking", default=None)  # (blocks, spans, done) of a render
 _GENERATION = re.compile(r"\{%-?\s*generation\s*-?%\}")
 
 
@@ -109,8 +109,9 @@ def compile_jinja(source: str, *, fast: bool = True):
             out = caller()
             track = _TRACKING.get()
             if track is not None:  # where the output so far ends: transformers' rule, quirks included
-                blocks, spans = track
-                start = sum(map(len, blocks))
+                blocks, spans, done = track  # done: [blocks already summed, their length]
+                start = done[1] + sum(map(len, blocks[done[0]:]))
+                done[:] = len(blocks), start
                 spans.append((start, start + len(out)))
             return out
 
@@ -317,7 +318,7 @@ class ChatTemplate:
             if not tracked:
                 return self._jinja.render(messages=messages, add_generation_prompt=add_generation_prompt, **kwargs)
             blocks, spans = [], []
-            token = _TRACKING.set((blocks, spans))
+            token = _TRACKING.set((blocks, spans, [0, 0]))
             try:
                 for block in self._jinja.generate(messages=messages, add_generation_prompt=add_generation_prompt,
                                                   **kwargs):
