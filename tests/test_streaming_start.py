@@ -37,6 +37,12 @@ def rows(tmp_path):
 
 
 @pytest.fixture
+def few_rows(tmp_path):
+    """10 batches: a switch at batch 7 is still mid-stream (the six switch cases' time)."""
+    return str(make_sharegpt(tmp_path / "rows.jsonl", 160, seed=3))
+
+
+@pytest.fixture
 def fresh(cache_dir, fresh_state):
     """A private cache (no remembered verdicts) and no engine built in this process."""
     return cache_dir
@@ -77,9 +83,9 @@ def _switch_after(ds, n: int) -> list:
 
 @pytest.mark.parametrize("switch, tok", [(0, "qwen_dir"), (1, "qwen_dir"), (10_000, "qwen_dir"), (0, "llama3_dir"),
                                          (7, "llama3_dir"), (10_000, "llama3_dir")])
-def test_every_engine_and_switch_gives_hf_packs(request, rows, fresh, tok, switch):
+def test_every_engine_and_switch_gives_hf_packs(request, few_rows, fresh, tok, switch):
     """tiktoken first, fastokens from batch ``switch`` on (never, with 10_000): HF's packs, byte for byte."""
-    tok = request.getfixturevalue(tok)
+    tok, rows = request.getfixturevalue(tok), few_rows
     ref = _hf_packs(rows, tok)
     ds = StreamingPackedDataset(rows, str(tok), **ARGS)
     seen = _switch_after(ds, switch)
