@@ -228,6 +228,7 @@ def _tools_of_text(text: str) -> list:
     """The schemas of a ``tools`` column given as JSON text, read once per text seen twice (then a shared
     list: do not change it).
 
+    >>> _TOOL_TEXTS.clear(); _SEEN_TOOL_TEXTS.clear()   # (as in a fresh process)
     >>> text = '[{"type": "function"}]'
     >>> _tools_of_text(text) is _tools_of_text(text), _tools_of_text(text) is _tools_of_text(text)
     (False, True)
