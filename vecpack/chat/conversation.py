@@ -265,41 +265,35 @@ def _calls(i: int, calls) -> list:
     if not isinstance(calls, list):
         raise InputError(f"message {i} (assistant) 'tool_calls' is a {_kind(calls)}, expected a list")
     for j, call in enumerate(calls):
-        fn = call.get("function", call) if isinstance(call, dict) else None  # {"function": {...}} or the function
-        name = fn.get("name") if isinstance(fn, dict) else None
-        args = fn.get("arguments", {}) if type(name) is str and name else None
-        if type(args) is str:
-            try:
-                _check_json(args)
-                continue
-            except ValueError:
-                pass
-        elif type(args) is dict:
-            continue
-        _bad_call(i, j, call)  # the checks again, worded: raises (a str or dict subclass passes)
+        _check_call(i, j, call)
     return list(calls)
 
 
-def _bad_call(i: int, j: int, call) -> None:
-    """Raise the :class:`InputError` of a tool call :func:`_calls` refused (the checks made again, worded)."""
-    where = f"message {i} (assistant) tool call {j}"
+def _check_call(i: int, j: int, call) -> None:
+    """Raise the :class:`InputError` of a malformed tool call (its words are made only then: every
+    call of every row takes this path)."""
     if not isinstance(call, dict):
-        raise InputError(f"{where} is a {_kind(call)}, expected an object")
-    fn = call.get("function", call)
+        raise InputError(f"{_where(i, j)} is a {_kind(call)}, expected an object")
+    fn = call.get("function", call)  # {"function": {...}} (OpenAI) or the function itself
     if not isinstance(fn, dict):
-        raise InputError(f"{where}: 'function' is a {_kind(fn)}, expected an object with 'name' and 'arguments'")
+        raise InputError(f"{_where(i, j)}: 'function' is a {_kind(fn)}, expected an object with 'name' and "
+                         "'arguments'")
     name = fn.get("name")
     if type(name) is not str or not name:
-        raise InputError(f"{where} has no function name")
+        raise InputError(f"{_where(i, j)} has no function name")
     args = fn.get("arguments", {})
     if isinstance(args, str):
         try:
             _check_json(args)
         except ValueError as e:
-            raise InputError(f"{where} ({name}): 'arguments' is a string but not JSON ({e}); "
+            raise InputError(f"{_where(i, j)} ({name}): 'arguments' is a string but not JSON ({e}); "
                              "give the arguments as a JSON object or as JSON text") from None
     elif not isinstance(args, dict):
-        raise InputError(f"{where} ({name}): 'arguments' is a {_kind(args)}, expected a JSON object")
+        raise InputError(f"{_where(i, j)} ({name}): 'arguments' is a {_kind(args)}, expected a JSON object")
+
+
+def _where(i: int, j: int) -> str:
+    return f"message {i} (assistant) tool call {j}"
 
 
 def _message(i: int, msg, roles: dict, role_key: str, text_key: str, state: dict) -> dict | None:
