@@ -168,10 +168,10 @@ def test_compiled_structures_equal_transformers(templated, base, name, engine):
 
 
 def test_a_rows_key_and_leaves_are_its_layouts():
-    """The per-row key (made without copying the messages) is the one the layout was compiled under, and
-    its leaves are in the layout's order: on every generator's rows, with a template's words and without,
-    objects and ``train``/``chat_template_kwargs`` options included."""
-    from vecpack.chat.structure import _Everything, _layout_of, shape
+    """The per-row key's leaves (found without copying the messages) are the compiled layout's, in its
+    order (the copy the stand-ins go into): on every generator's rows, with a template's words and
+    without, objects and ``train``/``chat_template_kwargs`` options included; the keys tell them apart."""
+    from vecpack.chat.structure import _copied, _Everything, shape
 
     rows = (agentic_rows(60, seed=5) + same_structure_rows(20, seed=4) + xlam_rows(20, seed=3)
             + heterogeneous_rows(20, seed=2) + heterogeneous_rows(10, seed=1, as_text=True))
@@ -182,8 +182,9 @@ def test_a_rows_key_and_leaves_are_its_layouts():
     for row in rows:
         conv = read_conversation(row, "openai")
         for used in (words, _Everything()):
-            key, leaves, _, _ = _layout_of(conv, used)
-            assert shape(conv, used) == (key, leaves)
+            key, leaves = shape(conv, used)
+            copied, _, _ = _copied(conv, used)
+            assert len(leaves) == len(copied) and all(a is b for a, b in zip(leaves, copied))
             keys.add(key)
     assert len(keys) > 40
 

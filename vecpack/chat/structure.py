@@ -174,14 +174,9 @@ def _names(template) -> frozenset:
     return names
 
 
-def _layout_of(conv, used, stand_in=_identity):
-    """``(key, leaves, messages, kwargs)``: the structure, the texts and objects in order, and the
-    conversation as the template is given it (with ``stand_in`` s at the leaves)."""
-    return (shape(conv, used)[0], *_copied(conv, used, stand_in))
-
-
-def _copied(conv, used, stand_in):
-    """``(leaves, messages, kwargs)`` of :func:`_layout_of`."""
+def _copied(conv, used, stand_in=_identity):
+    """``(leaves, messages, kwargs)``: the texts and objects in order (those :func:`shape` lists), and
+    the conversation as the template is given it (with ``stand_in`` s at the leaves)."""
     leaves: list = []
     messages = _copy(conv.messages, leaves, stand_in, used)
     kwargs = {k: v for k, v in conv.kwargs.items() if k != "tools"}
@@ -208,7 +203,7 @@ def _row_key(messages_key, conv, options: dict, tools) -> tuple:
 
 def shape(conv, used=None) -> tuple[tuple, list]:
     """``(key, leaves)``: the conversation's structure and its texts / objects in order (``used``: the
-    template's words; every key counts without it). The same as :func:`_layout_of` gives, made
+    template's words; every key counts without it). Its leaves are :func:`_copied`'s, found
     without copying the messages (every row takes this path)."""
     leaves: list = []
     out: list = []
