@@ -124,3 +124,61 @@ def test_a_task_of_a_cancelled_run_reports_nothing(tmp_path):
     out.mkdir()
     meta = vray._run_task(plan_chunks(str(ok))[0], BuggyEncoder(), str(out), "raise")
     assert meta.records == 1 and meta.out_dir == str(out) and (out / "chunk-000000.tokens.npy").exists()
+
+
+def test_stop_cancels_on_a_ray_someone_else_started(ray_cluster):
+    """The caller's Ray (this module's) is left running: only the tasks are cancelled."""
+    import time
+
+    from vecpack.tokenizing import ray as vray
+
+    def sleep(seconds):
+        time.sleep(seconds)
+
+    ref = ray.remote(num_cpus=1)(sleep).remote(60)
+    vray.stop(ray, [ref])
+    with pytest.raises((ray.exceptions.TaskCancelledError, ray.exceptions.WorkerCrashedError)):
+        ray.get(ref, timeout=30)
+    assert ray.is_initialized()
+
+
+def test_stop_shuts_down_only_the_ray_vecpack_started(monkeypatch):
+    """The Ray that init() started is shut down, never cancelled task by task (ray.cancel racing a
+    completion aborts the driver in Ray 2.60 and leaves the local agents behind); any other is cancelled."""
+    from vecpack.tokenizing import ray as vray
+
+    class Ctx:
+        def __init__(self, session):
+            self.session = session
+
+        def get_session_name(self):
+            return self.session
+
+        def get_job_id(self):
+            return "01000000"
+
+    class FakeRay:
+        def __init__(self, session):
+            self.calls, self.session = [], session
+
+        def is_initialized(self):
+            return True
+
+        def get_runtime_context(self):
+            return Ctx(self.session)
+
+        def shutdown(self):
+            self.calls.append("shutdown")
+
+        def cancel(self, ref, force):
+            self.calls.append(("cancel", ref, force))
+
+    monkeypatch.setattr(vray, "_STARTED", ("ours", "01000000"))
+    ours, theirs = FakeRay("ours"), FakeRay("theirs")
+    vray.stop(ours, ["a", "b"])
+    vray.stop(theirs, ["a", "b"], force=False)
+    assert ours.calls == ["shutdown"]
+    assert theirs.calls == [("cancel", "a", False), ("cancel", "b", False)]
+    monkeypatch.setattr(vray, "_STARTED", None)   # vecpack started none: cancelled
+    vray.stop(ours, ["a"])
+    assert ours.calls == ["shutdown", ("cancel", "a", True)]

@@ -268,6 +268,8 @@ def _collect(ray, jobs, results: dict, max_retries: int, what: str = "unit", don
     raised."""
     from ray.exceptions import RayTaskError, WorkerCrashedError
 
+    from vecpack.tokenizing import ray as _ray
+
     try:
         from ray.exceptions import NodeDiedError
     except ImportError:  # pragma: no cover - older Ray
@@ -311,13 +313,11 @@ def _collect(ray, jobs, results: dict, max_retries: int, what: str = "unit", don
                 if done is not None:
                     done(r)
             if failure is not None or first is not None:
-                for ref in pending:
-                    ray.cancel(ref, force=True)
+                _ray.stop(ray, pending)
                 break
             fill()
     except BaseException:
-        for ref in pending:
-            ray.cancel(ref, force=True)
+        _ray.stop(ray, pending)
         raise
     if failure is not None:
         raise failure

@@ -33,9 +33,16 @@ from vecpack.errors import WorkerDiedError
 from vecpack.tokenizing.rows import tokenize_chunk
 from vecpack.tokenizing.tasks import ChunkError
 
-__all__ = ["execute", "init"]
+__all__ = ["execute", "init", "stop"]
 
 MAX_RETRIES = 3
+
+_STARTED: tuple[str, str] | None = None   # (session, job) of the local Ray that init() started in this process
+
+
+def _identity(ray) -> tuple[str, str]:
+    ctx = ray.get_runtime_context()
+    return ctx.get_session_name(), ctx.get_job_id()
 
 
 def init(address: str | None = None, *, num_cpus: int | None = None):
@@ -54,7 +61,28 @@ def init(address: str | None = None, *, num_cpus: int | None = None):
         elif num_cpus is not None:
             kwargs["num_cpus"] = num_cpus
         ray.init(**kwargs)
+        if address is None:
+            global _STARTED
+            _STARTED = _identity(ray)
     return ray
+
+
+def stop(ray, refs, *, force: bool = True) -> None:
+    """Stop the tasks of ``refs`` early (Ctrl-C, another task's error): the one place that does it.
+
+    A local Ray that :func:`init` started in this process is shut down: that
+    ends every task with the processes that run it. Only on a cluster that
+    someone else started are the tasks cancelled one by one (``force``: kill
+    their workers, rather than interrupt them): ``ray.cancel``
+    can race with a task's completion in Ray's core worker, which then aborts
+    the driver (``Check failed: it != submissible_tasks_.end()``; Ray
+    2.60, ray-project/ray#54527) and leaves the local instance's agents behind.
+    """
+    if _STARTED is not None and ray.is_initialized() and _identity(ray) == _STARTED:
+        ray.shutdown()
+        return
+    for ref in refs:
+        ray.cancel(ref, force=force)
 
 
 CANCELLED = "cancelled"   # the file the driver writes into out_dir when the run stops early
@@ -214,8 +242,9 @@ def _cancel(ray, out_dir: str, pending: list, *, force: bool) -> None:
             pass
     except OSError:   # out_dir is gone already: the tasks see that as the mark
         pass
-    for ref in pending:
-        ray.cancel(ref, force=force)
+    stop(ray, pending, force=force)
+    if not ray.is_initialized():   # the local Ray was shut down, its tasks with it: nothing to collect
+        return
     try:
         ended, _ = ray.wait(pending, num_returns=len(pending), timeout=1.0) if pending else ([], [])
         for ref in ended:
