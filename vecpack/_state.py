@@ -426,7 +426,9 @@ def _start_compiler(module_name: str, names: list, lock=None):
     """A Python process at low priority that compiles ``module_name``'s kernels ``names`` (with the
     signatures of its ``FIRST_RUN`` and ``LATER``) into numba's cache, printing each one's name once
     compiled, and exits, whether this process waits or not; None where it cannot start. ``lock``: a
-    locked file descriptor it keeps open (see :func:`_compile_lock`)."""
+    locked file descriptor it keeps open (see :func:`_compile_lock`). It compiles past the kernels' own
+    locks (:mod:`vecpack._kernel_lock`): a process of normal priority never waits on this one, which a busy
+    machine may starve."""
     import subprocess
     import sys
 
@@ -434,7 +436,7 @@ def _start_compiler(module_name: str, names: list, lock=None):
         return None
     code = (f"import importlib, os, sys\nsys.path[:] = sys.argv[1:]\nhasattr(os, 'nice') and os.nice(10)\n"
             f"k = importlib.import_module({module_name!r})\nsig = dict(k.FIRST_RUN[0] + k.FIRST_RUN[1] + k.LATER)\n"
-            f"for n in {names!r}:\n    getattr(k, n).compile(sig[n])\n"
+            f"for n in {names!r}:\n    type(getattr(k, n)).compile(getattr(k, n), sig[n])\n"   # (no _kernel_lock)
             f"    try:\n        print(n, flush=True)\n"
             f"    except OSError:\n        pass  # (the run is over: the next one will load them)\n")
     try:

@@ -1,9 +1,9 @@
 """numba kernels for packing. No Python glue here: see plan.py and packed.py.
 
-Every kernel is ``@njit(cache=CACHE)`` and works on flat arrays only: lengths and indices are
-``int64``, tokens and labels ``int32`` (labels may be a bit mask: :func:`_label`). The glue passes
-inputs as read-only views (see :func:`vecpack.packing.plan._ro`) so that each kernel is
-compiled once, whether its inputs are in-memory or memory-mapped.
+Every kernel is ``@njit(cache=CACHE)`` and works on flat arrays only: lengths and indices are ``int64``, tokens and
+labels ``int32`` (labels may be a bit mask: :func:`_label`). The glue passes inputs as read-only views (see
+:func:`vecpack.packing.plan._ro`) so that each kernel is compiled once, whether its inputs are in-memory or
+memory-mapped.
 
 Pipeline (lengths -> Plan)::
 
@@ -18,16 +18,16 @@ then (Plan + tokens -> arrays)::
         -> input_ids, labels, position_ids, document_ids  [packs, max_len] int32
     fill_packs_part / fill_pack_part: the same over a corpus in parts (one call per part)
 
-Complexity: expand O(D); greedy O(E); ffd O(E log P); bfd O(E log max_len)
-(a counting sort by length, then a segment tree over *remaining capacity*
-whose leaves are capacities 0..max_len; each leaf holds a stack of the packs
-with that capacity, so best fit is "smallest non-empty leaf >= length").
+Complexity: expand O(D); greedy O(E); ffd O(E log P); bfd O(E log max_len) (a counting sort by length, then a segment
+tree over *remaining capacity* whose leaves are capacities 0..max_len; each leaf holds a stack of the packs with that
+capacity, so best fit is "smallest non-empty leaf >= length").
 """
 
 import numpy as np
 from numba import njit, prange, types
 from numba.extending import overload
 
+from vecpack._kernel_lock import compile_once
 from vecpack._state import kernel_cache
 
 CACHE = kernel_cache()  # False where numba cannot write its cache (then compiled per process)
@@ -57,10 +57,7 @@ _ROW, _ROWS = types.Array(types.int32, 1, "C"), types.Array(types.int32, 2, "C")
 LATER = (("fill_packs", (_RO32, _RO8) + (_RO64,) * 5 + (_I64,) * 3 + (_ROWS,) * 4),
          ("fill_pack", (_RO32, _RO8) + (_RO64,) * 5 + (_I64,) * 3 + (_ROW,) * 4))
 
-LONG_TRUNCATE = 0
-LONG_DROP = 1
-LONG_SPLIT = 2
-LONG_ERROR = 3
+LONG_TRUNCATE, LONG_DROP, LONG_SPLIT, LONG_ERROR = 0, 1, 2, 3
 
 # expand_entries statistics slots.
 ST_EMPTY = 0          # zero-length documents (dropped)
@@ -618,3 +615,6 @@ def trained_tokens(labels, offsets, doc_index, doc_start, doc_length, ignore_ind
                 c += 1
         total += c
     return total
+
+
+compile_once(globals())   # concurrent first runs compile each kernel once (vecpack/_kernel_lock.py)

@@ -20,6 +20,7 @@ as in :mod:`vecpack.packing._kernels` (positions from 0).
 import numpy as np
 from numba import njit, prange
 
+from vecpack._kernel_lock import compile_once
 from vecpack._state import kernel_cache
 from vecpack.packing._kernels import _pad_tail
 
@@ -138,3 +139,6 @@ def check_pair_plan(doc_lengths, pair_index, pair_lens, pack_offsets, max_len, s
         if used > max_len:
             return 4, i
     return 0, 0
+
+
+compile_once(globals())   # concurrent first runs compile each kernel once (vecpack/_kernel_lock.py)

@@ -25,6 +25,7 @@ the prefix hash) live in :mod:`vecpack.tokenizing._text_kernels`.
 import numpy as np
 from numba import njit
 
+from vecpack._kernel_lock import compile_once
 from vecpack._state import kernel_cache
 from vecpack.tokenizing._text_kernels import (  # noqa: F401 - the lane reaches every kernel through here
     _code_point,
@@ -528,3 +529,6 @@ def render_rows(buf, rows, layout_of, msg_first, msg_count, m_start, m_stop, m_e
         t0[j], t1[j], p1[j], ph[j], q1[j] = start, o, prefix_stop, _hash(out, start, prefix_stop), q
         flags[j] = (F_WIDE if wide else 0) | (F_LONG if o - start >= 100_000 else 0)
     return ok, t0, t1, p1, ph, flags, q1, o
+
+
+compile_once(globals())   # concurrent first runs compile each kernel once (vecpack/_kernel_lock.py)

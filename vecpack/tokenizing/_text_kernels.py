@@ -10,6 +10,7 @@ takes ``uint8`` arrays and positions; none allocates per row.
 import numpy as np
 from numba import njit
 
+from vecpack._kernel_lock import compile_once
 from vecpack._state import kernel_cache
 
 CACHE = kernel_cache()  # False where numba cannot write its cache (then compiled per process)
@@ -153,3 +154,6 @@ def join_texts(out, starts, stops, sep):
             joined[o:o + m] = out[starts[i]:stops[i]]
             o += m
     return joined
+
+
+compile_once(globals())   # concurrent first runs compile each kernel once (vecpack/_kernel_lock.py)

@@ -11,6 +11,7 @@ with its reference.
 import numpy as np
 from numba import njit
 
+from vecpack._kernel_lock import compile_once
 from vecpack._state import kernel_cache
 
 CACHE = kernel_cache()  # False where numba cannot write its cache (then compiled per process)
@@ -151,3 +152,6 @@ def cut_joined(ids, bytelen, row_bytes, sep, head_of, heads, heads_off):
                 return out, lengths, False
             t += 1
     return out, lengths, t == ids.shape[0] and o == total
+
+
+compile_once(globals())   # concurrent first runs compile each kernel once (vecpack/_kernel_lock.py)

@@ -22,6 +22,7 @@ outputs of :func:`fill_pack` are ``int64`` (torchtune's ``torch.long``).
 import numpy as np
 from numba import njit
 
+from vecpack._kernel_lock import compile_once
 from vecpack._state import kernel_cache
 
 CACHE = kernel_cache()  # False where numba cannot write its cache (then compiled per process)
@@ -117,3 +118,6 @@ def fill_pack(tokens, labels, offsets, doc_index, doc_start, doc_length, e0, e1,
         seq[ns] = max_len - at
         ns += 1
     return ns
+
+
+compile_once(globals())   # concurrent first runs compile each kernel once (vecpack/_kernel_lock.py)

@@ -20,6 +20,7 @@ two such children of one node cannot both be, and are reported.
 import numpy as np
 from numba import njit
 
+from vecpack._kernel_lock import compile_once
 from vecpack._state import kernel_cache
 
 CACHE = kernel_cache()  # False where numba cannot write its cache (then compiled per process)
@@ -162,3 +163,6 @@ def build_tries(tokens, trained, doc_offsets, conv_offsets, cap, src, depth, end
         out += n - 1
         unit_offsets[c + 1] = out
     return out, -1
+
+
+compile_once(globals())   # concurrent first runs compile each kernel once (vecpack/_kernel_lock.py)

@@ -1,0 +1,94 @@
+"""Concurrent first runs compile each kernel once (:mod:`vecpack._kernel_lock`)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+import time
+
+from helpers import REPO
+
+MODULE = textwrap.dedent('''
+    from numba import njit
+    from vecpack._kernel_lock import compile_once
+
+    @njit(cache=True)
+    def helper(x):
+        return x * 3 + 1
+
+    @njit(cache=True)
+    def kernel(x):
+        s = 0
+        for i in range(x):
+            s += helper(i)
+        return s
+
+    compile_once(globals())
+''')
+
+CHILD = textwrap.dedent('''
+    import os, sys, time
+    import lockmod
+    open(sys.argv[1], "w").close()                     # ready
+    while not os.path.exists(sys.argv[2]):             # both start the call at once
+        time.sleep(0.001)
+    assert lockmod.kernel(10) == 145
+    print(sum(lockmod.kernel._cache_misses.values()) + sum(lockmod.helper._cache_misses.values()))
+''')
+
+
+def _env(tmp_path):
+    return dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path), str(REPO)]))
+
+
+def test_two_processes_at_once_compile_a_kernel_once(tmp_path):
+    (tmp_path / "lockmod.py").write_text(MODULE)
+    go = tmp_path / "go"
+    procs = [subprocess.Popen([sys.executable, "-c", CHILD, str(tmp_path / f"ready{i}"), str(go)],
+                              env=_env(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for i in range(2)]
+    deadline = time.monotonic() + 60
+    while not all((tmp_path / f"ready{i}").exists() for i in range(2)):
+        assert time.monotonic() < deadline and all(p.poll() is None for p in procs), [p.communicate() for p in procs]
+        time.sleep(0.01)
+    go.touch()
+    outs = [p.communicate(timeout=120) for p in procs]
+    assert all(p.returncode == 0 for p in procs), outs
+    misses = sorted(int(out.split()[-1]) for out, _ in outs)
+    assert misses == [0, 2], outs   # one process compiled kernel and helper, the other loaded both
+    locks = sorted(n.split("-")[0] for n in os.listdir(tmp_path / "__pycache__") if n.endswith(".nbi.lock"))
+    assert locks == ["lockmod.helper", "lockmod.kernel"]   # next to each kernel's cache index
+
+
+def test_a_lock_held_too_long_is_not_waited_for(tmp_path, monkeypatch):
+    """A process stuck holding the lock (here: a child that never lets go) costs WAIT seconds, then the
+    kernel compiles here as numba would have; a signature already compiled takes no lock at all."""
+    import importlib
+
+    from vecpack import _kernel_lock
+
+    (tmp_path / "lockmod2.py").write_text(MODULE)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    mod = importlib.import_module("lockmod2")
+    mod.kernel(1), mod.helper(1)   # compiled (and cached) for int64 before anyone holds the lock
+    holder = subprocess.Popen([sys.executable, "-c", (
+        "import fcntl, os, sys, time\n"
+        "fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT)\n"
+        "fcntl.lockf(fd, fcntl.LOCK_EX)\n"
+        "print('held', flush=True)\n"
+        "time.sleep(60)\n"), mod.kernel._cache._cache_file._index_path + ".lock"],
+        stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        monkeypatch.setattr(_kernel_lock, "WAIT", 0.3)
+        t0 = time.monotonic()
+        assert mod.kernel(10) == 145                  # int64 again: no lock taken
+        assert time.monotonic() - t0 < 0.3
+        t0 = time.monotonic()
+        assert mod.kernel(10.0) == 145.0              # float64: waits 0.3 s, then compiles here
+        assert time.monotonic() - t0 >= 0.3
+    finally:
+        holder.kill()
+        holder.wait()
