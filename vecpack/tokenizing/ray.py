@@ -71,12 +71,12 @@ def stop(ray, refs, *, force: bool = True) -> None:
     """Stop the tasks of ``refs`` early (Ctrl-C, another task's error): the one place that does it.
 
     A local Ray that :func:`init` started in this process is shut down: that
-    ends every task with the processes that run it. Only on a cluster that
-    someone else started are the tasks cancelled one by one (``force``: kill
-    their workers, rather than interrupt them): ``ray.cancel``
-    can race with a task's completion in Ray's core worker, which then aborts
-    the driver (``Check failed: it != submissible_tasks_.end()``; Ray
-    2.60, ray-project/ray#54527) and leaves the local instance's agents behind.
+    ends every task with the processes that run it, and calls no
+    ``ray.cancel``, which can race with a task's completion in Ray's core
+    worker and abort the driver (``Check failed: it != submissible_tasks_.end()``;
+    Ray 2.60, ray-project/ray#54527), leaving the local instance's agents behind.
+    On a cluster that someone else started, the tasks are cancelled one by one
+    (``force``: their workers killed, rather than interrupted).
     """
     if _STARTED is not None and ray.is_initialized() and _identity(ray) == _STARTED:
         ray.shutdown()
