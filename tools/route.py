@@ -16,7 +16,6 @@ Runs ``vecpack.build`` on a small generated file with ``n_jobs=1`` and
 from __future__ import annotations
 
 import argparse
-import inspect
 import sys
 import tempfile
 
