@@ -21,7 +21,7 @@ engine made it).
 The script also prints the seconds of the full (generation 2) collections
 that fell in each run's window, observed with ``gc.callbacks`` and not
 changed: the first one after ``import torch`` walks every object torch made
-(0.08-0.10 s), and the window holds it because its allocations come first.
+(0.07-0.10 s), and the window holds it because its allocations come first.
 Any program that allocates after ``import torch`` pays it once.
 """
 
