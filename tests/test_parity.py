@@ -218,3 +218,19 @@ def test_the_server_protocol(qwen_dir):
     assert ids == ("ok", [tk.encode(t, add_special_tokens=False).ids for t in texts])
     assert where == ("ok", 2)  # "ab" | " cd": token 1 starts at character 2
     assert nope == ("error", "ValueError: unknown request 'nope'")
+
+
+def test_the_server_leaves_quietly_when_the_driver_goes_away(qwen_dir):
+    """A driver stopped by Ctrl-C closes both pipes, maybe in the middle of a request or while its
+    reply is written: the server ends without a traceback."""
+    file = str(qwen_dir / "tokenizer.json")
+
+    class Broken(io.BytesIO):
+        def write(self, data):
+            raise BrokenPipeError(32, "Broken pipe")
+
+    _hf_server.serve(_frames(("load", file, 1), ("load", file, 1)), Broken())  # returns
+    whole = _frames(("ids", file, 1, ["a long enough text"])).getvalue()
+    out = io.BytesIO()
+    _hf_server.serve(io.BytesIO(whole[:-3]), out)  # a request cut short: the end of input
+    assert out.getvalue() == b""

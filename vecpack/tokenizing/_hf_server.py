@@ -17,7 +17,8 @@ Requests and replies::
 
 ``key`` names the file's version (size, mtime): a new key loads the file
 again. The process ignores SIGINT (Ctrl-C is the driver's to handle) and
-exits when stdin closes, which happens when the driver exits or dies.
+exits, quietly, when the driver goes away: stdin closes (at a frame's start
+or inside one), or the pipe of its replies breaks.
 """
 
 import os
@@ -44,7 +45,10 @@ def _read_frame(inp):
     if len(head) < 8:
         return None
     (size,) = struct.unpack("<Q", head)
-    return pickle.loads(_read_exact(inp, size))
+    body = _read_exact(inp, size)
+    if len(body) < size:  # the driver went away in the middle of a request
+        return None
+    return pickle.loads(body)
 
 
 def _write_frame(out, obj) -> None:
@@ -102,7 +106,10 @@ def serve(inp, out) -> None:
             reply = handle(request, tokenizers)
         except Exception as e:  # the driver reports it and does not trust tiktoken
             reply = "error", f"{type(e).__name__}: {e}"
-        _write_frame(out, reply)
+        try:
+            _write_frame(out, reply)
+        except BrokenPipeError:  # the driver went away (it exited, or Ctrl-C stopped it): no one to answer
+            return
 
 
 def main() -> None:

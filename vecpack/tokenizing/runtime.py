@@ -37,12 +37,14 @@ import numpy as np
 from vecpack._state import Memo, memo
 from vecpack.options import cache_root, usable_cores
 from vecpack.tokenizing.labels import labels_from_parts
+from vecpack.tokenizing.latin import StartCore
 from vecpack.tokenizing.sp import SPACE, sp_labels, sp_spec, token_bytes
 from vecpack.tokenizing.spec import (
     Unsupported,
-    byte_lengths,
     hf_byte_table,
+    latin_table,
     stat_key,
+    tiktoken_facts,
     tiktoken_file,
     tiktoken_spec,
     write_memo,
@@ -99,7 +101,7 @@ def fast_engine(path) -> tuple[str, str]:
     The parity check then confirms the choice on the dataset's own rows.
     """
     try:
-        tiktoken_spec(pathlib.Path(path))
+        tiktoken_facts(pathlib.Path(path))
     except Unsupported as e:
         return _sentencepiece_engine(pathlib.Path(path), str(e))
     try:
@@ -155,7 +157,7 @@ def added_tokens(path) -> dict[str, int]:
         Unsupported: no fast engine takes it (the tiktoken tables' reason).
     """
     try:
-        return tiktoken_spec(pathlib.Path(path))[2]
+        return tiktoken_facts(pathlib.Path(path))[1]
     except Unsupported:
         if sentencepiece_style(path):
             return sp_spec(pathlib.Path(path)).added
@@ -222,7 +224,7 @@ class Runtime:
                 self.bytelen, self.nfc = table
             return
         try:
-            pattern, ranks, self.added, self.nfc = tiktoken_spec(path)
+            pattern, self.added, self.nfc, self.bytelen = tiktoken_facts(path)
         except Unsupported:
             if backend != "fastokens" or not sentencepiece_style(path):
                 raise
@@ -230,7 +232,6 @@ class Runtime:
             return
         self.special_re = (re.compile("|".join(map(re.escape, sorted(self.added, key=len, reverse=True))))
                            if self.added else None)
-        self.bytelen = byte_lengths(ranks, self.added)
         self.bytelen32 = self.bytelen.astype(np.int32)
         self.allowed = frozenset(self.added)
         if backend == "fastokens":
@@ -242,11 +243,8 @@ class Runtime:
             # large enough to repay it (build_fastokens)
             self.batch = False
             self._pattern = pattern
-        import tiktoken
-
-        enc = tiktoken.Encoding(f"vecpack-{path.name}", pat_str=pattern, mergeable_ranks=ranks,
-                                special_tokens=self.added)
-        self.core = enc._core_bpe
+        # tiktoken's core: on the ranks that Latin-script texts use, until a text needs others (same ids)
+        self.core = StartCore(lambda: latin_table(path), lambda: tiktoken_spec(path)[1], self.added, pattern)
         if pattern in LINE_SAFE_PATTERNS and not any("\n" in t for t in self.added):
             self.pieces, self.seen = Memo("repeated pieces", _PIECES_MAX), Memo("pieces seen once", _PIECES_MAX)
         # a content holding none of the first two characters of any added token holds no added token
