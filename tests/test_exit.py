@@ -346,3 +346,15 @@ def test_an_executor_thread_a_ctrl_c_left_unrecorded_does_not_hold_the_exit():
     proc = _start([], tag, code=code)
     rc, err = _finish(proc, tag, time.monotonic())
     assert rc == 0, err
+
+
+def test_rays_shutdown_writes_nothing_to_stderr(capfd):
+    """What Ray's core writes to file descriptor 2 while vecpack shuts its local instance down goes
+    nowhere; stderr is itself again afterwards."""
+    from vecpack.tokenizing.ray import _quiet_stderr
+
+    os.write(2, b"before\n")
+    with _quiet_stderr():
+        os.write(2, b"Failed to push error to driver\n")
+    os.write(2, b"after\n")
+    assert capfd.readouterr().err == "before\nafter\n"

@@ -241,3 +241,40 @@ def test_a_fork_waits_for_an_engine_still_building():
         assert not forkpool.fork_will_wait()
     finally:
         forkpool._PREPARING.remove(fut)
+
+
+def _reply_half_then_wait(signal_file: str) -> None:
+    """A forked worker's task that starts its reply and stops half-way, as a worker killed while it
+    writes does: the frame's header promises 1,000 bytes, 10 follow."""
+    import struct
+
+    frame = sys._getframe()
+    while "result_queue" not in frame.f_locals:  # (the executor's worker loop holds the queue)
+        frame = frame.f_back
+    os.write(frame.f_locals["result_queue"]._writer.fileno(), struct.pack("!i", 1000) + b"0123456789")
+    open(signal_file, "w").close()
+    time.sleep(600)
+
+
+@pytest.mark.skipif(fork_refusal() is not None, reason="workers are not forked here")
+def test_killing_workers_half_way_through_a_reply_does_not_hang_the_stop(tmp_path):
+    """Ctrl-C kills the forked workers (``shutdown(kill_workers=True)``); one may have written part of
+    a result. The executor's reader then waited for the rest, forever: the driver holds the pipe's
+    writing end too. It now gets the end of the stream, and the stop returns."""
+    from concurrent.futures.process import BrokenProcessPool
+
+    from vecpack.tokenizing.forkpool import ForkPool
+
+    fp = ForkPool(object(), 2)
+    flag = tmp_path / "half-written"
+    fut = fp.submit(_reply_half_then_wait, str(flag))
+    deadline = time.monotonic() + 60
+    while not flag.exists():
+        assert time.monotonic() < deadline, "the worker never wrote"
+        time.sleep(0.02)
+    time.sleep(0.2)  # the executor's reader is inside the frame now
+    stopped = threading.Event()
+    threading.Thread(target=lambda: (fp.shutdown(wait=True, kill_workers=True), stopped.set()), daemon=True).start()
+    assert stopped.wait(30), "stopping the killed workers hung"
+    with pytest.raises(BrokenProcessPool):
+        fut.result(timeout=10)

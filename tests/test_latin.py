@@ -1,9 +1,12 @@
 """tiktoken on the Latin-script table gives the ids of the whole table (vecpack.tokenizing.latin)."""
 
 import json
+import os
 import pathlib
 import random
+import signal
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -173,3 +176,31 @@ def test_the_memos_are_read_not_parsed(qwen_dir, tmp_path, monkeypatch):
     monkeypatch.undo()
     monkeypatch.setenv("VECPACK_CACHE", str(tmp_path / "cache"))
     assert spec.tiktoken_facts(qwen_dir)[:3] == (pattern, added, nfc)
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="no fork here")
+def test_a_fork_while_a_thread_builds_leaves_the_child_its_own_lock(tables):
+    """A driver forks its workers while its parity check's thread may be building a table (holding
+    the lock): the child must not wait for a thread it does not have."""
+    pattern, ranks, added = tables
+    want = _core(ranks, added, pattern).encode("日本語 and Você", set())
+    core = StartCore(lambda: {t: r for t, r in ranks.items() if latin_token(t)}, lambda: ranks, added, pattern)
+    core._lock.acquire()  # as a building thread holds it at the fork
+    pid = os.fork()
+    if pid == 0:  # the child: exit at once, whatever happens
+        try:
+            os._exit(0 if core.encode("日本語 and Você", set()) == want else 1)
+        except BaseException:  # noqa: BLE001
+            os._exit(2)
+    core._lock.release()
+    deadline = time.monotonic() + 60
+    while True:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            break
+        if time.monotonic() > deadline:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            pytest.fail("the child waited on its parent's lock")
+        time.sleep(0.02)
+    assert os.waitstatus_to_exitcode(status) == 0

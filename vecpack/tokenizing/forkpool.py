@@ -156,6 +156,13 @@ class ForkPool:
             for p in list((self._ex._processes or {}).values()):
                 with contextlib.suppress(Exception):
                     p.kill()
+            # A worker killed while it wrote a result leaves part of it in the result pipe, and the
+            # executor's reader waits for the rest: forever, since this process holds the pipe's
+            # writing end too (a Ctrl-C left the driver waiting here, about one run in 10 on a busy
+            # machine). Without that end, the reader gets the end of the stream once the workers
+            # are gone: the pool is broken, and it stops.
+            with contextlib.suppress(Exception):
+                self._ex._result_queue._writer.close()
         self._ex.shutdown(wait=wait, cancel_futures=True)
 
 

@@ -41,8 +41,10 @@ every character of these blocks and of their neighbours).
 
 from __future__ import annotations
 
+import os
 import re
 import threading
+import weakref
 from typing import Callable
 
 __all__ = ["StartCore", "is_latin", "latin_ranks", "latin_token"]
@@ -109,6 +111,11 @@ class StartCore:
     either table. Safe to call from several threads (a stream's parity check
     encodes in a thread of its own); each table's core is built once.
 
+    A fork copies the lock as it is: held, if another thread was building a
+    table at that moment (a driver's parity check encodes its probes in a
+    thread while the driver forks its workers). The child then gets a lock of
+    its own (:func:`os.register_at_fork`), and builds what it lacks itself.
+
     A process whose texts are Latin-script at first and then not builds both
     cores: 70-80 ms more than the whole table's alone (reading the Latin-script
     table 21-28 ms, building its core 50-54 ms), once.
@@ -121,6 +128,7 @@ class StartCore:
         self._lock = threading.Lock()
         self.latin = None  # the Latin-script table's core, while it serves
         self.full = None   # the whole table's core, once a text needed it
+        _CORES.add(self)
 
     def _core_for(self, text: str):
         full = self.full
@@ -146,6 +154,20 @@ class StartCore:
     def encode(self, text: str, allowed_special) -> list[int]:
         """tiktoken's ``encode``: the ids in a list."""
         return self._core_for(text).encode(text, allowed_special)
+
+
+_CORES: "weakref.WeakSet[StartCore]" = weakref.WeakSet()  # this process's, for the fork handler
+
+
+def _unlock_in_child() -> None:
+    """After a fork, in the child: a new lock for every core (the parent's may have been held by a
+    thread that does not exist here; a table it was building is built again when needed)."""
+    for core in list(_CORES):
+        core._lock = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_unlock_in_child)
 
 
 def _core(ranks: dict[bytes, int], special: dict[str, int], pattern: str):
