@@ -292,9 +292,9 @@ def _derived(path: pathlib.Path, suffix: str, derive):
     try:
         with open(memo_file, "rb") as f:
             out = pickle.load(f)
-        if type(out) is not tuple or len(out) != 2 or out[0] != suffix:
-            raise ValueError(f"{memo_file} holds something else")
-    except Exception:  # noqa: BLE001 - missing, torn or foreign: derive it again
+    except Exception:  # noqa: BLE001 - missing or torn: derive it again
+        out = None
+    if type(out) is not tuple or len(out) != 2 or out[0] != suffix:  # (or foreign)
         out = (suffix, derive(tiktoken_spec(path)))
         write_memo(memo_file, out)
     _DERIVED[(key, suffix)] = out
