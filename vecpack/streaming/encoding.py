@@ -217,11 +217,12 @@ class EngineStart:
     encoder runs on fastokens starts on tiktoken's core, made from the same
     memoised tables (about 0.05 s when its texts are Latin-script, which need
     only the tokens of :mod:`vecpack.tokenizing.latin`, else 0.1 s), and builds
-    fastokens in a thread beside the work (fastokens releases the GIL while it builds). Between two batches,
-    once fastokens is built and (if this process has not checked it yet) its
-    parity check passed, the same runtime serves with fastokens. Both engines are
-    exact on the same tables and a batch is always encoded by one engine, so the
-    stream is the same whatever encoded which batch.
+    fastokens in a thread beside the work (fastokens releases the GIL while it
+    builds). Between two batches, once fastokens is built and (if this process
+    has not checked it yet) its parity check passed, the same runtime serves
+    with fastokens. Both engines are exact on the same tables and a batch is
+    always encoded by one engine, so the stream is the same whatever encoded
+    which batch.
 
     The parity check (:mod:`vecpack.tokenizing.parity`) runs beside the work:
     the HF process computes HF's ids of the probes and sample rows once, and

@@ -276,7 +276,7 @@ def tiktoken_spec(path: pathlib.Path) -> tuple[str, dict[bytes, int], dict[str, 
     return out
 
 
-_DERIVED = memo("tiktoken spec parts", 2)  # the last facts and Latin-1 table read in this process
+_DERIVED = memo("tiktoken spec parts", 2)  # the last facts and Latin-script table read in this process
 
 
 def _derived(path: pathlib.Path, suffix: str, derive):
