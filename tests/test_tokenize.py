@@ -310,9 +310,32 @@ def test_a_torn_tiktoken_memo_is_parsed_again(tmp_path, monkeypatch):
     want = ("pat", {b"a": 0}, {"<|x|>": 1}, False)
     assert spec.tiktoken_spec(tmp_path) == want
     spec._SPECS.clear()
-    memo = tmp_path / "cache" / "tiktoken" / f"{spec.stat_key(tmp_path, 'tokenizer.json')}.pkl"
+    memo = tmp_path / "cache" / "tiktoken" / f"{spec.stat_key(tmp_path, 'tokenizer.json')}.spec.pkl"
     memo.write_text("IQ== 0\nIg== 1\n")  # what the torn memo held
     assert spec.tiktoken_spec(tmp_path) == want and len(parsed) == 2
     spec._SPECS.clear()
     assert spec.tiktoken_spec(tmp_path) == want and len(parsed) == 2  # rewritten: read, not parsed
     assert spec._tmp_name(memo) != spec._tmp_name(memo.with_suffix(".tiktoken"))
+
+
+def test_a_tokenizer_tiktoken_cannot_take_is_parsed_once(tmp_path, monkeypatch):
+    """Why tiktoken's tables cannot describe a tokenizer (a SentencePiece one: runtimes ask at every
+    start) is memoised like a spec: a fresh process reads the reason instead of parsing tokenizer.json."""
+    from vecpack.tokenizing import spec
+
+    monkeypatch.setenv("VECPACK_CACHE", str(tmp_path / "cache"))
+    parsed = []
+
+    def unsupported(s):
+        parsed.append(1)
+        raise spec.Unsupported("byte_fallback BPE (SentencePiece style)")
+
+    monkeypatch.setattr(spec, "tiktoken_parts", unsupported)
+    (tmp_path / "tokenizer.json").write_text('{"added_tokens": []}')
+    for _ in range(3):
+        spec._SPECS.clear()  # as a fresh process
+        with pytest.raises(spec.Unsupported, match="byte_fallback"):
+            spec.tiktoken_spec(tmp_path)
+        with pytest.raises(spec.Unsupported, match="byte_fallback"):
+            spec.tiktoken_facts(tmp_path)
+    assert len(parsed) == 1

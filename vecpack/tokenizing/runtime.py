@@ -28,7 +28,6 @@ import hashlib
 import json
 import os
 import pathlib
-import pickle
 import re
 import unicodedata
 
@@ -40,9 +39,11 @@ from vecpack.tokenizing.labels import labels_from_parts
 from vecpack.tokenizing.latin import StartCore
 from vecpack.tokenizing.sp import SPACE, sp_labels, sp_spec, token_bytes
 from vecpack.tokenizing.spec import (
+    MISSING,
     Unsupported,
     hf_byte_table,
     latin_table,
+    read_memo,
     stat_key,
     tiktoken_facts,
     tiktoken_file,
@@ -538,13 +539,10 @@ def hf_facts(path: pathlib.Path, variables: dict) -> dict:
     wanted = sorted(set(variables.values()))
     key = stat_key(path, "tokenizer.json", "tokenizer_config.json")
     memo_file = cache_root() / "encoder" / f"{key}.pkl"
-    try:
-        with open(memo_file, "rb") as f:
-            facts = pickle.load(f)
-        if all(t in facts["ids"] for t in wanted):
-            return facts
-    except (OSError, EOFError, pickle.UnpicklingError, KeyError, TypeError):
-        pass
+    facts = read_memo(memo_file, lambda o: type(o) is dict and type(o.get("ids")) is dict
+                      and all(t in o["ids"] for t in wanted))
+    if facts is not MISSING:
+        return facts
     hf = runtime(str(path), "tokenizers").hf()
     bare = hf.encode("x", add_special_tokens=False).ids
     full = hf.encode("x", add_special_tokens=True).ids

@@ -47,7 +47,7 @@ import numpy as np
 from vecpack._state import memo
 from vecpack.options import IGNORE_INDEX, cache_root
 from vecpack.tokenizing.labels import _runs_mask, trained_spans
-from vecpack.tokenizing.spec import Unsupported, stat_key, write_memo
+from vecpack.tokenizing.spec import MISSING, Unsupported, read_memo, stat_key, write_memo
 
 __all__ = ["SPACE", "SPSpec", "sp_labels", "sp_parts", "sp_spec", "token_bytes"]
 
@@ -166,16 +166,12 @@ def sp_spec(path: pathlib.Path) -> SPSpec:
     Raises:
         Unsupported: not a SentencePiece-family tokenizer fastokens reproduces (memoised too).
     """
-    import pickle
-
     key = stat_key(pathlib.Path(path), "tokenizer.json")
     hit = _SPECS.get(key)
     if hit is None:
         memo_file = cache_root() / "sentencepiece" / f"{key}.pkl"
-        try:
-            with open(memo_file, "rb") as f:
-                hit = pickle.load(f)
-        except (OSError, EOFError, pickle.UnpicklingError):
+        hit = read_memo(memo_file, lambda o: isinstance(o, (str, SPSpec)))
+        if hit is MISSING:
             try:
                 out, added, bytelen, dummy = sp_parts(json.loads(
                     (pathlib.Path(path) / "tokenizer.json").read_text(encoding="utf-8")))

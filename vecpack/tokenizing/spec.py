@@ -31,7 +31,7 @@ from vecpack.options import cache_root
 
 __all__ = ["SPEC_VERSION", "Unsupported", "byte_lengths", "bytes_to_unicode", "hf_byte_table",
            "default_pad_id", "latin_table", "materialize", "read_dir", "stat_key", "tiktoken_facts",
-           "tiktoken_file", "tiktoken_spec", "write_memo"]
+           "tiktoken_file", "tiktoken_spec", "MISSING", "read_memo", "write_memo"]
 
 #: Bump when what is derived from the same files changes (on-disk memos are then ignored).
 #: 2: an assistant header that goes on past the generation prompt is trained (chat.spans._header).
@@ -199,15 +199,11 @@ def hf_byte_table(path: pathlib.Path) -> tuple[np.ndarray, bool] | None:
     faster than ``encode``) and labels come from byte spans, as with tiktoken.
     Memoised on disk like :func:`tiktoken_spec`.
     """
-    import pickle
-
     key = stat_key(path, "tokenizer.json")
     memo = cache_root() / "encoder" / f"{key}-bytes.pkl"
-    try:
-        with open(memo, "rb") as f:
-            return pickle.load(f)
-    except (OSError, EOFError, pickle.UnpicklingError):
-        pass
+    hit = read_memo(memo, lambda o: o is None or (type(o) is tuple and len(o) == 2))
+    if hit is not MISSING:
+        return hit
     try:
         spec = (_orjson_loads or json.loads)((path / "tokenizer.json").read_bytes())
         ranks, nfc, _ = byte_level(spec)
@@ -240,24 +236,31 @@ def tiktoken_spec(path: pathlib.Path) -> tuple[str, dict[bytes, int], dict[str, 
     Parsing a 7 MB tokenizer.json takes most of a second; the result is kept
     as a pickle under ``$VECPACK_CACHE/tiktoken`` (keyed by the file's path,
     size and mtime) so that each worker process starts in well under that.
+    A tokenizer outside these tables is memoised too, as the reason why: a
+    SentencePiece-style tokenizer.json is parsed once, not at every call.
 
     Raises:
         Unsupported: the tokenizer is outside what tiktoken reproduces.
     """
-    import pickle
-
     key = stat_key(path, "tokenizer.json")
     hit = _SPECS.get(key)
-    if hit is not None:
-        return hit
-    memo = cache_root() / "tiktoken" / f"{key}.pkl"
-    try:
-        with open(memo, "rb") as f:
-            out = pickle.load(f)
-        _SPECS[key] = out
-        return out
-    except Exception:  # noqa: BLE001 - missing or unreadable (a torn or foreign file): parse again, rewrite it
-        pass
+    if hit is None:
+        memo_file = cache_root() / "tiktoken" / f"{key}.spec.pkl"
+        hit = read_memo(memo_file, lambda o: type(o) is str or (type(o) is tuple and len(o) == 4))
+        if hit is MISSING:
+            try:
+                hit = _parse_spec(path)
+            except Unsupported as e:
+                hit = str(e)
+            write_memo(memo_file, hit)
+        _SPECS[key] = hit
+    if type(hit) is str:
+        raise Unsupported(hit)
+    return hit
+
+
+def _parse_spec(path: pathlib.Path) -> tuple[str, dict[bytes, int], dict[str, int], bool]:
+    """:func:`tiktoken_spec`, parsed from ``tokenizer.json``."""
     spec = json.loads((path / "tokenizer.json").read_text(encoding="utf-8"))
     added_list = spec.get("added_tokens", ())
     for t in added_list:
@@ -271,30 +274,21 @@ def tiktoken_spec(path: pathlib.Path) -> tuple[str, dict[bytes, int], dict[str, 
         if b.startswith(a):
             raise Unsupported(f"added token {a!r} is a prefix of {b!r}")
     pattern, ranks, nfc = tiktoken_parts(spec)
-    out = (pattern, ranks, added, nfc)
-    write_memo(memo, out)
-    return out
+    return pattern, ranks, added, nfc
 
 
 _DERIVED = memo("tiktoken spec parts", 2)  # the last facts and Latin-script table read in this process
 
 
 def _derived(path: pathlib.Path, suffix: str, derive):
-    """``derive(tiktoken_spec(path))``, memoised on disk beside the spec as ``<key>.<suffix>.pkl``
-    (a memo that cannot be read, or holds something else, is derived again and rewritten)."""
-    import pickle
-
+    """``derive(tiktoken_spec(path))``, memoised on disk beside the spec as ``<key>.<suffix>.pkl``."""
     key = stat_key(path, "tokenizer.json")
     hit = _DERIVED.get((key, suffix))
     if hit is not None:
         return hit[1]
     memo_file = cache_root() / "tiktoken" / f"{key}.{suffix}.pkl"
-    try:
-        with open(memo_file, "rb") as f:
-            out = pickle.load(f)
-    except Exception:  # noqa: BLE001 - missing or torn: derive it again
-        out = None
-    if type(out) is not tuple or len(out) != 2 or out[0] != suffix:  # (or foreign)
+    out = read_memo(memo_file, lambda o: type(o) is tuple and len(o) == 2 and o[0] == suffix)
+    if out is MISSING:
         out = (suffix, derive(tiktoken_spec(path)))
         write_memo(memo_file, out)
     _DERIVED[(key, suffix)] = out
@@ -377,6 +371,40 @@ def _tmp_name(path: pathlib.Path) -> pathlib.Path:
     import threading
 
     return path.with_name(f"{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+
+
+#: What :func:`read_memo` returns for a memo that cannot be used.
+MISSING = object()
+
+
+def read_memo(memo: pathlib.Path, valid=None):
+    """The object pickled at ``memo``, or :data:`MISSING` (then the caller derives the object again
+    and writes it with :func:`write_memo`).
+
+    The one rule for every memo under the cache root: a file that is missing,
+    cannot be unpickled (torn, foreign, written by another version) or whose
+    object fails ``valid(obj)`` is not used, whatever the error.
+
+    >>> import pathlib, tempfile
+    >>> d = pathlib.Path(tempfile.mkdtemp())
+    >>> read_memo(d / "none.pkl") is MISSING
+    True
+    >>> write_memo(d / "m.pkl", (1, 2))
+    >>> read_memo(d / "m.pkl"), read_memo(d / "m.pkl", lambda o: len(o) == 3) is MISSING
+    ((1, 2), True)
+    >>> _ = (d / "m.pkl").write_text("IQ== 0\\n")  # not a pickle
+    >>> read_memo(d / "m.pkl") is MISSING
+    True
+    >>> import shutil; shutil.rmtree(d)
+    """
+    import pickle
+
+    try:
+        with open(memo, "rb") as f:
+            obj = pickle.load(f)
+    except Exception:  # noqa: BLE001 - missing, torn or foreign: derived again
+        return MISSING
+    return obj if valid is None or valid(obj) else MISSING
 
 
 def write_memo(memo: pathlib.Path, obj) -> None:
