@@ -1,0 +1,206 @@
+"""The numba byte-level BPE prototype (``bpe_tables.py``) against regex, tiktoken and HF tokenizers.
+
+    python -m pytest asv_bench/bpe_prototype/test_bpe_exact.py   (not part of the suite: a prototype)
+"""
+
+import json
+import os
+import random
+import sys
+
+import numpy as np
+import pytest
+
+regex = pytest.importorskip("regex")
+tiktoken = pytest.importorskip("tiktoken")
+
+from vecpack.testing import cached_tokenizer_dir, make_sharegpt, make_short_chats  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import bpe_kernels as K  # noqa: E402
+from bpe_tables import SUPPORTED, build_tables, class_table, encode_texts  # noqa: E402
+
+from vecpack.tokenizing.spec import tiktoken_spec  # noqa: E402
+
+
+def _supported():
+    return [cp for lo, hi in SUPPORTED for cp in range(lo, hi + 1) if not 0xD800 <= cp < 0xE000]
+
+
+@pytest.fixture(scope="module", params=["qwen2.5", "llama3"])
+def setup(request):
+    d = cached_tokenizer_dir(request.param)
+    pattern, ranks, added, _ = tiktoken_spec(d)
+    enc = tiktoken.Encoding(request.param, pat_str=pattern, mergeable_ranks=ranks, special_tokens=added)
+    return d, pattern, enc, build_tables(ranks, added, pattern)
+
+
+@pytest.fixture(scope="module")
+def qwen(request):
+    d = cached_tokenizer_dir("qwen2.5")
+    pattern, ranks, added, _ = tiktoken_spec(d)
+    enc = tiktoken.Encoding("qwen", pat_str=pattern, mergeable_ranks=ranks, special_tokens=added)
+    return d, pattern, enc, build_tables(ranks, added, pattern)
+
+
+def _check(texts, enc, tables, limit=5):
+    """Mine equal tiktoken's on every text (all handled), with and without the piece cache."""
+    ids, lengths, ok = encode_texts(texts, tables)
+    plain = encode_texts(texts, tables, cache_bits=0)
+    assert np.array_equal(plain[0], ids) and np.array_equal(plain[1], lengths)
+    tiny = encode_texts(texts, tables, cache_bits=4)   # a cache that fills up
+    assert np.array_equal(tiny[0], ids) and np.array_equal(tiny[1], lengths)
+    assert ok.all(), [t for t, k in zip(texts, ok) if not k][:limit]
+    refs = [enc.encode(t, allowed_special="all") for t in texts]   # (encode_batch is slower here)
+    bad, o = [], 0
+    for t, n, ref in zip(texts, lengths, refs):
+        mine = ids[o:o + n].tolist()
+        o += n
+        if mine != ref:
+            bad.append((t, mine, ref))
+    assert not bad, bad[:limit]
+
+
+def test_class_table_matches_regex():
+    cls, fold = class_table()
+    rl, rn, rs = regex.compile(r"\p{L}"), regex.compile(r"\p{N}"), regex.compile(r"\s")
+    bad = []
+    for cp in _supported():
+        ch = chr(cp)
+        want = K.SUP | (K.L if rl.match(ch) else 0) | (K.N if rn.match(ch) else 0) \
+            | (K.WS if rs.match(ch) else 0) | (K.NL if ch in "\r\n" else 0)
+        if cls[cp] != want:
+            bad.append((hex(cp), int(cls[cp]), want))
+    assert not bad, bad[:20]
+    # unicodedata (Unicode 14 in Python 3.11) differs only on code points assigned since
+    import unicodedata
+
+    newer = [cp for cp in _supported() if unicodedata.category(chr(cp)) == "Cn" and cls[cp] & (K.L | K.N)]
+    if unicodedata.unidata_version.startswith("14."):
+        assert 0x1D2C0 in newer
+    for cp in _supported():
+        cat = unicodedata.category(chr(cp))
+        if cat != "Cn":
+            assert bool(cls[cp] & K.L) == (cat[0] == "L") and bool(cls[cp] & K.N) == (cat[0] == "N"), hex(cp)
+    outside = np.ones(len(cls), bool)
+    outside[_supported()] = False
+    assert not cls[outside].any()
+    assert {chr(c) for c in np.flatnonzero(fold == ord("s"))} == {"s", "S", "\u017f"}
+
+
+def test_every_code_point(setup):
+    d, _, enc, tables = setup
+    chars = [chr(cp) for cp in _supported()]
+    if d.name == "llama3":   # the patterns differ only on numbers
+        chars = [c for c in chars if tables.cls_table[ord(c)] & K.N] + ["a", " ", "'", "\n"]
+    texts = chars + ["a" + c for c in chars] + [" " + c for c in chars] + [c + c for c in chars]
+    texts += [c * 4 for c in chars if tables.cls_table[ord(c)] & K.N]
+    _check(texts, enc, tables)
+
+
+def test_every_code_point_matches_hf(qwen):
+    """Against HF tokenizers (Oniguruma), on characters that NFC leaves alone."""
+    import unicodedata
+
+    tokenizers = pytest.importorskip("tokenizers")
+    d, _, _, tables = qwen
+    hf = tokenizers.Tokenizer.from_file(str(d / "tokenizer.json"))
+    chars = [chr(cp) for cp in _supported() if unicodedata.is_normalized("NFC", chr(cp))]
+    texts = chars + ["a" + c for c in chars] + [" " + c + "x" for c in chars]
+    texts = [t for t in texts if unicodedata.is_normalized("NFC", t)]   # HF normalizes; "a\u0300" -> "\u00e0"
+    ids, lengths, ok = encode_texts(texts, tables)
+    assert ok.all()
+    refs = [e.ids for e in hf.encode_batch(texts, add_special_tokens=False)]
+    offs = np.concatenate([[0], np.cumsum(lengths)])
+    bad = [(t, ids[offs[i]:offs[i + 1]].tolist(), r) for i, (t, r) in enumerate(zip(texts, refs))
+           if ids[offs[i]:offs[i + 1]].tolist() != r]
+    assert not bad, bad[:5]
+
+
+_ALPHABET = (list("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789") + [" "] * 12
+             + ["\t", "\r", "\n", "\n", "'", "'", "'", "\u017f", "\u212a", "\u00a0", "\u2009", "\u2003"]
+             + list("sStTrReEvVmMlLdD") * 2 + list(".,;:!?-_()[]{}<>/\\\"#$%&*+=@^`|~")
+             + list("áéíóúãõçÁÉÇñüßøåæœ")
+             + ["\u0301", "\u03b1", "\u03a9", "\u2019", "\u2014", "\u20ac", "\u2192", "\U0001F600", "\U0001F44D",
+                "\u00b2", "\u00bd", "\u2160", "\u2460", "\U0001D2C0"])
+
+
+def test_random_strings(setup):
+    _, pattern, enc, tables = setup
+    rng = random.Random(1)
+    texts = ["".join(rng.choice(_ALPHABET) for _ in range(rng.randrange(1, 60))) for _ in range(2000)]
+    texts += ["<|im_start|>" + t + "<|im_end|>" + t for t in texts[:200]]
+    _check(texts, enc, tables)
+    # the pre-token boundaries themselves, against the regex module
+    for t in texts[:2000]:
+        raw = t.encode("utf-8")
+        ends = K.piece_bounds(np.frombuffer(raw, np.uint8), 0, len(raw), tables.cls_table, tables.fold,
+                              tables.maxdig).tolist()
+        want = np.cumsum([len(p.encode("utf-8")) for p in regex.findall(pattern, t)]).tolist()
+        assert ends == want, (t, regex.findall(pattern, t))
+
+
+def test_rendered_rows(qwen, tmp_path):
+    from vecpack.chat.formats import to_messages
+    from vecpack.tokenizing.encoder import ChatEncoder
+
+    d, _, enc, tables = qwen
+    texts = []
+    for path in (make_sharegpt(tmp_path / "a.jsonl", 1000, seed=3), make_short_chats(tmp_path / "b.jsonl", 1000)):
+        rows = [json.loads(x) for x in open(path, encoding="utf-8")]
+        ce = ChatEncoder.from_tokenizer(str(d), sample_rows=rows[:64])
+        texts += [ce.template.render(to_messages(r, ce.style, ce.column)) for r in rows]
+    ids, lengths, ok = encode_texts(texts, tables)
+    # make_sharegpt's English prose is the stdlib's source: a few rows may hold other scripts
+    handled = [t for t, k in zip(texts, ok) if k]
+    assert len(handled) >= 1900 and all("<|im_start|>" in t for t in handled)
+    _check(handled, enc, tables)
+
+
+def test_runs(setup):
+    _, pattern, enc, tables = setup
+    texts = []
+    for n in range(1, 40):
+        for ws in (" ", "\t", "\n", " \n", "\r\n", "\u00a0", "\u2003", " \t\n"):
+            run = (ws * n)[:max(n, 1)]
+            texts += [run, "a" + run, run + "a", "a" + run + "b", run + "1", "." + run + "!", run + "'s"]
+        digits = "".join(str(k % 10) for k in range(n))
+        texts += [digits, "a" + digits, " " + digits, digits + "x", digits + " " + digits, "\u00b2" * n + "1",
+                  "\U0001D2C0" * n]
+    # contractions, case-insensitive with simple case folding: 'ſ (U+017F folds to s) is one, 'K is not
+    texts += [a + b + c for a in ("'", "x'", " '") for b in ("s", "S", "\u017f", "K", "\u212a", "ll", "lL", "LL", "Ve",
+                                                           "RE", "re", "D", "m", "T", "l", "r", "v", "e")
+              for c in ("", "x", " y", "s", "\u017fhello", "1")]
+    _check(texts, enc, tables)
+    for t in texts:
+        raw = t.encode("utf-8")
+        ends = K.piece_bounds(np.frombuffer(raw, np.uint8), 0, len(raw), tables.cls_table, tables.fold,
+                              tables.maxdig).tolist()
+        assert ends == np.cumsum([len(p.encode("utf-8")) for p in regex.findall(pattern, t)]).tolist(), t
+
+
+def test_not_handled(qwen):
+    _, _, enc, tables = qwen
+    texts = ["ok", "日本", "Привет", "a\u0400", "fine", "x" * 600, " " * 600, "y" * 100]
+    ids, lengths, ok = encode_texts(texts, tables)
+    assert ok.tolist() == [True, False, False, False, True, False, False, True]
+    assert lengths[~ok].sum() == 0
+    assert ids.tolist() == enc.encode("ok") + enc.encode("fine") + enc.encode("y" * 100)
+    for raw in (b"\xff", b"a\xc3", b"\xc0\x80", b"\xed\xa0\x80", b"\xe2\x80"):
+        buf = np.frombuffer(b"ok" + raw, np.uint8)
+        from bpe_tables import encode_ranges
+        _, _, ok = encode_ranges(buf, np.array([0, 0]), np.array([2, len(buf)]), tables)
+        assert ok.tolist() == [True, False], raw
+
+
+def test_pathological(qwen):
+    """Long runs are one pre-token (not handled past 512 bytes), CJK is outside; the rest is exact."""
+    from vecpack.testing import pathological_texts
+
+    _, _, enc, tables = qwen
+    texts = pathological_texts(scale=0.01)
+    ids, lengths, ok = encode_texts(list(texts.values()), tables)
+    assert dict(zip(texts, ok.tolist())) == {
+        "1M spaces": False, "1M mixed whitespace": False, "1M of one letter": False, "1M digits": True,
+        "1M base64": True, "300k CJK": False, "200k emoji": False}
+    assert ids.tolist() == enc.encode(texts["1M digits"]) + enc.encode(texts["1M base64"])
