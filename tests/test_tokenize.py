@@ -318,6 +318,43 @@ def test_a_torn_tiktoken_memo_is_parsed_again(tmp_path, monkeypatch):
     assert spec._tmp_name(memo) != spec._tmp_name(memo.with_suffix(".tiktoken"))
 
 
+def test_directories_sharing_a_tokenizer_file_share_its_memos(tmp_path, monkeypatch):
+    """A ``tokenizer.json`` symlinked into two directories is parsed once for both (a hub cache's snapshots,
+    a model's template variants); a copy of it, or an edit, is another file."""
+    import os
+    import shutil
+
+    from vecpack.tokenizing import spec
+
+    monkeypatch.setenv("VECPACK_CACHE", str(tmp_path / "cache"))
+    parsed = []
+    monkeypatch.setattr(spec, "tiktoken_parts", lambda s: parsed.append(1) or ("pat", {b"a": 0}, False))
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "tokenizer.json").write_text('{"added_tokens": []}')
+    dirs = []
+    for name in ("a", "b"):
+        d = tmp_path / name
+        d.mkdir()
+        os.symlink(src / "tokenizer.json", d / "tokenizer.json")
+        dirs.append(d)
+    copy = tmp_path / "copy"
+    copy.mkdir()
+    shutil.copy2(src / "tokenizer.json", copy / "tokenizer.json")
+    for d in (*dirs, src):
+        spec._SPECS.clear()  # as a fresh process
+        assert spec.tiktoken_spec(d) == ("pat", {b"a": 0}, {}, False)
+    assert len(parsed) == 1
+    assert spec.stat_key(copy, "tokenizer.json") != spec.stat_key(src, "tokenizer.json")
+    spec._SPECS.clear()
+    spec.tiktoken_spec(copy)
+    assert len(parsed) == 2
+    (src / "tokenizer.json").write_text('{"added_tokens": [] }')  # one byte more: edited
+    spec._SPECS.clear()
+    spec.tiktoken_spec(dirs[0])
+    assert len(parsed) == 3
+
+
 def test_a_tokenizer_tiktoken_cannot_take_is_parsed_once(tmp_path, monkeypatch):
     """Why tiktoken's tables cannot describe a tokenizer (a SentencePiece one: runtimes ask at every
     start) is memoised like a spec: a fresh process reads the reason instead of parsing tokenizer.json."""

@@ -8,10 +8,19 @@ longer than :data:`MAX_PIECE` bytes gets ``ok = False`` and no ids.
 Class table bits (per code point): :data:`L` letter, :data:`N` number,
 :data:`WS` ``\\s``, :data:`NL` ``\\r``/``\\n``, :data:`SUP` supported.
 ``fold[cp]`` is the ASCII letter a contraction letter case-folds to (or 0).
+
+The pre-tokenizer walks the UTF-8 bytes: an ASCII byte is classed by one
+table load, a multi-byte sequence is decoded only where met. A piece is keyed by
+its bytes read 8 at a time (unaligned loads): pieces of at most 16 bytes are
+looked up in the per-call piece cache by their two words (an exact key), and
+the vocabulary table (``table``, two uint64 per slot: hash and
+``id | len << 24 | offset << 40``) is probed with the same hash only on a cache miss.
 """
 
 import numpy as np
-from numba import njit
+from llvmlite import ir
+from numba import njit, types
+from numba.extending import intrinsic
 
 from vecpack._kernel_lock import compile_once
 from vecpack._state import kernel_cache
@@ -24,169 +33,279 @@ WS = 4
 NL = 8
 SUP = 16
 MAX_PIECE = 512
-_FNV_OFF = np.uint64(14695981039346656037)
-_FNV_PRIME = np.uint64(1099511628211)
+_C0 = np.uint64(0x9E3779B97F4A7C15)
+_M1 = np.uint64(0xBF58476D1CE4E5B9)
+_M2 = np.uint64(0x94D049BB133111EB)
+_ONES = np.uint64(0xFFFFFFFFFFFFFFFF)
+_ID_MASK = np.uint64((1 << 24) - 1)
+_LEN_MASK = np.uint64((1 << 16) - 1)
+
+
+@intrinsic
+def _ptr(typingctx, arr):
+    """The data pointer of a contiguous array.
+
+    The inlined helpers of the hot loop take tables as pointers, not arrays: numba
+    increfs/decrefs each array an inlined call receives (atomic ops, ~20 ns per call).
+    """
+    sig = types.CPointer(arr.dtype)(arr)
+
+    def codegen(context, builder, signature, args):
+        return context.make_array(signature.args[0])(context, builder, args[0]).data
+
+    return sig, codegen
+
+
+@intrinsic
+def _load64(typingctx, p, idx):
+    """The 8 bytes at ``p[idx]`` (a uint8 pointer) as a little-endian uint64 (unaligned load)."""
+    sig = types.uint64(p, idx)
+
+    def codegen(context, builder, signature, args):
+        ptr = builder.gep(args[0], [args[1]])
+        return builder.load(builder.bitcast(ptr, ir.IntType(64).as_pointer()), align=1)
+
+    return sig, codegen
 
 
 @njit(cache=CACHE, inline="always")
-def _hash(buf, a, b):
-    h = _FNV_OFF
-    for k in range(a, b):
-        h = (h ^ np.uint64(buf[k])) * _FNV_PRIME
-    return h
+def _word(bp, a, n, nbuf):
+    """The ``n`` (<= 8) bytes ``bp[a:a + n]`` as a uint64, zero padded (no read past ``nbuf``)."""
+    if a + 8 <= nbuf:
+        w = _load64(bp, a)
+        if n < 8:
+            w &= (np.uint64(1) << np.uint64(8 * n)) - np.uint64(1)
+        return w
+    w = np.uint64(0)
+    for k in range(n):
+        w |= np.uint64(bp[a + k]) << np.uint64(8 * k)
+    return w
+
+
+@njit(cache=CACHE, inline="always")
+def _step(h, w):
+    h = (h ^ w) * _M1
+    return h ^ (h >> np.uint64(32))
+
+
+@njit(cache=CACHE, inline="always")
+def _fin(h):
+    h = h * _M2
+    return h ^ (h >> np.uint64(29))
+
+
+@njit(cache=CACHE, inline="always")
+def _hash2(w0, w1, n):
+    """Hash of a piece of ``n`` <= 16 bytes given as two zero-padded words (= :func:`_hash`)."""
+    h = _step(np.uint64(n) * _C0, w0)
+    if n > 8:
+        h = _step(h, w1)
+    return _fin(h)
+
+
+@njit(cache=CACHE, inline="always")
+def _hash(bp, a, b, nbuf):
+    """Hash of ``bp[a:b]``, 8 bytes per step; a bijection of the bytes for pieces of <= 8 bytes (given the length)."""
+    n = b - a
+    h = np.uint64(n) * _C0
+    k = a
+    while k < b:
+        h = _step(h, _word(bp, k, min(8, b - k), nbuf))
+        k += 8
+    return _fin(h)
 
 
 @njit(cache=CACHE)
 def build_hash(tok_bytes, tok_off, bits):
-    """Open-addressing table of ``2**bits`` slots: token id (= rank) per slot or -1, and its hash."""
+    """Open-addressing table of ``2**bits`` slots, two uint64 each: hash, ``id | len << 24 | offset << 40`` (0: empty)."""
     size = 1 << bits
-    mask = np.uint64(size - 1)
-    slots = np.full(size, -1, np.int32)
-    hashes = np.zeros(size, np.uint64)
+    mask = size - 1
+    shift = np.uint64(64 - bits)
+    table = np.zeros(2 * size, np.uint64)
+    kp = _ptr(tok_bytes)
+    nk = tok_bytes.shape[0]
     for t in range(tok_off.shape[0] - 1):
-        h = _hash(tok_bytes, tok_off[t], tok_off[t + 1])
-        s = h & mask
-        while slots[s] >= 0:
-            s = (s + np.uint64(1)) & mask
-        slots[s] = t
-        hashes[s] = h
-    return slots, hashes
+        a = tok_off[t]
+        b = tok_off[t + 1]
+        h = _hash(kp, a, b, nk)
+        s = np.int64(h >> shift)
+        while table[2 * s + 1] != 0:
+            s = (s + 1) & mask
+        table[2 * s] = h
+        table[2 * s + 1] = np.uint64(t) | (np.uint64(b - a) << np.uint64(24)) | (np.uint64(a) << np.uint64(40))
+    return table
 
 
 @njit(cache=CACHE, inline="always")
-def _lookup(buf, a, b, slots, hashes, tok_bytes, tok_off):
-    """Rank of ``buf[a:b]``, or -1."""
-    h = _hash(buf, a, b)
-    mask = np.uint64(slots.shape[0] - 1)
-    s = h & mask
-    n = b - a
+def _probe(tp, tbits, h, bp, a, n, kp):
+    """Id of the ``n`` bytes ``bp[a:a + n]`` (hash ``h``) in the table at ``tp`` (``2**tbits`` slots), or -1."""
+    mask = (1 << tbits) - 1
+    s = np.int64(h >> np.uint64(64 - tbits))
+    nn = np.uint64(n)
     while True:
-        t = slots[s]
-        if t < 0:
+        m = tp[2 * s + 1]
+        if m == 0:
             return -1
-        if hashes[s] == h:
-            o = tok_off[t]
-            if tok_off[t + 1] - o == n:
-                same = True
-                for k in range(n):
-                    if tok_bytes[o + k] != buf[a + k]:
-                        same = False
-                        break
-                if same:
-                    return t
-        s = (s + np.uint64(1)) & mask
+        if tp[2 * s] == h and ((m >> np.uint64(24)) & _LEN_MASK) == nn:
+            if n <= 8:   # the hash is a bijection of the bytes
+                return np.int64(m & _ID_MASK)
+            o = np.int64(m >> np.uint64(40))
+            same = True
+            for k in range(n):
+                if kp[o + k] != bp[a + k]:
+                    same = False
+                    break
+            if same:
+                return np.int64(m & _ID_MASK)
+        s = (s + 1) & mask
 
 
 @njit(cache=CACHE, inline="always")
-def _decode(buf, a, b, cls_table, cps, cls, off):
-    """Decode ``buf[a:b]`` into code points, classes and byte offsets; -1 if invalid or unsupported."""
-    i = a
-    k = 0
-    nt = cls_table.shape[0]
-    while i < b:
-        c = np.int64(buf[i])
-        if c < 0x80:
-            cp = c
-            ln = 1
-        elif 0xC2 <= c < 0xE0:
-            if i + 1 >= b or (buf[i + 1] & 0xC0) != 0x80:
-                return -1
-            cp = ((c & 0x1F) << 6) | (buf[i + 1] & 0x3F)
-            ln = 2
-        elif 0xE0 <= c < 0xF0:
-            if i + 2 >= b or (buf[i + 1] & 0xC0) != 0x80 or (buf[i + 2] & 0xC0) != 0x80:
-                return -1
-            cp = ((c & 0x0F) << 12) | ((buf[i + 1] & 0x3F) << 6) | (buf[i + 2] & 0x3F)
-            if cp < 0x800 or 0xD800 <= cp < 0xE000:
-                return -1
-            ln = 3
-        elif 0xF0 <= c < 0xF5:
-            if (i + 3 >= b or (buf[i + 1] & 0xC0) != 0x80 or (buf[i + 2] & 0xC0) != 0x80
-                    or (buf[i + 3] & 0xC0) != 0x80):
-                return -1
-            cp = (((c & 0x07) << 18) | ((buf[i + 1] & 0x3F) << 12) | ((buf[i + 2] & 0x3F) << 6)
-                  | (buf[i + 3] & 0x3F))
-            if cp < 0x10000:
-                return -1
-            ln = 4
-        else:
-            return -1
-        if cp >= nt:
-            return -1
-        f = cls_table[cp]
-        if f == 0:
-            return -1
-        cps[k] = cp
-        cls[k] = f
-        off[k] = i
-        k += 1
-        i += ln
-    off[k] = b
-    return k
+def _lookup(bp, a, b, nbuf, tp, tbits, kp):
+    """Rank of ``bp[a:b]``, or -1."""
+    return _probe(tp, tbits, _hash(bp, a, b, nbuf), bp, a, b - a, kp)
+
+
+@njit(cache=CACHE, inline="always")
+def _char(bp, i, e, ct, nt):
+    """``(code point, class, byte length)`` of the character at ``bp[i]`` (before ``e``); class 0 if not handled.
+
+    ``ct``: the class table (``nt`` code points). Invalid UTF-8 and unsupported code points are not handled.
+    """
+    c = np.int64(bp[i])
+    if c < 0x80:
+        return c, ct[c], 1
+    if 0xC2 <= c < 0xE0:
+        if i + 1 >= e or (bp[i + 1] & 0xC0) != 0x80:
+            return 0, np.uint8(0), 1
+        cp = ((c & 0x1F) << 6) | (bp[i + 1] & 0x3F)
+        ln = 2
+    elif 0xE0 <= c < 0xF0:
+        if i + 2 >= e or (bp[i + 1] & 0xC0) != 0x80 or (bp[i + 2] & 0xC0) != 0x80:
+            return 0, np.uint8(0), 1
+        cp = ((c & 0x0F) << 12) | ((bp[i + 1] & 0x3F) << 6) | (bp[i + 2] & 0x3F)
+        if cp < 0x800 or 0xD800 <= cp < 0xE000:
+            return 0, np.uint8(0), 1
+        ln = 3
+    elif 0xF0 <= c < 0xF5:
+        if (i + 3 >= e or (bp[i + 1] & 0xC0) != 0x80 or (bp[i + 2] & 0xC0) != 0x80
+                or (bp[i + 3] & 0xC0) != 0x80):
+            return 0, np.uint8(0), 1
+        cp = (((c & 0x07) << 18) | ((bp[i + 1] & 0x3F) << 12) | ((bp[i + 2] & 0x3F) << 6)
+              | (bp[i + 3] & 0x3F))
+        if cp < 0x10000:
+            return 0, np.uint8(0), 1
+        ln = 4
+    else:
+        return 0, np.uint8(0), 1
+    if cp >= nt or ct[cp] == 0:
+        return 0, np.uint8(0), 1
+    return cp, ct[cp], ln
 
 
 @njit(cache=CACHE, inline="always")
 def _other(f):
-    return (f & (L | N | WS)) == 0
+    """``[^\\s\\p{L}\\p{N}]`` (and supported)."""
+    return f != 0 and (f & (L | N | WS)) == 0
 
 
 @njit(cache=CACHE, inline="always")
-def _next_piece(cps, cls, fold, i, n, maxdig):
-    """End (char index) of the pre-token starting at char ``i`` of a segment ending at ``n``."""
-    c = cls[i]
-    # (?i:'s|'t|'re|'ve|'m|'ll|'d)
-    if cps[i] == 0x27 and i + 1 < n:
-        f = fold[cps[i + 1]]
-        if f == 115 or f == 116 or f == 109 or f == 100:  # s t m d
-            return i + 2
-        if (f == 114 or f == 118) and i + 2 < n and fold[cps[i + 2]] == 101:  # re ve
-            return i + 3
-        if f == 108 and i + 2 < n and fold[cps[i + 2]] == 108:  # ll
-            return i + 3
-    # [^\r\n\p{L}\p{N}]?\p{L}+
+def _letters(bp, j, e, ct, nt):
+    """End of the run of letters from byte ``j``; ASCII bytes take the fast path."""
+    while j < e:
+        c = bp[j]
+        if c < 0x80:
+            if ct[c] & L:
+                j += 1
+                continue
+            return j
+        _, f, ln = _char(bp, j, e, ct, nt)
+        if f & L:
+            j += ln
+            continue
+        return j
+    return j
+
+
+@njit(cache=CACHE, inline="always")
+def _next_piece(bp, i, e, ct, nt, fp, maxdig):
+    """End (byte) of the pre-token starting at byte ``i`` of a segment ending at ``e``; -1 if the char is not handled.
+
+    ``ct``/``nt``: class table, ``fp``: fold table. The Qwen2.5 / Llama-3 pattern, alternative by alternative::
+
+        (?i:'s|'t|'re|'ve|'m|'ll|'d) | [^\\r\\n\\p{L}\\p{N}]?\\p{L}+ | \\p{N}{1,maxdig}
+        | ?[^\\s\\p{L}\\p{N}]+[\\r\\n]* | \\s*[\\r\\n]+ | \\s+(?!\\S) | \\s+
+    """
+    cp, c, ln = _char(bp, i, e, ct, nt)
+    if c == 0:
+        return -1
+    j = i + ln
+    # [^\r\n\p{L}\p{N}]?\p{L}+ (a letter first: the contractions start with ')
     if c & L:
-        j = i + 1
-        while j < n and cls[j] & L:
-            j += 1
-        return j
-    if (c & (NL | N)) == 0 and i + 1 < n and cls[i + 1] & L:
-        j = i + 2
-        while j < n and cls[j] & L:
-            j += 1
-        return j
+        return _letters(bp, j, e, ct, nt)
+    if j < e:
+        cp1, c1, ln1 = _char(bp, j, e, ct, nt)
+    else:
+        cp1, c1, ln1 = 0, np.uint8(0), 0
+    # (?i:'s|'t|'re|'ve|'m|'ll|'d)
+    if cp == 0x27 and c1 != 0:
+        f = fp[cp1]
+        if f == 115 or f == 116 or f == 109 or f == 100:  # s t m d
+            return j + ln1
+        if f == 114 or f == 118 or f == 108:  # re ve ll
+            k = j + ln1
+            if k < e:
+                cp2, c2, ln2 = _char(bp, k, e, ct, nt)
+                if c2 != 0:
+                    f2 = fp[cp2]
+                    if (f2 == 101 and f != 108) or (f2 == 108 and f == 108):
+                        return k + ln2
+    if (c & (NL | N)) == 0 and c1 & L:
+        return _letters(bp, j + ln1, e, ct, nt)
     # \p{N} or \p{N}{1,3}
     if c & N:
-        j = i + 1
-        while j < n and j - i < maxdig and cls[j] & N:
-            j += 1
+        m = 1
+        while j < e and m < maxdig:
+            _, f, ln = _char(bp, j, e, ct, nt)
+            if not f & N:
+                break
+            j += ln
+            m += 1
         return j
     #  ?[^\s\p{L}\p{N}]+[\r\n]*
-    j = i
-    if cps[i] == 0x20 and i + 1 < n and _other(cls[i + 1]):
-        j = i + 1
-    if _other(cls[j]):
-        j += 1
-        while j < n and _other(cls[j]):
-            j += 1
-        while j < n and cls[j] & NL:
+    if _other(c) or (cp == 0x20 and _other(c1)):
+        if not _other(c):
+            j += ln1
+        while j < e:
+            _, f, ln = _char(bp, j, e, ct, nt)
+            if not _other(f):
+                break
+            j += ln
+        while j < e and (bp[j] == 10 or bp[j] == 13):
             j += 1
         return j
     # c is whitespace: \s*[\r\n]+ | \s+(?!\S) | \s+
-    j = i
-    last_nl = -1
-    while j < n and cls[j] & WS:
-        if cls[j] & NL:
+    last_nl = i if c & NL else -1
+    nch = 1
+    j0 = i   # start of the last char
+    while j < e:
+        _, f, ln = _char(bp, j, e, ct, nt)
+        if not f & WS:
+            break
+        if f & NL:
             last_nl = j
-        j += 1
+        j0 = j
+        j += ln
+        nch += 1
     if last_nl >= 0:
         return last_nl + 1
-    if j == n or j - i == 1:
+    if j == e or nch == 1:
         return j
-    return j - 1
+    return j0
 
 
 @njit(cache=CACHE)
-def _merge(buf, a, b, slots, hashes, tok_bytes, tok_off, ids, count, pstart, prank):
+def _merge(buf, a, b, table, tok_bytes, ids, count, pstart, prank):
     """tiktoken's byte pair merge of ``buf[a:b]`` (not itself a token): the lowest-ranked adjacent pair first."""
     n = b - a
     big = np.int32(0x7FFFFFFF)
@@ -195,7 +314,7 @@ def _merge(buf, a, b, slots, hashes, tok_bytes, tok_off, ids, count, pstart, pra
         pstart[k] = a + k
     for k in range(m):
         if k + 2 < m:
-            r = _lookup(buf, a + k, a + k + 2, slots, hashes, tok_bytes, tok_off)
+            r = _lookup(buf, a + k, a + k + 2, table, tok_bytes)
             prank[k] = big if r < 0 else r
         else:
             prank[k] = big
@@ -214,169 +333,151 @@ def _merge(buf, a, b, slots, hashes, tok_bytes, tok_off, ids, count, pstart, pra
             prank[k] = prank[k + 1]
         m -= 1
         if bi + 2 < m:
-            r = _lookup(buf, pstart[bi], pstart[bi + 2], slots, hashes, tok_bytes, tok_off)
+            r = _lookup(buf, pstart[bi], pstart[bi + 2], table, tok_bytes)
             prank[bi] = big if r < 0 else r
         else:
             prank[bi] = big
         if bi > 0:
-            r = _lookup(buf, pstart[bi - 1], pstart[bi + 1], slots, hashes, tok_bytes, tok_off)
+            r = _lookup(buf, pstart[bi - 1], pstart[bi + 1], table, tok_bytes)
             prank[bi - 1] = big if r < 0 else r
     for k in range(m - 1):
-        ids[count] = _lookup(buf, pstart[k], pstart[k + 1], slots, hashes, tok_bytes, tok_off)
+        ids[count] = _lookup(buf, pstart[k], pstart[k + 1], table, tok_bytes)
         count += 1
     return count
 
 
 @njit(cache=CACHE)
-def _miss(buf, a, b, h, s, slots, hashes, tok_bytes, tok_off, ids, count, pstart, prank,
-          ch, ca, cl, co, cn, cids, cstate):
-    """Ids of piece ``buf[a:b]``, not a token and not in the cache (hash ``h``, free slot ``s``): merges.
+def _miss(buf, a, b, h, w0, w1, s, table, tok_bytes, ids, count, pstart, prank, cache, cids, cstate):
+    """Ids of piece ``buf[a:b]`` not in the piece cache (hash ``h``, words ``w0``/``w1``, free cache slot ``s``, or -1).
 
-    Stored in the cache (when there is one and it has room). A plain call, not
-    inlined: numba's IR inlining of a kernel that passes arrays on to another
+    A vocabulary lookup, else merges; stored in the cache when ``s >= 0`` and it has room.
+    A plain call, not inlined: numba's IR inlining of a kernel that passes arrays on to another
     call costs ~60-100 ns per piece in the caller's loop, even when not taken.
     """
     first = count
-    count = _merge(buf, a, b, slots, hashes, tok_bytes, tok_off, ids, count, pstart, prank)
-    size = ch.shape[0]
+    t = _probe(table, h, buf, a, b - a, tok_bytes)
+    if t >= 0:
+        ids[count] = t
+        count += 1
+    else:
+        count = _merge(buf, a, b, table, tok_bytes, ids, count, pstart, prank)
     m = count - first
-    if size > 0 and 2 * cstate[0] < size and cstate[1] + m <= cids.shape[0]:
-        ch[s] = h
-        ca[s] = a
-        cl[s] = b - a
-        co[s] = cstate[1]
-        cn[s] = m
-        for k in range(m):
-            cids[cstate[1] + k] = ids[first + k]
+    size = cache.shape[0] >> 2
+    if s >= 0 and 2 * cstate[0] < size and cstate[1] + m <= cids.shape[0]:
+        cache[4 * s] = w0
+        cache[4 * s + 1] = w1
+        if m == 1:
+            val = np.uint64(ids[first])
+        else:
+            val = np.uint64(cstate[1])
+            for k in range(m):
+                cids[cstate[1] + k] = ids[first + k]
+            cstate[1] += m
+        cache[4 * s + 2] = np.uint64(b - a) | (np.uint64(m) << np.uint64(16)) | (val << np.uint64(32))
         cstate[0] += 1
-        cstate[1] += m
     return count
 
 
+@njit(cache=CACHE, inline="always")
+def _next_added(buf, p, e, add_bytes, add_off, add_first):
+    """``(position, index)`` of the first added token in ``buf[p:e]`` (longest first), or ``(e, -1)``."""
+    na = add_off.shape[0] - 1
+    while p < e:
+        if add_first[buf[p]]:
+            for t in range(na):
+                o = add_off[t]
+                ln = add_off[t + 1] - o
+                if p + ln <= e:
+                    same = True
+                    for q in range(ln):
+                        if add_bytes[o + q] != buf[p + q]:
+                            same = False
+                            break
+                    if same:
+                        return p, t
+        p += 1
+    return e, -1
+
+
 @njit(cache=CACHE)
-def encode_ranges(buf, starts, stops, cls_table, fold, maxdig, slots, hashes, tok_bytes, tok_off,
+def encode_ranges(buf, starts, stops, cls_table, fold, maxdig, table, tok_bytes,
                   add_bytes, add_off, add_ids, add_first, cache_bits):
     """Encode each ``buf[starts[r]:stops[r]]`` on its own, ids back to back.
 
     Returns ``(ids int32, lengths int64, ok bool)``; a range that is not handled has length 0.
     Added tokens (``add_*``, longest first) split the text wherever their bytes occur.
-    ``cache_bits`` > 0: a cache of ``2**cache_bits`` slots maps the pieces seen in this call to
-    their ids (keyed by the piece's first occurrence in ``buf``: ``ca``/``cl``; ``ch`` its hash;
-    ``co``/``cn`` its ids in ``cids``; ``cstate`` = [entries, ids used]; no new entries once half full).
+    ``cache_bits`` > 0: a cache of ``2**cache_bits`` slots maps the pieces of at most 16 bytes
+    seen in this call to their ids: four uint64 per slot, the piece's two zero-padded words and
+    ``len | n_ids << 16 | v << 32`` (0: empty), ``v`` the id when ``n_ids == 1``, else the
+    offset of the ids in ``cids``; ``cstate`` = [entries, ids used]; no new entries once half full.
     """
     nr = starts.shape[0]
     lengths = np.zeros(nr, np.int64)
     ok = np.zeros(nr, np.bool_)
-    longest = 1
     total = 0
     for r in range(nr):
-        longest = max(longest, stops[r] - starts[r])
         total += stops[r] - starts[r]
     ids = np.empty(total + 1, np.int32)   # a token holds at least one byte: no growing in the loop
-    cps = np.empty(longest + 1, np.int32)
-    cls = np.empty(longest + 1, np.uint8)
-    off = np.empty(longest + 1, np.int64)
     pstart = np.empty(MAX_PIECE + 1, np.int64)
     prank = np.empty(MAX_PIECE + 1, np.int32)
     size = (1 << cache_bits) if cache_bits > 0 else 0
-    cmask = np.uint64(max(size, 1) - 1)
-    ch = np.zeros(size, np.uint64)
-    ca = np.full(size, -1, np.int64)
-    cl = np.zeros(size, np.int64)
-    co = np.zeros(size, np.int64)
-    cn = np.zeros(size, np.int64)
+    cmask = max(size, 1) - 1
+    cshift = np.uint64(64 - cache_bits) if cache_bits > 0 else np.uint64(63)
+    cache = np.zeros(4 * size, np.uint64)
     cids = np.empty(4 * size, np.int32)
     cstate = np.zeros(2, np.int64)
     count = 0
-    na = add_ids.shape[0]
     for r in range(nr):
-        a0 = starts[r]
+        p = starts[r]
         b0 = stops[r]
         first = count
-        n = _decode(buf, a0, b0, cls_table, cps, cls, off)
-        if n < 0:
-            continue
         good = True
-        ks = 0
         while True:
-            # the next added token at or after char ks
-            k = ks
-            hit = -1
-            while k < n:
-                p = off[k]
-                if add_first[buf[p]]:
-                    for t in range(na):
-                        o = add_off[t]
-                        ln = add_off[t + 1] - o
-                        if p + ln <= b0:
-                            same = True
-                            for q in range(ln):
-                                if add_bytes[o + q] != buf[p + q]:
-                                    same = False
-                                    break
-                            if same:
-                                hit = t
-                                break
-                    if hit >= 0:
-                        break
-                k += 1
-            # the pieces of chars [ks, k)
-            i = ks
-            while i < k:
-                j = _next_piece(cps, cls, fold, i, k, maxdig)
-                a = off[i]
-                b = off[j]
-                if b - a > MAX_PIECE:
+            e, hit = _next_added(buf, p, b0, add_bytes, add_off, add_first)
+            # the pieces of buf[p:e]
+            i = p
+            while i < e:
+                j = _next_piece(buf, i, e, cls_table, fold, maxdig)
+                n = j - i
+                if j < 0 or n > MAX_PIECE:
                     good = False
                     break
-                h = np.uint64(0)
-                s = np.uint64(0)
-                found = False
-                if size > 0:
-                    h = _hash(buf, a, b)
-                    s = h & cmask
-                    while ca[s] >= 0:
-                        if ch[s] == h and cl[s] == b - a:
-                            o = ca[s]
-                            same = True
-                            for q in range(b - a):
-                                if buf[o + q] != buf[a + q]:
-                                    same = False
-                                    break
-                            if same:
-                                c0 = co[s]
-                                for q in range(cn[s]):
-                                    ids[count + q] = cids[c0 + q]
-                                count += cn[s]
-                                found = True
-                                break
-                        s = (s + np.uint64(1)) & cmask
-                if not found:
-                    t = _lookup(buf, a, b, slots, hashes, tok_bytes, tok_off)
-                    if t < 0:
-                        count = _miss(buf, a, b, h, s, slots, hashes, tok_bytes, tok_off, ids, count, pstart,
-                                      prank, ch, ca, cl, co, cn, cids, cstate)
+                if n <= 16 and size > 0:
+                    if n <= 8:
+                        w0 = _word(buf, i, n)
+                        w1 = np.uint64(0)
                     else:
-                        ids[count] = t
-                        count += 1
-                        if size > 0 and 2 * cstate[0] < size and cstate[1] < cids.shape[0]:
-                            ch[s] = h
-                            ca[s] = a
-                            cl[s] = b - a
-                            co[s] = cstate[1]
-                            cn[s] = 1
-                            cids[cstate[1]] = t
-                            cstate[0] += 1
-                            cstate[1] += 1
+                        w0 = _word(buf, i, 8)
+                        w1 = _word(buf, i + 8, n - 8)
+                    h = _hash2(w0, w1, n)
+                    s = np.int64(h >> cshift)
+                    while True:
+                        m = cache[4 * s + 2]
+                        if m == 0:
+                            count = _miss(buf, i, j, h, w0, w1, s, table, tok_bytes, ids, count, pstart, prank,
+                                          cache, cids, cstate)
+                            break
+                        if cache[4 * s] == w0 and cache[4 * s + 1] == w1 and np.int64(m & np.uint64(0xFFFF)) == n:
+                            k = np.int64((m >> np.uint64(16)) & np.uint64(0xFFFF))
+                            v = np.int64(m >> np.uint64(32))
+                            if k == 1:
+                                ids[count] = v
+                                count += 1
+                            else:
+                                for q in range(k):
+                                    ids[count + q] = cids[v + q]
+                                count += k
+                            break
+                        s = (s + 1) & cmask
+                else:
+                    count = _miss(buf, i, j, _hash(buf, i, j), np.uint64(0), np.uint64(0), -1, table, tok_bytes,
+                                  ids, count, pstart, prank, cache, cids, cstate)
                 i = j
             if not good or hit < 0:
                 break
             ids[count] = add_ids[hit]
             count += 1
-            end = off[k] + add_off[hit + 1] - add_off[hit]
-            while k < n and off[k] < end:
-                k += 1
-            ks = k
+            p = e + add_off[hit + 1] - add_off[hit]
         if not good:
             count = first
             continue
@@ -388,18 +489,14 @@ def encode_ranges(buf, starts, stops, cls_table, fold, maxdig, slots, hashes, to
 @njit(cache=CACHE)
 def piece_bounds(buf, a, b, cls_table, fold, maxdig):
     """Byte ends of the pre-tokens of ``buf[a:b]`` (no added tokens); empty when not handled."""
-    cps = np.empty(b - a + 1, np.int32)
-    cls = np.empty(b - a + 1, np.uint8)
-    off = np.empty(b - a + 1, np.int64)
-    n = _decode(buf, a, b, cls_table, cps, cls, off)
-    out = np.empty(max(n, 0), np.int64)
-    if n < 0:
-        return out
-    i = 0
+    out = np.empty(b - a, np.int64)
+    i = a
     m = 0
-    while i < n:
-        i = _next_piece(cps, cls, fold, i, n, maxdig)
-        out[m] = off[i]
+    while i < b:
+        i = _next_piece(buf, i, b, cls_table, fold, maxdig)
+        if i < 0:
+            return out[:0].copy()
+        out[m] = i
         m += 1
     return out[:m].copy()
 

@@ -29,8 +29,7 @@ class BpeTables(NamedTuple):
     cls_table: np.ndarray   # uint8 per code point (bits of bpe_kernels.L/N/WS/NL/SUP)
     fold: np.ndarray        # uint8 per code point: the contraction letter it folds to, or 0
     maxdig: int             # 1 for \p{N}, 3 for \p{N}{1,3}
-    slots: np.ndarray
-    hashes: np.ndarray
+    table: np.ndarray       # uint64 pairs per slot: hash, id | len << 24 | offset << 40 (bpe_kernels.build_hash)
     tok_bytes: np.ndarray
     tok_off: np.ndarray
     add_bytes: np.ndarray
@@ -113,8 +112,8 @@ def build_tables(ranks: dict[bytes, int], added: dict[str, int], pattern: str) -
     tok_off = np.zeros(n + 1, np.int64)
     np.cumsum(lens, out=tok_off[1:])
     tok_bytes = np.frombuffer(b"".join(order), np.uint8)
-    bits = max(4, int(2 * n - 1).bit_length() + 1)   # load factor <= 1/4
-    slots, hashes = K.build_hash(tok_bytes, tok_off, bits)
+    bits = max(4, int(5 * n // 3).bit_length())   # load factor <= 0.6
+    table = K.build_hash(tok_bytes, tok_off, bits)
     specials = sorted(((s.encode("utf-8"), i) for s, i in added.items()), key=lambda kv: -len(kv[0]))
     add_bytes = np.frombuffer(b"".join(s for s, _ in specials) or b"\0", np.uint8)
     add_off = np.zeros(len(specials) + 1, np.int64)
@@ -128,7 +127,7 @@ def build_tables(ranks: dict[bytes, int], added: dict[str, int], pattern: str) -
     if pattern not in (QWEN_PATTERN, LLAMA3_PATTERN):
         raise ValueError("the prototype knows only the Qwen2.5 and Llama-3 pre-tokenizer patterns")
     maxdig = 3 if pattern == LLAMA3_PATTERN else 1
-    return BpeTables(cls, fold, maxdig, slots, hashes, tok_bytes, tok_off, add_bytes, add_off, add_ids,
+    return BpeTables(cls, fold, maxdig, table, tok_bytes, tok_off, add_bytes, add_off, add_ids,
                      add_first)
 
 
@@ -137,8 +136,8 @@ def encode_ranges(buf: np.ndarray, starts: np.ndarray, stops: np.ndarray, t: Bpe
 
     ``cache_bits``: a per-call cache of ``2**cache_bits`` slots, piece -> ids (0: none).
     """
-    return K.encode_ranges(buf, starts, stops, t.cls_table, t.fold, t.maxdig, t.slots, t.hashes,
-                           t.tok_bytes, t.tok_off, t.add_bytes, t.add_off, t.add_ids, t.add_first,
+    return K.encode_ranges(buf, starts, stops, t.cls_table, t.fold, t.maxdig, t.table,
+                           t.tok_bytes, t.add_bytes, t.add_off, t.add_ids, t.add_first,
                            cache_bits)
 
 

@@ -44,7 +44,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 
 from vecpack.tokenizing import _hf_server
 from vecpack.tokenizing.runtime import added_tokens, engine_ids
-from vecpack.tokenizing.spec import Unsupported
+from vecpack.tokenizing.spec import Unsupported, file_id
 
 __all__ = ["PATHOLOGICAL", "PROBES", "Check", "HFProcessExited", "preload", "probes", "reason", "shutdown", "start",
            "verdict"]
@@ -210,9 +210,11 @@ def shutdown(wait: bool = True) -> None:
 
 
 def _tokenizer_file(path: str) -> tuple[str, tuple]:
-    file = pathlib.Path(path) / "tokenizer.json"
-    st = file.stat()
-    return str(file), (st.st_size, st.st_mtime_ns)
+    """``(file, version)`` that the HF process loads and keys its tokenizer by (:func:`file_id`)."""
+    real, size, mtime = file_id(pathlib.Path(path) / "tokenizer.json")
+    if size < 0:
+        raise FileNotFoundError(f"{path}: no tokenizer.json")
+    return real, (size, mtime)
 
 
 # --------------------------------------------------------------------------- the HF process

@@ -41,6 +41,7 @@ from vecpack.tokenizing.sp import SPACE, sp_labels, sp_spec, token_bytes
 from vecpack.tokenizing.spec import (
     MISSING,
     Unsupported,
+    file_id,
     hf_byte_table,
     latin_table,
     read_memo,
@@ -497,8 +498,9 @@ def runtime(path: str, backend: str) -> Runtime:
     ``tokenizer_config.json`` (but for its ``chat_template``) share one runtime: nothing else of a
     directory goes into it."""
     p = pathlib.Path(path)
-    file = p / "tokenizer.json"
-    st = file.stat()
+    real, size, mtime = file_id(p / "tokenizer.json")
+    if size < 0:
+        raise FileNotFoundError(f"{p / 'tokenizer.json'}: no such file")
     try:
         config = (p / "tokenizer_config.json").read_bytes()
     except FileNotFoundError:
@@ -509,7 +511,7 @@ def runtime(path: str, backend: str) -> Runtime:
     except (ValueError, AttributeError):
         pass
     config = hashlib.blake2b(config, digest_size=16).hexdigest()
-    key = (os.path.realpath(file), backend, st.st_size, st.st_mtime_ns, config)
+    key = (real, backend, size, mtime, config)
     rt = _RUNTIMES.get(key)
     if rt is None:
         if backend == "fastokens" and _WARM_START[1]:  # fastokens now: no tiktoken to serve first,

@@ -30,7 +30,7 @@ from vecpack.inputs.records import _orjson_loads
 from vecpack.options import cache_root
 
 __all__ = ["SPEC_VERSION", "Unsupported", "byte_lengths", "bytes_to_unicode", "hf_byte_table",
-           "default_pad_id", "latin_table", "materialize", "read_dir", "stat_key", "tiktoken_facts",
+           "default_pad_id", "file_id", "latin_table", "materialize", "read_dir", "stat_key", "tiktoken_facts",
            "tiktoken_file", "tiktoken_spec", "MISSING", "read_memo", "write_memo"]
 
 #: Bump when what is derived from the same files changes (on-disk memos are then ignored).
@@ -215,15 +215,26 @@ def hf_byte_table(path: pathlib.Path) -> tuple[np.ndarray, bool] | None:
 
 
 
+def file_id(file) -> tuple[str, int, int]:
+    """``(real path, size, mtime_ns)``: what tells a tokenizer file from another (-1, -1 when it is missing).
+
+    Symlinks are followed, so directories whose ``tokenizer.json`` is one file
+    (a hub cache's snapshots, a model's template variants) name it alike: they
+    share its runtime, its memos and the parity check's loaded tokenizer. A
+    copy of the file is another file.
+    """
+    real = os.path.realpath(file)
+    try:
+        st = os.stat(real)
+    except OSError:
+        return real, -1, -1
+    return real, st.st_size, st.st_mtime_ns
+
+
 def stat_key(path: pathlib.Path, *names: str) -> str:
-    """A memo key for files of ``path``: its resolved path and each file's size and mtime."""
-    parts = [SPEC_VERSION, str(path.resolve())]
-    for name in names:
-        try:
-            st = (path / name).stat()
-            parts.append(f"{name}:{st.st_size}:{st.st_mtime_ns}")
-        except OSError:
-            parts.append(f"{name}:-")
+    """A memo key for files ``names`` of directory ``path``: each one's :func:`file_id` (the
+    directory itself is not part of it)."""
+    parts = [SPEC_VERSION, *(":".join(map(str, file_id(path / name))) for name in names)]
     return hashlib.sha256("|".join(parts).encode()).hexdigest()[:32]
 
 
