@@ -304,9 +304,23 @@ def _next_piece(bp, i, e, ct, nt, fp, maxdig):
     return j0
 
 
+@njit(cache=CACHE, inline="always")
+def _log2(size):
+    """``k`` with ``2**k == size``."""
+    k = 0
+    while (1 << k) < size:
+        k += 1
+    return k
+
+
 @njit(cache=CACHE)
 def _merge(buf, a, b, table, tok_bytes, ids, count, pstart, prank):
     """tiktoken's byte pair merge of ``buf[a:b]`` (not itself a token): the lowest-ranked adjacent pair first."""
+    bp = _ptr(buf)
+    nbuf = buf.shape[0]
+    tp = _ptr(table)
+    tbits = _log2(table.shape[0] >> 1)
+    kp = _ptr(tok_bytes)
     n = b - a
     big = np.int32(0x7FFFFFFF)
     m = n + 1
@@ -314,7 +328,7 @@ def _merge(buf, a, b, table, tok_bytes, ids, count, pstart, prank):
         pstart[k] = a + k
     for k in range(m):
         if k + 2 < m:
-            r = _lookup(buf, a + k, a + k + 2, table, tok_bytes)
+            r = _lookup(bp, a + k, a + k + 2, nbuf, tp, tbits, kp)
             prank[k] = big if r < 0 else r
         else:
             prank[k] = big
@@ -333,15 +347,15 @@ def _merge(buf, a, b, table, tok_bytes, ids, count, pstart, prank):
             prank[k] = prank[k + 1]
         m -= 1
         if bi + 2 < m:
-            r = _lookup(buf, pstart[bi], pstart[bi + 2], table, tok_bytes)
+            r = _lookup(bp, pstart[bi], pstart[bi + 2], nbuf, tp, tbits, kp)
             prank[bi] = big if r < 0 else r
         else:
             prank[bi] = big
         if bi > 0:
-            r = _lookup(buf, pstart[bi - 1], pstart[bi + 1], table, tok_bytes)
+            r = _lookup(bp, pstart[bi - 1], pstart[bi + 1], nbuf, tp, tbits, kp)
             prank[bi - 1] = big if r < 0 else r
     for k in range(m - 1):
-        ids[count] = _lookup(buf, pstart[k], pstart[k + 1], table, tok_bytes)
+        ids[count] = _lookup(bp, pstart[k], pstart[k + 1], nbuf, tp, tbits, kp)
         count += 1
     return count
 
@@ -355,7 +369,7 @@ def _miss(buf, a, b, h, w0, w1, s, table, tok_bytes, ids, count, pstart, prank, 
     call costs ~60-100 ns per piece in the caller's loop, even when not taken.
     """
     first = count
-    t = _probe(table, h, buf, a, b - a, tok_bytes)
+    t = _probe(_ptr(table), _log2(table.shape[0] >> 1), h, _ptr(buf), a, b - a, _ptr(tok_bytes))
     if t >= 0:
         ids[count] = t
         count += 1
@@ -379,18 +393,20 @@ def _miss(buf, a, b, h, w0, w1, s, table, tok_bytes, ids, count, pstart, prank, 
 
 
 @njit(cache=CACHE, inline="always")
-def _next_added(buf, p, e, add_bytes, add_off, add_first):
-    """``(position, index)`` of the first added token in ``buf[p:e]`` (longest first), or ``(e, -1)``."""
-    na = add_off.shape[0] - 1
+def _next_added(bp, p, e, ab, ao, af, na):
+    """``(position, index)`` of the first added token in ``bp[p:e]``, or ``(e, -1)``.
+
+    ``ab``/``ao``: the ``na`` added tokens' bytes and offsets (longest first), ``af``: their first bytes.
+    """
     while p < e:
-        if add_first[buf[p]]:
+        if af[bp[p]]:
             for t in range(na):
-                o = add_off[t]
-                ln = add_off[t + 1] - o
+                o = ao[t]
+                ln = ao[t + 1] - o
                 if p + ln <= e:
                     same = True
                     for q in range(ln):
-                        if add_bytes[o + q] != buf[p + q]:
+                        if ab[o + q] != bp[p + q]:
                             same = False
                             break
                     if same:
@@ -427,28 +443,37 @@ def encode_ranges(buf, starts, stops, cls_table, fold, maxdig, table, tok_bytes,
     cids = np.empty(4 * size, np.int32)
     cstate = np.zeros(2, np.int64)
     count = 0
+    bp = _ptr(buf)
+    nbuf = buf.shape[0]
+    ct = _ptr(cls_table)
+    nt = cls_table.shape[0]
+    fp = _ptr(fold)
+    ab = _ptr(add_bytes)
+    ao = _ptr(add_off)
+    af = _ptr(add_first)
+    na = add_ids.shape[0]
     for r in range(nr):
         p = starts[r]
         b0 = stops[r]
         first = count
         good = True
         while True:
-            e, hit = _next_added(buf, p, b0, add_bytes, add_off, add_first)
+            e, hit = _next_added(bp, p, b0, ab, ao, af, na)
             # the pieces of buf[p:e]
             i = p
             while i < e:
-                j = _next_piece(buf, i, e, cls_table, fold, maxdig)
+                j = _next_piece(bp, i, e, ct, nt, fp, maxdig)
                 n = j - i
                 if j < 0 or n > MAX_PIECE:
                     good = False
                     break
                 if n <= 16 and size > 0:
                     if n <= 8:
-                        w0 = _word(buf, i, n)
+                        w0 = _word(bp, i, n, nbuf)
                         w1 = np.uint64(0)
                     else:
-                        w0 = _word(buf, i, 8)
-                        w1 = _word(buf, i + 8, n - 8)
+                        w0 = _word(bp, i, 8, nbuf)
+                        w1 = _word(bp, i + 8, n - 8, nbuf)
                     h = _hash2(w0, w1, n)
                     s = np.int64(h >> cshift)
                     while True:
@@ -470,7 +495,7 @@ def encode_ranges(buf, starts, stops, cls_table, fold, maxdig, table, tok_bytes,
                             break
                         s = (s + 1) & cmask
                 else:
-                    count = _miss(buf, i, j, _hash(buf, i, j), np.uint64(0), np.uint64(0), -1, table, tok_bytes,
+                    count = _miss(buf, i, j, _hash(bp, i, j, nbuf), np.uint64(0), np.uint64(0), -1, table, tok_bytes,
                                   ids, count, pstart, prank, cache, cids, cstate)
                 i = j
             if not good or hit < 0:
@@ -490,10 +515,11 @@ def encode_ranges(buf, starts, stops, cls_table, fold, maxdig, table, tok_bytes,
 def piece_bounds(buf, a, b, cls_table, fold, maxdig):
     """Byte ends of the pre-tokens of ``buf[a:b]`` (no added tokens); empty when not handled."""
     out = np.empty(b - a, np.int64)
+    bp = _ptr(buf)
     i = a
     m = 0
     while i < b:
-        i = _next_piece(buf, i, b, cls_table, fold, maxdig)
+        i = _next_piece(bp, i, b, _ptr(cls_table), cls_table.shape[0], _ptr(fold), maxdig)
         if i < 0:
             return out[:0].copy()
         out[m] = i

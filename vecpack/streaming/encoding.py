@@ -99,7 +99,7 @@ def _in_thread(fn, name: str, nice: int = 0) -> Future:
 
 
 def _tokenizer_tag(path) -> str | None:
-    """The first part of a remembered verdict's name: the tokenizer file (path, size, mtime) and the
+    """The first part of a remembered verdict's name: the tokenizer file (real path, size, mtime) and the
     versions of vecpack and HF tokenizers (None without HF tokenizers)."""
     import hashlib
     from importlib.metadata import PackageNotFoundError, version
@@ -118,7 +118,7 @@ def _tokenizer_tag(path) -> str | None:
 def _passed_file(path, engine: str, texts) -> pathlib.Path | None:
     """Where a parity check of ``engine`` on ``texts`` that passed is remembered on disk, or None.
 
-    Keyed by everything the verdict depends on: the tokenizer file (path, size,
+    Keyed by everything the verdict depends on: the tokenizer file (real path, size,
     mtime), the engine, the versions of vecpack (its probes), of the engine's
     library and of HF tokenizers, and the sample texts; the name starts with
     the tokenizer's part (:func:`checked_before`). Only passes are kept (an
