@@ -73,17 +73,22 @@ def _fmt(xs: list[float], scale: float = 1e3, unit: str = "ms") -> str:
     return f"{statistics.median(xs) * scale:.1f} {unit} (min {min(xs) * scale:.1f}, max {max(xs) * scale:.1f})"
 
 
-def render_rows(n: int) -> list[str]:
+def render_rows(n: int, shape: str = "short") -> list[str]:
+    """``n`` rows rendered with the Qwen2.5 template: ``make_short_chats`` (the seed's shape) or
+    ``make_sharegpt`` (longer, code-heavy, some outside the prototype's ranges: those are left out)."""
     from vecpack.chat.formats import to_messages
-    from vecpack.testing import cached_tokenizer_dir, make_short_chats
+    from vecpack.testing import cached_tokenizer_dir, make_sharegpt, make_short_chats
     from vecpack.tokenizing.encoder import ChatEncoder
+    from vecpack.tokenizing.latin import is_latin
 
     d = cached_tokenizer_dir("qwen2.5")
+    make = make_short_chats if shape == "short" else make_sharegpt
     with tempfile.TemporaryDirectory() as tmp:
-        path = make_short_chats(os.path.join(tmp, "rows.jsonl"), n)
+        path = make(os.path.join(tmp, "rows.jsonl"), n)
         rows = [json.loads(x) for x in open(path, encoding="utf-8")]
     enc = ChatEncoder.from_tokenizer(str(d), sample_rows=rows[:64])
-    return [enc.template.render(to_messages(r, enc.style, enc.column)) for r in rows]
+    texts = [enc.template.render(to_messages(r, enc.style, enc.column)) for r in rows]
+    return [t for t in texts if is_latin(t)]
 
 
 def main() -> None:
@@ -91,6 +96,8 @@ def main() -> None:
     ap.add_argument("--rows", type=int, default=200_000)
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--batch", type=int, default=10_000)
+    ap.add_argument("--shape", choices=("short", "sharegpt"), default="short",
+                    help="make_short_chats rows (the seed's shape) or make_sharegpt rows (code-heavy)")
     args = ap.parse_args()
 
     from importlib.metadata import version
@@ -118,13 +125,14 @@ def main() -> None:
 
     # (b) encode
     t = time.perf_counter()
-    texts = render_rows(args.rows)
+    texts = render_rows(args.rows, args.shape)
     raw = [s.encode("utf-8") for s in texts]
     lens = np.fromiter(map(len, raw), np.int64, len(raw))
     stops = np.cumsum(lens)
     starts = stops - lens
     buf = np.frombuffer(b"".join(raw), np.uint8)
-    print(f"rendered {len(texts)} rows in {time.perf_counter() - t:.1f} s: {buf.size / len(texts):.0f} bytes/row")
+    print(f"rendered {len(texts)} {args.shape} rows (those in the prototype's ranges) in "
+          f"{time.perf_counter() - t:.1f} s: {buf.size / len(texts):.0f} bytes/row")
     d = cached_tokenizer_dir("qwen2.5")
     pattern, ranks, added, _ = tiktoken_spec(d)
     tables = build_tables(ranks, added, pattern)

@@ -39,6 +39,8 @@ _M2 = np.uint64(0x94D049BB133111EB)
 _ONES = np.uint64(0xFFFFFFFFFFFFFFFF)
 _ID_MASK = np.uint64((1 << 24) - 1)
 _LEN_MASK = np.uint64((1 << 16) - 1)
+_LO = np.uint64(0x0101010101010101)
+_HI = np.uint64(0x8080808080808080)
 
 
 @intrinsic
@@ -117,7 +119,10 @@ def _hash(bp, a, b, nbuf):
 
 @njit(cache=CACHE)
 def build_hash(tok_bytes, tok_off, bits):
-    """Open-addressing table of ``2**bits`` slots, two uint64 each: hash, ``id | len << 24 | offset << 40`` (0: empty)."""
+    """Open-addressing table of ``2**bits`` slots, two uint64 each.
+
+    The token's :func:`_hash` and ``id | len << 24 | offset << 40`` (0: empty slot).
+    """
     size = 1 << bits
     mask = size - 1
     shift = np.uint64(64 - bits)
@@ -161,9 +166,43 @@ def _probe(tp, tbits, h, bp, a, n, kp):
 
 
 @njit(cache=CACHE, inline="always")
+def _probe_words(tp, tbits, h, w0, w1, n, kp, nk):
+    """Id of the piece of ``n`` <= 16 bytes held in the words ``w0``/``w1`` (hash ``h``), or -1."""
+    mask = (1 << tbits) - 1
+    s = np.int64(h >> np.uint64(64 - tbits))
+    nn = np.uint64(n)
+    while True:
+        m = tp[2 * s + 1]
+        if m == 0:
+            return -1
+        if tp[2 * s] == h and ((m >> np.uint64(24)) & _LEN_MASK) == nn:
+            if n <= 8:   # the hash is a bijection of the bytes
+                return np.int64(m & _ID_MASK)
+            o = np.int64(m >> np.uint64(40))
+            if _word(kp, o, 8, nk) == w0 and _word(kp, o + 8, n - 8, nk) == w1:
+                return np.int64(m & _ID_MASK)
+        s = (s + 1) & mask
+
+
+@njit(cache=CACHE, inline="always")
 def _lookup(bp, a, b, nbuf, tp, tbits, kp):
     """Rank of ``bp[a:b]``, or -1."""
     return _probe(tp, tbits, _hash(bp, a, b, nbuf), bp, a, b - a, kp)
+
+
+@njit(cache=CACHE, inline="always")
+def _rank(bp, a, b, nbuf, tp, tbits, kp, nk):
+    """Rank of ``bp[a:b]``, or -1: by words (no byte loop) up to 16 bytes."""
+    n = b - a
+    if n > 16:
+        return _lookup(bp, a, b, nbuf, tp, tbits, kp)
+    if n <= 8:
+        w0 = _word(bp, a, n, nbuf)
+        w1 = np.uint64(0)
+    else:
+        w0 = _word(bp, a, 8, nbuf)
+        w1 = _word(bp, a + 8, n - 8, nbuf)
+    return _probe_words(tp, tbits, _hash2(w0, w1, n), w0, w1, n, kp, nk)
 
 
 @njit(cache=CACHE, inline="always")
@@ -314,24 +353,27 @@ def _log2(size):
 
 
 @njit(cache=CACHE)
-def _merge(buf, a, b, table, tok_bytes, ids, count, pstart, prank):
-    """tiktoken's byte pair merge of ``buf[a:b]`` (not itself a token): the lowest-ranked adjacent pair first."""
-    bp = _ptr(buf)
-    nbuf = buf.shape[0]
-    tp = _ptr(table)
-    tbits = _log2(table.shape[0] >> 1)
-    kp = _ptr(tok_bytes)
+def _merge(bp, nbuf, a, b, tp, tbits, kp, nk, small, ids, count, pstart, prank, pid):
+    """tiktoken's byte pair merge of ``buf[a:b]`` (not itself a token): the lowest-ranked adjacent pair first.
+
+    ``small``: the id of each byte, then the rank of each 2-byte token (``256 + (b0 << 8 | b1)``, -1 if none),
+    so that the first round needs no hashing; a merged part's id is the rank of its pair (id = rank).
+    Part ``k`` starts at ``pstart[k]``, has id ``pid[k]``; ``prank[k]``: the rank of parts ``k`` and ``k + 1`` merged.
+    All arrays are passed as pointers (``bp`` the text, ``tp`` the vocabulary table of ``2**tbits`` slots,
+    ``kp`` its bytes): a plain call receiving arrays increfs/decrefs each of them.
+    """
     n = b - a
     big = np.int32(0x7FFFFFFF)
     m = n + 1
-    for k in range(m):
+    for k in range(n):
         pstart[k] = a + k
-    for k in range(m):
-        if k + 2 < m:
-            r = _lookup(bp, a + k, a + k + 2, nbuf, tp, tbits, kp)
-            prank[k] = big if r < 0 else r
-        else:
-            prank[k] = big
+        pid[k] = small[bp[a + k]]
+    pstart[n] = b
+    for k in range(n - 1):
+        r = small[256 + ((np.int64(bp[a + k]) << 8) | np.int64(bp[a + k + 1]))]
+        prank[k] = big if r < 0 else r
+    prank[n - 1] = big
+    prank[n] = big
     while m > 1:
         best = big
         bi = -1
@@ -341,43 +383,46 @@ def _merge(buf, a, b, table, tok_bytes, ids, count, pstart, prank):
                 bi = k
         if bi < 0:
             break
-        # remove part bi+1
+        # merge parts bi and bi+1
+        pid[bi] = best
         for k in range(bi + 1, m - 1):
             pstart[k] = pstart[k + 1]
             prank[k] = prank[k + 1]
+            pid[k] = pid[k + 1]
         m -= 1
         if bi + 2 < m:
-            r = _lookup(bp, pstart[bi], pstart[bi + 2], nbuf, tp, tbits, kp)
+            r = _rank(bp, pstart[bi], pstart[bi + 2], nbuf, tp, tbits, kp, nk)
             prank[bi] = big if r < 0 else r
         else:
             prank[bi] = big
         if bi > 0:
-            r = _lookup(bp, pstart[bi - 1], pstart[bi + 1], nbuf, tp, tbits, kp)
+            r = _rank(bp, pstart[bi - 1], pstart[bi + 1], nbuf, tp, tbits, kp, nk)
             prank[bi - 1] = big if r < 0 else r
     for k in range(m - 1):
-        ids[count] = _lookup(bp, pstart[k], pstart[k + 1], nbuf, tp, tbits, kp)
+        ids[count] = pid[k]
         count += 1
     return count
 
 
 @njit(cache=CACHE)
-def _miss(buf, a, b, h, w0, w1, s, table, tok_bytes, ids, count, pstart, prank, cache, cids, cstate):
-    """Ids of piece ``buf[a:b]`` not in the piece cache (hash ``h``, words ``w0``/``w1``, free cache slot ``s``, or -1).
+def _miss(bp, nbuf, a, b, h, w0, w1, s, tp, tbits, kp, nk, small, ids, count, pstart, prank, pid,
+          cache, csize, cids, ncids, cstate):
+    """Ids of piece ``bp[a:b]`` not in the piece cache (hash ``h``, words ``w0``/``w1``, free cache slot ``s``, or -1).
 
-    A vocabulary lookup, else merges; stored in the cache when ``s >= 0`` and it has room.
-    A plain call, not inlined: numba's IR inlining of a kernel that passes arrays on to another
-    call costs ~60-100 ns per piece in the caller's loop, even when not taken.
+    A vocabulary lookup, else merges; stored in the cache (``csize`` slots; ``cids`` holds ``ncids``)
+    when ``s >= 0`` and it has room. A plain call, not inlined, that takes pointers, not arrays (see
+    :func:`_ptr`): numba's IR inlining of a kernel that makes another call costs ~60-100 ns per piece
+    in the caller's loop, even when not taken.
     """
     first = count
-    t = _probe(_ptr(table), _log2(table.shape[0] >> 1), h, _ptr(buf), a, b - a, _ptr(tok_bytes))
+    t = _probe(tp, tbits, h, bp, a, b - a, kp)
     if t >= 0:
         ids[count] = t
         count += 1
     else:
-        count = _merge(buf, a, b, table, tok_bytes, ids, count, pstart, prank)
+        count = _merge(bp, nbuf, a, b, tp, tbits, kp, nk, small, ids, count, pstart, prank, pid)
     m = count - first
-    size = cache.shape[0] >> 2
-    if s >= 0 and 2 * cstate[0] < size and cstate[1] + m <= cids.shape[0]:
+    if s >= 0 and 2 * cstate[0] < csize and cstate[1] + m <= ncids:
         cache[4 * s] = w0
         cache[4 * s + 1] = w1
         if m == 1:
@@ -392,13 +437,58 @@ def _miss(buf, a, b, h, w0, w1, s, table, tok_bytes, ids, count, pstart, prank, 
     return count
 
 
+@njit(cache=CACHE)
+def _long(bp, nbuf, a, b, tp, tbits, kp, nk, small, ids, count, pstart, prank, pid, cache, csize, cids, ncids, cstate):
+    """Ids of a piece ``bp[a:b]`` of more than 16 bytes (arguments as :func:`_miss`).
+
+    Its cache entry holds its hash and the offset of its first occurrence instead of its words
+    (the length, > 16, tells the two kinds apart).
+    """
+    n = b - a
+    h = _hash(bp, a, b, nbuf)
+    if csize == 0:
+        return _miss(bp, nbuf, a, b, h, h, np.uint64(0), -1, tp, tbits, kp, nk, small, ids, count, pstart, prank, pid,
+                     cache, csize, cids, ncids, cstate)
+    cmask = csize - 1
+    s = np.int64(h >> np.uint64(64 - _log2(csize)))
+    while True:
+        m = cache[4 * s + 2]
+        if m == 0:
+            return _miss(bp, nbuf, a, b, h, h, np.uint64(a), s, tp, tbits, kp, nk, small, ids, count, pstart, prank,
+                         pid, cache, csize, cids, ncids, cstate)
+        if cache[4 * s] == h and np.int64(m & _LEN_MASK) == n:
+            o = np.int64(cache[4 * s + 1])
+            same = True
+            for q in range(n):
+                if bp[o + q] != bp[a + q]:
+                    same = False
+                    break
+            if same:
+                k = np.int64((m >> np.uint64(16)) & _LEN_MASK)
+                v = np.int64(m >> np.uint64(32))
+                if k == 1:
+                    ids[count] = v
+                    return count + 1
+                for q in range(k):
+                    ids[count + q] = cids[v + q]
+                return count + k
+        s = (s + 1) & cmask
+
+
 @njit(cache=CACHE, inline="always")
-def _next_added(bp, p, e, ab, ao, af, na):
+def _next_added(bp, p, e, ab, ao, af, na, fb):
     """``(position, index)`` of the first added token in ``bp[p:e]``, or ``(e, -1)``.
 
-    ``ab``/``ao``: the ``na`` added tokens' bytes and offsets (longest first), ``af``: their first bytes.
+    ``ab``/``ao``: the ``na`` added tokens' bytes and offsets (longest first), ``af``: their first bytes;
+    ``fb`` >= 0: the one first byte they all share (``<`` for Qwen and Llama-3): 8 bytes are skipped
+    at a time while none is ``fb``.
     """
     while p < e:
+        if fb >= 0 and p + 8 <= e:
+            x = _load64(bp, p) ^ (_LO * np.uint64(fb))
+            if ((x - _LO) & ~x & _HI) == 0:   # no byte of x is 0
+                p += 8
+                continue
         if af[bp[p]]:
             for t in range(na):
                 o = ao[t]
@@ -416,14 +506,17 @@ def _next_added(bp, p, e, ab, ao, af, na):
 
 
 @njit(cache=CACHE)
-def encode_ranges(buf, starts, stops, cls_table, fold, maxdig, table, tok_bytes,
-                  add_bytes, add_off, add_ids, add_first, cache_bits):
+def encode_ranges(buf, starts, stops, cls_table, fold, maxdig, table, tok_bytes, small,
+                  add_bytes, add_off, add_ids, add_first, cache_bits, table_first=True):
     """Encode each ``buf[starts[r]:stops[r]]`` on its own, ids back to back.
 
     Returns ``(ids int32, lengths int64, ok bool)``; a range that is not handled has length 0.
     Added tokens (``add_*``, longest first) split the text wherever their bytes occur.
-    ``cache_bits`` > 0: a cache of ``2**cache_bits`` slots maps the pieces of at most 16 bytes
-    seen in this call to their ids: four uint64 per slot, the piece's two zero-padded words and
+    ``table_first``: look a piece of <= 16 bytes up in the vocabulary before the cache (which then
+    holds only the pieces that merge), else the cache first.
+    ``cache_bits`` > 0: a cache of ``2**cache_bits`` slots maps the pieces seen in this call to
+    their ids: four uint64 per slot, the piece's two zero-padded words (a piece of more than 16 bytes:
+    its hash and the offset of its first occurrence, see :func:`_long`) and
     ``len | n_ids << 16 | v << 32`` (0: empty), ``v`` the id when ``n_ids == 1``, else the
     offset of the ids in ``cids``; ``cstate`` = [entries, ids used]; no new entries once half full.
     """
@@ -436,6 +529,7 @@ def encode_ranges(buf, starts, stops, cls_table, fold, maxdig, table, tok_bytes,
     ids = np.empty(total + 1, np.int32)   # a token holds at least one byte: no growing in the loop
     pstart = np.empty(MAX_PIECE + 1, np.int64)
     prank = np.empty(MAX_PIECE + 1, np.int32)
+    pid = np.empty(MAX_PIECE + 1, np.int32)
     size = (1 << cache_bits) if cache_bits > 0 else 0
     cmask = max(size, 1) - 1
     cshift = np.uint64(64 - cache_bits) if cache_bits > 0 else np.uint64(63)
@@ -452,13 +546,31 @@ def encode_ranges(buf, starts, stops, cls_table, fold, maxdig, table, tok_bytes,
     ao = _ptr(add_off)
     af = _ptr(add_first)
     na = add_ids.shape[0]
+    fb = -1   # the first byte of every added token, if they share one
+    for c in range(256):
+        if add_first[c]:
+            fb = c if fb == -1 else -2
+    fb = max(fb, -1)
+    tp = _ptr(table)
+    tbits = _log2(table.shape[0] >> 1)
+    kp = _ptr(tok_bytes)
+    nk = tok_bytes.shape[0]
+    sp = _ptr(small)
+    idp = _ptr(ids)
+    psp = _ptr(pstart)
+    prp = _ptr(prank)
+    pdp = _ptr(pid)
+    chp = _ptr(cache)
+    cip = _ptr(cids)
+    ncids = cids.shape[0]
+    stp = _ptr(cstate)
     for r in range(nr):
         p = starts[r]
         b0 = stops[r]
         first = count
         good = True
         while True:
-            e, hit = _next_added(bp, p, b0, ab, ao, af, na)
+            e, hit = _next_added(bp, p, b0, ab, ao, af, na, fb)
             # the pieces of buf[p:e]
             i = p
             while i < e:
@@ -467,7 +579,7 @@ def encode_ranges(buf, starts, stops, cls_table, fold, maxdig, table, tok_bytes,
                 if j < 0 or n > MAX_PIECE:
                     good = False
                     break
-                if n <= 16 and size > 0:
+                if n <= 16:
                     if n <= 8:
                         w0 = _word(bp, i, n, nbuf)
                         w1 = np.uint64(0)
@@ -475,28 +587,38 @@ def encode_ranges(buf, starts, stops, cls_table, fold, maxdig, table, tok_bytes,
                         w0 = _word(bp, i, 8, nbuf)
                         w1 = _word(bp, i + 8, n - 8, nbuf)
                     h = _hash2(w0, w1, n)
-                    s = np.int64(h >> cshift)
-                    while True:
-                        m = cache[4 * s + 2]
-                        if m == 0:
-                            count = _miss(buf, i, j, h, w0, w1, s, table, tok_bytes, ids, count, pstart, prank,
-                                          cache, cids, cstate)
-                            break
-                        if cache[4 * s] == w0 and cache[4 * s + 1] == w1 and np.int64(m & np.uint64(0xFFFF)) == n:
-                            k = np.int64((m >> np.uint64(16)) & np.uint64(0xFFFF))
-                            v = np.int64(m >> np.uint64(32))
-                            if k == 1:
-                                ids[count] = v
-                                count += 1
-                            else:
-                                for q in range(k):
-                                    ids[count + q] = cids[v + q]
-                                count += k
-                            break
-                        s = (s + 1) & cmask
+                    t = -1
+                    if table_first or size == 0:
+                        t = _probe_words(tp, tbits, h, w0, w1, n, kp, nk)
+                    if t >= 0:
+                        ids[count] = t
+                        count += 1
+                    elif size == 0:
+                        count = _miss(bp, nbuf, i, j, h, w0, w1, -1, tp, tbits, kp, nk, sp, idp, count, psp,
+                                      prp, pdp, chp, size, cip, ncids, stp)
+                    else:
+                        s = np.int64(h >> cshift)
+                        while True:
+                            m = cache[4 * s + 2]
+                            if m == 0:
+                                count = _miss(bp, nbuf, i, j, h, w0, w1, s, tp, tbits, kp, nk, sp, idp, count, psp,
+                                              prp, pdp, chp, size, cip, ncids, stp)
+                                break
+                            if cache[4 * s] == w0 and cache[4 * s + 1] == w1 and np.int64(m & _LEN_MASK) == n:
+                                k = np.int64((m >> np.uint64(16)) & _LEN_MASK)
+                                v = np.int64(m >> np.uint64(32))
+                                if k == 1:
+                                    ids[count] = v
+                                    count += 1
+                                else:
+                                    for q in range(k):
+                                        ids[count + q] = cids[v + q]
+                                    count += k
+                                break
+                            s = (s + 1) & cmask
                 else:
-                    count = _miss(buf, i, j, _hash(bp, i, j, nbuf), np.uint64(0), np.uint64(0), -1, table, tok_bytes,
-                                  ids, count, pstart, prank, cache, cids, cstate)
+                    count = _long(bp, nbuf, i, j, tp, tbits, kp, nk, sp, idp, count, psp, prp, pdp, chp, size, cip,
+                                  ncids, stp)
                 i = j
             if not good or hit < 0:
                 break

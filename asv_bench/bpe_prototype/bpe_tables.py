@@ -31,6 +31,7 @@ class BpeTables(NamedTuple):
     maxdig: int             # 1 for \p{N}, 3 for \p{N}{1,3}
     table: np.ndarray       # uint64 pairs per slot: hash, id | len << 24 | offset << 40 (bpe_kernels.build_hash)
     tok_bytes: np.ndarray
+    small: np.ndarray       # int32: each byte's id, then each 2-byte token's rank at 256 + (b0 << 8 | b1), or -1
     tok_off: np.ndarray
     add_bytes: np.ndarray
     add_off: np.ndarray
@@ -113,21 +114,31 @@ def build_tables(ranks: dict[bytes, int], added: dict[str, int], pattern: str) -
     np.cumsum(lens, out=tok_off[1:])
     tok_bytes = np.frombuffer(b"".join(order), np.uint8)
     bits = max(4, int(5 * n // 3).bit_length())   # load factor <= 0.6
+    if n >= 1 << 24 or tok_bytes.size >= 1 << 24 or lens.max() >= 1 << 16:
+        raise ValueError("the table packs ids and byte offsets in 24 bits, lengths in 16")
     table = K.build_hash(tok_bytes, tok_off, bits)
+    small = np.full(256 + 65536, -1, np.int32)
+    for tok, r in ranks.items():
+        if len(tok) == 1:
+            small[tok[0]] = r
+        elif len(tok) == 2:
+            small[256 + (tok[0] << 8 | tok[1])] = r
+    if (small[:256] < 0).any():
+        raise ValueError("not a byte-level BPE: some single bytes are not tokens")
     specials = sorted(((s.encode("utf-8"), i) for s, i in added.items()), key=lambda kv: -len(kv[0]))
     add_bytes = np.frombuffer(b"".join(s for s, _ in specials) or b"\0", np.uint8)
     add_off = np.zeros(len(specials) + 1, np.int64)
     np.cumsum([len(s) for s, _ in specials], out=add_off[1:]) if specials else None
     add_ids = np.array([i for _, i in specials], np.int32)
-    add_first = np.zeros(256, np.bool_)
+    add_first = np.zeros(256, np.uint8)
     for s, _ in specials:
-        add_first[s[0]] = True
+        add_first[s[0]] = 1
     from vecpack.testing import LLAMA3_PATTERN, QWEN_PATTERN
 
     if pattern not in (QWEN_PATTERN, LLAMA3_PATTERN):
         raise ValueError("the prototype knows only the Qwen2.5 and Llama-3 pre-tokenizer patterns")
     maxdig = 3 if pattern == LLAMA3_PATTERN else 1
-    return BpeTables(cls, fold, maxdig, table, tok_bytes, tok_off, add_bytes, add_off, add_ids,
+    return BpeTables(cls, fold, maxdig, table, tok_bytes, small, tok_off, add_bytes, add_off, add_ids,
                      add_first)
 
 
@@ -137,7 +148,7 @@ def encode_ranges(buf: np.ndarray, starts: np.ndarray, stops: np.ndarray, t: Bpe
     ``cache_bits``: a per-call cache of ``2**cache_bits`` slots, piece -> ids (0: none).
     """
     return K.encode_ranges(buf, starts, stops, t.cls_table, t.fold, t.maxdig, t.table,
-                           t.tok_bytes, t.add_bytes, t.add_off, t.add_ids, t.add_first,
+                           t.tok_bytes, t.small, t.add_bytes, t.add_off, t.add_ids, t.add_first,
                            cache_bits)
 
 
