@@ -211,9 +211,7 @@ def shutdown(wait: bool = True) -> None:
 
 def _tokenizer_file(path: str) -> tuple[str, tuple]:
     """``(file, version)`` that the HF process loads and keys its tokenizer by (:func:`file_id`)."""
-    real, size, mtime = file_id(pathlib.Path(path) / "tokenizer.json")
-    if size < 0:
-        raise FileNotFoundError(f"{path}: no tokenizer.json")
+    real, size, mtime = file_id(pathlib.Path(path) / "tokenizer.json", missing_ok=False)
     return real, (size, mtime)
 
 

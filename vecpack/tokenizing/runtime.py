@@ -498,9 +498,7 @@ def runtime(path: str, backend: str) -> Runtime:
     ``tokenizer_config.json`` (but for its ``chat_template``) share one runtime: nothing else of a
     directory goes into it."""
     p = pathlib.Path(path)
-    real, size, mtime = file_id(p / "tokenizer.json")
-    if size < 0:
-        raise FileNotFoundError(f"{p / 'tokenizer.json'}: no such file")
+    real, size, mtime = file_id(p / "tokenizer.json", missing_ok=False)
     try:
         config = (p / "tokenizer_config.json").read_bytes()
     except FileNotFoundError:

@@ -215,18 +215,21 @@ def hf_byte_table(path: pathlib.Path) -> tuple[np.ndarray, bool] | None:
 
 
 
-def file_id(file) -> tuple[str, int, int]:
-    """``(real path, size, mtime_ns)``: what tells a tokenizer file from another (-1, -1 when it is missing).
+def file_id(file, missing_ok: bool = True) -> tuple[str, int, int]:
+    """``(real path, size, mtime_ns)``: what tells a tokenizer file from another.
 
     Symlinks are followed, so directories whose ``tokenizer.json`` is one file
     (a hub cache's snapshots, a model's template variants) name it alike: they
     share its runtime, its memos and the parity check's loaded tokenizer. A
-    copy of the file is another file.
+    copy of the file is another file. A missing file is ``(real path, -1, -1)``,
+    or, without ``missing_ok``, the ``OSError`` of its ``stat``.
     """
     real = os.path.realpath(file)
     try:
         st = os.stat(real)
     except OSError:
+        if not missing_ok:
+            raise
         return real, -1, -1
     return real, st.st_size, st.st_mtime_ns
 
