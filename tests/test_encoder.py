@@ -640,12 +640,12 @@ def test_fastokens_repays_its_build_from_less_input_on_two_cores(monkeypatch):
     """On 2 cores the driver's build of fastokens runs beside work that would take a core from the
     workers: from 8 MB a worker for tool rows (JSON text); plain rows, and any rows with cores to
     spare, from 16 MB."""
-    from vecpack.tokenizing import runtime as runtime_mod
+    from vecpack.tokenizing import plan
 
     for cores, dense, worth_12mb in ((2, True, True), (1, True, True), (2, False, False), (16, True, False)):
-        monkeypatch.setattr(runtime_mod, "usable_cores", lambda cores=cores: cores)
-        assert runtime_mod.worth_fastokens(12 << 20, dense) is worth_12mb
-        assert runtime_mod.worth_fastokens(20 << 20, dense) and not runtime_mod.worth_fastokens(4 << 20, dense)
+        monkeypatch.setattr(plan, "usable_cores", lambda cores=cores: cores)
+        assert plan.worth_fastokens(12 << 20, dense) is worth_12mb
+        assert plan.worth_fastokens(20 << 20, dense) and not plan.worth_fastokens(4 << 20, dense)
 
 
 def test_tool_rows_are_told_from_their_first_rows(tmp_path):

@@ -17,6 +17,7 @@ from vecpack._state import start_warming
 from vecpack.errors import WorkerDiedError
 from vecpack.tokenizing import corpus, parity, pool
 from vecpack.tokenizing.forkpool import fork_refusal, forked_workers
+from vecpack.tokenizing.parity import engine_ids
 
 pytestmark = pytest.mark.skipif(fork_refusal() not in (None, "VECPACK_WORKER_START=fork"),
                                 reason="file calls fork their workers on Linux only")
@@ -50,6 +51,64 @@ def test_forked_workers_give_loky_workers_bytes(sharegpt_file, qwen_dir, monkeyp
     assert all(a.dtype == b.dtype and a.tobytes() == b.tobytes() for a, b in zip(arrays(ref), arrays(got)))
     assert got.stats["backend"] == ref.stats["backend"] == "fastokens" and got.stats["chunks"] > 2
     assert not leftovers()
+
+
+def test_short_rows_are_served_by_vecpacks_bpe_with_loky_workers_bytes(qwen_dir, monkeypatch, tmp_path, fresh_state):
+    """A large call of short rows: the driver builds vecpack's BPE (not fastokens) before it forks, its
+    parity check checks that engine, and the arrays are those of loky's workers on fastokens."""
+    from vecpack.testing import make_short_chats
+    from vecpack.tokenizing.runtime import runtime
+
+    path = make_short_chats(tmp_path / "short.jsonl", 3000, seed=21)
+    monkeypatch.setattr(corpus, "worker_share", lambda sources, n_jobs: 1 << 40)
+    monkeypatch.setenv("VECPACK_WORKER_START", "spawn")
+    ref = vecpack.tokenize(path, qwen_dir, n_jobs=2, chunk_bytes=50_000, progress=False)
+    rt = runtime(str(qwen_dir), "fastokens")
+    monkeypatch.setenv("VECPACK_WORKER_START", "auto")
+    monkeypatch.setattr(pool, "_executor", no_loky)
+    seen = tmp_path / "checked"   # (the check's engine side runs in a forked worker)
+
+    def checking(path, backend, texts):
+        with open(seen, "a") as f:
+            f.write(runtime(path, backend).serving + "\n")
+        return engine_ids(path, backend, texts)
+
+    monkeypatch.setattr(pool, "engine_ids", checking)
+    got = vecpack.tokenize(path, qwen_dir, n_jobs=2, chunk_bytes=50_000, progress=False)
+    assert rt.serving == "vecpack"   # built here, inherited by the forked workers
+    assert seen.read_text().split() == ["vecpack"]
+    assert all(a.dtype == b.dtype and a.tobytes() == b.tobytes() for a, b in zip(arrays(ref), arrays(got)))
+    assert got.stats["backend"] == "fastokens" and got.stats["chunks"] > 2
+    assert not leftovers()
+
+
+def test_a_wrong_vecpack_bpe_fails_the_parity_check_and_hf_serves(qwen_dir, monkeypatch, tmp_path, fresh_state):
+    """vecpack's BPE off by one id: the call's parity check (on a forked worker, which serves with it)
+    fails, the output is thrown away and HF tokenizers tokenizes the rows again."""
+    from vecpack.testing import make_short_chats
+    from vecpack.tokenizing import bpe
+    from vecpack.tokenizing.runtime import runtime
+
+    path = make_short_chats(tmp_path / "short.jsonl", 2000, seed=22)
+    from vecpack.tokenizing.encoder import ChatEncoder
+
+    hf = ChatEncoder.from_tokenizer(qwen_dir, backend="tokenizers")
+    ref = vecpack.tokenize(path, encoder=hf, n_jobs=1, progress=False)
+    real = bpe.encode_ranges
+
+    def wrong(*args, **kwargs):
+        ids, lengths, ok = real(*args, **kwargs)
+        return np.where(ids == 9707, 9708, ids).astype(np.int32), lengths, ok   # "Hello"
+
+    monkeypatch.setattr(bpe, "encode_ranges", wrong)
+    monkeypatch.setattr(corpus, "worker_share", lambda sources, n_jobs: 1 << 40)
+    monkeypatch.setenv("VECPACK_WORKER_START", "auto")
+    monkeypatch.setattr(pool, "_executor", no_loky)
+    with pytest.warns(RuntimeWarning, match="vecpack and HF tokenizers differ"):
+        got = vecpack.tokenize(path, qwen_dir, n_jobs=2, chunk_bytes=50_000, progress=False)
+    assert runtime(str(qwen_dir), "fastokens").serving == "vecpack"
+    assert got.stats["backend"] == "tokenizers"
+    assert all(a.tobytes() == b.tobytes() for a, b in zip(arrays(ref), arrays(got)))
 
 
 def test_vecpacks_own_encoders_given_as_encoder_fork_too(sharegpt_file, qwen_dir, monkeypatch):

@@ -220,7 +220,7 @@ def _rerun_after_a_failed_check(forms, ref, monkeypatch):
     from vecpack import _state
     from vecpack.tokenizing import pool
 
-    def failing(encoder, texts, n, build_fast=False):
+    def failing(encoder, texts, n, share=0, serving=None):
         fut = Future()
         fut.set_result("fastokens and HF tokenizers differ on a sample at token 3 (test)")
         return fut

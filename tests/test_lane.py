@@ -490,3 +490,31 @@ def test_a_range_past_the_end_of_its_file_is_an_input_error_on_both_paths(tmp_pa
         with pytest.raises(InputError, match=r"shrunk\.jsonl: the file ends before byte 200 "):
             read(str(p), 50, 200)
         assert len(read(str(p), 0, 90)[0] if read is read_views else read(str(p), 0, 90)) == 90
+
+
+@pytest.mark.parametrize("name", ["qwen", "llama3"])
+def test_lane_on_vecpacks_bpe_equals_fastokens_python_path(qwen_dir, llama3_dir, tmp_path, monkeypatch, name):
+    """Served by vecpack's BPE, the lane encodes its rows' bytes where they lie (no str), refused rows
+    (other scripts, long pre-tokens) by tiktoken's core: the arrays of the Python path on fastokens."""
+    d = qwen_dir if name == "qwen" else llama3_dir
+    enc = ChatEncoder.from_tokenizer(d)
+    rt = enc.runtime
+    lines = AWKWARD + [row([("system", "Você é útil."), ("human", f"pergunta {i} 'll"), ("gpt", f"resposta {i}")])
+                       for i in range(30)]
+    buf = ("\n".join(lines) + "\n").encode() + open(make_short_chats(tmp_path / "s.jsonl", 300, seed=9), "rb").read()
+    buf += open(make_sharegpt(tmp_path / "g.jsonl", 100, seed=4), "rb").read()
+    assert rt.serve("fastokens") == "fastokens"
+    want = encode_rows(enc, buffer_lines(buf), on_error="skip")
+    calls = []
+    real = type(rt).encode_ranges
+    monkeypatch.setattr(type(rt), "encode_ranges", lambda self, *a: calls.append(a[1].size) or real(self, *a))
+    try:
+        assert rt.serve("vecpack") == "vecpack"
+        assert lane_for(enc).separator is None   # no joined text: the rows' own bytes
+        got = encode_range(lane_for(enc), buf, on_error="skip")
+        python_path = encode_rows(enc, buffer_lines(buf), on_error="skip")
+    finally:
+        rt.serve("fastokens")
+    assert calls and max(calls) > 300
+    assert_same(got, want)
+    assert_same(python_path, want)

@@ -497,11 +497,13 @@ def test_warm_for_starts_the_workers_that_the_call_would_start(sharegpt_file, qw
     monkeypatch.setenv("VECPACK_WORKER_START", start)
     started = []
     monkeypatch.setattr(pool, "warm", lambda n, tok, share=0: started.append(("loky", n, share)))
-    monkeypatch.setattr(corpus, "prepare", lambda tok, share, dense: started.append(("fork", tok, share, dense)))
+    monkeypatch.setattr(corpus, "prepare",
+                        lambda tok, share, dense, short: started.append(("fork", tok, share, dense, short)))
     files = resolve_sources(sharegpt_file)  # (warm_for takes an input's resolved files)
     assert corpus.warm_for(files, qwen_dir, n_jobs=2) is True
     share = corpus.worker_share(files, 2)
-    assert started == [("loky", 2, share) if start == "spawn" else ("fork", qwen_dir, share, False)]  # plain rows
+    # plain rows (neither tool rows nor short rows: the call is too small to ask)
+    assert started == [("loky", 2, share) if start == "spawn" else ("fork", qwen_dir, share, False, False)]
     tiny = tmp_path / "tiny.jsonl"
     tiny.write_text("".join(open(sharegpt_file).readlines()[:3]))
     for args, kw in (((files, qwen_dir), dict(n_jobs=1)),                 # no pool: one process

@@ -172,7 +172,7 @@ def test_a_failed_parity_check_reruns_everything_with_hf_tokenizers(sharegpt_fil
 
     started = []
 
-    def failing(encoder, texts, n, build_fast=False):
+    def failing(encoder, texts, n, share=0, serving=None):
         started.append(encoder.backend)
         fut = Future()
         fut.set_result("tiktoken and HF tokenizers differ on a sample at token 3 (test)")
@@ -224,9 +224,9 @@ def _spy_on_checks(monkeypatch) -> list:
     seen = []
     real = pool.start_check
 
-    def spy(encoder, texts, n, build_fast=False):
+    def spy(encoder, texts, n, share=0, serving=None):
         seen.append(texts)
-        return real(encoder, texts, n, build_fast)
+        return real(encoder, texts, n, share, serving)
 
     monkeypatch.setattr(pool, "start_check", spy)
     return seen

@@ -302,7 +302,7 @@ class EngineStart:
         enc = copy.copy(encoder)    # (its pickled state: no runtime, no pending check)
         enc._rt = rt
         self.encoder, self._rt = enc, rt
-        pattern = rt._pattern
+        pattern = rt.pattern
         # at low priority: the first pack (tiktoken, in this thread) and the check come first
         built = self._fast = _in_thread(lambda: rt._new_fastokens(pattern), "vecpack-stream-fastokens", nice=10)
         if texts is None:           # checked before in this process: both engines passed
@@ -349,7 +349,7 @@ class EngineStart:
         if fast.exception() is not None:  # tiktoken serves on (exact, only slower)
             return
         rt = self._rt
-        rt.fast, rt.batch, rt._pattern = fast.result(), True, None   # as Runtime.build_fastokens does
+        rt.fast, rt.batch = fast.result(), True   # as Runtime.build_fastokens does
         if self.serving is None and self.base.backend == "fastokens" and self.base.__dict__.get("_rt") is None:
             self.base._rt = rt   # checked: later streams of this process start on fastokens
 

@@ -28,7 +28,8 @@ from vecpack._state import memo
 from vecpack.options import FAST_ENGINES
 from vecpack.tokenizing import parity
 from vecpack.tokenizing import pool as _pool
-from vecpack.tokenizing.runtime import fast_engine, sentencepiece_style, worth_fastokens
+from vecpack.tokenizing.plan import call_engine
+from vecpack.tokenizing.runtime import fast_engine, sentencepiece_style
 
 __all__ = ["Pending", "check_now", "decide", "fall_back", "preload"]
 
@@ -91,6 +92,14 @@ def preload(tokenizer) -> None:
         parity.preload(path)
 
 
+def _serving(encoder) -> str:
+    """The engine this process's runtime of ``encoder`` serves with (it encodes here)."""
+    try:
+        return encoder.runtime.serving
+    except Exception:  # noqa: BLE001 - cannot be built: the check says why
+        return encoder.backend
+
+
 def _digest(key, texts) -> bytes:
     """A digest of a parity-check sample and the tokenizer it was checked with."""
     h = hashlib.blake2b(repr(key).encode(), digest_size=16)
@@ -116,17 +125,21 @@ class Pending:
         self._reason: str | None = None if check is not None else ""
 
     @classmethod
-    def start(cls, encoder, texts, key, workers: int, share: int = 0, dense: bool = False) -> "Pending":
+    def start(cls, encoder, texts, key, workers: int, share: int = 0, dense: bool = False,
+              short: bool = False) -> "Pending":
         if texts is None or getattr(encoder, "backend", None) not in FAST_ENGINES:
             return cls()
-        # pool workers serve a fastokens encoder with tiktoken unless the call's share repays fastokens:
-        # a sample that passed with one engine has not passed with the other
-        serving = "tiktoken" if workers > 1 and not worth_fastokens(share, dense) else encoder.backend
+        # pool workers serve a fastokens encoder with the engine the call's share and rows call for
+        # (plan.call_engine), this process with its own runtime's: a sample that passed with one
+        # engine has not passed with another
+        serving = encoder.backend
+        if encoder.backend == "fastokens":
+            serving = call_engine(share, dense, short) if workers > 1 else _serving(encoder)
         digest = _digest((key if key is not None else encoder.path, serving), texts)
         if digest in _PASSED:  # these very rows passed with this tokenizer in this process
             encoder.pending_check = None
             return cls()
-        return cls(_pool.start_check(encoder, texts, workers, share), digest, encoder)
+        return cls(_pool.start_check(encoder, texts, workers, share, serving), digest, encoder)
 
     def known(self) -> str:
         """The verdict if it is already known (the engine cannot be built, the check cannot run)."""

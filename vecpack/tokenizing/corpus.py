@@ -37,7 +37,7 @@ from vecpack.tokenizing.encoder import encoder_for, remember
 from vecpack.tokenizing.feed import TaskFeed
 from vecpack.tokenizing.forkpool import fork_refusal, fork_will_wait, forked_workers, prepare
 from vecpack.tokenizing.merge import ChunkMerger
-from vecpack.tokenizing.runtime import worth_fastokens
+from vecpack.tokenizing.plan import short_rows, worth_fastokens
 from vecpack.tokenizing.tasks import agentic_counts, default_chunk_bytes, plan_chunks, rejected_examples
 from vecpack.tokenizing.tokenized import Tokenized, merge_stats
 
@@ -91,7 +91,8 @@ def warm_for(files, tokenizer, *, n_jobs: int = -1, backend: str = "loky") -> bo
         return False
     if not _many_tasks(sources, _chunk_bytes(sources, n_jobs)):
         return False
-    _start_workers(n_jobs, tokenizer, worker_share(sources, n_jobs), _forking(backend, n_jobs, None))
+    share, forking = worker_share(sources, n_jobs), _forking(backend, n_jobs, None)
+    _start_workers(n_jobs, tokenizer, share, forking, *_row_kinds(sources, share, forking))
     return True
 
 
@@ -106,11 +107,12 @@ def _forking(backend: str, n_jobs: int, encoder) -> bool:
     return backend == "loky" and n_jobs > 1 and ours and fork_refusal() is None
 
 
-def _start_workers(n_jobs: int, tokenizer, share: int, forking: bool, dense: bool = False) -> None:
+def _start_workers(n_jobs: int, tokenizer, share: int, forking: bool, dense: bool = False,
+                   short: bool = False) -> None:
     """Start what the chunk workers need now: the loky pool, or (forked workers) this process's engine
-    (``dense``: tool rows, :func:`_tool_rows`)."""
+    (``dense``: tool rows, :func:`_tool_rows`; ``short``: :func:`~vecpack.tokenizing.plan.short_rows`)."""
     if forking:
-        prepare(tokenizer, share, dense)
+        prepare(tokenizer, share, dense, short)
     else:
         _pool.warm(n_jobs, tokenizer, share=share)
 
@@ -118,7 +120,7 @@ def _start_workers(n_jobs: int, tokenizer, share: int, forking: bool, dense: boo
 def _tool_rows(sources) -> bool:
     """Whether the inputs' first rows carry tool schemas or calls: JSON text, which tiktoken encodes
     slower a byte than prose, so fastokens repays its build from less input
-    (:data:`~vecpack.tokenizing.runtime.FASTOKENS_WORTH_BYTES_FEW_CORES`)."""
+    (:data:`~vecpack.tokenizing.plan.FASTOKENS_WORTH_BYTES_FEW_CORES`)."""
     for row in sample_rows(sources, 16):
         if row.get("tools"):
             return True
@@ -127,6 +129,17 @@ def _tool_rows(sources) -> bool:
                                        for m in v):
                 return True
     return False
+
+
+def _row_kinds(sources, share: int, forking: bool) -> tuple[bool, bool]:
+    """``(dense, short)``: whether a call's inputs hold tool rows (:func:`_tool_rows`) and short rows
+    (:func:`~vecpack.tokenizing.plan.short_rows`), which decide the engine its forked workers are
+    served with (:func:`~vecpack.tokenizing.plan.call_engine`); read only where they may decide it."""
+    if not forking or not worth_fastokens(share, True):
+        return False, False
+    dense = _tool_rows(sources)
+    short = not dense and all(s.kind == "jsonl" for s in sources) and short_rows([s.name for s in sources])
+    return dense, short
 
 
 def worker_share(sources, n_jobs: int) -> int:
@@ -219,6 +232,7 @@ class _Call:
     t0: float
     warm: object = None    # background work to start (once) where it delays no fork: see tokenize_input
     dense: bool = False    # tool rows (_tool_rows): fastokens repays its build from less input
+    short: bool = False    # short rows for forked workers (pool.short_rows): vecpack's BPE serves them
 
     @property
     def pool(self) -> bool:
@@ -243,13 +257,12 @@ def tokenize_input(inp, tok, run, out_dir=None, warm=None) -> Tokenized:
     chunk_bytes = run.chunk_bytes if run.chunk_bytes is not None else _chunk_bytes(sources, n_jobs)
     call = _Call(inp, tok, run, None if out_dir is None else os.fspath(out_dir), n_jobs, chunk_bytes,
                  _forking(run.executor, n_jobs, tok.encoder), worker_share(sources, n_jobs), t0, warm)
-    if call.forking and not worth_fastokens(call.share) and worth_fastokens(call.share, True):
-        call.dense = _tool_rows(sources)  # (read only where it decides the engine)
+    call.dense, call.short = _row_kinds(sources, call.share, call.forking)
     scratch = feed = None
     if any(s.kind == "compressed" for s in sources):
         if call.pool and _many_tasks(sources, chunk_bytes):
             # they start while the inputs decompress
-            _start_workers(n_jobs, tok.tokenizer, call.share, call.forking, call.dense)
+            _start_workers(n_jobs, tok.tokenizer, call.share, call.forking, call.dense, call.short)
         # decompressed in background threads, several files at once, into plain files that the
         # workers range-read as their lines land (Ray: once complete; see TaskFeed)
         scratch = _pool.chunk_dir(_estimate_output_bytes(sources) // 2, out_dir,
@@ -278,7 +291,7 @@ def _tokenize(call: _Call, feed) -> Tokenized:
         if call.pool and many and getattr(encoder, "pool", None) is None:  # (a forked pool is up already)
             # one task runs here: starting workers would only take CPU from it
             _start_workers(n_jobs - 1 if getattr(encoder, "slow_to_load", False) else n_jobs, tokenizer,
-                           share, forking, call.dense)
+                           share, forking, call.dense, call.short)
     fork = forking and many
     if not fork or fork_will_wait():
         call.start_warm()  # nothing forks, or the fork waits for fastokens anyway: it loads meanwhile
@@ -304,7 +317,7 @@ def _tokenize(call: _Call, feed) -> Tokenized:
 
     run = dict(executor=backend, n_jobs=n_jobs, on_error=call.run.on_error, progress=call.run.progress, share=share)
     with forked(encoder):
-        check = Pending.start(encoder, texts, key, workers, share, call.dense)
+        check = Pending.start(encoder, texts, key, workers, share, call.dense, call.short)
         early = check.known()
         if early:  # known before anything ran (the engine cannot be built, or the check cannot run)
             encoder = fall_back(encoder, early)

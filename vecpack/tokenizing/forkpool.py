@@ -60,7 +60,8 @@ from vecpack._state import finish_warming
 from vecpack.options import WORKER_START_ENV, worker_start_method
 from vecpack.tokenizing import pool as _pool
 from vecpack.tokenizing.lane import expect_bytes, preload_lane
-from vecpack.tokenizing.runtime import fast_engine, runtime, worth_fastokens
+from vecpack.tokenizing.plan import call_engine
+from vecpack.tokenizing.runtime import fast_engine, runtime
 
 __all__ = ["ForkPool", "fork_refusal", "fork_will_wait", "forked_workers", "prepare"]
 
@@ -211,24 +212,26 @@ def forked_workers(encoder, n: int, after=None):
 _PREPARING: list = []  # futures of prepare() that the next fork waits for
 
 
-def prepare(tokenizer, share: int, dense: bool = False):
+def prepare(tokenizer, share: int, dense: bool = False, short: bool = False):
     """Build here, in the background, the engine that a file call's forked workers will inherit.
 
     Only for a call that gives each worker ``share`` bytes, enough to repay
-    fastokens (:func:`~vecpack.tokenizing.runtime.worth_fastokens`): this
-    process then builds it once (its workers would each build one), and the
-    row lane's kernels when the share takes the lane. A smaller call's workers
-    build tiktoken (0.09 s) themselves, as loky's do. Returns the future, or None.
+    fastokens or vecpack's BPE (:func:`~vecpack.tokenizing.plan.call_engine`, with
+    ``dense`` and ``short`` rows): this process then builds it once (its workers
+    would each build one), and the row lane's kernels when the share takes the
+    lane. A smaller call's workers build tiktoken (0.09 s) themselves, as loky's
+    do. Returns the future, or None.
     """
     path = _pool.tokenizer_dir(tokenizer)
-    if path is None or not worth_fastokens(share, dense):
+    engine = call_engine(share, dense, short)
+    if path is None or engine == "tiktoken":
         return None
 
     def build():
         try:
             if fast_engine(path)[0] != "fastokens":
                 return
-            runtime(path, "fastokens")  # this process has no warm start: fastokens is built now
+            runtime(path, "fastokens", serve=engine)
             expect_bytes(share)
             preload_lane()  # (only when the share takes the lane from its first range)
         except Exception:  # noqa: BLE001 - only a head start: the workers build it and say why not

@@ -16,6 +16,11 @@ Python path keeps one text a row)::
               ──join_texts, fastokens once, cut_joined (cached prefixes spliced), labels──▶ tokens, labels
          SLOW ──the Python path (encode_rows), at their places────▶ tokens, labels, or bad rows
 
+Where vecpack's own BPE serves (:mod:`vecpack.tokenizing.bpe`, a call of short rows:
+:func:`~vecpack.tokenizing.pool.call_engine`), there is no join, no ``str`` and no cut:
+it encodes each row's rendered bytes where they lie in ``render_rows``' output
+(:meth:`~vecpack.tokenizing.runtime.Runtime.encode_ranges`).
+
 Nothing changes in what comes out: a line the lane is unsure of (another
 shape, an escape it does not decode, a content the template tests for, a text
 that may not be NFC and is not...) goes to the Python path, which also words
@@ -169,9 +174,11 @@ class _Lane:
     def separator(self) -> tuple[bytes, int] | None:
         """``(text, id)`` of the added token that joins a range's rows into one text for the engine,
         or None: rows are then encoded one text each (see :func:`join_separator`)."""
+        rt = self.rt
+        if rt.sp is not None or rt.fast is None or rt.bpe is not None:
+            return None
         if "_sep" not in self.__dict__:
-            rt = self.rt
-            self._sep = join_separator(rt.added) if rt.sp is None and rt.fast is not None else None
+            self._sep = join_separator(rt.added)
         return self._sep
 
     @property
@@ -340,7 +347,12 @@ def encode_range(lane: _Lane, buf, *, on_error: str = "raise", progress=None, ne
         heads = np.concatenate(table) if table else np.zeros(0, np.int32)
         sep = lane.separator
         cut = None
-        if sep is not None and len(starts) > 1:
+        if rt.bpe is not None:  # vecpack's BPE: the rows' bytes where they lie, no str
+            ids, lengths = rt.encode_ranges(out, rest_from, stops)
+            if table:
+                ids, lengths = tk.splice_heads(ids, lengths, head_of, heads, heads_off)
+            cut = ids, lengths, True
+        elif sep is not None and len(starts) > 1:
             # one text for the engine: the rows joined by an added token (join_texts), then cut back
             # (cut_joined). Text on either side of an added token is encoded apart, so each row gets
             # the ids it gets alone; fastokens takes one text much faster than as many rows

@@ -47,11 +47,14 @@ import threading
 import weakref
 from typing import Callable
 
-__all__ = ["StartCore", "is_latin", "latin_ranks", "latin_token"]
+__all__ = ["RANGES", "StartCore", "is_latin", "latin_ranks", "latin_token"]
 
+#: The code points of Latin-script text (inclusive ranges, in order): what :func:`is_latin`
+#: accepts, and what vecpack's own BPE (:mod:`vecpack.tokenizing.bpe`) encodes.
+RANGES = ((0x0000, 0x03FF), (0x2000, 0x2FFF), (0x10000, 0x3FFFF))
 #: The lead bytes of the characters :func:`is_latin` accepts, and the continuation bytes each takes.
 LEADS = {**{b: 1 for b in range(0xC2, 0xD0)}, 0xE2: 2, 0xF0: 3}
-_OTHER = re.compile("[^\x00-\u03ff\u2000-\u2fff\U00010000-\U0003ffff]")
+_OTHER = re.compile("[^" + "".join(f"{chr(lo)}-{chr(hi)}" for lo, hi in RANGES) + "]")
 
 
 def latin_token(token: bytes) -> bool:

@@ -43,11 +43,11 @@ import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 
 from vecpack.tokenizing import _hf_server
-from vecpack.tokenizing.runtime import added_tokens, engine_ids
+from vecpack.tokenizing.runtime import added_tokens, runtime
 from vecpack.tokenizing.spec import Unsupported, file_id
 
-__all__ = ["PATHOLOGICAL", "PROBES", "Check", "HFProcessExited", "preload", "probes", "reason", "shutdown", "start",
-           "verdict"]
+__all__ = ["PATHOLOGICAL", "PROBES", "Check", "HFProcessExited", "engine_ids", "preload", "probes", "reason",
+           "shutdown", "start", "verdict"]
 
 PROBES = (
     "Hello world! It's 2024-06-01, isn't it? I'LL SEE you'RE 123456789 times.",
@@ -85,6 +85,22 @@ def probes(added, texts) -> list[str]:
     return [*PROBES, *PATHOLOGICAL, specials, f"a{specials.replace(' ', '')}b", *texts]
 
 
+def engine_ids(path: str, backend: str, texts) -> list[list[int] | None] | str:
+    """The ids ``backend``'s runtime gives each of ``texts`` (a parity check's engine side), or why none.
+
+    ``None`` for a text the engine does not take (:meth:`Runtime.exact`): HF
+    tokenizers encodes such a text whenever it occurs, so there is nothing to
+    compare, and loading HF tokenizers here (a second or more) is not needed.
+    """
+    try:
+        rt = runtime(path, backend)
+        return [rt.encode(text).tolist() if rt.exact(text) else None for text in texts]
+    except Unsupported as e:
+        return str(e)
+    except Exception as e:  # an engine that fails on a sample is not trusted
+        return f"{backend} failed on a sample ({type(e).__name__}: {e})"
+
+
 def verdict(texts, ours, theirs, where=None, backend: str = "fastokens") -> str:
     """``""`` if ``ours[i] == theirs[i]`` for every text, else where they first differ.
 
@@ -110,9 +126,10 @@ class Check:
     run is a failed check (its reason says so), and HF tokenizers runs instead."""
 
     def __init__(self, path: str, texts, theirs: Future | None, ours: Future | None,
-                 failed: str = "", file: tuple = (), backend: str = "fastokens"):
+                 failed: str = "", file: tuple = (), backend: str = "fastokens", name: str | None = None):
         self.path, self.texts, self._file = path, texts, file  # file: (tokenizer.json, version)
         self.backend = backend
+        self.name = name or backend  # the engine that serves (messages): "vecpack" for a fastokens runtime so served
         self._theirs, self._ours, self._failed = theirs, ours, failed
         self._reason = None
 
@@ -136,7 +153,7 @@ class Check:
             file, key = self._file
             theirs = _ask(("ids", file, key, self.texts), timeout, self._theirs)
             return verdict(self.texts, ours, theirs,
-                           lambda text, i: _ask(("where", file, key, text, i), timeout), self.backend)
+                           lambda text, i: _ask(("where", file, key, text, i), timeout), self.name)
         except Exception as e:
             return f"the parity check could not run ({type(e).__name__}: {e})"
 
@@ -159,26 +176,27 @@ def _ask(request, timeout, sent: Future | None = None):
     return value
 
 
-def start(path: str, texts, backend: str = "fastokens", engine_side=None) -> Check:
+def start(path: str, texts, backend: str = "fastokens", engine_side=None, name: str | None = None) -> Check:
     """Start checking the ``backend`` engine of tokenizer directory ``path`` on ``texts``.
 
     The HF side starts now, in the HF process. ``engine_side(all_texts)``,
     if given, returns a future of the engine's ids (a pool task); else they
-    are computed here when :meth:`Check.result` is called.
+    are computed here when :meth:`Check.result` is called. ``name``: the engine
+    that serves ``backend``'s runtime, as messages name it (``"vecpack"``...).
     """
     try:
         added = added_tokens(path)
     except Unsupported as e:
-        return Check(path, (), None, None, failed=str(e), backend=backend)
+        return Check(path, (), None, None, failed=str(e), backend=backend, name=name)
     texts = tuple(probes(added, texts))
     try:
         file, key = _tokenizer_file(path)
         theirs = _server().call("ids", file, key, texts)
         ours = engine_side(texts) if engine_side is not None else None
     except Exception as e:
-        return Check(path, texts, None, None, backend=backend,
+        return Check(path, texts, None, None, backend=backend, name=name,
                      failed=f"the parity check could not run ({type(e).__name__}: {e})")
-    return Check(path, texts, theirs, ours, file=(file, key), backend=backend)
+    return Check(path, texts, theirs, ours, file=(file, key), backend=backend, name=name)
 
 
 def reason(path: str, texts, backend: str = "fastokens") -> str:

@@ -45,8 +45,10 @@ from vecpack.errors import WorkerDiedError
 from vecpack.options import FAST_ENGINES
 from vecpack.tokenizing import parity
 from vecpack.tokenizing.lane import expect_bytes, preload_lane
+from vecpack.tokenizing.parity import engine_ids
+from vecpack.tokenizing.plan import worth_fastokens
 from vecpack.tokenizing.rows import tokenize_chunk
-from vecpack.tokenizing.runtime import engine_ids, fast_engine, runtime, warm_start, worth_fastokens
+from vecpack.tokenizing.runtime import fast_engine, runtime, warm_start
 from vecpack.tokenizing.tasks import ChunkMeta, ChunkTask
 
 __all__ = ["chunk_dir", "effective_n_jobs", "ready", "shutdown", "start_check", "warm", "warmed"]
@@ -101,7 +103,7 @@ def set_up_for(share: int) -> None:
     """Set this process up for a call that gives it about ``share`` bytes of input.
 
     The one place where a call's size decides what a worker builds: fastokens
-    from :data:`~vecpack.tokenizing.runtime.FASTOKENS_WORTH_BYTES` (before
+    from :data:`~vecpack.tokenizing.plan.FASTOKENS_WORTH_BYTES` (before
     that, tiktoken serves: :func:`~vecpack.tokenizing.runtime.warm_start`),
     the compiled row lane from :data:`~vecpack.tokenizing.lane.LANE_AFTER_BYTES`
     (:func:`~vecpack.tokenizing.lane.expect_bytes`). The driver computes ``share``
@@ -396,7 +398,7 @@ def _in_background(fn):
         return _POOL.starter.submit(fn)
 
 
-def start_check(encoder, texts, n_jobs: int, share: int = 0):
+def start_check(encoder, texts, n_jobs: int, share: int = 0, serving: str | None = None):
     """Check ``encoder``'s fast engine (fastokens or tiktoken) against HF tokenizers on ``texts``.
 
     Returns a :class:`vecpack.tokenizing.parity.Check` (``result()``: ``""`` for
@@ -406,14 +408,15 @@ def start_check(encoder, texts, n_jobs: int, share: int = 0):
     submitted after this call (a worker has the engine; on the encoder's forked
     workers when it has them, ``encoder.pool``); with ``n_jobs == 1``
     (one process, or one chunk tokenized here) it runs here when the result is
-    asked for, with this process's engine.
+    asked for, with this process's engine. ``serving``: the engine that serves the
+    call (:func:`~vecpack.tokenizing.plan.call_engine`), as the verdict names it.
     """
     backend = getattr(encoder, "backend", None)
     if texts is None or backend not in FAST_ENGINES:
         return None
     path = str(encoder.path)
     if n_jobs <= 1:
-        return parity.start(path, texts, backend)
+        return parity.start(path, texts, backend, name=serving)
 
     forked = getattr(encoder, "pool", None)
 
@@ -426,7 +429,7 @@ def start_check(encoder, texts, n_jobs: int, share: int = 0):
             _shutdown_existing()
             return _executor(n_jobs).submit(_engine_ids, path, backend, all_texts, share)
 
-    return parity.start(path, texts, backend, on_a_worker)
+    return parity.start(path, texts, backend, on_a_worker, name=serving)
 
 
 def shutdown() -> None:

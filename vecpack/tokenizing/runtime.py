@@ -1,7 +1,7 @@
 """The tokenizer engines of one process: built once per tokenizer file, never pickled.
 
 Three engines, in order of preference, each exact against HF ``tokenizers`` on
-what it accepts:
+what it accepts (and a fourth that serves in their place, below):
 
 ======================  =====================================================  ============================
 engine                  built from                                             encodes
@@ -20,6 +20,12 @@ on marks added in recent Unicode versions), and, for tiktoken, a whitespace run
 long enough to overflow its regex engine's backtracking stack. Workers run the
 engines single-threaded (``FASTOKENS_BPE_THREADS=1``): the workers are the
 parallelism.
+
+A ``"fastokens"`` runtime may serve with vecpack's own BPE instead
+(:meth:`Runtime.serve`, :mod:`vecpack.tokenizing.bpe`): the same tables, built in
+about 30 ms rather than fastokens' 0.8 s, encoding UTF-8 byte ranges where they
+lie; a text it refuses goes to tiktoken's core. A call of short chat rows is served
+so (:func:`vecpack.tokenizing.plan.call_engine`), and its parity check checks it.
 """
 
 from __future__ import annotations
@@ -34,7 +40,7 @@ import unicodedata
 import numpy as np
 
 from vecpack._state import Memo, memo
-from vecpack.options import cache_root, usable_cores
+from vecpack.options import cache_root
 from vecpack.tokenizing.labels import labels_from_parts
 from vecpack.tokenizing.latin import StartCore
 from vecpack.tokenizing.sp import SPACE, sp_labels, sp_spec, token_bytes
@@ -52,9 +58,9 @@ from vecpack.tokenizing.spec import (
     write_memo,
 )
 
-__all__ = ["DUMMY_PREFIX_LABELS", "FASTOKENS_WORTH_BYTES", "FASTOKENS_WORTH_BYTES_FEW_CORES", "LINE_SAFE_PATTERNS",
-           "Runtime", "added_tokens", "engine_ids", "fast_engine", "hf_facts", "is_nfc", "runtime",
-           "sentencepiece_style", "warm_start", "worth_fastokens"]
+__all__ = ["DUMMY_PREFIX_LABELS", "LINE_SAFE_PATTERNS",
+           "Runtime", "added_tokens", "fast_engine", "hf_facts", "is_nfc", "runtime",
+           "sentencepiece_style", "warm_start"]
 
 _PREFIX_CACHE_MAX = 1024        # cached conversation prefixes per process
 #: Pre-tokenizer patterns (tiktoken's form) in which a line break followed by a printable ASCII
@@ -166,22 +172,6 @@ def added_tokens(path) -> dict[str, int]:
         raise
 
 
-def engine_ids(path: str, backend: str, texts) -> list[list[int] | None] | str:
-    """The ids ``backend``'s runtime gives each of ``texts`` (a parity check's engine side), or why none.
-
-    ``None`` for a text the engine does not take (:meth:`Runtime.exact`): HF
-    tokenizers encodes such a text whenever it occurs, so there is nothing to
-    compare, and loading HF tokenizers here (a second or more) is not needed.
-    """
-    try:
-        rt = runtime(path, backend)
-        return [rt.encode(text).tolist() if rt.exact(text) else None for text in texts]
-    except Unsupported as e:
-        return str(e)
-    except Exception as e:  # an engine that fails on a sample is not trusted
-        return f"{backend} failed on a sample ({type(e).__name__}: {e})"
-
-
 def _set_up(fast):
     """A fastokens engine that has encoded once: its first call sets up process-wide tables (0.2 s
     of CPU for Qwen2.5's, 0.4-0.9 s of wall on a busy machine). Done where it is built, in the
@@ -206,10 +196,11 @@ class Runtime:
 
     def __init__(self, path: pathlib.Path, backend: str, warm_start: bool = False):
         self.path, self.backend = path, backend
-        self._pattern = None         # warm start: what build_fastokens builds fastokens from
+        self.pattern = None          # the pre-tokenizer pattern (byte-level BPE)
         self.tk = None
         self.core = None
         self.fast = None
+        self.bpe = None              # vecpack's BPE tables while they serve (serve("vecpack"))
         self.batch = backend == "fastokens"
         self.bytelen = self.bytelen32 = None
         self.nfc = False
@@ -236,6 +227,7 @@ class Runtime:
                            if self.added else None)
         self.bytelen32 = self.bytelen.astype(np.int32)
         self.allowed = frozenset(self.added)
+        self.pattern = pattern
         if backend == "fastokens":
             os.environ.setdefault("FASTOKENS_BPE_THREADS", "1")  # read when its pool starts
             if not warm_start:
@@ -244,8 +236,12 @@ class Runtime:
             # serve with tiktoken (built in ~0.2 s); fastokens (~1.3 s) is built once a call is
             # large enough to repay it (build_fastokens)
             self.batch = False
-            self._pattern = pattern
-        # tiktoken's core: on the ranks that Latin-script texts use, until a text needs others (same ids)
+        self._set_core()
+
+    def _set_core(self) -> None:
+        """tiktoken's core (built on its first text): on the ranks that Latin-script texts use, until a
+        text needs others (same ids); and what :meth:`encode` keeps around it."""
+        path, pattern = self.path, self.pattern
         self.core = StartCore(lambda: latin_table(path), lambda: tiktoken_spec(path)[1], self.added, pattern)
         if pattern in LINE_SAFE_PATTERNS and not any("\n" in t for t in self.added):
             self.pieces, self.seen = Memo("repeated pieces", _PIECES_MAX), Memo("pieces seen once", _PIECES_MAX)
@@ -309,16 +305,52 @@ class Runtime:
 
         Called between two encodes, never during one, so a chunk is always
         encoded by one engine. If fastokens cannot be built, tiktoken serves on
-        (exact, only slower).
+        (exact, only slower). A runtime serving with vecpack's BPE (:meth:`serve`) keeps it.
         """
-        pattern, self._pattern = self._pattern, None
-        if pattern is None or self.fast is not None:
+        if self.backend != "fastokens" or self.pattern is None or self.fast is not None or self.bpe is not None:
             return
         try:
-            self.fast = self._new_fastokens(pattern)
+            self.fast = self._new_fastokens(self.pattern)
         except Exception:  # pragma: no cover - the same tables built tiktoken; it serves on
             return
         self.batch = True
+
+    @property
+    def serving(self) -> str:
+        """The engine that encodes this runtime's texts now (those it takes exactly; HF the others):
+        ``"vecpack"``, ``"fastokens"``, ``"tiktoken"`` or ``"tokenizers"``."""
+        if self.bpe is not None:
+            return "vecpack"
+        if self.fast is not None:
+            return "fastokens"
+        return "tiktoken" if self.core is not None else "tokenizers"
+
+    def serve(self, engine: str) -> str:
+        """Serve a byte-level ``"fastokens"`` runtime with ``engine`` from the next encode on; returns
+        the engine that serves (between two encodes, as :meth:`build_fastokens`).
+
+        ``"vecpack"``: vecpack's own BPE (:mod:`vecpack.tokenizing.bpe`), its tables built here
+        (about 30 ms); texts it refuses go to tiktoken's core. A tokenizer it does not implement is
+        served by fastokens instead. ``"fastokens"``: fastokens, built here if it is not yet.
+        """
+        if self.backend != "fastokens" or self.pattern is None:
+            return self.serving
+        if engine == "vecpack" and self.bpe is None:
+            from vecpack.tokenizing import bpe
+
+            try:
+                tables = bpe.tables(self.path)
+            except Unsupported:
+                engine = "fastokens"
+            else:
+                bpe.encode_texts(["x"], tables)   # its kernel loaded here (a driver's forked workers inherit it)
+                if self.core is None:
+                    self._set_core()
+                self.bpe, self.batch = tables, True
+        if engine == "fastokens":
+            self.bpe = None
+            self.build_fastokens()
+        return self.serving
 
     def hf(self):
         """HF tokenizers for this tokenizer (loaded on first use)."""
@@ -334,7 +366,7 @@ class Runtime:
             return False
         if self.sp is not None:  # a literal "▁" is tokenized like a space: its 3 bytes are not what ids spell
             return SPACE not in text
-        return self.core is None or len(text) < 100_000 or _LONG_WS.search(text) is None
+        return self.serving == "fastokens" or len(text) < 100_000 or _LONG_WS.search(text) is None
 
     def encode(self, text: str, allowed=None) -> np.ndarray:
         """The fast engine's int32 ids of ``text`` (which :meth:`exact` accepts); added tokens anywhere.
@@ -348,8 +380,18 @@ class Runtime:
         text between such pieces is encoded as one. The ids are those of the whole text: no
         pre-token and no added token spans a cut (``tests/test_pieces.py`` checks it).
         """
-        if self.fast is not None:
+        if self.bpe is not None and (allowed is None or allowed is self.allowed):
+            from vecpack.tokenizing.bpe import encode_texts
+
+            ids, _, ok = encode_texts([text], self.bpe)
+            if ok[0]:
+                return ids
+        elif self.fast is not None:
             return np.frombuffer(self.fast.encode_batch_flat([text])[0], dtype=np.int32)
+        return self._tiktoken(text, allowed)
+
+    def _tiktoken(self, text: str, allowed=None) -> np.ndarray:
+        """:meth:`encode` by tiktoken's core."""
         if allowed is None or allowed is self.allowed:
             if self.pieces is not None and len(text) >= 2 * _PIECE_MIN_CHARS:
                 return self._encode_pieces(text)
@@ -384,9 +426,34 @@ class Runtime:
         return np.concatenate(out)
 
     def encode_batch(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
-        """``(ids int32, offsets int64 [len(texts) + 1])`` of many texts in one call (fastokens)."""
+        """``(ids int32, offsets int64 [len(texts) + 1])`` of many texts in one call (fastokens, or
+        vecpack's BPE), each of which :meth:`exact` accepts."""
+        if self.bpe is not None:
+            from vecpack.tokenizing.bpe import utf8_ranges
+
+            ids, lengths = self.encode_ranges(*utf8_ranges(texts))
+            offsets = np.zeros(len(texts) + 1, np.int64)
+            np.cumsum(lengths, out=offsets[1:])
+            return ids, offsets
         ids, offsets = self.fast.encode_batch_flat(texts)
         return np.frombuffer(ids, dtype=np.int32), np.frombuffer(offsets, dtype=np.int64)
+
+    def encode_ranges(self, buf: np.ndarray, starts: np.ndarray, stops: np.ndarray
+                      ) -> tuple[np.ndarray, np.ndarray]:
+        """``(ids int32, lengths int64)`` of the texts ``buf[starts[i]:stops[i]]`` (UTF-8 bytes, each
+        one :meth:`exact` accepts) while vecpack's BPE serves (:meth:`serve`): encoded where they lie;
+        a text it refuses (another script, a pre-token of over 512 bytes) by tiktoken's core."""
+        from vecpack.tokenizing.bpe import encode_ranges
+
+        ids, lengths, ok = encode_ranges(buf, starts, stops, self.bpe)
+        if ok.all():
+            return ids, lengths
+        parts = np.split(ids, np.cumsum(lengths)[:-1])
+        view = memoryview(buf)
+        for i in np.flatnonzero(~ok).tolist():
+            parts[i] = self._tiktoken(str(view[starts[i]:stops[i]], "utf-8", "surrogatepass"))
+            lengths[i] = len(parts[i])
+        return np.concatenate(parts).astype(np.int32, copy=False), lengths
 
     def hf_ids(self, text: str) -> np.ndarray:
         """HF tokenizers' int32 ids of ``text`` (added tokens anywhere, no special tokens added)."""
@@ -452,31 +519,12 @@ class Runtime:
 _RUNTIMES = memo("tokenizer engines", 4)
 _WARM_START = [False, False]  # pool workers: [serve with tiktoken first, build fastokens now]
 
-#: Input bytes per worker from which a call builds fastokens (about 1.3 s of CPU) in its
-#: workers: tiktoken costs about 0.08 µs more per byte of chat JSON, so ~16 MB repays it.
-FASTOKENS_WORTH_BYTES = 16 << 20
-#: The same for tool rows (``dense``: schemas and calls, JSON text that tiktoken encodes at about
-#: 0.06 µs a byte more than fastokens, about 77 µs an xlam row) on a machine of 2 cores or fewer.
-#: There the driver builds fastokens before its workers fork, beside its other work of that time
-#: (the packing kernels' load, the HF side of the parity check), which would otherwise take a core
-#: from the workers: measured on 2 cores, 20k xlam rows (12 MB a worker) took about 1 s of CPU
-#: less, and less wall. Plain chat rows at 8.7 MB a worker took 0.3 s more: they keep 16 MB.
-FASTOKENS_WORTH_BYTES_FEW_CORES = 8 << 20
-
-
-def worth_fastokens(share: int, dense: bool = False) -> bool:
-    """Whether a call that gives a worker ``share`` bytes of input repays building fastokens there
-    (``dense``: its rows are tool rows, see :data:`FASTOKENS_WORTH_BYTES_FEW_CORES`)."""
-    few = dense and usable_cores() <= 2
-    return share >= (FASTOKENS_WORTH_BYTES_FEW_CORES if few else FASTOKENS_WORTH_BYTES)
-
-
 def warm_start(build: bool = False) -> None:
     """From now on, this process's fastokens runtimes serve with tiktoken until fastokens is built.
 
     Pool workers call it: a small call then starts in ~0.2 s rather than
     after fastokens' ~1.3 s construction. ``build``: this call is large
-    enough to repay that construction (:data:`FASTOKENS_WORTH_BYTES` per
+    enough to repay that construction (:data:`~vecpack.tokenizing.plan.FASTOKENS_WORTH_BYTES` per
     worker), so fastokens is built now (before the call's first chunk: built
     beside tiktoken, it slowed both down more than it saved) and from then on
     as runtimes are made. Both engines are exact on the same tables, and the
@@ -490,8 +538,11 @@ def warm_start(build: bool = False) -> None:
             rt.build_fastokens()
 
 
-def runtime(path: str, backend: str) -> Runtime:
+def runtime(path: str, backend: str, serve: str | None = None) -> Runtime:
     """This process's :class:`Runtime` of ``backend`` for the tokenizer at ``path`` (built once).
+
+    ``serve``: have a ``"fastokens"`` runtime serve with ``"vecpack"`` or ``"fastokens"`` from now on
+    (:meth:`Runtime.serve`; a new one is then built without fastokens where vecpack's BPE serves).
 
     Directories that share their ``tokenizer.json`` (a symlink to one file, as in HF's hub cache
     snapshots, or a model's directories that differ only in their chat template) and hold the same
@@ -511,6 +562,8 @@ def runtime(path: str, backend: str) -> Runtime:
     config = hashlib.blake2b(config, digest_size=16).hexdigest()
     key = (real, backend, size, mtime, config)
     rt = _RUNTIMES.get(key)
+    if rt is None and serve is not None and backend == "fastokens":
+        rt = _RUNTIMES[key] = Runtime(p, backend, warm_start=True)
     if rt is None:
         if backend == "fastokens" and _WARM_START[1]:  # fastokens now: no tiktoken to serve first,
             try:                                        # unless fastokens cannot be built here
@@ -522,6 +575,8 @@ def runtime(path: str, backend: str) -> Runtime:
         else:
             rt = Runtime(p, backend, warm_start=_WARM_START[0])
         _RUNTIMES[key] = rt
+    if serve is not None:
+        rt.serve(serve)
     return rt
 
 

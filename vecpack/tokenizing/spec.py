@@ -31,7 +31,7 @@ from vecpack.options import cache_root
 
 __all__ = ["SPEC_VERSION", "Unsupported", "byte_lengths", "bytes_to_unicode", "hf_byte_table",
            "default_pad_id", "file_id", "latin_table", "materialize", "read_dir", "stat_key", "tiktoken_facts",
-           "tiktoken_file", "tiktoken_spec", "MISSING", "read_memo", "write_memo"]
+           "tiktoken_file", "tiktoken_spec", "MISSING", "derived", "read_memo", "write_memo"]
 
 #: Bump when what is derived from the same files changes (on-disk memos are then ignored).
 #: 2: an assistant header that goes on past the generation prompt is trained (chat.spans._header).
@@ -291,10 +291,10 @@ def _parse_spec(path: pathlib.Path) -> tuple[str, dict[bytes, int], dict[str, in
     return pattern, ranks, added, nfc
 
 
-_DERIVED = memo("tiktoken spec parts", 2)  # the last facts and Latin-script table read in this process
+_DERIVED = memo("tiktoken spec parts", 3)  # the last facts, Latin-script and BPE tables read in this process
 
 
-def _derived(path: pathlib.Path, suffix: str, derive):
+def derived(path: pathlib.Path, suffix: str, derive):
     """``derive(tiktoken_spec(path))``, memoised on disk beside the spec as ``<key>.<suffix>.pkl``."""
     key = stat_key(path, "tokenizer.json")
     hit = _DERIVED.get((key, suffix))
@@ -323,7 +323,7 @@ def tiktoken_facts(path: pathlib.Path) -> tuple[str, dict[str, int], bool, np.nd
         pattern, ranks, added, nfc = spec
         return pattern, added, nfc, byte_lengths(ranks, added)
 
-    return _derived(pathlib.Path(path), "facts", facts)
+    return derived(pathlib.Path(path), "facts", facts)
 
 
 def latin_table(path: pathlib.Path) -> dict[bytes, int]:
@@ -335,7 +335,7 @@ def latin_table(path: pathlib.Path) -> dict[bytes, int]:
     """
     from vecpack.tokenizing.latin import latin_ranks
 
-    return _derived(pathlib.Path(path), "latin", lambda spec: latin_ranks(spec[1]))
+    return derived(pathlib.Path(path), "latin", lambda spec: latin_ranks(spec[1]))
 
 
 def tiktoken_file(path: pathlib.Path) -> pathlib.Path:

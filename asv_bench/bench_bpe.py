@@ -1,9 +1,9 @@
-"""Numba byte-level BPE prototype (``bpe_tables.py`` beside this file) vs fastokens, 1 thread, on short chats.
+"""vecpack's own BPE (``vecpack/tokenizing/bpe.py``) vs fastokens, 1 thread, on rendered chat rows.
 
-    python asv_bench/bpe_prototype/bench_bpe.py [--rows 200000] [--repeat 3]
+    python asv_bench/bench_bpe.py [--rows 200000] [--repeat 3] [--shape short|sharegpt]
 
 (a) table build in a fresh process (numba cache load included) vs fastokens' build;
-(b) encode time per row: the prototype on UTF-8 bytes (one buffer, ranges) vs
+(b) encode time per row: vecpack's BPE on UTF-8 bytes (one buffer, ranges) vs
     fastokens ``encode_batch_flat`` on the str list, batches of 10,000, interleaved;
 (c) identical ids on every row.
 """
@@ -29,14 +29,13 @@ import time; t0 = time.perf_counter()
 import numpy as np
 from vecpack.testing import cached_tokenizer_dir
 from vecpack.tokenizing.spec import tiktoken_spec
-import sys; sys.path.insert(0, %r)
-from bpe_tables import build_tables, encode_ranges
+from vecpack.tokenizing.bpe import build_tables, encode_ranges
 t1 = time.perf_counter()
 pattern, ranks, added, _ = tiktoken_spec(cached_tokenizer_dir("qwen2.5"))
 t2 = time.perf_counter()
 tables = build_tables(ranks, added, pattern)
 t3 = time.perf_counter()
-buf = np.frombuffer(b"Hello world", np.uint8)
+buf = np.frombuffer(b"Hello world", np.uint8).copy()
 encode_ranges(buf, np.array([0]), np.array([11]), tables)   # loads the cached kernel
 t4 = time.perf_counter()
 build_tables(ranks, added, pattern)   # again: numba's runtime is up by now
@@ -75,7 +74,7 @@ def _fmt(xs: list[float], scale: float = 1e3, unit: str = "ms") -> str:
 
 def render_rows(n: int, shape: str = "short") -> list[str]:
     """``n`` rows rendered with the Qwen2.5 template: ``make_short_chats`` (the seed's shape) or
-    ``make_sharegpt`` (longer, code-heavy, some outside the prototype's ranges: those are left out)."""
+    ``make_sharegpt`` (longer, code-heavy, some outside the engine's ranges: those are left out)."""
     from vecpack.chat.formats import to_messages
     from vecpack.testing import cached_tokenizer_dir, make_sharegpt, make_short_chats
     from vecpack.tokenizing.encoder import ChatEncoder
@@ -105,15 +104,13 @@ def main() -> None:
     import fastokens
 
     from vecpack.testing import cached_tokenizer_dir
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    from bpe_tables import build_tables, encode_ranges
-
+    from vecpack.tokenizing.bpe import build_tables, encode_ranges
     from vecpack.tokenizing.spec import tiktoken_file, tiktoken_spec
 
     print(f"python {sys.version.split()[0]}, numpy {np.__version__}, fastokens {version('fastokens')}, "
           f"{os.cpu_count()} cpus, FASTOKENS_BPE_THREADS={os.environ['FASTOKENS_BPE_THREADS']}")
     # (a) build, each in a fresh process
-    ours = _fresh(_BUILD_OURS % os.path.dirname(os.path.abspath(__file__)), args.repeat)
+    ours = _fresh(_BUILD_OURS, args.repeat)
     ft_b = _fresh(_BUILD_FT, args.repeat)
     print("(a) build, fresh process, median of", args.repeat)
     print("  ours total      ", _fmt([r[0] for r in ours]), " = imports", _fmt([r[1] for r in ours]),
@@ -130,8 +127,8 @@ def main() -> None:
     lens = np.fromiter(map(len, raw), np.int64, len(raw))
     stops = np.cumsum(lens)
     starts = stops - lens
-    buf = np.frombuffer(b"".join(raw), np.uint8)
-    print(f"rendered {len(texts)} {args.shape} rows (those in the prototype's ranges) in "
+    buf = np.frombuffer(b"".join(raw), np.uint8).copy()
+    print(f"rendered {len(texts)} {args.shape} rows (those in the engine's ranges) in "
           f"{time.perf_counter() - t:.1f} s: {buf.size / len(texts):.0f} bytes/row")
     d = cached_tokenizer_dir("qwen2.5")
     pattern, ranks, added, _ = tiktoken_spec(d)
@@ -143,7 +140,7 @@ def main() -> None:
     def run_ours(cache_bits=14):
         out = []
         for i, j in batches:
-            out.append(encode_ranges(buf, starts[i:j], stops[i:j], tables, cache_bits))
+            out.append(encode_ranges(buf, starts[i:j], stops[i:j], tables, cache_bits=cache_bits))
         return out
 
     def run_ft():

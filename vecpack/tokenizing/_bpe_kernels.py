@@ -1,9 +1,10 @@
-"""numba kernels of a byte-level BPE encoder that reads UTF-8 bytes directly (a feasibility prototype).
+"""numba kernels of vecpack's byte-level BPE: UTF-8 byte ranges in, tiktoken's ids out.
 
-Tables are built by ``bpe_tables.py``. Only texts whose code
-points lie in the class table (U+0000-U+03FF, U+2000-U+2FFF, U+10000-U+3FFFF)
-are encoded; a range holding anything else, invalid UTF-8 or a pre-token
-longer than :data:`MAX_PIECE` bytes gets ``ok = False`` and no ids.
+The glue, the tables and the rules of what it takes are in
+:mod:`vecpack.tokenizing.bpe`. Only texts whose code points lie in the class
+table (:data:`vecpack.tokenizing.latin.RANGES`) are encoded; a range holding
+anything else, invalid UTF-8 or a pre-token longer than :data:`MAX_PIECE` bytes
+gets ``ok = False`` and no ids (another engine takes it).
 
 Class table bits (per code point): :data:`L` letter, :data:`N` number,
 :data:`WS` ``\\s``, :data:`NL` ``\\r``/``\\n``, :data:`SUP` supported.
@@ -15,6 +16,12 @@ its bytes read 8 at a time (unaligned loads): pieces of at most 16 bytes are
 looked up in the per-call piece cache by their two words (an exact key), and
 the vocabulary table (``table``, two uint64 per slot: hash and
 ``id | len << 24 | offset << 40``) is probed with the same hash only on a cache miss.
+
+Helpers take tables as raw pointers (:func:`_ptr`), not arrays: numba increfs
+and decrefs every array a call receives. The leaf helpers are inlined in numba's
+IR (``inline="always"``); the larger ones (the pre-tokenizer, the table probe)
+are plain calls: inlining them too was about 10% faster on the seed's rows but
+took 38 s to compile instead of 8 (once per install, on the first large call).
 """
 
 import numpy as np
@@ -24,23 +31,17 @@ from numba.extending import intrinsic
 
 from vecpack._kernel_lock import compile_once
 from vecpack._state import kernel_cache
+from vecpack.tokenizing._lane_kernels import _ONES, _has_byte
 
 CACHE = kernel_cache()
 
-L = 1
-N = 2
-WS = 4
-NL = 8
-SUP = 16
-MAX_PIECE = 512
+L, N, WS, NL, SUP = 1, 2, 4, 8, 16   # class table bits
+MAX_PIECE = 512                    # longest pre-token (bytes) the kernels take
 _C0 = np.uint64(0x9E3779B97F4A7C15)
 _M1 = np.uint64(0xBF58476D1CE4E5B9)
 _M2 = np.uint64(0x94D049BB133111EB)
-_ONES = np.uint64(0xFFFFFFFFFFFFFFFF)
 _ID_MASK = np.uint64((1 << 24) - 1)
 _LEN_MASK = np.uint64((1 << 16) - 1)
-_LO = np.uint64(0x0101010101010101)
-_HI = np.uint64(0x8080808080808080)
 
 
 @intrinsic
@@ -105,7 +106,7 @@ def _hash2(w0, w1, n):
     return _fin(h)
 
 
-@njit(cache=CACHE, inline="always")
+@njit(cache=CACHE)
 def _hash(bp, a, b, nbuf):
     """Hash of ``bp[a:b]``, 8 bytes per step; a bijection of the bytes for pieces of <= 8 bytes (given the length)."""
     n = b - a
@@ -141,9 +142,13 @@ def build_hash(tok_bytes, tok_off, bits):
     return table
 
 
-@njit(cache=CACHE, inline="always")
-def _probe(tp, tbits, h, bp, a, n, kp):
-    """Id of the ``n`` bytes ``bp[a:a + n]`` (hash ``h``) in the table at ``tp`` (``2**tbits`` slots), or -1."""
+@njit(cache=CACHE)
+def _probe(tp, tbits, h, bp, a, n, nbuf, kp, nk):
+    """Id of the ``n`` bytes ``bp[a:a + n]`` (hash ``h``) in the table at ``tp`` (``2**tbits`` slots), or -1.
+
+    Up to 8 bytes the hash is a bijection of the bytes (given the length): no compare. Longer
+    pieces are compared 8 bytes at a time with the token's bytes (``kp``, ``nk`` of them).
+    """
     mask = (1 << tbits) - 1
     s = np.int64(h >> np.uint64(64 - tbits))
     nn = np.uint64(n)
@@ -152,57 +157,26 @@ def _probe(tp, tbits, h, bp, a, n, kp):
         if m == 0:
             return -1
         if tp[2 * s] == h and ((m >> np.uint64(24)) & _LEN_MASK) == nn:
-            if n <= 8:   # the hash is a bijection of the bytes
+            if n <= 8:
                 return np.int64(m & _ID_MASK)
             o = np.int64(m >> np.uint64(40))
-            same = True
-            for k in range(n):
-                if kp[o + k] != bp[a + k]:
-                    same = False
-                    break
-            if same:
+            k = 0
+            while k < n and _word(kp, o + k, min(8, n - k), nk) == _word(bp, a + k, min(8, n - k), nbuf):
+                k += 8
+            if k >= n:
                 return np.int64(m & _ID_MASK)
         s = (s + 1) & mask
 
 
-@njit(cache=CACHE, inline="always")
-def _probe_words(tp, tbits, h, w0, w1, n, kp, nk):
-    """Id of the piece of ``n`` <= 16 bytes held in the words ``w0``/``w1`` (hash ``h``), or -1."""
-    mask = (1 << tbits) - 1
-    s = np.int64(h >> np.uint64(64 - tbits))
-    nn = np.uint64(n)
-    while True:
-        m = tp[2 * s + 1]
-        if m == 0:
-            return -1
-        if tp[2 * s] == h and ((m >> np.uint64(24)) & _LEN_MASK) == nn:
-            if n <= 8:   # the hash is a bijection of the bytes
-                return np.int64(m & _ID_MASK)
-            o = np.int64(m >> np.uint64(40))
-            if _word(kp, o, 8, nk) == w0 and _word(kp, o + 8, n - 8, nk) == w1:
-                return np.int64(m & _ID_MASK)
-        s = (s + 1) & mask
-
-
-@njit(cache=CACHE, inline="always")
-def _lookup(bp, a, b, nbuf, tp, tbits, kp):
-    """Rank of ``bp[a:b]``, or -1."""
-    return _probe(tp, tbits, _hash(bp, a, b, nbuf), bp, a, b - a, kp)
-
-
-@njit(cache=CACHE, inline="always")
+@njit(cache=CACHE)
 def _rank(bp, a, b, nbuf, tp, tbits, kp, nk):
-    """Rank of ``bp[a:b]``, or -1: by words (no byte loop) up to 16 bytes."""
+    """Rank of ``bp[a:b]``, or -1."""
     n = b - a
-    if n > 16:
-        return _lookup(bp, a, b, nbuf, tp, tbits, kp)
-    if n <= 8:
-        w0 = _word(bp, a, n, nbuf)
-        w1 = np.uint64(0)
-    else:
-        w0 = _word(bp, a, 8, nbuf)
-        w1 = _word(bp, a + 8, n - 8, nbuf)
-    return _probe_words(tp, tbits, _hash2(w0, w1, n), w0, w1, n, kp, nk)
+    if n <= 16:
+        w0 = _word(bp, a, min(8, n), nbuf)
+        w1 = _word(bp, a + 8, n - 8, nbuf) if n > 8 else np.uint64(0)
+        return _probe(tp, tbits, _hash2(w0, w1, n), bp, a, n, nbuf, kp, nk)
+    return _probe(tp, tbits, _hash(bp, a, b, nbuf), bp, a, n, nbuf, kp, nk)
 
 
 @njit(cache=CACHE, inline="always")
@@ -248,7 +222,7 @@ def _other(f):
     return f != 0 and (f & (L | N | WS)) == 0
 
 
-@njit(cache=CACHE, inline="always")
+@njit(cache=CACHE)
 def _letters(bp, j, e, ct, nt):
     """End of the run of letters from byte ``j``; ASCII bytes take the fast path."""
     while j < e:
@@ -266,7 +240,7 @@ def _letters(bp, j, e, ct, nt):
     return j
 
 
-@njit(cache=CACHE, inline="always")
+@njit(cache=CACHE)
 def _next_piece(bp, i, e, ct, nt, fp, maxdig):
     """End (byte) of the pre-token starting at byte ``i`` of a segment ending at ``e``; -1 if the char is not handled.
 
@@ -359,8 +333,7 @@ def _merge(bp, nbuf, a, b, tp, tbits, kp, nk, small, ids, count, pstart, prank, 
     ``small``: the id of each byte, then the rank of each 2-byte token (``256 + (b0 << 8 | b1)``, -1 if none),
     so that the first round needs no hashing; a merged part's id is the rank of its pair (id = rank).
     Part ``k`` starts at ``pstart[k]``, has id ``pid[k]``; ``prank[k]``: the rank of parts ``k`` and ``k + 1`` merged.
-    All arrays are passed as pointers (``bp`` the text, ``tp`` the vocabulary table of ``2**tbits`` slots,
-    ``kp`` its bytes): a plain call receiving arrays increfs/decrefs each of them.
+    Arrays come as pointers (``bp`` the text, ``tp`` the ``2**tbits``-slot vocabulary table, ``kp`` its bytes).
     """
     n = b - a
     big = np.int32(0x7FFFFFFF)
@@ -410,12 +383,10 @@ def _miss(bp, nbuf, a, b, h, w0, w1, s, tp, tbits, kp, nk, small, ids, count, ps
     """Ids of piece ``bp[a:b]`` not in the piece cache (hash ``h``, words ``w0``/``w1``, free cache slot ``s``, or -1).
 
     A vocabulary lookup, else merges; stored in the cache (``csize`` slots; ``cids`` holds ``ncids``)
-    when ``s >= 0`` and it has room. A plain call, not inlined, that takes pointers, not arrays (see
-    :func:`_ptr`): numba's IR inlining of a kernel that makes another call costs ~60-100 ns per piece
-    in the caller's loop, even when not taken.
+    when ``s >= 0`` and it has room. Not inlined: inlined, it cost ~60-100 ns a piece even when not taken.
     """
     first = count
-    t = _probe(tp, tbits, h, bp, a, b - a, kp)
+    t = _probe(tp, tbits, h, bp, a, b - a, nbuf, kp, nk)
     if t >= 0:
         ids[count] = t
         count += 1
@@ -475,7 +446,7 @@ def _long(bp, nbuf, a, b, tp, tbits, kp, nk, small, ids, count, pstart, prank, p
         s = (s + 1) & cmask
 
 
-@njit(cache=CACHE, inline="always")
+@njit(cache=CACHE)
 def _next_added(bp, p, e, ab, ao, af, na, fb):
     """``(position, index)`` of the first added token in ``bp[p:e]``, or ``(e, -1)``.
 
@@ -485,8 +456,7 @@ def _next_added(bp, p, e, ab, ao, af, na, fb):
     """
     while p < e:
         if fb >= 0 and p + 8 <= e:
-            x = _load64(bp, p) ^ (_LO * np.uint64(fb))
-            if ((x - _LO) & ~x & _HI) == 0:   # no byte of x is 0
+            if not _has_byte(_load64(bp, p), _ONES * np.uint64(fb)):
                 p += 8
                 continue
         if af[bp[p]]:
@@ -507,13 +477,13 @@ def _next_added(bp, p, e, ab, ao, af, na, fb):
 
 @njit(cache=CACHE)
 def encode_ranges(buf, starts, stops, cls_table, fold, maxdig, table, tok_bytes, small,
-                  add_bytes, add_off, add_ids, add_first, cache_bits, table_first=True):
+                  add_bytes, add_off, add_ids, add_first, cache_bits):
     """Encode each ``buf[starts[r]:stops[r]]`` on its own, ids back to back.
 
     Returns ``(ids int32, lengths int64, ok bool)``; a range that is not handled has length 0.
     Added tokens (``add_*``, longest first) split the text wherever their bytes occur.
-    ``table_first``: look a piece of <= 16 bytes up in the vocabulary before the cache (which then
-    holds only the pieces that merge), else the cache first.
+    A piece of <= 16 bytes is looked up in the vocabulary first, then in the cache (which holds
+    only the pieces that merge).
     ``cache_bits`` > 0: a cache of ``2**cache_bits`` slots maps the pieces seen in this call to
     their ids: four uint64 per slot, the piece's two zero-padded words (a piece of more than 16 bytes:
     its hash and the offset of its first occurrence, see :func:`_long`) and
@@ -587,9 +557,7 @@ def encode_ranges(buf, starts, stops, cls_table, fold, maxdig, table, tok_bytes,
                         w0 = _word(bp, i, 8, nbuf)
                         w1 = _word(bp, i + 8, n - 8, nbuf)
                     h = _hash2(w0, w1, n)
-                    t = -1
-                    if table_first or size == 0:
-                        t = _probe_words(tp, tbits, h, w0, w1, n, kp, nk)
+                    t = _probe(tp, tbits, h, bp, i, n, nbuf, kp, nk)
                     if t >= 0:
                         ids[count] = t
                         count += 1
@@ -649,4 +617,4 @@ def piece_bounds(buf, a, b, cls_table, fold, maxdig):
     return out[:m].copy()
 
 
-compile_once(globals())
+compile_once(globals())   # concurrent first runs compile each kernel once (vecpack/_kernel_lock.py)

@@ -1,12 +1,11 @@
-"""The numba byte-level BPE prototype (``bpe_tables.py``) against regex, tiktoken and HF tokenizers.
+"""vecpack's own byte-level BPE (``vecpack/tokenizing/bpe.py``) against regex, tiktoken and HF tokenizers.
 
-    python -m pytest asv_bench/bpe_prototype/test_bpe_exact.py   (not part of the suite: a prototype)
+tiktoken is the plain reference: the project proves it exact against HF (``test_tokenize.py``,
+``test_latin.py``), and HF is checked here too, on every code point.
 """
 
 import json
-import os
 import random
-import sys
 
 import numpy as np
 import pytest
@@ -15,16 +14,14 @@ regex = pytest.importorskip("regex")
 tiktoken = pytest.importorskip("tiktoken")
 
 from vecpack.testing import cached_tokenizer_dir, make_sharegpt, make_short_chats  # noqa: E402
-
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import bpe_kernels as K  # noqa: E402
-from bpe_tables import SUPPORTED, build_tables, class_table, encode_texts  # noqa: E402
-
-from vecpack.tokenizing.spec import tiktoken_spec  # noqa: E402
+from vecpack.tokenizing import _bpe_kernels as K  # noqa: E402
+from vecpack.tokenizing.bpe import build_tables, class_table, encode_ranges, encode_texts  # noqa: E402
+from vecpack.tokenizing.latin import RANGES  # noqa: E402
+from vecpack.tokenizing.spec import Unsupported, tiktoken_spec  # noqa: E402
 
 
 def _supported():
-    return [cp for lo, hi in SUPPORTED for cp in range(lo, hi + 1) if not 0xD800 <= cp < 0xE000]
+    return [cp for lo, hi in RANGES for cp in range(lo, hi + 1) if not 0xD800 <= cp < 0xE000]
 
 
 @pytest.fixture(scope="module", params=["qwen2.5", "llama3"])
@@ -134,7 +131,7 @@ def test_random_strings(setup):
     # the pre-token boundaries themselves, against the regex module
     for t in texts[:2000]:
         raw = t.encode("utf-8")
-        ends = K.piece_bounds(np.frombuffer(raw, np.uint8), 0, len(raw), tables.cls_table, tables.fold,
+        ends = K.piece_bounds(np.frombuffer(raw, np.uint8).copy(), 0, len(raw), tables.cls_table, tables.fold,
                               tables.maxdig).tolist()
         want = np.cumsum([len(p.encode("utf-8")) for p in regex.findall(pattern, t)]).tolist()
         assert ends == want, (t, regex.findall(pattern, t))
@@ -174,7 +171,7 @@ def test_runs(setup):
     _check(texts, enc, tables)
     for t in texts:
         raw = t.encode("utf-8")
-        ends = K.piece_bounds(np.frombuffer(raw, np.uint8), 0, len(raw), tables.cls_table, tables.fold,
+        ends = K.piece_bounds(np.frombuffer(raw, np.uint8).copy(), 0, len(raw), tables.cls_table, tables.fold,
                               tables.maxdig).tolist()
         assert ends == np.cumsum([len(p.encode("utf-8")) for p in regex.findall(pattern, t)]).tolist(), t
 
@@ -187,8 +184,7 @@ def test_not_handled(qwen):
     assert lengths[~ok].sum() == 0
     assert ids.tolist() == enc.encode("ok") + enc.encode("fine") + enc.encode("y" * 100)
     for raw in (b"\xff", b"a\xc3", b"\xc0\x80", b"\xed\xa0\x80", b"\xe2\x80"):
-        buf = np.frombuffer(b"ok" + raw, np.uint8)
-        from bpe_tables import encode_ranges
+        buf = np.frombuffer(b"ok" + raw, np.uint8).copy()
         _, _, ok = encode_ranges(buf, np.array([0, 0]), np.array([2, len(buf)]), tables)
         assert ok.tolist() == [True, False], raw
 
@@ -204,3 +200,75 @@ def test_pathological(qwen):
         "1M spaces": False, "1M mixed whitespace": False, "1M of one letter": False, "1M digits": True,
         "1M base64": True, "300k CJK": False, "200k emoji": False}
     assert ids.tolist() == enc.encode(texts["1M digits"]) + enc.encode(texts["1M base64"])
+
+
+def test_what_it_does_not_implement_is_unsupported(qwen):
+    _, pattern, _, _ = qwen
+    _, ranks, added, _ = tiktoken_spec(cached_tokenizer_dir("qwen2.5"))
+    with pytest.raises(Unsupported, match="pre-tokenizer patterns"):
+        build_tables(ranks, added, r"\w+|\s+")
+    some = {tok: r for tok, r in ranks.items() if r < 300}
+    missing = dict(some)
+    del missing[b"a"]
+    with pytest.raises(Unsupported, match="single bytes"):
+        build_tables({tok: i for i, tok in enumerate(missing)}, {}, pattern)
+
+
+# ----------------------------------------------------------------------------- serving in a Runtime
+
+@pytest.fixture
+def vecpack_serving(qwen):
+    """Qwen2.5's fastokens runtime of this process, serving with vecpack's BPE for the test."""
+    from vecpack.tokenizing.runtime import runtime
+
+    rt = runtime(str(qwen[0]), "fastokens")
+    had_fast = rt.fast is not None
+    assert rt.serve("vecpack") == "vecpack" and rt.batch
+    yield rt
+    assert rt.serve("fastokens" if had_fast else "tiktoken") in ("fastokens", "tiktoken")
+    if not had_fast:
+        rt.bpe = None
+
+
+def test_a_runtime_serving_vecpack_gives_fastokens_ids_and_refused_texts_to_tiktoken(qwen, vecpack_serving):
+    """encode, encode_batch and encode_ranges: HF's ids whether the BPE takes a text or tiktoken's core does."""
+    rt = vecpack_serving
+    _, _, enc, _ = qwen
+    texts = ["Hello <|im_end|> world", "日本語のテキスト", "", "x" * 600, "ação é — 👍", "Привет 'll", "a" * 5]
+    ids, offsets = rt.encode_batch(texts)
+    for i, t in enumerate(texts):
+        want = enc.encode(t, allowed_special="all")
+        assert ids[offsets[i]:offsets[i + 1]].tolist() == want, t
+        assert rt.encode(t).tolist() == want, t
+    assert ids.dtype == np.int32 and offsets.dtype == np.int64
+    # byte ranges where they lie (the row lane's way), refused ranges among them
+    raw = "".join(texts).encode()
+    stops = np.cumsum([len(t.encode()) for t in texts])
+    got, lengths = rt.encode_ranges(np.frombuffer(raw, np.uint8).copy(), stops - [len(t.encode()) for t in texts],
+                                    stops)
+    assert got.tolist() == ids.tolist() and lengths.tolist() == np.diff(offsets).tolist()
+
+
+def test_serving_switches_between_engines_with_the_same_ids(qwen, vecpack_serving):
+    rt = vecpack_serving
+    text = "Olá, tudo bem? <|im_start|>assistant\nSim!"
+    mine = rt.encode(text).tolist()
+    assert rt.serving == "vecpack"
+    assert rt.serve("fastokens") == "fastokens" and rt.bpe is None and rt.encode(text).tolist() == mine
+    assert rt.serve("vecpack") == "vecpack" and rt.encode(text).tolist() == mine
+
+
+def test_a_tokenizer_the_kernels_do_not_implement_is_served_by_fastokens(qwen, tmp_path):
+    """A byte-level BPE whose pre-tokenizer the kernels do not implement (digits in twos) keeps fastokens."""
+    import shutil
+
+    from vecpack.tokenizing.runtime import runtime
+
+    d = tmp_path / "pairs"
+    shutil.copytree(qwen[0], d)
+    text = (d / "tokenizer.json").read_text()
+    assert text.count("\\\\p{N}|") == 1
+    (d / "tokenizer.json").write_text(text.replace("\\\\p{N}|", "\\\\p{N}{1,2}|"))
+    rt = runtime(str(d), "fastokens", serve="vecpack")
+    assert rt.serving == "fastokens" and rt.bpe is None
+    assert rt.encode("12345").tolist() == [int(x) for x in rt.hf_ids("12345")]
