@@ -156,7 +156,8 @@ def pack_run(path: str, tokenizer: str, tree: str) -> dict:
     mine = {c.pid for c in psutil.Process().children()}
     try:
         t0 = time.perf_counter()
-        proc = subprocess.Popen(cmd, env=env, stdout=logs[0], stderr=logs[1], text=True)
+        # (cwd: not a checkout, whose vecpack `python -c` would import ahead of PYTHONPATH's tree)
+        proc = subprocess.Popen(cmd, env=env, stdout=logs[0], stderr=logs[1], text=True, cwd=cache)
         rss = TreeRSS(proc.pid)
         _, status, usage = os.wait4(proc.pid, 0)  # (Popen.wait would not give the rusage)
         wall = time.perf_counter() - t0

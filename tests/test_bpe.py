@@ -14,7 +14,7 @@ regex = pytest.importorskip("regex")
 tiktoken = pytest.importorskip("tiktoken")
 
 from vecpack.testing import cached_tokenizer_dir, make_sharegpt, make_short_chats  # noqa: E402
-from vecpack.tokenizing import _bpe_kernels as K  # noqa: E402
+from vecpack.tokenizing import _pretok_kernels as K  # noqa: E402
 from vecpack.tokenizing.bpe import build_tables, class_table, encode_ranges, encode_texts  # noqa: E402
 from vecpack.tokenizing.latin import RANGES  # noqa: E402
 from vecpack.tokenizing.spec import Unsupported, tiktoken_spec  # noqa: E402
@@ -247,6 +247,15 @@ def test_a_runtime_serving_vecpack_gives_fastokens_ids_and_refused_texts_to_tikt
     got, lengths = rt.encode_ranges(np.frombuffer(raw, np.uint8).copy(), stops - [len(t.encode()) for t in texts],
                                     stops)
     assert got.tolist() == ids.tolist() and lengths.tolist() == np.diff(offsets).tolist()
+    # with cached prefixes' ids in front (the row lane's), refused ranges among them
+    head_of = np.array([0, 1, -1, 0, -1, 1, 0])
+    heads = (head_of, np.array([5, 6, 7], np.int32), np.array([0, 2, 3]))
+    got, lengths = rt.encode_ranges(np.frombuffer(raw, np.uint8).copy(), stops - [len(t.encode()) for t in texts],
+                                    stops, heads)
+    want = [[5, 6], [7], []]
+    assert got.tolist() == [x for i, t in enumerate(texts)
+                            for x in want[head_of[i]] + enc.encode(t, allowed_special="all")]
+    assert lengths.tolist() == [len(want[h]) + n for h, n in zip(head_of, np.diff(offsets))]
 
 
 def test_serving_switches_between_engines_with_the_same_ids(qwen, vecpack_serving):

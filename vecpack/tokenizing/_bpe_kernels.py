@@ -6,18 +6,13 @@ table (:data:`vecpack.tokenizing.latin.RANGES`) are encoded; a range holding
 anything else, invalid UTF-8 or a pre-token longer than :data:`MAX_PIECE` bytes
 gets ``ok = False`` and no ids (another engine takes it).
 
-Class table bits (per code point): :data:`L` letter, :data:`N` number,
-:data:`WS` ``\\s``, :data:`NL` ``\\r``/``\\n``, :data:`SUP` supported.
-``fold[cp]`` is the ASCII letter a contraction letter case-folds to (or 0).
+The pre-tokenizer (:mod:`vecpack.tokenizing._pretok_kernels`) walks the UTF-8
+bytes. A piece is keyed by its bytes read 8 at a time (unaligned loads): the
+vocabulary table (``table``, two uint64 per slot: hash and ``id | len << 24 |
+offset << 40``) is probed first, then the per-call cache of the pieces that
+merge, by their two words (an exact key) up to 16 bytes.
 
-The pre-tokenizer walks the UTF-8 bytes: an ASCII byte is classed by one
-table load, a multi-byte sequence is decoded only where met. A piece is keyed by
-its bytes read 8 at a time (unaligned loads): pieces of at most 16 bytes are
-looked up in the per-call piece cache by their two words (an exact key), and
-the vocabulary table (``table``, two uint64 per slot: hash and
-``id | len << 24 | offset << 40``) is probed with the same hash only on a cache miss.
-
-Helpers take tables as raw pointers (:func:`_ptr`), not arrays: numba increfs
+Helpers take tables as raw pointers (:func:`~vecpack.tokenizing._pretok_kernels._ptr`), not arrays: numba increfs
 and decrefs every array a call receives. The leaf helpers are inlined in numba's
 IR (``inline="always"``); the larger ones (the pre-tokenizer, the table probe)
 are plain calls: inlining them too was about 10% faster on the seed's rows but
@@ -25,50 +20,21 @@ took 38 s to compile instead of 8 (once per install, on the first large call).
 """
 
 import numpy as np
-from llvmlite import ir
-from numba import njit, types
-from numba.extending import intrinsic
+from numba import njit
 
 from vecpack._kernel_lock import compile_once
 from vecpack._state import kernel_cache
 from vecpack.tokenizing._lane_kernels import _ONES, _has_byte
+from vecpack.tokenizing._pretok_kernels import _load64, _piece_end, _ptr
 
 CACHE = kernel_cache()
 
-L, N, WS, NL, SUP = 1, 2, 4, 8, 16   # class table bits
 MAX_PIECE = 512                    # longest pre-token (bytes) the kernels take
 _C0 = np.uint64(0x9E3779B97F4A7C15)
 _M1 = np.uint64(0xBF58476D1CE4E5B9)
 _M2 = np.uint64(0x94D049BB133111EB)
 _ID_MASK = np.uint64((1 << 24) - 1)
 _LEN_MASK = np.uint64((1 << 16) - 1)
-
-
-@intrinsic
-def _ptr(typingctx, arr):
-    """The data pointer of a contiguous array.
-
-    The inlined helpers of the hot loop take tables as pointers, not arrays: numba
-    increfs/decrefs each array an inlined call receives (atomic ops, ~20 ns per call).
-    """
-    sig = types.CPointer(arr.dtype)(arr)
-
-    def codegen(context, builder, signature, args):
-        return context.make_array(signature.args[0])(context, builder, args[0]).data
-
-    return sig, codegen
-
-
-@intrinsic
-def _load64(typingctx, p, idx):
-    """The 8 bytes at ``p[idx]`` (a uint8 pointer) as a little-endian uint64 (unaligned load)."""
-    sig = types.uint64(p, idx)
-
-    def codegen(context, builder, signature, args):
-        ptr = builder.gep(args[0], [args[1]])
-        return builder.load(builder.bitcast(ptr, ir.IntType(64).as_pointer()), align=1)
-
-    return sig, codegen
 
 
 @njit(cache=CACHE, inline="always")
@@ -177,144 +143,6 @@ def _rank(bp, a, b, nbuf, tp, tbits, kp, nk):
         w1 = _word(bp, a + 8, n - 8, nbuf) if n > 8 else np.uint64(0)
         return _probe(tp, tbits, _hash2(w0, w1, n), bp, a, n, nbuf, kp, nk)
     return _probe(tp, tbits, _hash(bp, a, b, nbuf), bp, a, n, nbuf, kp, nk)
-
-
-@njit(cache=CACHE, inline="always")
-def _char(bp, i, e, ct, nt):
-    """``(code point, class, byte length)`` of the character at ``bp[i]`` (before ``e``); class 0 if not handled.
-
-    ``ct``: the class table (``nt`` code points). Invalid UTF-8 and unsupported code points are not handled.
-    """
-    c = np.int64(bp[i])
-    if c < 0x80:
-        return c, ct[c], 1
-    if 0xC2 <= c < 0xE0:
-        if i + 1 >= e or (bp[i + 1] & 0xC0) != 0x80:
-            return 0, np.uint8(0), 1
-        cp = ((c & 0x1F) << 6) | (bp[i + 1] & 0x3F)
-        ln = 2
-    elif 0xE0 <= c < 0xF0:
-        if i + 2 >= e or (bp[i + 1] & 0xC0) != 0x80 or (bp[i + 2] & 0xC0) != 0x80:
-            return 0, np.uint8(0), 1
-        cp = ((c & 0x0F) << 12) | ((bp[i + 1] & 0x3F) << 6) | (bp[i + 2] & 0x3F)
-        if cp < 0x800 or 0xD800 <= cp < 0xE000:
-            return 0, np.uint8(0), 1
-        ln = 3
-    elif 0xF0 <= c < 0xF5:
-        if (i + 3 >= e or (bp[i + 1] & 0xC0) != 0x80 or (bp[i + 2] & 0xC0) != 0x80
-                or (bp[i + 3] & 0xC0) != 0x80):
-            return 0, np.uint8(0), 1
-        cp = (((c & 0x07) << 18) | ((bp[i + 1] & 0x3F) << 12) | ((bp[i + 2] & 0x3F) << 6)
-              | (bp[i + 3] & 0x3F))
-        if cp < 0x10000:
-            return 0, np.uint8(0), 1
-        ln = 4
-    else:
-        return 0, np.uint8(0), 1
-    if cp >= nt or ct[cp] == 0:
-        return 0, np.uint8(0), 1
-    return cp, ct[cp], ln
-
-
-@njit(cache=CACHE, inline="always")
-def _other(f):
-    """``[^\\s\\p{L}\\p{N}]`` (and supported)."""
-    return f != 0 and (f & (L | N | WS)) == 0
-
-
-@njit(cache=CACHE)
-def _letters(bp, j, e, ct, nt):
-    """End of the run of letters from byte ``j``; ASCII bytes take the fast path."""
-    while j < e:
-        c = bp[j]
-        if c < 0x80:
-            if ct[c] & L:
-                j += 1
-                continue
-            return j
-        _, f, ln = _char(bp, j, e, ct, nt)
-        if f & L:
-            j += ln
-            continue
-        return j
-    return j
-
-
-@njit(cache=CACHE)
-def _next_piece(bp, i, e, ct, nt, fp, maxdig):
-    """End (byte) of the pre-token starting at byte ``i`` of a segment ending at ``e``; -1 if the char is not handled.
-
-    ``ct``/``nt``: class table, ``fp``: fold table. The Qwen2.5 / Llama-3 pattern, alternative by alternative::
-
-        (?i:'s|'t|'re|'ve|'m|'ll|'d) | [^\\r\\n\\p{L}\\p{N}]?\\p{L}+ | \\p{N}{1,maxdig}
-        | ?[^\\s\\p{L}\\p{N}]+[\\r\\n]* | \\s*[\\r\\n]+ | \\s+(?!\\S) | \\s+
-    """
-    cp, c, ln = _char(bp, i, e, ct, nt)
-    if c == 0:
-        return -1
-    j = i + ln
-    # [^\r\n\p{L}\p{N}]?\p{L}+ (a letter first: the contractions start with ')
-    if c & L:
-        return _letters(bp, j, e, ct, nt)
-    if j < e:
-        cp1, c1, ln1 = _char(bp, j, e, ct, nt)
-    else:
-        cp1, c1, ln1 = 0, np.uint8(0), 0
-    # (?i:'s|'t|'re|'ve|'m|'ll|'d)
-    if cp == 0x27 and c1 != 0:
-        f = fp[cp1]
-        if f == 115 or f == 116 or f == 109 or f == 100:  # s t m d
-            return j + ln1
-        if f == 114 or f == 118 or f == 108:  # re ve ll
-            k = j + ln1
-            if k < e:
-                cp2, c2, ln2 = _char(bp, k, e, ct, nt)
-                if c2 != 0:
-                    f2 = fp[cp2]
-                    if (f2 == 101 and f != 108) or (f2 == 108 and f == 108):
-                        return k + ln2
-    if (c & (NL | N)) == 0 and c1 & L:
-        return _letters(bp, j + ln1, e, ct, nt)
-    # \p{N} or \p{N}{1,3}
-    if c & N:
-        m = 1
-        while j < e and m < maxdig:
-            _, f, ln = _char(bp, j, e, ct, nt)
-            if not f & N:
-                break
-            j += ln
-            m += 1
-        return j
-    #  ?[^\s\p{L}\p{N}]+[\r\n]*
-    if _other(c) or (cp == 0x20 and _other(c1)):
-        if not _other(c):
-            j += ln1
-        while j < e:
-            _, f, ln = _char(bp, j, e, ct, nt)
-            if not _other(f):
-                break
-            j += ln
-        while j < e and (bp[j] == 10 or bp[j] == 13):
-            j += 1
-        return j
-    # c is whitespace: \s*[\r\n]+ | \s+(?!\S) | \s+
-    last_nl = i if c & NL else -1
-    nch = 1
-    j0 = i   # start of the last char
-    while j < e:
-        _, f, ln = _char(bp, j, e, ct, nt)
-        if not f & WS:
-            break
-        if f & NL:
-            last_nl = j
-        j0 = j
-        j += ln
-        nch += 1
-    if last_nl >= 0:
-        return last_nl + 1
-    if j == e or nch == 1:
-        return j
-    return j0
 
 
 @njit(cache=CACHE, inline="always")
@@ -477,8 +305,9 @@ def _next_added(bp, p, e, ab, ao, af, na, fb):
 
 @njit(cache=CACHE)
 def encode_ranges(buf, starts, stops, cls_table, fold, maxdig, table, tok_bytes, small,
-                  add_bytes, add_off, add_ids, add_first, cache_bits):
-    """Encode each ``buf[starts[r]:stops[r]]`` on its own, ids back to back.
+                  add_bytes, add_off, add_ids, add_first, cache_bits, head_of, heads, heads_off):
+    """Encode each ``buf[starts[r]:stops[r]]`` on its own, ids back to back, each range's ids after
+    ``heads[heads_off[h]:heads_off[h + 1]]`` (``h = head_of[r]``, -1: none; a cached prefix).
 
     Returns ``(ids int32, lengths int64, ok bool)``; a range that is not handled has length 0.
     Added tokens (``add_*``, longest first) split the text wherever their bytes occur.
@@ -496,6 +325,8 @@ def encode_ranges(buf, starts, stops, cls_table, fold, maxdig, table, tok_bytes,
     total = 0
     for r in range(nr):
         total += stops[r] - starts[r]
+        if head_of[r] >= 0:
+            total += heads_off[head_of[r] + 1] - heads_off[head_of[r]]
     ids = np.empty(total + 1, np.int32)   # a token holds at least one byte: no growing in the loop
     pstart = np.empty(MAX_PIECE + 1, np.int64)
     prank = np.empty(MAX_PIECE + 1, np.int32)
@@ -539,12 +370,17 @@ def encode_ranges(buf, starts, stops, cls_table, fold, maxdig, table, tok_bytes,
         b0 = stops[r]
         first = count
         good = True
+        h = head_of[r]
+        if h >= 0:
+            for q in range(heads_off[h], heads_off[h + 1]):
+                ids[count] = heads[q]
+                count += 1
         while True:
             e, hit = _next_added(bp, p, b0, ab, ao, af, na, fb)
             # the pieces of buf[p:e]
             i = p
             while i < e:
-                j = _next_piece(bp, i, e, ct, nt, fp, maxdig)
+                j = _piece_end(bp, i, e, ct, nt, fp, maxdig)
                 n = j - i
                 if j < 0 or n > MAX_PIECE:
                     good = False
@@ -599,22 +435,6 @@ def encode_ranges(buf, starts, stops, cls_table, fold, maxdig, table, tok_bytes,
         lengths[r] = count - first
         ok[r] = True
     return ids[:count].copy(), lengths, ok
-
-
-@njit(cache=CACHE)
-def piece_bounds(buf, a, b, cls_table, fold, maxdig):
-    """Byte ends of the pre-tokens of ``buf[a:b]`` (no added tokens); empty when not handled."""
-    out = np.empty(b - a, np.int64)
-    bp = _ptr(buf)
-    i = a
-    m = 0
-    while i < b:
-        i = _next_piece(bp, i, b, _ptr(cls_table), cls_table.shape[0], _ptr(fold), maxdig)
-        if i < 0:
-            return out[:0].copy()
-        out[m] = i
-        m += 1
-    return out[:m].copy()
 
 
 compile_once(globals())   # concurrent first runs compile each kernel once (vecpack/_kernel_lock.py)

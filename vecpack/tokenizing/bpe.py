@@ -58,6 +58,7 @@ MAX_DIGITS = {
 _CONTRACTION_LETTERS = "strevmld"
 _CACHE_BITS = 14   # the per-call piece cache: 2**14 slots
 _TABLES_VERSION = 1   # of BpeTables' layout, in its memo's name
+_NO_HEADS = (np.full(1, -1, np.int64), np.zeros(0, np.int32), np.zeros(1, np.int64))
 
 
 class BpeTables(NamedTuple):
@@ -95,7 +96,7 @@ def _derive_classes() -> np.ndarray:
     """
     import regex
 
-    from vecpack.tokenizing import _bpe_kernels as K
+    from vecpack.tokenizing import _pretok_kernels as K
 
     size = RANGES[-1][1] + 1
     out = np.zeros((2, size), np.uint8)
@@ -198,17 +199,30 @@ def tables(path) -> BpeTables:
 
 
 def encode_ranges(buf: np.ndarray, starts: np.ndarray, stops: np.ndarray, t: BpeTables, *,
-                  cache_bits: int = _CACHE_BITS) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+                  cache_bits: int = _CACHE_BITS, heads=None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """``(ids int32, lengths int64, ok bool)``: each range ``buf[starts[i]:stops[i]]`` (uint8,
     UTF-8) encoded on its own, ids back to back; a refused range (``ok`` False) has no ids.
 
     ``cache_bits``: the call's piece cache has ``2**cache_bits`` slots (0: none; the ids are the
-    same whatever its size)."""
+    same whatever its size). ``heads``: ``(head_of, ids, offsets)``, range i's ids go after
+    ``ids[offsets[h]:offsets[h + 1]]`` for ``h = head_of[i]`` (-1: none), counted in its length:
+    the row lane's cached prefixes.
+
+    >>> from vecpack.testing import cached_tokenizer_dir
+    >>> t = tables(cached_tokenizer_dir("qwen2.5"))
+    >>> buf, starts, stops = utf8_ranges(["Hi", "Hi"])
+    >>> heads = (np.array([0, -1]), np.array([7, 8], np.int32), np.array([0, 2]))
+    >>> ids, lengths, ok = encode_ranges(buf, starts, stops, t, heads=heads)
+    >>> ids.tolist(), lengths.tolist()
+    ([7, 8, 13048, 13048], [3, 1])
+    """
     from vecpack.tokenizing import _bpe_kernels as K
 
+    head_of, head_ids, head_off = heads if heads is not None else (_NO_HEADS[0].repeat(len(starts)), *_NO_HEADS[1:])
     return K.encode_ranges(buf, starts.astype(np.int64, copy=False), stops.astype(np.int64, copy=False),
                            t.cls_table, t.fold, t.maxdig, t.table, t.tok_bytes, t.small, t.add_bytes, t.add_off,
-                           t.add_ids, t.add_first, cache_bits)
+                           t.add_ids, t.add_first, cache_bits, head_of.astype(np.int64, copy=False),
+                           head_ids.astype(np.int32, copy=False), head_off.astype(np.int64, copy=False))
 
 
 def utf8_ranges(texts: list[str]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

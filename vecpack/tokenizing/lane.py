@@ -347,11 +347,8 @@ def encode_range(lane: _Lane, buf, *, on_error: str = "raise", progress=None, ne
         heads = np.concatenate(table) if table else np.zeros(0, np.int32)
         sep = lane.separator
         cut = None
-        if rt.bpe is not None:  # vecpack's BPE: the rows' bytes where they lie, no str
-            ids, lengths = rt.encode_ranges(out, rest_from, stops)
-            if table:
-                ids, lengths = tk.splice_heads(ids, lengths, head_of, heads, heads_off)
-            cut = ids, lengths, True
+        if rt.bpe is not None:  # vecpack's BPE: the rows' bytes where they lie (no str), prefixes in front
+            cut = (*rt.encode_ranges(out, rest_from, stops, (head_of, heads, heads_off) if table else None), True)
         elif sep is not None and len(starts) > 1:
             # one text for the engine: the rows joined by an added token (join_texts), then cut back
             # (cut_joined). Text on either side of an added token is encoded apart, so each row gets

@@ -438,20 +438,24 @@ class Runtime:
         ids, offsets = self.fast.encode_batch_flat(texts)
         return np.frombuffer(ids, dtype=np.int32), np.frombuffer(offsets, dtype=np.int64)
 
-    def encode_ranges(self, buf: np.ndarray, starts: np.ndarray, stops: np.ndarray
+    def encode_ranges(self, buf: np.ndarray, starts: np.ndarray, stops: np.ndarray, heads=None
                       ) -> tuple[np.ndarray, np.ndarray]:
         """``(ids int32, lengths int64)`` of the texts ``buf[starts[i]:stops[i]]`` (UTF-8 bytes, each
         one :meth:`exact` accepts) while vecpack's BPE serves (:meth:`serve`): encoded where they lie;
-        a text it refuses (another script, a pre-token of over 512 bytes) by tiktoken's core."""
+        a text it refuses (another script, a pre-token of over 512 bytes) by tiktoken's core.
+        ``heads``: cached prefixes' ids in front (:func:`vecpack.tokenizing.bpe.encode_ranges`)."""
         from vecpack.tokenizing.bpe import encode_ranges
 
-        ids, lengths, ok = encode_ranges(buf, starts, stops, self.bpe)
+        ids, lengths, ok = encode_ranges(buf, starts, stops, self.bpe, heads=heads)
         if ok.all():
             return ids, lengths
         parts = np.split(ids, np.cumsum(lengths)[:-1])
         view = memoryview(buf)
         for i in np.flatnonzero(~ok).tolist():
             parts[i] = self._tiktoken(str(view[starts[i]:stops[i]], "utf-8", "surrogatepass"))
+            if heads is not None and heads[0][i] >= 0:
+                h = heads[0][i]
+                parts[i] = np.concatenate([heads[1][heads[2][h]:heads[2][h + 1]], parts[i]])
             lengths[i] = len(parts[i])
         return np.concatenate(parts).astype(np.int32, copy=False), lengths
 
