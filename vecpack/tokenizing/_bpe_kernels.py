@@ -305,11 +305,13 @@ def _next_added(bp, p, e, ab, ao, af, na, fb):
 
 @njit(cache=CACHE)
 def encode_ranges(buf, starts, stops, cls_table, fold, maxdig, table, tok_bytes, small,
-                  add_bytes, add_off, add_ids, add_first, cache_bits, head_of, heads, heads_off):
+                  add_bytes, add_off, add_ids, add_first, cache_bits, head_of, heads, heads_off, scratch):
     """Encode each ``buf[starts[r]:stops[r]]`` on its own, ids back to back, each range's ids after
     ``heads[heads_off[h]:heads_off[h + 1]]`` (``h = head_of[r]``, -1: none; a cached prefix).
 
     Returns ``(ids int32, lengths int64, ok bool)``; a range that is not handled has length 0.
+    ``scratch``: int32 room for the ids while they are written (one more than the ranges' bytes and
+    heads; a new one if it is smaller): a caller's buffer, reused, spares a fresh mapping a call.
     Added tokens (``add_*``, longest first) split the text wherever their bytes occur.
     A piece of <= 16 bytes is looked up in the vocabulary first, then in the cache (which holds
     only the pieces that merge).
@@ -327,7 +329,7 @@ def encode_ranges(buf, starts, stops, cls_table, fold, maxdig, table, tok_bytes,
         total += stops[r] - starts[r]
         if head_of[r] >= 0:
             total += heads_off[head_of[r] + 1] - heads_off[head_of[r]]
-    ids = np.empty(total + 1, np.int32)   # a token holds at least one byte: no growing in the loop
+    ids = scratch if scratch.shape[0] > total else np.empty(total + 1, np.int32)   # a token holds a byte or more
     pstart = np.empty(MAX_PIECE + 1, np.int64)
     prank = np.empty(MAX_PIECE + 1, np.int32)
     pid = np.empty(MAX_PIECE + 1, np.int32)

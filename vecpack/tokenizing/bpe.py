@@ -36,6 +36,7 @@ tokenizers on each call's own rows.
 from __future__ import annotations
 
 import pathlib
+import threading
 from typing import NamedTuple
 
 import numpy as np
@@ -59,6 +60,7 @@ _CONTRACTION_LETTERS = "strevmld"
 _CACHE_BITS = 14   # the per-call piece cache: 2**14 slots
 _TABLES_VERSION = 1   # of BpeTables' layout, in its memo's name
 _NO_HEADS = (np.full(1, -1, np.int64), np.zeros(0, np.int32), np.zeros(1, np.int64))
+_SCRATCH = threading.local()
 
 
 class BpeTables(NamedTuple):
@@ -219,10 +221,23 @@ def encode_ranges(buf: np.ndarray, starts: np.ndarray, stops: np.ndarray, t: Bpe
     from vecpack.tokenizing import _bpe_kernels as K
 
     head_of, head_ids, head_off = heads if heads is not None else (_NO_HEADS[0].repeat(len(starts)), *_NO_HEADS[1:])
-    return K.encode_ranges(buf, starts.astype(np.int64, copy=False), stops.astype(np.int64, copy=False),
-                           t.cls_table, t.fold, t.maxdig, t.table, t.tok_bytes, t.small, t.add_bytes, t.add_off,
-                           t.add_ids, t.add_first, cache_bits, head_of.astype(np.int64, copy=False),
-                           head_ids.astype(np.int32, copy=False), head_off.astype(np.int64, copy=False))
+    starts, stops = starts.astype(np.int64, copy=False), stops.astype(np.int64, copy=False)
+    need = int((stops - starts).sum()) + 1
+    if heads is not None and len(head_off) > 1:
+        need += int(np.diff(head_off)[head_of[head_of >= 0]].sum())
+    return K.encode_ranges(buf, starts, stops, t.cls_table, t.fold, t.maxdig, t.table, t.tok_bytes, t.small,
+                           t.add_bytes, t.add_off, t.add_ids, t.add_first, cache_bits,
+                           head_of.astype(np.int64, copy=False), head_ids.astype(np.int32, copy=False),
+                           head_off.astype(np.int64, copy=False), _scratch(need))
+
+
+def _scratch(n: int) -> np.ndarray:
+    """This thread's int32 buffer of at least ``n`` ids for :func:`encode_ranges` (grown, then reused:
+    a fresh buffer of a large range's size is a fresh mapping, paged in on every call)."""
+    buf = getattr(_SCRATCH, "ids", None)
+    if buf is None or len(buf) < n:
+        buf = _SCRATCH.ids = np.empty(max(n, 2 * len(buf) if buf is not None else 0), np.int32)
+    return buf
 
 
 def utf8_ranges(texts: list[str]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
