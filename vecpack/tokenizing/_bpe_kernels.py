@@ -255,23 +255,32 @@ def _long(bp, nbuf, a, b, tp, tbits, kp, nk, small, ids, count, pstart, prank, p
         if m == 0:
             return _miss(bp, nbuf, a, b, h, h, np.uint64(a), s, tp, tbits, kp, nk, small, ids, count, pstart, prank,
                          pid, cache, csize, cids, ncids, cstate)
-        if cache[4 * s] == h and np.int64(m & _LEN_MASK) == n:
-            o = np.int64(cache[4 * s + 1])
-            same = True
-            for q in range(n):
-                if bp[o + q] != bp[a + q]:
-                    same = False
-                    break
-            if same:
-                k = np.int64((m >> np.uint64(16)) & _LEN_MASK)
-                v = np.int64(m >> np.uint64(32))
-                if k == 1:
-                    ids[count] = v
-                    return count + 1
-                for q in range(k):
-                    ids[count + q] = cids[v + q]
-                return count + k
+        if cache[4 * s] == h and np.int64(m & _LEN_MASK) == n and _same(bp, np.int64(cache[4 * s + 1]), bp, a, n):
+            return _cached(m, ids, count, cids)
         s = (s + 1) & cmask
+
+
+@njit(cache=CACHE, inline="always")
+def _same(x, xo, y, yo, n):
+    """Whether the ``n`` bytes at ``x[xo]`` and ``y[yo]`` are equal (pointers)."""
+    for q in range(n):
+        if x[xo + q] != y[yo + q]:
+            return False
+    return True
+
+
+@njit(cache=CACHE, inline="always")
+def _cached(m, ids, count, cids):
+    """Write the ids of a piece cache entry ``m`` (``len | n_ids << 16 | v << 32``) at ``ids[count]``;
+    returns the new count (pointers)."""
+    k = np.int64((m >> np.uint64(16)) & _LEN_MASK)
+    v = np.int64(m >> np.uint64(32))
+    if k == 1:
+        ids[count] = v
+        return count + 1
+    for q in range(k):
+        ids[count + q] = cids[v + q]
+    return count + k
 
 
 @njit(cache=CACHE)
@@ -291,14 +300,8 @@ def _next_added(bp, p, e, ab, ao, af, na, fb):
             for t in range(na):
                 o = ao[t]
                 ln = ao[t + 1] - o
-                if p + ln <= e:
-                    same = True
-                    for q in range(ln):
-                        if ab[o + q] != bp[p + q]:
-                            same = False
-                            break
-                    if same:
-                        return p, t
+                if p + ln <= e and _same(ab, o, bp, p, ln):
+                    return p, t
         p += 1
     return e, -1
 
@@ -411,15 +414,7 @@ def encode_ranges(buf, starts, stops, cls_table, fold, maxdig, table, tok_bytes,
                                               prp, pdp, chp, size, cip, ncids, stp)
                                 break
                             if cache[4 * s] == w0 and cache[4 * s + 1] == w1 and np.int64(m & _LEN_MASK) == n:
-                                k = np.int64((m >> np.uint64(16)) & _LEN_MASK)
-                                v = np.int64(m >> np.uint64(32))
-                                if k == 1:
-                                    ids[count] = v
-                                    count += 1
-                                else:
-                                    for q in range(k):
-                                        ids[count + q] = cids[v + q]
-                                    count += k
+                                count = _cached(m, idp, count, cip)
                                 break
                             s = (s + 1) & cmask
                 else:
