@@ -225,9 +225,7 @@ def vecpack_serving(qwen):
     had_fast = rt.fast is not None
     assert rt.serve("vecpack") == "vecpack" and rt.batch
     yield rt
-    assert rt.serve("fastokens" if had_fast else "tiktoken") in ("fastokens", "tiktoken")
-    if not had_fast:
-        rt.bpe = None
+    assert rt.serve("fastokens" if had_fast else "tiktoken") == ("fastokens" if had_fast else "tiktoken")
 
 
 def test_a_runtime_serving_vecpack_gives_fastokens_ids_and_refused_texts_to_tiktoken(qwen, vecpack_serving):
@@ -281,3 +279,23 @@ def test_a_tokenizer_the_kernels_do_not_implement_is_served_by_fastokens(qwen, t
     rt = runtime(str(d), "fastokens", serve="vecpack")
     assert rt.serving == "fastokens" and rt.bpe is None
     assert rt.encode("12345").tolist() == [int(x) for x in rt.hf_ids("12345")]
+
+
+def test_a_runtime_whose_fastokens_cannot_be_built_serves_with_tiktoken(qwen, monkeypatch):
+    """Switching from vecpack's BPE to a fastokens that fails to build leaves tiktoken serving, text by text."""
+    import pathlib
+
+    from vecpack.tokenizing.runtime import Runtime
+
+    _, _, enc, _ = qwen
+    rt = Runtime(pathlib.Path(qwen[0]), "fastokens", warm_start=True)   # (this test's own: no process memo)
+    assert rt.serve("vecpack") == "vecpack" and rt.batch
+
+    def broken(self, pattern):
+        raise RuntimeError("cannot build")
+
+    monkeypatch.setattr(Runtime, "_new_fastokens", broken)
+    assert rt.serve("fastokens") == "tiktoken" and not rt.batch and rt.bpe is None
+    texts = ["Hello world", "日本語", "ação"]
+    ids, offsets = rt.encode_many(texts)
+    assert [ids[offsets[i]:offsets[i + 1]].tolist() for i in range(3)] == [enc.encode(t) for t in texts]

@@ -331,7 +331,8 @@ class Runtime:
 
         ``"vecpack"``: vecpack's own BPE (:mod:`vecpack.tokenizing.bpe`), its tables built here
         (about 30 ms); texts it refuses go to tiktoken's core. A tokenizer it does not implement is
-        served by fastokens instead. ``"fastokens"``: fastokens, built here if it is not yet.
+        served by fastokens instead. ``"fastokens"``: fastokens, built here if it is not yet (if it
+        cannot be, tiktoken serves). ``"tiktoken"``: fastokens if it is built, else tiktoken.
         """
         if self.backend != "fastokens" or self.pattern is None:
             return self.serving
@@ -347,9 +348,11 @@ class Runtime:
                 if self.core is None:
                     self._set_core()
                 self.bpe, self.batch = tables, True
-        if engine == "fastokens":
+        if engine != "vecpack":
             self.bpe = None
-            self.build_fastokens()
+            if engine == "fastokens":
+                self.build_fastokens()
+            self.batch = self.fast is not None   # (tiktoken: text by text)
         return self.serving
 
     def hf(self):
