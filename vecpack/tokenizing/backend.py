@@ -135,6 +135,8 @@ class Pending:
         serving = encoder.backend
         if encoder.backend == "fastokens":
             serving = call_engine(share, dense, short) if workers > 1 else _serving(encoder)
+            if serving == "vecpack":  # built here before the fork (forkpool.prepare): what the workers serve
+                serving = _serving(encoder)   # (fastokens where vecpack's BPE does not take the tokenizer)
         digest = _digest((key if key is not None else encoder.path, serving), texts)
         if digest in _PASSED:  # these very rows passed with this tokenizer in this process
             encoder.pending_check = None

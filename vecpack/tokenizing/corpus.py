@@ -232,7 +232,7 @@ class _Call:
     t0: float
     warm: object = None    # background work to start (once) where it delays no fork: see tokenize_input
     dense: bool = False    # tool rows (_tool_rows): fastokens repays its build from less input
-    short: bool = False    # short rows for forked workers (pool.short_rows): vecpack's BPE serves them
+    short: bool = False    # short rows for forked workers (plan.short_rows): vecpack's BPE serves them
 
     @property
     def pool(self) -> bool:
