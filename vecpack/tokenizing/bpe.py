@@ -57,7 +57,7 @@ MAX_DIGITS = {
     r"|\s*[\r\n]+|\s+(?!\S)|\s+": 3,
 }
 _CONTRACTION_LETTERS = "strevmld"
-_CACHE_BITS = 14   # the per-call piece cache: 2**14 slots
+_CACHE_BITS = 14   # the per-call piece cache: at most 2**14 slots
 _TABLES_VERSION = 1   # of BpeTables' layout, in its memo's name
 _NO_HEADS = (np.full(1, -1, np.int64), np.zeros(0, np.int32), np.zeros(1, np.int64))
 _SCRATCH = threading.local()
@@ -201,12 +201,13 @@ def tables(path) -> BpeTables:
 
 
 def encode_ranges(buf: np.ndarray, starts: np.ndarray, stops: np.ndarray, t: BpeTables, *,
-                  cache_bits: int = _CACHE_BITS, heads=None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+                  cache_bits: int | None = None, heads=None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """``(ids int32, lengths int64, ok bool)``: each range ``buf[starts[i]:stops[i]]`` (uint8,
     UTF-8) encoded on its own, ids back to back; a refused range (``ok`` False) has no ids.
 
     ``cache_bits``: the call's piece cache has ``2**cache_bits`` slots (0: none; the ids are the
-    same whatever its size). ``heads``: ``(head_of, ids, offsets)``, range i's ids go after
+    same whatever its size); by default about one slot for two bytes of input, up to ``2**14``
+    (a single short text does not zero 768 KB of cache). ``heads``: ``(head_of, ids, offsets)``, range i's ids go after
     ``ids[offsets[h]:offsets[h + 1]]`` for ``h = head_of[i]`` (-1: none), counted in its length:
     the row lane's cached prefixes.
 
@@ -223,6 +224,8 @@ def encode_ranges(buf: np.ndarray, starts: np.ndarray, stops: np.ndarray, t: Bpe
     head_of, head_ids, head_off = heads if heads is not None else (_NO_HEADS[0].repeat(len(starts)), *_NO_HEADS[1:])
     starts, stops = starts.astype(np.int64, copy=False), stops.astype(np.int64, copy=False)
     need = int((stops - starts).sum()) + 1
+    if cache_bits is None:
+        cache_bits = min(_CACHE_BITS, (need // 2).bit_length())
     if heads is not None and len(head_off) > 1:
         need += int(np.diff(head_off)[head_of[head_of >= 0]].sum())
     return K.encode_ranges(buf, starts, stops, t.cls_table, t.fold, t.maxdig, t.table, t.tok_bytes, t.small,
@@ -250,7 +253,7 @@ def utf8_ranges(texts: list[str]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return buf, stops - lens, stops
 
 
-def encode_texts(texts: list[str], t: BpeTables, *, cache_bits: int = _CACHE_BITS
+def encode_texts(texts: list[str], t: BpeTables, *, cache_bits: int | None = None
                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """:func:`encode_ranges` of ``texts``."""
     return encode_ranges(*utf8_ranges(texts), t, cache_bits=cache_bits)
