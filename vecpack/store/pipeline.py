@@ -183,7 +183,7 @@ def _start_early(request, inp):
         try:
             from vecpack.tokenizing.corpus import warm_for
 
-            if warm_for(inp.files, tok.tokenizer, n_jobs=run.n_jobs, backend=run.executor):
+            if warm_for(inp.files, tok.tokenizer, n_jobs=run.n_jobs, backend=run.executor, style=inp.chat.style):
                 warm_kernels(pk.strategy, pk.long)
         except Exception:  # noqa: BLE001 - only a head start: the build itself reports any error
             pass

@@ -27,6 +27,7 @@ import shutil
 import sys
 import time
 
+from vecpack.chat.formats import MESSAGE_SHAPES
 from vecpack.errors import InputError
 from vecpack.inputs.readers import reader, sample_rows
 from vecpack.options import FAST_ENGINES
@@ -74,14 +75,15 @@ def _many_tasks(sources, chunk_bytes: int) -> bool:
     return _estimate_output_bytes(sources) > 2.5 * chunk_bytes
 
 
-def warm_for(files, tokenizer, *, n_jobs: int = -1, backend: str = "loky") -> bool:
+def warm_for(files, tokenizer, *, n_jobs: int = -1, backend: str = "loky", style: str | None = None) -> bool:
     """Start now the worker pool that :func:`tokenize` would start for ``data_files``, if it would.
 
     :func:`vecpack.build` calls it before it reads inputs that its hash memo
     does not know (new data: most likely tokenized next), so the workers
     start and build their engines while the driver reads the inputs. Only
     plain files (compressed ones start the pool themselves, while they are
-    decompressed). Returns whether the pool was started.
+    decompressed). ``style``: the rows' chat style, where known (it decides, with the
+    rows, whether vecpack's BPE serves: :func:`_row_kinds`). Returns whether the pool was started.
     """
     n_jobs = _pool.effective_n_jobs(n_jobs)
     if backend != "loky" or n_jobs < 2 or tokenizer is None:
@@ -92,7 +94,7 @@ def warm_for(files, tokenizer, *, n_jobs: int = -1, backend: str = "loky") -> bo
     if not _many_tasks(sources, _chunk_bytes(sources, n_jobs)):
         return False
     share, forking = worker_share(sources, n_jobs), _forking(backend, n_jobs, None)
-    _start_workers(n_jobs, tokenizer, share, forking, *_row_kinds(sources, share, forking))
+    _start_workers(n_jobs, tokenizer, share, forking, *_row_kinds(sources, share, forking, style))
     return True
 
 
@@ -131,14 +133,19 @@ def _tool_rows(sources) -> bool:
     return False
 
 
-def _row_kinds(sources, share: int, forking: bool) -> tuple[bool, bool]:
-    """``(dense, short)``: whether a call's inputs hold tool rows (:func:`_tool_rows`) and short rows
-    (:func:`~vecpack.tokenizing.plan.short_rows`), which decide the engine its forked workers are
-    served with (:func:`~vecpack.tokenizing.plan.call_engine`); read only where they may decide it."""
+def _row_kinds(sources, share: int, forking: bool, style: str | None) -> tuple[bool, bool]:
+    """``(dense, short)``: whether a call's inputs hold tool rows (:func:`_tool_rows`) and short chat
+    rows (:func:`~vecpack.tokenizing.plan.short_rows`, of a ``style`` the row lane takes), which
+    decide the engine its forked workers are served with
+    (:func:`~vecpack.tokenizing.plan.call_engine`); read only where they may decide it.
+
+    Rows of other styles (text, prompt-completion) are encoded text by text, where vecpack's BPE
+    costs about 15 µs a call more than fastokens (its set-up per call): they are never ``short``."""
     if not forking or not worth_fastokens(share, True):
         return False, False
     dense = _tool_rows(sources)
-    short = not dense and all(s.kind == "jsonl" for s in sources) and short_rows([s.name for s in sources])
+    short = (not dense and style in MESSAGE_SHAPES and all(s.kind == "jsonl" for s in sources)
+             and short_rows([s.name for s in sources]))
     return dense, short
 
 
@@ -257,7 +264,7 @@ def tokenize_input(inp, tok, run, out_dir=None, warm=None) -> Tokenized:
     chunk_bytes = run.chunk_bytes if run.chunk_bytes is not None else _chunk_bytes(sources, n_jobs)
     call = _Call(inp, tok, run, None if out_dir is None else os.fspath(out_dir), n_jobs, chunk_bytes,
                  _forking(run.executor, n_jobs, tok.encoder), worker_share(sources, n_jobs), t0, warm)
-    call.dense, call.short = _row_kinds(sources, call.share, call.forking)
+    call.dense, call.short = _row_kinds(sources, call.share, call.forking, inp.chat.style)
     scratch = feed = None
     if any(s.kind == "compressed" for s in sources):
         if call.pool and _many_tasks(sources, chunk_bytes):

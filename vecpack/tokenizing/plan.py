@@ -46,7 +46,8 @@ def call_engine(share: int, dense: bool = False, short: bool = False) -> str:
     gives each worker ``share`` bytes of input: the one place that decides it.
 
     - ``"tiktoken"`` below :func:`worth_fastokens` (built in 0.2 s);
-    - ``"vecpack"`` for ``short`` rows (:func:`short_rows`) that are not tool rows (``dense``):
+    - ``"vecpack"`` for ``short`` chat rows (:func:`short_rows`, of a style the row lane takes) that
+      are not tool rows (``dense``):
       vecpack's own BPE (:mod:`vecpack.tokenizing.bpe`), built in about 30 ms rather than
       fastokens' 0.8 s, encodes such rows in about 0.7 of fastokens' time, from the row lane's
       bytes. The driver knows ``short`` and builds it before it forks its workers
