@@ -41,6 +41,7 @@ import numpy as np
 
 from vecpack._state import Memo, memo
 from vecpack.options import cache_root
+from vecpack.tokenizing.bpe import MAX_DIGITS
 from vecpack.tokenizing.labels import labels_from_parts
 from vecpack.tokenizing.latin import StartCore
 from vecpack.tokenizing.sp import SPACE, sp_labels, sp_spec, token_bytes
@@ -69,13 +70,9 @@ _PREFIX_CACHE_MAX = 1024        # cached conversation prefixes per process
 #: run, and neither can go on over a printable ASCII character; no alternative looks behind, and
 #: a whitespace run that ends in a line break is taken whole by ``\s*[\r\n]+`` before the
 #: look-ahead alternative is tried, so a text cut there tokenizes as its two sides do alone.
-#: Qwen2 to Qwen3, and cl100k / Llama 3 (digits in threes).
-LINE_SAFE_PATTERNS = frozenset({
-    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+"
-    r"|\s+(?!\S)|\s+",
-    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
-    r"|\s*[\r\n]+|\s+(?!\S)|\s+",
-})
+#: Qwen2 to Qwen3, and cl100k / Llama 3 (digits in threes): the two patterns vecpack's BPE
+#: implements (:data:`vecpack.tokenizing.bpe.MAX_DIGITS`, their one home).
+LINE_SAFE_PATTERNS = frozenset(MAX_DIGITS)
 _LINE_CUT = re.compile(r"\n(?=[!-~])")   # where such a pattern always ends a pre-token
 _PIECE_MIN_CHARS = 32            # a repeated piece is cut out of its text from this length on
 _PIECES_MAX = 8192               # repeated pieces whose ids a process keeps (and as many seen once)
