@@ -11,7 +11,7 @@ from vecpack.testing import make_sharegpt, make_short_chats
 from vecpack.tokenizing import _lane_kernels as K
 from vecpack.tokenizing import _token_kernels as TK
 from vecpack.tokenizing.encoder import ChatEncoder
-from vecpack.tokenizing.lane import byte_views, encode_range, lane_for
+from vecpack.tokenizing.lane import byte_array, encode_range, lane_for
 from vecpack.tokenizing.rows import RowFailure, encode_rows
 
 FIELDS = ("tokens", "labels", "lengths", "rows")
@@ -131,8 +131,8 @@ def test_short_rows_go_through_the_lane(qwen_dir, tmp_path):
     enc = ChatEncoder.from_tokenizer(qwen_dir)
     buf = open(path, "rb").read()
     lane = lane_for(enc)
-    arr, words = byte_views(buf)
-    status = K.scan_lines(arr, words, K.count_newlines(arr, words), lane.column, lane.role_key,
+    arr = byte_array(buf)
+    status = K.scan_lines(arr, K.count_newlines(arr), lane.column, lane.role_key,
                           lane.text_key, lane.names_buf, lane.names_off)[3]
     assert len(status) == 400 and (status == K.FAST).all()
     assert_same(*both(enc, buf))
@@ -160,8 +160,8 @@ def test_space_is_str_isspace():
 def test_unescape_equals_json(text):
     for ensure_ascii in (True, False):
         raw = json.dumps(text, ensure_ascii=ensure_ascii).encode()
-        buf, words = byte_views(raw)
-        stop, esc = K._string(buf, words, 1, len(buf))
+        buf = byte_array(raw)
+        stop, esc = K._string(buf, 1, len(buf))
         assert stop == len(buf) - 1
         out = np.zeros(4 * len(buf) + 4, np.uint8)
         end = K._unescape(buf, 1, stop, esc, out, 0)
@@ -208,8 +208,8 @@ def test_string_scan_8_bytes_at_a_time_equals_the_reference(odd):
         for at in range(0, 26):
             body = b"a" * at + odd + b"b" * (26 - at)
             raw = b"x" * (start - 1) + b'"' + body + b'" tail'
-            buf, words = byte_views(raw)
-            assert K._string(buf, words, start, len(raw)) == _string_reference(raw, start), (start, at)
+            buf = byte_array(raw)
+            assert K._string(buf, start, len(raw)) == _string_reference(raw, start), (start, at)
 
 
 def test_newline_search_8_bytes_at_a_time_equals_the_reference():
@@ -219,11 +219,11 @@ def test_newline_search_8_bytes_at_a_time_equals_the_reference():
     for n in range(0, 40):
         for _ in range(6):
             raw = bytes(rng.choice([10, 11, 0x8A, 14, 97, 0], n, p=[0.1, 0.2, 0.2, 0.1, 0.3, 0.1]).astype(np.uint8))
-            buf, words = byte_views(raw)
-            assert K.count_newlines(buf, words) == raw.count(b"\n")
+            buf = byte_array(raw)
+            assert K.count_newlines(buf) == raw.count(b"\n")
             for start in range(n + 1):
                 want = raw.find(b"\n", start)
-                assert K._next_newline(buf, words, start, n) == (n if want < 0 else want), (raw, start)
+                assert K._next_newline(buf, start, n) == (n if want < 0 else want), (raw, start)
 
 
 def test_wide_check_8_bytes_at_a_time_equals_the_reference():
@@ -234,8 +234,8 @@ def test_wide_check_8_bytes_at_a_time_equals_the_reference():
         for _ in range(20):
             raw = bytes(rng.choice([0x41, 0x7F, 0x80, 0xBC, 0xC3, 0xC4, 0xFF], n,
                                    p=[0.5, 0.1, 0.1, 0.1, 0.14, 0.03, 0.03]).astype(np.uint8)) + b"\xff" * 8
-            buf, words = byte_views(raw)
-            assert K._wide(buf, words, n) == any(b >= 0xC4 for b in raw[:n]), (raw, n)
+            buf = byte_array(raw)
+            assert K._wide(buf, n) == any(b >= 0xC4 for b in raw[:n]), (raw, n)
 
 
 def test_prefix_hash_groups_equal_bytes():
@@ -482,14 +482,14 @@ def test_a_range_past_the_end_of_its_file_is_an_input_error_on_both_paths(tmp_pa
     """A file that shrank after the call measured it: both readers say so; no row is dropped silently."""
     from vecpack.errors import InputError
     from vecpack.inputs.jsonl import read_range
-    from vecpack.tokenizing.lane import read_views
+    from vecpack.tokenizing.lane import read_array
 
     p = tmp_path / "shrunk.jsonl"
     p.write_bytes(b'{"a": 1}\n' * 10)
-    for read in (read_range, read_views):
+    for read in (read_range, read_array):
         with pytest.raises(InputError, match=r"shrunk\.jsonl: the file ends before byte 200 "):
             read(str(p), 50, 200)
-        assert len(read(str(p), 0, 90)[0] if read is read_views else read(str(p), 0, 90)) == 90
+        assert len(read(str(p), 0, 90)) == 90
 
 
 @pytest.mark.parametrize("name", ["qwen", "llama3"])

@@ -12,7 +12,7 @@ vocabulary table (``table``, two uint64 per slot: hash and ``id | len << 24 |
 offset << 40``) is probed first, then the per-call cache of the pieces that
 merge, by their two words (an exact key) up to 16 bytes.
 
-Helpers take tables as raw pointers (:func:`~vecpack.tokenizing._pretok_kernels._ptr`), not arrays: numba increfs
+Helpers take tables as raw pointers (:func:`~vecpack.tokenizing._words._ptr`), not arrays: numba increfs
 and decrefs every array a call receives. The leaf helpers are inlined in numba's
 IR (``inline="always"``); the larger ones (the pre-tokenizer, the table probe)
 are plain calls: inlining them too was about 10% faster on the seed's rows but
@@ -24,15 +24,12 @@ from numba import njit
 
 from vecpack._kernel_lock import compile_once
 from vecpack._state import kernel_cache
-from vecpack.tokenizing._lane_kernels import _ONES, _has_byte
-from vecpack.tokenizing._pretok_kernels import _load64, _piece_end, _ptr
+from vecpack.tokenizing._pretok_kernels import _piece_end
+from vecpack.tokenizing._words import _C0, _M1, _M2, _ONES, _has_byte, _load64, _ptr, _same
 
 CACHE = kernel_cache()
 
 MAX_PIECE = 512                    # longest pre-token (bytes) the kernels take
-_C0 = np.uint64(0x9E3779B97F4A7C15)
-_M1 = np.uint64(0xBF58476D1CE4E5B9)
-_M2 = np.uint64(0x94D049BB133111EB)
 _ID_MASK = np.uint64((1 << 24) - 1)
 _LEN_MASK = np.uint64((1 << 16) - 1)
 
@@ -258,15 +255,6 @@ def _long(bp, nbuf, a, b, tp, tbits, kp, nk, small, ids, count, pstart, prank, p
         if cache[4 * s] == h and np.int64(m & _LEN_MASK) == n and _same(bp, np.int64(cache[4 * s + 1]), bp, a, n):
             return _cached(m, ids, count, cids)
         s = (s + 1) & cmask
-
-
-@njit(cache=CACHE, inline="always")
-def _same(x, xo, y, yo, n):
-    """Whether the ``n`` bytes at ``x[xo]`` and ``y[yo]`` are equal (pointers)."""
-    for q in range(n):
-        if x[xo + q] != y[yo + q]:
-            return False
-    return True
 
 
 @njit(cache=CACHE, inline="always")

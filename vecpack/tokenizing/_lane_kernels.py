@@ -39,20 +39,18 @@ from vecpack.tokenizing._text_kernels import (  # noqa: F401 - the lane reaches 
     join_texts,
     same_prefix,
 )
+from vecpack.tokenizing._words import _HI, _LOW7, _copy, _count_zeros, _first, _load64, _ptr, _zeros
 
 CACHE = kernel_cache()  # False where numba cannot write its cache (then compiled per process)
 
 FAST = 0
 SLOW = 1
 
-# 8 bytes at a time (SWAR): a word of plain string bytes has no byte >= 0x80, '"', '\\' or < 0x20
-_HI = np.uint64(0x8080808080808080)
-_ONES = np.uint64(0x0101010101010101)
+# 8 bytes at a time (SWAR, vecpack/tokenizing/_words.py): each byte of a pattern repeated
 _QUOTES = np.uint64(0x2222222222222222)
 _SLASHES = np.uint64(0x5C5C5C5C5C5C5C5C)
 _SPACES = np.uint64(0x2020202020202020)
 _NEWLINES = np.uint64(0x0A0A0A0A0A0A0A0A)
-_LOW7 = np.uint64(0x7F7F7F7F7F7F7F7F)
 _WIDE_ADD = np.uint64(0x3C3C3C3C3C3C3C3C)
 
 # render_rows flags
@@ -102,32 +100,30 @@ def _utf8_len(buf, i, end):
 
 
 @njit(cache=CACHE)
-def _has_byte(w, pattern):
-    """Whether one of the 8 bytes of ``w`` is the byte repeated in ``pattern`` (the zero-byte
-    test on ``w ^ pattern``: exact as a boolean, no false answer either way)."""
-    x = w ^ pattern
-    return ((x - _ONES) & ~x & _HI) != 0
+def _special(w):
+    """Bit 7 of each byte of ``w`` that ends or escapes a string or needs a check (``"``, ``\\``,
+    a byte below 0x20 or from 0x80 on); the lowest bit set is exact (:func:`_zeros`)."""
+    return (w & _HI) | _zeros(w ^ _QUOTES) | _zeros(w ^ _SLASHES) | ((w - _SPACES) & ~w & _HI)
 
 
 @njit(cache=CACHE)
-def _plain_word(w):
-    """Whether none of the 8 bytes of ``w`` ends or escapes a string, or needs a check."""
-    if w & _HI or _has_byte(w, _QUOTES) or _has_byte(w, _SLASHES):
-        return False
-    return not ((w - _SPACES) & ~w & _HI)  # a byte below 0x20 (exact as a boolean too)
-
-
-@njit(cache=CACHE)
-def _string(buf, words, i, end):
+def _string(buf, i, end):
     """``(stop, escaped)`` of the JSON string whose opening quote is at ``i - 1``; ``stop`` is its
-    closing quote, -1 if the string is malformed for the lane. ``words``: ``buf`` as ``uint64``
-    (its length rounded down), read 8 plain bytes at a time."""
+    closing quote, -1 if the string is malformed for the lane. Plain bytes are passed 8 at a time
+    (unaligned loads), straight to the first that is not (:func:`_special`)."""
+    bp = _ptr(buf)
     escaped = False
     while i < end:
-        if (i & 7) == 0 and i + 8 <= end and _plain_word(words[i >> 3]):
-            i += 8
-            continue
+        if i + 8 <= end:
+            m = _special(_load64(bp, i))
+            if m == 0:
+                i += 8
+                continue
+            i += _first(m)
         b = buf[i]
+        if 0xC2 <= b <= 0xDF and i + 1 < end and buf[i + 1] & 0xC0 == 0x80:  # a 2-byte character
+            i += 2
+            continue
         if 32 <= b < 128 and b != 34 and b != 92:  # plain ASCII
             i += 1
             continue
@@ -153,13 +149,10 @@ def _string(buf, words, i, end):
             return -1, escaped
         if b < 32:
             return -1, escaped
-        if b >= 128:
-            n = _utf8_len(buf, i, end)
-            if n < 0:
-                return -1, escaped
-            i += n
-            continue
-        i += 1
+        n = _utf8_len(buf, i, end)  # b >= 128
+        if n < 0:
+            return -1, escaped
+        i += n
     return -1, escaped
 
 
@@ -172,7 +165,7 @@ def _role(buf, a, b, names, names_off):
 
 
 @njit(cache=CACHE)
-def _scan_line(buf, words, i, end, column, role_key, text_key, names, names_off, m_role, m_start, m_stop,
+def _scan_line(buf, i, end, column, role_key, text_key, names, names_off, m_role, m_start, m_stop,
                m_esc, m):
     """Parse one line from ``i``; fill messages from index ``m``. Returns the next message index,
     or -1 (the line is SLOW)."""
@@ -182,7 +175,7 @@ def _scan_line(buf, words, i, end, column, role_key, text_key, names, names_off,
     i = _skip_ws(buf, i + 1, end)
     if i >= end or buf[i] != 34:
         return -1
-    stop, esc = _string(buf, words, i + 1, end)
+    stop, esc = _string(buf, i + 1, end)
     if stop < 0 or esc or not _equals(buf, i + 1, stop, column):
         return -1
     i = _skip_ws(buf, stop + 1, end)
@@ -202,7 +195,7 @@ def _scan_line(buf, words, i, end, column, role_key, text_key, names, names_off,
             i = _skip_ws(buf, i, end)
             if i >= end or buf[i] != 34:
                 return -1
-            kstop, kesc = _string(buf, words, i + 1, end)
+            kstop, kesc = _string(buf, i + 1, end)
             if kstop < 0 or kesc:
                 return -1
             ka = i + 1
@@ -212,7 +205,7 @@ def _scan_line(buf, words, i, end, column, role_key, text_key, names, names_off,
             i = _skip_ws(buf, i + 1, end)
             if i >= end or buf[i] != 34:
                 return -1
-            vstop, vesc = _string(buf, words, i + 1, end)
+            vstop, vesc = _string(buf, i + 1, end)
             if vstop < 0:
                 return -1
             if _equals(buf, ka, kstop, role_key):
@@ -256,12 +249,15 @@ def _scan_line(buf, words, i, end, column, role_key, text_key, names, names_off,
 
 
 @njit(cache=CACHE)
-def _next_newline(buf, words, i, end):
+def _next_newline(buf, i, end):
     """Position of the first ``\\n`` at or after ``i``, or ``end``; 8 bytes at a time."""
+    bp = _ptr(buf)
+    while i + 8 <= end:
+        m = _zeros(_load64(bp, i) ^ _NEWLINES)
+        if m:
+            return i + _first(m)
+        i += 8
     while i < end:
-        if (i & 7) == 0 and i + 8 <= end and not _has_byte(words[i >> 3], _NEWLINES):
-            i += 8
-            continue
         if buf[i] == 10:
             return i
         i += 1
@@ -269,23 +265,25 @@ def _next_newline(buf, words, i, end):
 
 
 @njit(cache=CACHE)
-def count_newlines(buf, words):
-    """How many ``\\n`` bytes ``buf`` holds (``words``: as in :func:`scan_lines`)."""
-    n = 0
+def count_newlines(buf):
+    """How many ``\\n`` bytes ``buf`` holds; 8 bytes at a time."""
+    bp = _ptr(buf)
     end = buf.shape[0]
-    i = _next_newline(buf, words, 0, end)
+    n = 0
+    i = 0
+    while i + 8 <= end:
+        n += _count_zeros(_load64(bp, i) ^ _NEWLINES)
+        i += 8
     while i < end:
-        n += 1
-        i = _next_newline(buf, words, i + 1, end)
+        n += buf[i] == 10
+        i += 1
     return n
 
 
 @njit(cache=CACHE)
-def scan_lines(buf, words, newlines, column, role_key, text_key, names, names_off):
+def scan_lines(buf, newlines, column, role_key, text_key, names, names_off):
     """Lines of ``buf`` (as the JSONL reader cuts them: blank ones skipped, ``\\r\\n`` allowed),
-    each scanned for the one shape. ``words``: ``buf``'s memory as ``uint64`` (whole words only,
-    :func:`~vecpack.tokenizing.lane.byte_views`); ``newlines``: its count of ``\\n`` bytes
-    (:func:`count_newlines`).
+    each scanned for the one shape. ``newlines``: its count of ``\\n`` bytes (:func:`count_newlines`).
 
     Returns ``(line_key, line_start, line_stop, status, msg_first, msg_count, m_role, m_start,
     m_stop, m_esc)``: per non-blank line its local line index, byte range and status; for a FAST
@@ -312,7 +310,7 @@ def scan_lines(buf, words, newlines, column, role_key, text_key, names, names_of
     pos = 0
     k = 0
     while pos < end:
-        nl = _next_newline(buf, words, pos, end)
+        nl = _next_newline(buf, pos, end)
         last = nl - 1 if nl > pos and buf[nl - 1] == 13 else nl
         blank = True
         for j in range(pos, last):
@@ -322,7 +320,7 @@ def scan_lines(buf, words, newlines, column, role_key, text_key, names, names_of
                 break
         if last > pos and not blank:
             line_key[n], line_start[n], line_stop[n] = k, pos, last
-            got = _scan_line(buf, words, pos, last, column, role_key, text_key, names, names_off, m_role,
+            got = _scan_line(buf, pos, last, column, role_key, text_key, names, names_off, m_role,
                              m_start, m_stop, m_esc, m)
             if got < 0:
                 status[n] = SLOW
@@ -373,7 +371,7 @@ def _unescape(buf, a, b, esc, out, o):
     """Decode the JSON string ``buf[a:b]`` into ``out`` from ``o``; returns the end, or -1 for a
     lone surrogate (the Python path rejects that row)."""
     if not esc:
-        out[o:o + b - a] = buf[a:b]
+        _copy(_ptr(out), o, _ptr(buf), a, b - a)
         return o + b - a
     i = a
     while i < b:
@@ -418,17 +416,21 @@ def _unescape(buf, a, b, esc, out, o):
 
 
 @njit(cache=CACHE)
-def _wide(buf, words, n):
+def _wide(buf, n):
     """Whether ``buf[:n]`` holds a byte >= 0xC4 (the lead byte of a character from U+0100 on);
-    ``words``: ``buf`` as ``uint64``, 8 bytes at a time (``(b & 0x7F) + 0x3C`` carries into bit 7
-    exactly when ``b & 0x7F >= 0x44``, and never into the next byte)."""
+    8 bytes at a time (``(b & 0x7F) + 0x3C`` carries into bit 7 exactly when ``b & 0x7F >= 0x44``,
+    and never into the next byte)."""
+    bp = _ptr(buf)
     acc = np.uint64(0)
-    for w in range(n >> 3):
-        x = words[w]
+    i = 0
+    while i + 8 <= n:
+        x = _load64(bp, i)
         acc |= ((x & _LOW7) + _WIDE_ADD) & x
-    for i in range(n & ~7, n):
+        i += 8
+    while i < n:
         if buf[i] >= 0xC4:
             return True
+        i += 1
     return (acc & _HI) != 0
 
 
@@ -442,7 +444,7 @@ def render_rows(buf, rows, layout_of, msg_first, msg_count, m_start, m_stop, m_e
     bytes ``lit[lit_off[p]:lit_off[p + 1]]``) or message ``part_msg[p]``'s content
     (``part_kind`` 1), stripped on the left (``part_strip`` bit 1) or right (bit 2).
     ``sizes``/``train`` receive each rendered part's UTF-8 size and flag, row after row.
-    ``scratch`` (room for the longest line) is the memory of a ``uint64`` array, read 8 bytes at a time.
+    ``scratch`` has room for the longest line.
 
     Returns ``(ok, text_start, text_stop, prefix_stop, prefix_hash, flags, parts_stop)`` per row,
     then the bytes of ``out`` used:
@@ -460,9 +462,9 @@ def render_rows(buf, rows, layout_of, msg_first, msg_count, m_start, m_stop, m_e
     q1 = np.zeros(n, np.int64)
     o = 0
     q = 0
+    op, lp, sp = _ptr(out), _ptr(lit), _ptr(scratch)
     cs = np.empty(64, np.int64)  # content spans in scratch, per message
     ce = np.empty(64, np.int64)
-    scratch_words = scratch.view(np.uint64)
     for j in range(n):
         r = rows[j]
         L = layout_of[j]
@@ -488,12 +490,12 @@ def render_rows(buf, rows, layout_of, msg_first, msg_count, m_start, m_stop, m_e
             q1[j] = q
             continue
         start, q_start = o, q
-        wide = _wide(scratch, scratch_words, s)  # over every content (a superset of what is rendered)
+        wide = _wide(scratch, s)  # over every content (a superset of what is rendered)
         prefix_stop = o
         for p in range(part_off[L], part_off[L + 1]):
             if part_kind[p] == 0:
                 a, b = lit_off[p], lit_off[p + 1]
-                out[o:o + b - a] = lit[a:b]
+                _copy(op, o, lp, a, b - a)
                 o += b - a
                 sizes[q] = b - a
             else:
@@ -513,7 +515,7 @@ def render_rows(buf, rows, layout_of, msg_first, msg_count, m_start, m_stop, m_e
                         if _space(_code_point(scratch, z)[0]):
                             good = False
                             break
-                out[o:o + b - a] = scratch[a:b]
+                _copy(op, o, sp, a, b - a)
                 o += b - a
                 sizes[q] = b - a
             train[q] = part_train[p]

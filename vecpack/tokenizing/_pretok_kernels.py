@@ -16,43 +16,15 @@ boundaries against the ``regex`` module (:func:`piece_bounds`).
 """
 
 import numpy as np
-from llvmlite import ir
-from numba import njit, types
-from numba.extending import intrinsic
+from numba import njit
 
 from vecpack._kernel_lock import compile_once
 from vecpack._state import kernel_cache
+from vecpack.tokenizing._words import _ptr
 
 CACHE = kernel_cache()
 
 L, N, WS, NL, SUP = 1, 2, 4, 8, 16   # class table bits
-
-
-@intrinsic
-def _ptr(typingctx, arr):
-    """The data pointer of a contiguous array.
-
-    The inlined helpers of the hot loop take tables as pointers, not arrays: numba
-    increfs/decrefs each array an inlined call receives (atomic ops, ~20 ns per call).
-    """
-    sig = types.CPointer(arr.dtype)(arr)
-
-    def codegen(context, builder, signature, args):
-        return context.make_array(signature.args[0])(context, builder, args[0]).data
-
-    return sig, codegen
-
-
-@intrinsic
-def _load64(typingctx, p, idx):
-    """The 8 bytes at ``p[idx]`` (a uint8 pointer) as a little-endian uint64 (unaligned load)."""
-    sig = types.uint64(p, idx)
-
-    def codegen(context, builder, signature, args):
-        ptr = builder.gep(args[0], [args[1]])
-        return builder.load(builder.bitcast(ptr, ir.IntType(64).as_pointer()), align=1)
-
-    return sig, codegen
 
 
 @njit(cache=CACHE, inline="always")

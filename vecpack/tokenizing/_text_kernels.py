@@ -12,8 +12,11 @@ from numba import njit
 
 from vecpack._kernel_lock import compile_once
 from vecpack._state import kernel_cache
+from vecpack.tokenizing._words import _C0, _M1, _M2, _load64, _ptr, _same
 
 CACHE = kernel_cache()  # False where numba cannot write its cache (then compiled per process)
+
+_SHIFT = np.uint64(31)
 
 
 @njit(cache=CACHE)
@@ -101,34 +104,29 @@ def _edge_any(out, a, b, words, words_off):
 
 @njit(cache=CACHE)
 def _hash(out, a, b):
-    """64-bit FNV-1a of ``out[a:b]`` over four interleaved byte lanes (four independent multiply
-    chains instead of one), the lanes then combined. A grouping key: equal prefixes are compared
-    byte for byte after it (:func:`same_prefix`)."""
-    h0 = np.int64(-3750763034362895579)  # FNV-1a 64 offset basis (as int64; products wrap)
-    h1, h2, h3 = h0 ^ 1, h0 ^ 2, h0 ^ 3
-    x = a
-    while x + 4 <= b:
-        h0 = (h0 ^ out[x]) * 1099511628211
-        h1 = (h1 ^ out[x + 1]) * 1099511628211
-        h2 = (h2 ^ out[x + 2]) * 1099511628211
-        h3 = (h3 ^ out[x + 3]) * 1099511628211
-        x += 4
-    while x < b:
-        h0 = (h0 ^ out[x]) * 1099511628211
-        x += 1
-    return ((h0 * 1099511628211 + h1) * 1099511628211 + h2) * 1099511628211 + h3
+    """A 64-bit hash of ``out[a:b]``, 8 bytes at a time (multiply and fold, a splitmix64 finish):
+    a grouping key; equal prefixes are compared byte for byte after it (:func:`same_prefix`)."""
+    bp = _ptr(out)
+    h = _C0 ^ np.uint64(b - a)
+    while a + 8 <= b:
+        h = (h ^ _load64(bp, a)) * _M1
+        h ^= h >> _SHIFT
+        a += 8
+    w = np.uint64(0)
+    for k in range(b - a):
+        w |= np.uint64(out[a + k]) << np.uint64(8 * k)
+    h = (h ^ w) * _M1
+    h = (h ^ (h >> _SHIFT)) * _M2
+    return np.int64(h ^ (h >> _SHIFT))
 
 
 @njit(cache=CACHE)
 def same_prefix(out, starts, n, rep):
     """Whether ``out[starts[i]:starts[i] + n]`` equals ``out[rep:rep + n]``, for each ``i``."""
-    same = np.ones(starts.shape[0], np.bool_)
+    bp = _ptr(out)
+    same = np.empty(starts.shape[0], np.bool_)
     for i in range(starts.shape[0]):
-        s = starts[i]
-        for x in range(n):
-            if out[s + x] != out[rep + x]:
-                same[i] = False
-                break
+        same[i] = _same(bp, starts[i], bp, rep, n)
     return same
 
 

@@ -113,7 +113,7 @@ def preload_lane() -> bool:
         return False
     from vecpack.tokenizing import _lane_kernels, _token_kernels  # noqa: F401
 
-    _lane_kernels.count_newlines(*byte_views(b"{}\n"))  # numba's set-up and one kernel
+    _lane_kernels.count_newlines(byte_array(b"{}\n"))  # numba's set-up and one kernel
     return True
 
 
@@ -199,11 +199,11 @@ class _Lane:
                     progress=None) -> Rows:
         """The :class:`Rows` of the bytes ``[start, stop)`` of the JSONL file ``path``: through the
         lane, unless its lines are long (then the Python path, which parses long rows faster)."""
-        views = read_views(path, start, stop)
-        info["newlines"] = lines = int(self.k.count_newlines(*views))
-        if len(views[0]) > LANE_MAX_LINE_BYTES * (lines + 1) and _mode() != "1":
-            return encode_rows(self.enc, buffer_lines(views[0].tobytes()), on_error=on_error, progress=progress)
-        return encode_range(self, views, on_error=on_error, progress=progress, newlines=lines)
+        arr = read_array(path, start, stop)
+        info["newlines"] = lines = int(self.k.count_newlines(arr))
+        if len(arr) > LANE_MAX_LINE_BYTES * (lines + 1) and _mode() != "1":
+            return encode_rows(self.enc, buffer_lines(arr.tobytes()), on_error=on_error, progress=progress)
+        return encode_range(self, arr, on_error=on_error, progress=progress, newlines=lines)
 
     def layout(self, codes: tuple):
         """Kernel tables of the layout for these role codes, or ``None`` (the Python path renders)."""
@@ -233,24 +233,19 @@ class _Lane:
         return out
 
 
-def byte_views(buf: bytes) -> tuple[np.ndarray, np.ndarray]:
-    """``buf`` copied into one writable ``uint8`` array (every array the kernels take is writable:
-    one specialization each), and the same memory as the ``uint64`` words that lie wholly inside it.
+def byte_array(buf: bytes) -> np.ndarray:
+    """``buf`` copied into a writable ``uint8`` array (every array the kernels take is writable:
+    one specialization each).
 
-    >>> arr, words = byte_views(b"0123456789")
-    >>> bytes(arr), len(words), bool(words[0] == np.frombuffer(b"01234567", np.uint64)[0])
-    (b'0123456789', 1, True)
+    >>> byte_array(b"0123").tolist()
+    [48, 49, 50, 51]
     """
-    words = np.empty((len(buf) + 7) // 8, np.uint64)
-    arr = words.view(np.uint8)[:len(buf)]
-    arr[:] = np.frombuffer(buf, np.uint8)
-    return arr, words[:len(buf) // 8]
+    return np.frombuffer(buf, np.uint8).copy()
 
 
-def read_views(path: str, start: int, stop: int) -> tuple[np.ndarray, np.ndarray]:
-    """:func:`byte_views` of the bytes ``[start, stop)`` of ``path``, read straight into them."""
-    words = np.empty((stop - start + 7) // 8, np.uint64)
-    arr = words.view(np.uint8)[:stop - start]
+def read_array(path: str, start: int, stop: int) -> np.ndarray:
+    """The bytes ``[start, stop)`` of ``path`` as a :func:`byte_array`, read straight into it."""
+    arr = np.empty(stop - start, np.uint8)
     with open(path, "rb", buffering=0) as f:
         f.seek(start)
         view, done = memoryview(arr), 0
@@ -259,19 +254,19 @@ def read_views(path: str, start: int, stop: int) -> tuple[np.ndarray, np.ndarray
             if not got:
                 raise ends_early(path, stop)
             done += got
-    return arr, words[:len(arr) // 8]
+    return arr
 
 
 def encode_range(lane: _Lane, buf, *, on_error: str = "raise", progress=None, newlines: int | None = None
                  ) -> Rows:
     """:func:`~vecpack.tokenizing.rows.encode_rows` of the JSONL lines of ``buf`` (a task's range):
-    its bytes, or their :func:`byte_views`; ``newlines``: their count of ``\\n``, if known."""
+    its bytes, or their :func:`byte_array`; ``newlines``: their count of ``\\n``, if known."""
     k, rt, enc = lane.k, lane.rt, lane.enc
-    arr, words = buf if isinstance(buf, tuple) else byte_views(buf)
+    arr = buf if isinstance(buf, np.ndarray) else byte_array(buf)
     if newlines is None:
-        newlines = k.count_newlines(arr, words)
+        newlines = k.count_newlines(arr)
     (key, l0, l1, status, m_first, m_count, m_role, m_start, m_stop,
-     m_esc) = k.scan_lines(arr, words, newlines, lane.column, lane.role_key, lane.text_key, lane.names_buf,
+     m_esc) = k.scan_lines(arr, newlines, lane.column, lane.role_key, lane.text_key, lane.names_buf,
                            lane.names_off)
     n = len(key)
     fast = np.flatnonzero(status == k.FAST)
@@ -321,7 +316,7 @@ def encode_range(lane: _Lane, buf, *, on_error: str = "raise", progress=None, ne
         nparts = (part_off[1:] - part_off[:-1])[lay]
         sizes = np.empty(int(nparts.sum()), np.int64)
         train = np.empty(len(sizes), np.bool_)
-        scratch = np.empty(int(line_len.max()) // 8 + 1, np.uint64).view(np.uint8)  # whole words
+        scratch = np.empty(int(line_len.max()) + 1, np.uint8)
         ok, t0, t1, p1, ph, flags, q1, _ = k.render_rows(
             arr, rows_idx, lay, m_first, m_count, m_start, m_stop, m_esc, part_off,
             cat("kind", np.int8), cat("msg", np.int64), cat("strip", np.int8), cat("train", np.bool_),
