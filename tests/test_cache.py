@@ -460,3 +460,35 @@ def test_entries_info_and_clear(tmp_path):
     removed = cache.clear()
     assert [e.key for e in removed] == [k2] and cache.entries() == []
     assert not any(n.endswith(".lock") and n.startswith(("corpus", "plan")) for n in os.listdir(tmp_path))
+
+
+@pytest.mark.parametrize("algo", ["xxh3_128", "blake2b_128"])
+def test_a_large_input_is_hashed_in_parts_whatever_the_threads(tmp_path, monkeypatch, algo):
+    """An input of more than INPUT_PART bytes: the hash of its parts' digests, in order, named so;
+    the same on one thread or many, and for a copy; one byte changed in the last part changes it."""
+    import os
+
+    from vecpack.store import hashing
+
+    if algo == "xxh3_128":
+        pytest.importorskip("xxhash")
+    monkeypatch.setattr(hashing, "INPUT_PART", 1024)
+    data = bytes(np.random.default_rng(0).integers(0, 256, 5000, dtype=np.uint8))
+    p = tmp_path / "big.jsonl"
+    p.write_bytes(data)
+    parts = [hashing._hasher(algo) for _ in range(5)]
+    for i, h in enumerate(parts):
+        h.update(data[i * 1024:(i + 1) * 1024])
+    whole = hashing._hasher(algo)
+    whole.update(b"".join(h.digest() for h in parts))
+    want = f"{algo}.parts1K:{whole.hexdigest()}"
+    assert hashing.input_digest(p, algo) == want
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0}, raising=False)
+    assert hashing.input_digest(p, algo) == want
+    (tmp_path / "copy.jsonl").write_bytes(data)
+    assert hashing.input_digest(tmp_path / "copy.jsonl", algo) == want
+    p.write_bytes(data[:-1] + bytes([data[-1] ^ 1]))
+    assert hashing.input_digest(p, algo) != want
+    small = tmp_path / "small.jsonl"
+    small.write_bytes(data[:1024])
+    assert hashing.input_digest(small, algo) == hashing.file_digest(small, algo)   # one part: as before

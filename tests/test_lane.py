@@ -31,6 +31,10 @@ def assert_same(got, want):
         a, b = getattr(got, name), getattr(want, name)
         assert a.dtype == b.dtype and a.tolist() == b.tolist(), name
     assert (got.records, got.rejected, got.trainable) == (want.records, want.rejected, want.trainable)
+    for rows in (got, want):   # a mask, where given, is the labels' trained_mask
+        if rows.mask is not None:
+            assert rows.mask.tolist() == (rows.labels == rows.tokens).tolist()
+            assert ((rows.labels == rows.tokens) | (rows.labels == -100)).all()
 
 
 def row(msgs, key="conversations", role="from", text="value"):
@@ -287,16 +291,17 @@ def test_label_tokens_equals_labels_from_parts(seed):
     hi = np.array([b + junk for _, b in rows], np.int64)
     for masking_all in (False, True):
         want = labels_from_parts(ids, bytelen.astype(np.int64), sizes, train, masking_all=masking_all)
-        labels, trained, ok = TK.label_tokens(ids, bytelen, big_sizes, big_train, lo, hi, masking_all, -100)
+        labels, mask, trained, ok = TK.label_tokens(ids, bytelen, big_sizes, big_train, lo, hi, masking_all, -100)
         assert ok and (labels.tolist(), trained) == (want[0].tolist(), want[1])
+        assert mask.tolist() == (want[0] == ids).tolist()   # what a writer of label bits takes
     if len(ids):
         bad = ids.copy()
         bad[-1] = 50  # an id outside the table
-        assert not TK.label_tokens(bad, bytelen, big_sizes, big_train, lo, hi, False, -100)[2]
+        assert not TK.label_tokens(bad, bytelen, big_sizes, big_train, lo, hi, False, -100)[3]
         if sizes.sum():
             short = big_sizes.copy()
             short[hi[-1] - 1] += 1  # the pieces hold a byte the tokens do not spell
-            assert not TK.label_tokens(ids, bytelen, short, big_train, lo, hi, False, -100)[2]
+            assert not TK.label_tokens(ids, bytelen, short, big_train, lo, hi, False, -100)[3]
 
 
 @pytest.mark.parametrize("seed", range(10))

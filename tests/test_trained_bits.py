@@ -92,7 +92,9 @@ def test_the_merger_writes_bits_or_falls_back_to_exact_labels(other, longest, tm
         meta = ChunkMeta(i, str(work), records=len(lengths), documents=len(lengths), tokens=len(tokens),
                          trainable=0, lines=len(lengths), rejected=0, lengths=lengths,
                          rows=np.arange(len(lengths), dtype=np.int64))
-        edges = target.write(i, tokens, labels) if i % 3 != 1 or longest == 4 else None   # some as files
+        # the row lane hands its mask with its labels (Rows.mask), where its labels are bits: the same files
+        mask = tokens == labels if i % 2 == 0 and ((labels == tokens) | (labels == -100)).all() else None
+        edges = target.write(i, tokens, labels, mask) if i % 3 != 1 or longest == 4 else None   # some as files
         if edges is not None:
             meta.direct, meta.edges = True, edges
         else:

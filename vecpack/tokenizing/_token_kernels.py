@@ -19,8 +19,9 @@ CACHE = kernel_cache()  # False where numba cannot write its cache (then compile
 
 @njit(cache=CACHE)
 def label_tokens(ids, bytelen, sizes, train, part_lo, part_hi, masking_all, ignore_index):
-    """``(labels, trained, ok)`` of rows' tokens that spell their pieces: the rule and result of
-    :func:`~vecpack.tokenizing.labels.labels_from_parts` in one pass, without its temporaries.
+    """``(labels, mask, trained, ok)`` of rows' tokens that spell their pieces: the rule and result of
+    :func:`~vecpack.tokenizing.labels.labels_from_parts` in one pass, without its temporaries, and
+    ``mask``, whether each token is trained (its label is itself, else ``ignore_index``).
 
     Row ``r``'s pieces are ``sizes[part_lo[r]:part_hi[r]]`` (UTF-8 bytes) and ``train[...]``;
     the rows' pieces, laid end to end, are what ``ids`` spell. A token is trained when its
@@ -30,6 +31,7 @@ def label_tokens(ids, bytelen, sizes, train, part_lo, part_hi, masking_all, igno
     """
     n = ids.shape[0]
     labels = np.empty(n, np.int32)
+    mask = np.empty(n, np.bool_)
     n_parts = 0
     for r in range(part_lo.shape[0]):
         n_parts += part_hi[r] - part_lo[r]
@@ -61,22 +63,25 @@ def label_tokens(ids, bytelen, sizes, train, part_lo, part_hi, masking_all, igno
     for t in range(n):
         tok = ids[t]
         if tok < 0 or tok >= nb:
-            return labels, 0, False
+            return labels, mask, 0, False
         start = end
         end += bytelen[tok]
         if masking_all:
             labels[t] = tok
+            mask[t] = True
             continue
         while k < runs and run_e[k] <= start:
             k += 1
         if k < runs and run_s[k] < end and (start < run_e[k]):
             labels[t] = tok
+            mask[t] = True
             trained += 1
         else:
             labels[t] = ignore_index
+            mask[t] = False
     if end != total:
-        return labels, 0, False
-    return labels, n if masking_all else trained, True
+        return labels, mask, 0, False
+    return labels, mask, n if masking_all else trained, True
 
 
 @njit(cache=CACHE)

@@ -39,6 +39,7 @@ off (see :func:`lane_for`).
 from __future__ import annotations
 
 import os
+import threading
 from typing import NamedTuple
 
 import numpy as np
@@ -199,7 +200,7 @@ class _Lane:
                     progress=None) -> Rows:
         """The :class:`Rows` of the bytes ``[start, stop)`` of the JSONL file ``path``: through the
         lane, unless its lines are long (then the Python path, which parses long rows faster)."""
-        arr = read_array(path, start, stop)
+        arr = read_array(path, start, stop, kept=True)  # nothing returned refers to it
         info["newlines"] = lines = int(self.k.count_newlines(arr))
         if len(arr) > LANE_MAX_LINE_BYTES * (lines + 1) and _mode() != "1":
             return encode_rows(self.enc, buffer_lines(arr.tobytes()), on_error=on_error, progress=progress)
@@ -243,9 +244,24 @@ def byte_array(buf: bytes) -> np.ndarray:
     return np.frombuffer(buf, np.uint8).copy()
 
 
-def read_array(path: str, start: int, stop: int) -> np.ndarray:
-    """The bytes ``[start, stop)`` of ``path`` as a :func:`byte_array`, read straight into it."""
-    arr = np.empty(stop - start, np.uint8)
+_KEPT = threading.local()  # this thread's reused buffers (_kept)
+
+
+def _kept(name: str, n: int) -> np.ndarray:
+    """A ``uint8`` buffer of ``n`` bytes that this thread reuses from call to call (its next
+    :func:`_kept` of ``name`` overwrites it): a fresh range-sized array a call was a fresh mapping,
+    its pages faulted in and zeroed by the kernel each time."""
+    buf = getattr(_KEPT, name, None)
+    if buf is None or len(buf) < n:
+        buf = np.empty(max(n, 1), np.uint8)
+        setattr(_KEPT, name, buf)
+    return buf[:n]
+
+
+def read_array(path: str, start: int, stop: int, *, kept: bool = False) -> np.ndarray:
+    """The bytes ``[start, stop)`` of ``path`` as a :func:`byte_array`, read straight into it
+    (``kept``: into this thread's reused buffer, valid until its next such read)."""
+    arr = _kept("read", stop - start) if kept else np.empty(stop - start, np.uint8)
     with open(path, "rb", buffering=0) as f:
         f.seek(start)
         view, done = memoryview(arr), 0
@@ -312,7 +328,7 @@ def encode_range(lane: _Lane, buf, *, on_error: str = "raise", progress=None, ne
         line_len = l1[rows_idx] - l0[rows_idx]
         dup = np.array([x.dup for x in chunk_layouts], np.int64)[lay]
         lit_bytes = np.array([x.lit_bytes for x in chunk_layouts], np.int64)[lay]
-        out = np.empty(int((line_len * dup + lit_bytes).sum()) + 1, np.uint8)
+        out = _kept("render", int((line_len * dup + lit_bytes).sum()) + 1)  # nothing returned refers to it
         nparts = (part_off[1:] - part_off[:-1])[lay]
         sizes = np.empty(int(nparts.sum()), np.int64)
         train = np.empty(len(sizes), np.bool_)
@@ -365,11 +381,11 @@ def encode_range(lane: _Lane, buf, *, on_error: str = "raise", progress=None, ne
             else:
                 lengths = np.diff(offsets)
         q0 = np.concatenate([[0], q1[:-1]])
-        labels, trainable, spelled = tk.label_tokens(ids, rt.bytelen32, sizes, train, q0[good], q1[good],
-                                                    enc.masking == "all", IGNORE_INDEX)
+        labels, mask, trainable, spelled = tk.label_tokens(ids, rt.bytelen32, sizes, train, q0[good], q1[good],
+                                                          enc.masking == "all", IGNORE_INDEX)
         if not spelled:  # pragma: no cover - the engine's tokens do not spell the text
             raise RuntimeError("the lane's tokens cover other bytes than its texts")
-        fast_tokens = (rows_idx[good], ids, labels, lengths, trainable)
+        fast_tokens = (rows_idx[good], ids, labels, lengths, trainable, mask)
     slow_idx = np.flatnonzero(slow)
     view = memoryview(arr)
     rest = encode_rows(enc, ((int(key[i]), view[l0[i]:l1[i]]) for i in slow_idx.tolist()), on_error=on_error)
@@ -413,10 +429,10 @@ def _merge(n: int, fast, rest: Rows, slow_idx: np.ndarray) -> Rows:
         rest.rows = slow_idx[rest.rows] if len(rest.rows) else rest.rows
         rest.records = n
         return rest
-    rows_f, ids, labels, lengths, trainable = fast
+    rows_f, ids, labels, lengths, trainable, mask = fast
     if not len(rest.lengths):
         return Rows(ids, labels, lengths.astype(np.int64), rows_f.astype(np.int64), n, rest.rejected, trainable,
-                    rest.counts)
+                    rest.counts, mask)
     rows_s = slow_idx[rest.rows]
     order = np.argsort(np.concatenate([rows_f, rows_s]), kind="stable")
     starts = np.concatenate([np.cumsum(lengths) - lengths, np.cumsum(rest.lengths) - rest.lengths])

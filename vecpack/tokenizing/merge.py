@@ -70,12 +70,18 @@ class DirectTarget:
     header: int
     mask_path: str | None = None  # bits mode: trained.npy, a bit a token (1: trained), instead of labels
 
-    def write(self, index: int, tokens: np.ndarray, labels: np.ndarray) -> tuple | None:
+    def write(self, index: int, tokens: np.ndarray, labels: np.ndarray, mask: np.ndarray | None = None
+              ) -> tuple | None:
         """Write the chunk in place if every earlier chunk's size is known: then its edge bits
-        (see :func:`split_bits`; two empty arrays where labels are written), else None."""
+        (see :func:`split_bits`; two empty arrays where labels are written), else None. ``mask``:
+        the labels' :func:`~vecpack.tokenizing.tokenized.trained_mask` where the caller knows it
+        (:attr:`~vecpack.tokenizing.rows.Rows.mask`)."""
         from vecpack.tokenizing.tokenized import trained_mask
 
-        mask = trained_mask(tokens, labels) if self.mask_path is not None else None
+        if self.mask_path is None:
+            mask = None
+        elif mask is None:
+            mask = trained_mask(tokens, labels)
         counts = np.memmap(self.counts_path, dtype=np.int64, mode="r+", shape=(self.n_tasks,))
         try:
             counts[index] = len(tokens)

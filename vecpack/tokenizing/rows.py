@@ -67,6 +67,9 @@ class Rows:
         trainable: tokens whose label is not ``-100``.
         counts: agentic rows' ``tool_calls``, ``tool_results``, ``reasoning`` and
             ``reasoning_dropped`` (traces the template did not render), summed.
+        mask: bool, whether each token is trained, where every label is known to be
+            its token or ``-100`` (the row lane's labels), else None: a writer of
+            label bits then takes it instead of comparing the two arrays.
     """
 
     tokens: np.ndarray
@@ -77,6 +80,7 @@ class Rows:
     rejected: list = field(default_factory=list)
     trainable: int = 0
     counts: dict = field(default_factory=dict)
+    mask: np.ndarray | None = None
 
 
 def encode_rows(encoder, payloads: Iterable[tuple[Any, Any]], *, on_error: str = "raise",
@@ -207,7 +211,7 @@ def tokenize_chunk(task: ChunkTask, encoder, out_dir: str, *, on_error: str = "r
                      lines=info.get("newlines", out.records), rejected=len(out.rejected),
                      examples=out.rejected[:MAX_EXAMPLES], pid=os.getpid(), lengths=out.lengths,
                      rows=out.rows, counts=out.counts)
-    edges = direct.write(task.index, out.tokens, out.labels) if direct is not None else None
+    edges = direct.write(task.index, out.tokens, out.labels, out.mask) if direct is not None else None
     if edges is not None:
         meta.direct, meta.edges = True, edges
     else:
