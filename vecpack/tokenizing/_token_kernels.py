@@ -56,32 +56,49 @@ def label_tokens(ids, bytelen, sizes, train, part_lo, part_hi, masking_all, igno
         if run_e[runs] > run_s[runs]:
             runs += 1
     total = pos
-    trained = 0
-    k = 0
-    end = 0
     nb = bytelen.shape[0]
-    for t in range(n):
-        tok = ids[t]
-        if tok < 0 or tok >= nb:
-            return labels, mask, 0, False
-        start = end
-        end += bytelen[tok]
-        if masking_all:
+    end = 0  # bytes spelled by the tokens before t
+    if masking_all:
+        for t in range(n):
+            tok = ids[t]
+            if tok < 0 or tok >= nb:
+                return labels, mask, 0, False
+            end += bytelen[tok]
             labels[t] = tok
             mask[t] = True
-            continue
-        while k < runs and run_e[k] <= start:
-            k += 1
-        if k < runs and run_s[k] < end and (start < run_e[k]):
-            labels[t] = tok
-            mask[t] = True
-            trained += 1
-        else:
+        return labels, mask, n, end == total
+    # run by run: the tokens that end by its start are not trained, then those that start
+    # before its end are (a token that meets a run is trained; runs are not empty)
+    trained = 0
+    t = 0
+    for k in range(runs + 1):
+        s_k = run_s[k] if k < runs else total + 1
+        while t < n:
+            tok = ids[t]
+            if tok < 0 or tok >= nb:
+                return labels, mask, 0, False
+            e = end + bytelen[tok]
+            if e > s_k:
+                break
             labels[t] = ignore_index
             mask[t] = False
-    if end != total:
+            end = e
+            t += 1
+        if k == runs:
+            break
+        e_k = run_e[k]
+        while t < n and end < e_k:
+            tok = ids[t]
+            if tok < 0 or tok >= nb:
+                return labels, mask, 0, False
+            labels[t] = tok
+            mask[t] = True
+            end += bytelen[tok]
+            t += 1
+            trained += 1
+    if t != n or end != total:
         return labels, mask, 0, False
-    return labels, mask, n if masking_all else trained, True
+    return labels, mask, trained, True
 
 
 @njit(cache=CACHE)
