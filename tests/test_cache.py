@@ -75,9 +75,11 @@ def test_build_then_hit_is_mmapped_and_identical(tmp_path):
 
 
 @pytest.mark.parametrize("algo", ["xxh3_128", "blake2b_128"])
-def test_mapped_digest_is_the_file_digest(tmp_path, monkeypatch, algo):
-    """An entry's arrays are hashed through a mapping, a window at a time: the digest a read gives,
-    at window edges and for an empty file."""
+@pytest.mark.parametrize("parts", [None, 1, 2, 1000])
+def test_mapped_digest_is_the_file_digest(tmp_path, monkeypatch, algo, parts):
+    """An entry's arrays are hashed through a mapping, a window (or a part) at a time: the digest a
+    read gives, at window edges and for an empty file; parted from DIGEST_PART bytes on (``parts``:
+    in windows, or bytes that are no mapping's boundary, which are read instead)."""
     import mmap
 
     from vecpack.store import hashing
@@ -86,11 +88,16 @@ def test_mapped_digest_is_the_file_digest(tmp_path, monkeypatch, algo):
         pytest.importorskip("xxhash")
     window = mmap.ALLOCATIONGRANULARITY
     monkeypatch.setattr(hashing, "_MAP_WINDOW", window)
+    if parts is not None:
+        monkeypatch.setattr(hashing, "DIGEST_PART", parts if parts == 1000 else parts * window)
     rng = np.random.default_rng(3)
     for n in (0, 1, window - 1, window, 3 * window + 5):
         p = tmp_path / f"f{n}.npy"
         p.write_bytes(rng.integers(0, 256, n, dtype=np.uint8).tobytes())
-        assert hashing.mapped_digest(p, algo) == file_digest(p, algo), n
+        name = hashing.digest_name(algo, n)
+        assert name == algo or (parts is not None and n > hashing.DIGEST_PART)
+        got = hashing.mapped_digest(p, algo)
+        assert got.startswith(name + ":") and got == file_digest(p, name), n
 
 
 def test_make_key_is_order_free_and_sensitive():
@@ -464,15 +471,16 @@ def test_entries_info_and_clear(tmp_path):
 
 @pytest.mark.parametrize("algo", ["xxh3_128", "blake2b_128"])
 def test_a_large_input_is_hashed_in_parts_whatever_the_threads(tmp_path, monkeypatch, algo):
-    """An input of more than INPUT_PART bytes: the hash of its parts' digests, in order, named so;
-    the same on one thread or many, and for a copy; one byte changed in the last part changes it."""
+    """An input of more than DIGEST_PART bytes: the hash of its parts' digests, in order, named with
+    the part's size (so it is checked as it was made); the same on one thread or many, and for a
+    copy; one byte changed in the last part changes it; one part is the plain digest."""
     import os
 
     from vecpack.store import hashing
 
     if algo == "xxh3_128":
         pytest.importorskip("xxhash")
-    monkeypatch.setattr(hashing, "INPUT_PART", 1024)
+    monkeypatch.setattr(hashing, "DIGEST_PART", 1024)
     data = bytes(np.random.default_rng(0).integers(0, 256, 5000, dtype=np.uint8))
     p = tmp_path / "big.jsonl"
     p.write_bytes(data)
@@ -483,6 +491,9 @@ def test_a_large_input_is_hashed_in_parts_whatever_the_threads(tmp_path, monkeyp
     whole.update(b"".join(h.digest() for h in parts))
     want = f"{algo}.parts1K:{whole.hexdigest()}"
     assert hashing.input_digest(p, algo) == want
+    monkeypatch.setattr(hashing, "DIGEST_PART", 2048)    # later parts of another size: still checked as made
+    assert hashing.file_digest(p, f"{algo}.parts1K") == want != hashing.input_digest(p, algo)
+    monkeypatch.setattr(hashing, "DIGEST_PART", 1024)
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0}, raising=False)
     assert hashing.input_digest(p, algo) == want
     (tmp_path / "copy.jsonl").write_bytes(data)
@@ -492,3 +503,5 @@ def test_a_large_input_is_hashed_in_parts_whatever_the_threads(tmp_path, monkeyp
     small = tmp_path / "small.jsonl"
     small.write_bytes(data[:1024])
     assert hashing.input_digest(small, algo) == hashing.file_digest(small, algo)   # one part: as before
+    with pytest.raises(ValueError, match="unknown checksum algorithm"):
+        hashing.file_digest(small, f"{algo}.partsX")

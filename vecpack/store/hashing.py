@@ -26,14 +26,15 @@ import numpy as np
 from vecpack.options import cache_root
 from vecpack.store._fs import flock
 
-__all__ = ["INPUT_PART", "bytes_digest", "checksum_algorithm", "default_root", "file_digest", "file_digests",
-           "hash_files", "input_digest", "make_key", "mapped_digest"]
+__all__ = ["DIGEST_PART", "bytes_digest", "checksum_algorithm", "default_root", "digest_name", "file_digest",
+           "file_digests", "hash_files", "input_digest", "make_key", "mapped_digest"]
 
 logger = logging.getLogger("vecpack")
 
 _MEMO = "hash-memo.json"
 _MEMO_STAMP = "hash-memo.stamp"
 _MEMO_MAX_RECORDS = 4096
+_MEMO_VERSION = 2  # 2: a file of more than DIGEST_PART bytes has a parted digest (digest_name)
 _READ_BLOCK = 1 << 22  # 4 MiB
 
 
@@ -65,10 +66,57 @@ def _hasher(algo: str):
     raise ValueError(f"unknown checksum algorithm {algo!r}")
 
 
-def file_digest(path: str | os.PathLike, algo: str | None = None) -> str:
-    """Hash one file's contents, streamed in 4 MiB blocks.
+#: Bytes of a file hashed as one part of its digest when it has more (:func:`digest_name`).
+DIGEST_PART = 64 << 20
 
-    Returns ``"<algo>:<hex>"``.
+
+def digest_name(algo: str, size: int) -> str:
+    """The digest of a file of ``size`` bytes: ``algo`` over its bytes, or, from :data:`DIGEST_PART`
+    bytes on, ``"<algo>.parts<size>"``, ``algo`` over the digests of its parts, each hashed in a
+    thread of its own (the hashes and the reads let go of the GIL): a new 2.7 GB input took 1.4 s
+    in one thread, 0.4 s in two, on 2 cores. The name holds the part's size, so a digest is
+    checked the way it was made.
+
+    >>> digest_name("xxh3_128", 100), digest_name("xxh3_128", 1 << 30)
+    ('xxh3_128', 'xxh3_128.parts64M')
+    """
+    return algo if size <= DIGEST_PART else f"{algo}.parts{_size_name(DIGEST_PART)}"
+
+
+def _size_name(n: int) -> str:
+    """``64M``, ``1K`` or the bytes, as :func:`_parse_name` reads them back.
+
+    >>> _size_name(64 << 20), _size_name(1024), _size_name(1000)
+    ('64M', '1K', '1000')
+    """
+    for unit, shift in (("M", 20), ("K", 10)):
+        if n % (1 << shift) == 0:
+            return f"{n >> shift}{unit}"
+    return str(n)
+
+
+def _parse_name(name: str) -> tuple[str, int | None]:
+    """``(algo, part bytes or None)`` of a digest's name (:func:`digest_name`).
+
+    >>> _parse_name("xxh3_128.parts64M"), _parse_name("blake2b_128")
+    (('xxh3_128', 67108864), ('blake2b_128', None))
+    """
+    algo, sep, part = name.partition(".parts")
+    if not sep:
+        return name, None
+    shift = {"M": 20, "K": 10}.get(part[-1:], 0)
+    try:
+        n = int(part[:-1] if shift else part) << shift
+    except ValueError:
+        n = 0
+    if n <= 0:
+        raise ValueError(f"unknown checksum algorithm {name!r}")
+    return algo, n
+
+
+def file_digest(path: str | os.PathLike, algo: str | None = None) -> str:
+    """Hash one file's contents, streamed in 4 MiB blocks: ``"<algo>:<hex>"``. ``algo`` may name
+    a parted digest (:func:`digest_name`); :func:`input_digest` picks it by the file's size.
 
     >>> import tempfile, os
     >>> p = os.path.join(tempfile.mkdtemp(), "f")
@@ -76,8 +124,25 @@ def file_digest(path: str | os.PathLike, algo: str | None = None) -> str:
     >>> file_digest(p, "blake2b_128")
     'blake2b_128:46fb7408d4f285228f4af516ea25851b'
     """
+    name = algo or checksum_algorithm()
+    base, part = _parse_name(name)
+    if part is None:
+        return f"{name}:{_range_hash(path, base, 0, None).hexdigest()}"
+    size = os.path.getsize(path)
+    return f"{name}:{_of_parts(lambda a: _range_hash(path, base, a, a + part).digest(), base, size, part)}"
+
+
+def input_digest(path: str | os.PathLike, algo: str | None = None, size: int | None = None) -> str:
+    """The content digest of an input file of ``size`` bytes: :func:`file_digest` by :func:`digest_name`.
+
+    >>> import tempfile, os
+    >>> p = os.path.join(tempfile.mkdtemp(), "f")
+    >>> _ = open(p, "w").write("hello")
+    >>> input_digest(p, "blake2b_128") == file_digest(p, "blake2b_128")
+    True
+    """
     algo = algo or checksum_algorithm()
-    return f"{algo}:{_range_hash(path, algo, 0, None).hexdigest()}"
+    return file_digest(path, digest_name(algo, os.path.getsize(path) if size is None else size))
 
 
 def _range_hash(path, algo: str, start: int, stop: int | None):
@@ -96,53 +161,21 @@ def _range_hash(path, algo: str, start: int, stop: int | None):
     return h
 
 
-#: Bytes of an input hashed as one part by :func:`input_digest` (the parts in threads).
-INPUT_PART = 64 << 20
-
-
-def input_digest(path: str | os.PathLike, algo: str | None = None, size: int | None = None) -> str:
-    """The content digest of an input file: :func:`file_digest` up to :data:`INPUT_PART` bytes; a
-    larger file is hashed in parts of that size, in parallel threads (the hashes and reads let go of
-    the GIL), and its digest is the hash of the parts' digests, named ``"<algo>.parts64M:<hex>"``.
-
-    A build waits for its inputs' digests before it knows whether it is cached (a new 2.7 GB input:
-    1.4 s in one thread, 0.4 s in two, on 2 cores).
-
-    >>> import tempfile, os
-    >>> p = os.path.join(tempfile.mkdtemp(), "f")
-    >>> _ = open(p, "w").write("hello")
-    >>> input_digest(p, "blake2b_128") == file_digest(p, "blake2b_128")
-    True
-    """
-    algo = algo or checksum_algorithm()
-    size = os.path.getsize(path) if size is None else size
-    if size <= INPUT_PART:
-        return file_digest(path, algo)
+def _of_parts(digest_of, algo: str, size: int, part: int) -> str:
+    """``algo``'s hex digest of the digests ``digest_of(start)`` of the parts of ``size`` bytes, in
+    order, hashed in threads (as many as this process may run on, at most one a part)."""
     from concurrent.futures import ThreadPoolExecutor
 
-    starts = range(0, size, INPUT_PART)
-    threads = min(len(starts), len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else
-                  (os.cpu_count() or 1))
-    pool = ThreadPoolExecutor(threads, thread_name_prefix="vecpack-hash")
+    starts = range(0, size, part)
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    pool = ThreadPoolExecutor(max(1, min(len(starts), cpus)), thread_name_prefix="vecpack-hash")
     try:
-        parts = list(pool.map(lambda a: _range_hash(path, algo, a, a + INPUT_PART).digest(), starts))
-    finally:  # Ctrl-C: the parts being read finish, no other starts
+        parts = list(pool.map(digest_of, starts))
+    finally:  # Ctrl-C: the parts being hashed finish, no other starts
         pool.shutdown(wait=True, cancel_futures=True)
     h = _hasher(algo)
     h.update(b"".join(parts))
-    return f"{algo}.parts{_size_name(INPUT_PART)}:{h.hexdigest()}"
-
-
-def _size_name(n: int) -> str:
-    """``64M``, ``1K`` or the bytes: the part size in a parted digest's name.
-
-    >>> _size_name(64 << 20), _size_name(1024), _size_name(1000)
-    ('64M', '1K', '1000')
-    """
-    for unit, shift in (("M", 20), ("K", 10)):
-        if n % (1 << shift) == 0:
-            return f"{n >> shift}{unit}"
-    return str(n)
+    return h.hexdigest()
 
 
 _MAP_WINDOW = 1 << 30  # bytes of a file mapped at a time by mapped_digest
@@ -150,8 +183,9 @@ _MAP_WINDOW = 1 << 30  # bytes of a file mapped at a time by mapped_digest
 
 def mapped_digest(path: str | os.PathLike, algo: str | None = None) -> str:
     """:func:`file_digest` of a file this process wrote and nothing else changes meanwhile (the
-    arrays of an entry being built or saved), hashed through a read-only mapping, a window at a
-    time, instead of copied out of the page cache: about half the time on a large file.
+    arrays of an entry being built or saved), by :func:`digest_name`, hashed through read-only
+    mappings (a window, or a part, at a time) instead of copied out of the page cache: about half
+    the time on a large file.
 
     Not for inputs: a file truncated while mapped would kill the process (SIGBUS). Where the file
     cannot be mapped (no ``mmap`` flags here), it is read as :func:`file_digest` reads it.
@@ -165,21 +199,30 @@ def mapped_digest(path: str | os.PathLike, algo: str | None = None) -> str:
     import mmap
 
     algo = algo or checksum_algorithm()
-    h = _hasher(algo)
     flags = getattr(mmap, "MAP_SHARED", 0) | getattr(mmap, "MAP_POPULATE", 0)
     with open(path, "rb", buffering=0) as f:
         size = os.fstat(f.fileno()).st_size
-        try:
-            for at in range(0, size, _MAP_WINDOW):
-                m = mmap.mmap(f.fileno(), min(_MAP_WINDOW, size - at), flags=flags, prot=mmap.PROT_READ,
-                              offset=at)
+        name = digest_name(algo, size)
+        part = _parse_name(name)[1]
+
+        def hashed(at: int, n: int, h=None):
+            h = h or _hasher(algo)
+            for a in range(at, at + n, _MAP_WINDOW):
+                m = mmap.mmap(f.fileno(), min(_MAP_WINDOW, at + n - a), flags=flags, prot=mmap.PROT_READ, offset=a)
                 try:
                     h.update(m)
                 finally:
                     m.close()
+            return h
+
+        try:
+            if part is None:
+                return f"{name}:{hashed(0, size).hexdigest()}"
+            if part % mmap.ALLOCATIONGRANULARITY:
+                raise ValueError("a part that does not start on a mapping's boundary")
+            return f"{name}:{_of_parts(lambda a: hashed(a, min(part, size - a)).digest(), algo, size, part)}"
         except (OSError, ValueError, TypeError, AttributeError):  # no mapping here: read it
-            return file_digest(path, algo)
-    return f"{algo}:{h.hexdigest()}"
+            return file_digest(path, name)
 
 
 def bytes_digest(data: bytes, algo: str | None = None) -> str:
@@ -250,7 +293,7 @@ class _HashMemo:
         if self._records is None:
             try:
                 data = json.loads(self.path.read_text())
-                self._records = data["records"] if data.get("version") == 1 else {}
+                self._records = data["records"] if data.get("version") == _MEMO_VERSION else {}
             except (OSError, ValueError, KeyError, TypeError):
                 self._records = {}
         return self._records
@@ -305,7 +348,8 @@ class _HashMemo:
             self.root.mkdir(parents=True, exist_ok=True)
             with flock(self.root / (_MEMO + ".lock")):
                 try:  # merge with what other processes wrote meanwhile
-                    on_disk = json.loads(self.path.read_text()).get("records", {})
+                    data = json.loads(self.path.read_text())
+                    on_disk = data.get("records", {}) if data.get("version") == _MEMO_VERSION else {}
                 except (OSError, ValueError, AttributeError):
                     on_disk = {}
                 on_disk.update(self._dirty)
@@ -313,7 +357,7 @@ class _HashMemo:
                     keep = sorted(on_disk.items(), key=lambda kv: kv[1].get("t0", 0))
                     on_disk = dict(keep[-_MEMO_MAX_RECORDS:])
                 tmp = self.path.with_name(f"{_MEMO}.{os.getpid()}.tmp")
-                tmp.write_text(json.dumps({"version": 1, "records": on_disk}))
+                tmp.write_text(json.dumps({"version": _MEMO_VERSION, "records": on_disk}))
                 os.replace(tmp, self.path)
         except OSError as e:  # the memo is an optimisation only
             logger.debug("vecpack: could not write hash memo %s: %s", self.path, e)

@@ -69,6 +69,10 @@ def init(address: str | None = None, *, num_cpus: int | None = None):
     return ray
 
 
+#: Times :func:`stop` cancels a task that has not ended on a Ray someone else started.
+CANCEL_ROUNDS = 5
+
+
 def stop(ray, refs, *, force: bool = True) -> None:
     """Stop the tasks of ``refs`` early (Ctrl-C, another task's error): the one place that does it.
 
@@ -78,7 +82,10 @@ def stop(ray, refs, *, force: bool = True) -> None:
     worker and abort the driver (``Check failed: it != submissible_tasks_.end()``;
     Ray 2.60, ray-project/ray#54527), leaving the local instance's agents behind.
     On a cluster that someone else started, the tasks are cancelled one by one
-    (``force``: their workers killed, rather than interrupted).
+    (``force``: their workers killed, rather than interrupted), and again, up to
+    :data:`CANCEL_ROUNDS` times a second apart, those not ended yet: a cancel can be
+    lost to a task that is starting just then, which then runs on (ray-project/ray#24359
+    and #52703; a run of ``tests/test_ray.py`` met it once).
 
     While the local instance shuts down, this process's stderr goes nowhere: the
     tasks end with their workers, and Ray's core may log that it could not
@@ -90,8 +97,13 @@ def stop(ray, refs, *, force: bool = True) -> None:
         with _quiet_stderr():
             ray.shutdown()
         return
-    for ref in refs:
-        ray.cancel(ref, force=force)
+    pending = list(refs)
+    for _ in range(CANCEL_ROUNDS):
+        for ref in pending:
+            ray.cancel(ref, force=force)
+        pending = ray.wait(pending, num_returns=len(pending), timeout=1.0)[1] if pending else []
+        if not pending:
+            return
 
 
 @contextlib.contextmanager
