@@ -188,3 +188,11 @@ def test_stop_shuts_down_only_the_ray_vecpack_started(monkeypatch):
     monkeypatch.setattr(vray, "_STARTED", None)   # vecpack started none: cancelled
     vray.stop(ours, ["a"])
     assert ours.calls == ["shutdown", ("cancel", "a", True)]
+
+    def broken_wait(refs, num_returns, timeout):
+        raise RuntimeError("the cluster is going away")
+
+    theirs.calls.clear()
+    theirs.wait = broken_wait   # a wait that fails while stopping: the cancels stand, nothing is raised
+    vray.stop(theirs, ["a", "b"], force=False)
+    assert theirs.calls == [("cancel", "a", False), ("cancel", "b", False)]

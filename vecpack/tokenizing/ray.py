@@ -101,7 +101,10 @@ def stop(ray, refs, *, force: bool = True) -> None:
     for _ in range(CANCEL_ROUNDS):
         for ref in pending:
             ray.cancel(ref, force=force)
-        pending = ray.wait(pending, num_returns=len(pending), timeout=1.0)[1] if pending else []
+        try:
+            pending = ray.wait(pending, num_returns=len(pending), timeout=1.0)[1] if pending else []
+        except Exception:  # noqa: BLE001 - stopping on an error or Ctrl-C: never raise one of our own here
+            return
         if not pending:
             return
 
