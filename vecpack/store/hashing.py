@@ -205,8 +205,8 @@ def mapped_digest(path: str | os.PathLike, algo: str | None = None) -> str:
         name = digest_name(algo, size)
         part = _parse_name(name)[1]
 
-        def hashed(at: int, n: int, h=None):
-            h = h or _hasher(algo)
+        def hashed(at: int, n: int):
+            h = _hasher(algo)
             for a in range(at, at + n, _MAP_WINDOW):
                 m = mmap.mmap(f.fileno(), min(_MAP_WINDOW, at + n - a), flags=flags, prot=mmap.PROT_READ, offset=a)
                 try:

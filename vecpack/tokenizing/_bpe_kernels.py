@@ -25,7 +25,7 @@ from numba import njit
 from vecpack._kernel_lock import compile_once
 from vecpack._state import kernel_cache
 from vecpack.tokenizing._pretok_kernels import _piece_end
-from vecpack.tokenizing._words import _C0, _M1, _M2, _ONES, _has_byte, _load64, _ptr, _same
+from vecpack.tokenizing._words import _C0, _ONES, _fin, _has_byte, _load64, _ptr, _range_hash, _same, _step, _word
 
 CACHE = kernel_cache()
 
@@ -35,34 +35,9 @@ _LEN_MASK = np.uint64((1 << 16) - 1)
 
 
 @njit(cache=CACHE, inline="always")
-def _word(bp, a, n, nbuf):
-    """The ``n`` (<= 8) bytes ``bp[a:a + n]`` as a uint64, zero padded (no read past ``nbuf``)."""
-    if a + 8 <= nbuf:
-        w = _load64(bp, a)
-        if n < 8:
-            w &= (np.uint64(1) << np.uint64(8 * n)) - np.uint64(1)
-        return w
-    w = np.uint64(0)
-    for k in range(n):
-        w |= np.uint64(bp[a + k]) << np.uint64(8 * k)
-    return w
-
-
-@njit(cache=CACHE, inline="always")
-def _step(h, w):
-    h = (h ^ w) * _M1
-    return h ^ (h >> np.uint64(32))
-
-
-@njit(cache=CACHE, inline="always")
-def _fin(h):
-    h = h * _M2
-    return h ^ (h >> np.uint64(29))
-
-
-@njit(cache=CACHE, inline="always")
 def _hash2(w0, w1, n):
-    """Hash of a piece of ``n`` <= 16 bytes given as two zero-padded words (= :func:`_hash`)."""
+    """Hash of a piece of ``n`` <= 16 bytes given as two zero-padded words
+    (= :func:`~vecpack.tokenizing._words._range_hash`)."""
     h = _step(np.uint64(n) * _C0, w0)
     if n > 8:
         h = _step(h, w1)
@@ -70,22 +45,10 @@ def _hash2(w0, w1, n):
 
 
 @njit(cache=CACHE)
-def _hash(bp, a, b, nbuf):
-    """Hash of ``bp[a:b]``, 8 bytes per step; a bijection of the bytes for pieces of <= 8 bytes (given the length)."""
-    n = b - a
-    h = np.uint64(n) * _C0
-    k = a
-    while k < b:
-        h = _step(h, _word(bp, k, min(8, b - k), nbuf))
-        k += 8
-    return _fin(h)
-
-
-@njit(cache=CACHE)
 def build_hash(tok_bytes, tok_off, bits):
     """Open-addressing table of ``2**bits`` slots, two uint64 each.
 
-    The token's :func:`_hash` and ``id | len << 24 | offset << 40`` (0: empty slot).
+    The token's :func:`~vecpack.tokenizing._words._range_hash` and ``id | len << 24 | offset << 40`` (0: empty slot).
     """
     size = 1 << bits
     mask = size - 1
@@ -96,7 +59,7 @@ def build_hash(tok_bytes, tok_off, bits):
     for t in range(tok_off.shape[0] - 1):
         a = tok_off[t]
         b = tok_off[t + 1]
-        h = _hash(kp, a, b, nk)
+        h = _range_hash(kp, a, b, nk)
         s = np.int64(h >> shift)
         while table[2 * s + 1] != 0:
             s = (s + 1) & mask
@@ -139,7 +102,7 @@ def _rank(bp, a, b, nbuf, tp, tbits, kp, nk):
         w0 = _word(bp, a, min(8, n), nbuf)
         w1 = _word(bp, a + 8, n - 8, nbuf) if n > 8 else np.uint64(0)
         return _probe(tp, tbits, _hash2(w0, w1, n), bp, a, n, nbuf, kp, nk)
-    return _probe(tp, tbits, _hash(bp, a, b, nbuf), bp, a, n, nbuf, kp, nk)
+    return _probe(tp, tbits, _range_hash(bp, a, b, nbuf), bp, a, n, nbuf, kp, nk)
 
 
 @njit(cache=CACHE, inline="always")
@@ -241,7 +204,7 @@ def _long(bp, nbuf, a, b, tp, tbits, kp, nk, small, ids, count, pstart, prank, p
     (the length, > 16, tells the two kinds apart).
     """
     n = b - a
-    h = _hash(bp, a, b, nbuf)
+    h = _range_hash(bp, a, b, nbuf)
     if csize == 0:
         return _miss(bp, nbuf, a, b, h, h, np.uint64(0), -1, tp, tbits, kp, nk, small, ids, count, pstart, prank, pid,
                      cache, csize, cids, ncids, cstate)

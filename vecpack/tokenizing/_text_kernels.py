@@ -12,22 +12,15 @@ from numba import njit
 
 from vecpack._kernel_lock import compile_once
 from vecpack._state import kernel_cache
-from vecpack.tokenizing._words import _C0, _M1, _M2, _load64, _ptr, _same
+from vecpack.tokenizing._words import _ptr, _range_hash, _same
 
 CACHE = kernel_cache()  # False where numba cannot write its cache (then compiled per process)
-
-_SHIFT = np.uint64(31)
 
 
 @njit(cache=CACHE)
 def _equals(buf, a, b, word):
     """Whether ``buf[a:b]`` equals ``word``."""
-    if b - a != word.shape[0]:
-        return False
-    for k in range(word.shape[0]):
-        if buf[a + k] != word[k]:
-            return False
-    return True
+    return b - a == word.shape[0] and _same(buf, a, word, 0, b - a)
 
 
 @njit(cache=CACHE)
@@ -104,20 +97,10 @@ def _edge_any(out, a, b, words, words_off):
 
 @njit(cache=CACHE)
 def _hash(out, a, b):
-    """A 64-bit hash of ``out[a:b]``, 8 bytes at a time (multiply and fold, a splitmix64 finish):
-    a grouping key; equal prefixes are compared byte for byte after it (:func:`same_prefix`)."""
-    bp = _ptr(out)
-    h = _C0 ^ np.uint64(b - a)
-    while a + 8 <= b:
-        h = (h ^ _load64(bp, a)) * _M1
-        h ^= h >> _SHIFT
-        a += 8
-    w = np.uint64(0)
-    for k in range(b - a):
-        w |= np.uint64(out[a + k]) << np.uint64(8 * k)
-    h = (h ^ w) * _M1
-    h = (h ^ (h >> _SHIFT)) * _M2
-    return np.int64(h ^ (h >> _SHIFT))
+    """The 64-bit hash of ``out[a:b]`` that vecpack's BPE keys its tables by
+    (:func:`~vecpack.tokenizing._words._range_hash`), as an ``int64``: a grouping key; equal
+    prefixes are compared byte for byte after it (:func:`same_prefix`)."""
+    return np.int64(_range_hash(_ptr(out), a, b, out.shape[0]))
 
 
 @njit(cache=CACHE)

@@ -128,3 +128,43 @@ def _same(p, a, q, b, n):
             return False
         k += 1
     return True
+
+
+@njit(cache=CACHE, inline="always")
+def _word(bp, a, n, nbuf):
+    """The ``n`` (<= 8) bytes ``bp[a:a + n]`` as a uint64, zero padded (no read past ``nbuf``)."""
+    if a + 8 <= nbuf:
+        w = _load64(bp, a)
+        if n < 8:
+            w &= (np.uint64(1) << np.uint64(8 * n)) - np.uint64(1)
+        return w
+    w = np.uint64(0)
+    for k in range(n):
+        w |= np.uint64(bp[a + k]) << np.uint64(8 * k)
+    return w
+
+
+@njit(cache=CACHE, inline="always")
+def _step(h, w):
+    h = (h ^ w) * _M1
+    return h ^ (h >> np.uint64(32))
+
+
+@njit(cache=CACHE, inline="always")
+def _fin(h):
+    h = h * _M2
+    return h ^ (h >> np.uint64(29))
+
+
+@njit(cache=CACHE)
+def _range_hash(bp, a, b, nbuf):
+    """Hash of ``bp[a:b]`` (``nbuf``: the buffer's length), 8 bytes per step; a bijection of the bytes for
+    pieces of <= 8 bytes (given the length). vecpack's BPE keys its vocabulary and piece cache by it, the
+    row lane its cached prefixes."""
+    n = b - a
+    h = np.uint64(n) * _C0
+    k = a
+    while k < b:
+        h = _step(h, _word(bp, k, min(8, b - k), nbuf))
+        k += 8
+    return _fin(h)
