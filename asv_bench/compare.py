@@ -330,14 +330,15 @@ def run_child(name, a, data, rows, *, extra=(), label=None, watch_rss=True, scri
 
 
 def make_data(workdir, rows, *, seed=0, kind="sharegpt"):
-    """``{kind}-{rows}.jsonl`` in workdir: ``make_sharegpt`` rows or ``make_short_chats`` ones."""
-    from vecpack.testing import make_sharegpt, make_short_chats
+    """``{kind}-{rows}.jsonl`` in workdir: ``make_sharegpt`` rows, ``make_short_chats`` ones (``"short"``) or
+    ``make_varied_chats`` ones (``"varied"``: the seed's shape, as varied as real chat)."""
+    from vecpack.testing import make_sharegpt, make_short_chats, make_varied_chats
 
     path = os.path.join(workdir, f"{kind}-{rows}-seed{seed}.jsonl")
     if not os.path.exists(path):
         print(f"  making {rows:,} rows of {kind} data ...", file=sys.stderr, flush=True)
         tmp = f"{path}.{os.getpid()}.tmp"
-        {"sharegpt": make_sharegpt, "short": make_short_chats}[kind](tmp, rows, seed=seed)
+        {"sharegpt": make_sharegpt, "short": make_short_chats, "varied": make_varied_chats}[kind](tmp, rows, seed=seed)
         os.replace(tmp, path)
     return path
 

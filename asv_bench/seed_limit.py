@@ -1,12 +1,23 @@
 #!/usr/bin/env python
 """The seed's shape at the engine limit: ``vecpack pack`` as a whole process vs the raw engine, same rows.
 
-Rows from ``vecpack.testing.make_short_chats`` (one fixed Portuguese system
-prompt, short greetings and legal Q&A, about 164 Qwen2.5 tokens a row: the
-4M-row file of vecpack's original request), the Qwen2.5 fixture tokenizer::
+Rows of the seed's shape (one fixed Portuguese system prompt, one to three
+short exchanges of legal Q&A: the 4M-row file of vecpack's original request),
+the Qwen2.5 fixture tokenizer. Two kinds of rows (``--data``):
 
-    python asv_bench/seed_limit.py                       # 200k and 1M rows, 3 rounds
+* ``varied`` (default): ``vecpack.testing.make_varied_chats``, as varied as the
+  seed's real file: tens of thousands of distinct messages per 100k rows, with
+  names, numbers and dates (about 174 tokens a row);
+* ``fixture``: ``vecpack.testing.make_short_chats``, the old fixture, **a best
+  case**: ten phrases, about 110 distinct messages and 104 distinct words in 50k
+  rows (about 164 tokens a row), on which every cache of pieces and prefixes
+  hits far more often than real text lets it.
+
+::
+
+    python asv_bench/seed_limit.py                       # varied rows: 200k and 1M rows, 3 rounds
     python asv_bench/seed_limit.py --rows 4000000 --rounds 3
+    python asv_bench/seed_limit.py --data fixture        # the best case (make_short_chats)
     python asv_bench/seed_limit.py --rows 200000 --trees /tmp/old,.   # two checkouts, alternating
 
 For each row count it prints, per round:
@@ -52,6 +63,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from compare import TreeRSS, gb, make_data  # noqa: E402  (asv_bench/compare.py: data files, RSS, one home)
 
 MAX_LEN = 2048
+#: ``--data`` -> ``compare.make_data``'s kind.
+DATA = {"varied": "varied", "fixture": "short"}
 BATCH = 10_000
 
 
@@ -190,6 +203,9 @@ def main(argv=None) -> None:
     ap.add_argument("--trees", default="", help="comma-separated checkouts to compare (default: the installed vecpack)")
     ap.add_argument("--workdir", default=os.path.join(tempfile.gettempdir(), "vecpack-seed-limit"))
     ap.add_argument("--tokenizer", default="", help="tokenizer directory (default: the Qwen2.5 fixture)")
+    ap.add_argument("--data", choices=sorted(DATA), default="varied",
+                    help="varied: rows as varied as real chat (make_varied_chats); fixture: make_short_chats, "
+                         "a best case (ten phrases: every cache hits)")
     a = ap.parse_args(argv)
     from vecpack.testing import cached_tokenizer_dir
 
@@ -198,7 +214,9 @@ def main(argv=None) -> None:
     tokenizer = a.tokenizer or str(cached_tokenizer_dir("qwen2.5"))
     trees = [os.path.abspath(t) for t in a.trees.split(",") if t] or [""]
     for rows in (int(x) for x in a.rows.split(",")):
-        path = make_data(a.workdir, rows, kind="short")
+        path = make_data(a.workdir, rows, kind=DATA[a.data])
+        print(f"{rows:>9,} rows  data: {a.data}{' (best case: ten phrases)' if a.data == 'fixture' else ''}  {path}",
+              flush=True)
         runs = {t: [] for t in trees}
         engines = []
         for r in range(a.rounds):

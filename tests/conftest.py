@@ -4,6 +4,7 @@ import os
 import pathlib
 
 import pytest
+from tiers import is_slow
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
@@ -103,3 +104,5 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if item.path.stem in _ONE_WORKER:   # (doctest items have no .module)
             item.add_marker(pytest.mark.xdist_group("ray"))
+        if is_slow(item):
+            item.add_marker(pytest.mark.slow)

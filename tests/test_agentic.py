@@ -144,7 +144,7 @@ def test_ids_equal_on_every_trl_template(qwen_dir):
                 assert "does not render" in str(e), (path.stem, str(e))
                 continue
             assert tokens.tolist() == list(ref["input_ids"]), path.stem
-            if enc.template.has_generation and path.stem != "diffusion_gemma_training":
+            if enc.template.has_generation:  # (diffusion_gemma_training too: its empty blocks, issue 51)
                 assert trained(labels) == list(ref["assistant_masks"]), path.stem
             checked += 1
     assert checked > 150

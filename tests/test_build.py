@@ -376,8 +376,8 @@ def test_real_tokenizer_hit_and_misses_on_tokenizer_or_template_byte(qwen_dir, t
 
 def test_new_inputs_start_the_pool_before_they_are_read_to_be_hashed(qwen_dir, tmp_path, monkeypatch):
     """An input the hash memo does not know is most likely tokenized next: the workers start first."""
+    from vecpack.pipeline import route as build_mod
     from vecpack.store import hashing
-    from vecpack.store import pipeline as build_mod
     from vecpack.testing import make_sharegpt
     from vecpack.tokenizing import corpus
 

@@ -90,7 +90,8 @@ def test_pack_reports_counts_and_writes_a_loadable_dataset(packed_run, loaded, s
     fill = placed / (len(loaded) * MAX_LEN)
     assert f"fill {100 * fill:.1f}%" in stdout
     assert f"{loaded.stats['truncated']:,} truncated" in stdout
-    assert "strategy bfd" in stdout and "loky × 2 workers" in stdout
+    # --jobs 2, but 500 short rows run sooner in one process than on forked workers (the measured rule)
+    assert "strategy bfd" in stdout and re.search(r"loky × [12] workers?", stdout)
     assert "fastokens encoder" in stdout  # the shipped tokenizer takes the fast path
     assert str(out) in stdout
 

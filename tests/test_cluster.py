@@ -22,7 +22,8 @@ import s3_helpers  # noqa: E402
 from s3_helpers import SlowEncoder, make_bucket, s3_endpoint  # noqa: E402,F401  (the fixture)
 
 import vecpack  # noqa: E402
-from vecpack.cluster import PackStream, build_on_cluster, open_packed  # noqa: E402
+from vecpack import build_on_cluster  # noqa: E402
+from vecpack.cluster import PackStream, open_packed  # noqa: E402
 from vecpack.cluster import run as cluster_run  # noqa: E402
 from vecpack.cluster import shards as cluster_shards  # noqa: E402
 from vecpack.store import objects  # noqa: E402
@@ -330,7 +331,7 @@ def test_the_scatter_survives_a_killed_driver_then_a_lost_node(nodes, data, qwen
     assert first.units_tokenized == first.units
     before = _killed_driver(nodes, out, (
         "import vecpack.cluster.run as run; run.scatter_unit = s3_helpers.slow_scatter(0.15)\n"
-        "from vecpack.cluster import build_on_cluster\n"
+        "from vecpack import build_on_cluster\n"
         "build_on_cluster(%r, %r, %d, output=%r, unit_bytes=%d, progress=False)\n"
     ) % (data["glob"], str(qwen_dir), MAX_LEN, out, UNIT), "scatter")
     trace = tmp_path / "trace"   # which node starts a scatter, and how many

@@ -148,7 +148,7 @@ def test_mixtures_pairs_and_images_are_refused_before_any_work(chat, qwen_dir, t
     """What the cluster does not build yet is one clear error at the call, before Ray starts or a unit is cut,
     through both front doors (``build_on_cluster`` and ``vecpack.build(..., backend="ray", output=)``)."""
     from tests.vision_data import make_processor_dir
-    from vecpack.cluster import build_on_cluster
+    from vecpack import build_on_cluster
 
     d, text, encoder = chat
     rows = str(d / "rows.jsonl")

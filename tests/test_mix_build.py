@@ -102,7 +102,7 @@ def test_mix_total_twice_the_size_repeats_at_most_ceil_ratio(three, qwen_dir, ca
 
 def test_reweighting_a_warm_cache_only_replans(three, qwen_dir, cache, monkeypatch):
     build(three, qwen_dir, cache)                   # corpora in the cache
-    import vecpack.store.pipeline as b
+    import vecpack.pipeline.route as b
 
     def no_tokenizing(*a, **k):
         raise AssertionError("a warm re-mix tokenized")

@@ -17,7 +17,7 @@ pytest.importorskip("trl")
 
 from helpers import flex_eager_attention  # noqa: E402
 
-from vecpack.preference.collate import collate_preference, model_inputs  # noqa: E402
+from vecpack.integrations.collate import collate_preference, model_inputs  # noqa: E402
 from vecpack.preference.logps import sequence_logps  # noqa: E402
 from vecpack.preference.loss import dpo_loss, pair_logps  # noqa: E402
 

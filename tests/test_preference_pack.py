@@ -292,7 +292,8 @@ def test_shared_batches_read_the_tree_mask_as_plain_python_draws_it():
     :mod:`vecpack.turns`): a token sees the earlier tokens of its own pair's prompt and of its own answer,
     nothing else, even when a pack appears twice in one batch (a mixture repeats pairs) so that two
     copies of one pair sit side by side with the same ``document_ids``."""
-    from vecpack.preference.collate import collate_preference, prefix_dense_mask
+    from vecpack.integrations.collate import collate_preference
+    from vecpack.integrations.masks import prefix_dense_mask
 
     rng = np.random.default_rng(5)
     tokens, offsets = random_corpus(rng, 40)

@@ -24,7 +24,7 @@ OTHER = {
     ChatSpec: {"style": "openai", "column": "conversations", "masking": "all",
                "chat_template_kwargs": '{"enable_thinking": false}', "train_reasoning": False, "per_turn": True},
     PackSpec: {"max_len": 1024, "strategy": "ffd", "long": "drop", "shuffle_seed": 7, "prefix_sharing": True,
-               "pad_id": 3, "ignore_index": -1},
+               "pad_id": 3, "ignore_index": -1, "pad_to_multiple_of": 8},
     MixSpec: {"by": "rows", "total": 100, "seed": 5, "repeat": False},
     RunSpec: {"on_error": "skip", "n_jobs": 1, "progress": False, "executor": "ray", "cache": False,
               "cache_dir": "/elsewhere", "verify": True, "allow_useless": True, "chunk_bytes": 4096,
@@ -111,7 +111,7 @@ def test_the_build_route_resolves_once_and_goes_one_way(tmp_path, qwen_dir):
     assert names.count("resolve_sources") == 1 and names.count("is_mixture") == 1
     s = route.summary(calls[:400])
     assert len(s["upward"]) <= 8, s["upward"]
-    assert [w for w in s["wide"] if not w.startswith("store/build.py:build ")] == []
+    assert [w for w in s["wide"] if not w.startswith("pipeline/build.py:build ")] == []
 
 
 def test_a_mixture_resolves_each_input_once(tmp_path, qwen_dir):

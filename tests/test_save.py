@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import vecpack
-from vecpack.store import saved as _saved
+from vecpack.pipeline import saved as _saved
 from vecpack.store.cache import Cache
 
 

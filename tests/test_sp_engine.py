@@ -403,3 +403,22 @@ def test_dummy_prefix_pairs_equal_hf(sp_dirs, tmp_path, monkeypatch):
     assert len(a.offsets) == 3 * len(rows) + 1
     for x, y in ((a.tokens, b.tokens), (a.labels, b.labels), (a.offsets, b.offsets)):
         assert np.array_equal(x, y)
+
+
+def test_the_mistral_fixture_is_the_form_checkpoints_ship(sp_dirs):
+    """The vocabulary form Llama 2 / Mistral v1-v3 checkpoints ship (issue 51's ``--hub-form``): the
+    normalizer ``Prepend("▁")`` then ``Replace(" ", "▁")``, no pre-tokenizer, byte fallback, control
+    pieces as special tokens matched on the raw text. The bench (``asv_bench/benchmarks/bench_sp.py``)
+    and these tests run on this form."""
+    spec = json.loads((sp_dirs["mistral"] / "tokenizer.json").read_text(encoding="utf-8"))
+    assert spec["pre_tokenizer"] is None
+    norms = spec["normalizer"]["normalizers"]
+    assert [n["type"] for n in norms] == ["Prepend", "Replace"]
+    assert norms[0]["prepend"] == SPACE and norms[1]["pattern"] == {"String": " "} and norms[1]["content"] == SPACE
+    model = spec["model"]
+    assert model["type"] == "BPE" and model["byte_fallback"] and not model.get("ignore_merges")
+    assert len(model["vocab"]) == 32768
+    added = {t["content"]: t for t in spec["added_tokens"]}
+    assert {"<s>", "</s>", "[INST]", "[/INST]"} <= set(added)
+    assert all(t["special"] and not t["normalized"] for t in added.values())
+    assert fast_engine(sp_dirs["mistral"]) == ("fastokens", "")

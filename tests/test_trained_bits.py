@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import vecpack
-from vecpack.store import pipeline as _build
+from vecpack.pipeline import route as _build
 from vecpack.store.cache import CacheWarning
 from vecpack.tokenizing.merge import ChunkMerger, trained_bits
 from vecpack.tokenizing.tasks import ChunkMeta

@@ -327,7 +327,7 @@ def test_packed_logits_equal_each_documents_solo_run(templated, tmp_path, mask):
     from helpers import flex_eager_attention
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
-    from vecpack.turns.collate import collate_turns, model_inputs
+    from vecpack.integrations.collate import collate_turns, model_inputs
 
     d = templated("qwen2.5", "qwen3")
     tok = hf(d)

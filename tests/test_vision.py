@@ -18,7 +18,8 @@ pytest.importorskip("PIL")
 
 from vision_data import make_processor_dir, make_rows, reference_processor, tiny_model, with_pil, write_jsonl  # noqa: E402
 
-from vecpack.vision import build_vision, collate_vision, load_processor  # noqa: E402
+from vecpack import collate_vision  # noqa: E402
+from vecpack.vision import build_vision, load_processor  # noqa: E402
 from vecpack.vision.encode import VisionEncoder  # noqa: E402
 from vecpack.vision.positions import doc_positions  # noqa: E402
 

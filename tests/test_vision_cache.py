@@ -112,7 +112,7 @@ def test_a_build_that_skipped_rows_is_not_stored_so_a_fixed_image_is_seen(tmp_pa
 
 
 def test_cache_false_and_a_saved_dataset_without_the_cache_give_the_same_packs(tmp_path):
-    from vecpack.vision import collate_vision
+    from vecpack import collate_vision
 
     root = tmp_path / "d"
     data = write_jsonl(root / "train.jsonl", make_rows(root, 4, seed=29))

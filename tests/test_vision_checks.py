@@ -16,8 +16,9 @@ transformers = pytest.importorskip("transformers")
 
 from vision_data import make_processor_dir, make_rows, tiny_model, write_jsonl  # noqa: E402
 
+from vecpack import collate_vision  # noqa: E402
 from vecpack.integrations.hf import check_batch, check_trainer  # noqa: E402
-from vecpack.vision import build_vision, collate_vision  # noqa: E402
+from vecpack.vision import build_vision  # noqa: E402
 
 
 @pytest.fixture(scope="module")

@@ -28,13 +28,14 @@ from vision_data import (  # noqa: E402
     write_jsonl,
 )
 
+from vecpack import collate_vision  # noqa: E402
 from vecpack.integrations.masks import (  # noqa: E402
     flex_block_mask,
     flex_image_block_mask,
     image_block_ids,
     image_block_mask,
 )
-from vecpack.vision import build_vision, collate_vision, load_processor  # noqa: E402
+from vecpack.vision import build_vision, load_processor  # noqa: E402
 from vecpack.vision.encode import VisionEncoder  # noqa: E402
 
 transformers.AttentionInterface.register("vecpack_flex_eager", flex_eager_attention)

@@ -17,7 +17,8 @@ transformers = pytest.importorskip("transformers")
 
 from vision_data import make_processor_dir, make_rows, reference_processor, tiny_model, with_pil, write_jsonl  # noqa: E402
 
-from vecpack.vision import build_vision, collate_vision  # noqa: E402
+from vecpack import collate_vision  # noqa: E402
+from vecpack.vision import build_vision  # noqa: E402
 
 
 def _solo_loss_sum(model, ref, row, root, labels):

@@ -21,7 +21,8 @@ import tempfile
 
 #: module prefix -> layer (0 = the front door; a larger number is further down the route)
 LAYERS = [
-    ("vecpack.store.build", 0), ("vecpack.store.pipeline", 0), ("vecpack.store.info", 0), ("vecpack.store.logs", 0),
+    ("vecpack.pipeline.build", 0), ("vecpack.pipeline.route", 0), ("vecpack.pipeline.info", 0),
+    ("vecpack.pipeline.logs", 0),
     ("vecpack.streaming.dataset", 0), ("vecpack.torchtune", 0),
     ("vecpack.cli", 0),
     ("vecpack.request", 1), ("vecpack.options", 1),
@@ -29,7 +30,7 @@ LAYERS = [
     ("vecpack.store.hashing", 2),
     ("vecpack.inputs", 3), ("vecpack.tokenizing", 3), ("vecpack.chat", 3), ("vecpack.preference.encoder", 3),
     ("vecpack.preference.formats", 3),
-    ("vecpack.store.planners", 4), ("vecpack.mixing", 4), ("vecpack.packing.plan", 4),
+    ("vecpack.pipeline.planners", 4), ("vecpack.mixing", 4), ("vecpack.packing.plan", 4),
     ("vecpack.preference.packed", 4),
     ("vecpack.packing", 5),
     ("vecpack.store", 6),

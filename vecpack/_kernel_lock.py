@@ -2,7 +2,7 @@
 
 On a machine's first run, several processes may need the same numba kernel at
 once: pytest-xdist workers, the ranks of ``torchrun``, Ray workers on one node,
-loader workers started by spawn. Each would compile it (0.2-1 s of CPU per
+loader workers started by spawn. Each would compile it (seconds of CPU per
 signature) and write the same entry into numba's cache. :func:`compile_once`
 gives each of a module's cached kernels a lock file next to its cache index
 (``<kernel>.nbi.lock``): one process compiles a signature while the others

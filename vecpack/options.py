@@ -29,7 +29,7 @@ __all__ = [
     "CHAT_STYLES", "CONVERSATION_STYLES", "ENGINES", "EXECUTORS", "EXPORT_FORMATS", "FAST_ENGINES", "IGNORE_INDEX",
     "INT32_MAX", "LONG_POLICIES", "MASKINGS", "MAX_CUT_FRACTION", "MIX_BY",
     "ON_ERROR", "PAIR_LONG_POLICIES", "PIXELS", "STRATEGIES", "STREAM_STRATEGIES", "STYLES", "TORCHTUNE_STYLES",
-    "VISION_LONG_POLICIES", "cache_root",
+    "VISION_LONG_POLICIES", "cache_root", "check_pad_multiple", "cp_pad_multiple",
     "check_choice", "check_index", "check_int", "check_max_len", "check_mix", "check_n_jobs", "check_options",
     "check_seed",
     "check_tokenizer_dir", "check_weight", "check_weights", "useless_reason", "WORKER_START_ENV",
@@ -86,7 +86,7 @@ _OLD_WORKER_START_ENV = "VECPACK_ITEMS_START"
 #: The attention masks of tree-shaped batches (shared prompts, per-turn tries): flex ``BlockMask`` or dense bool.
 ATTENTION_MASKS = ("flex", "dense")
 #: ``vecpack export`` formats.
-EXPORT_FORMATS = ("parquet", "jsonl", "hf")
+EXPORT_FORMATS = ("parquet", "jsonl", "hf", "megatron")
 #: What the weights of a mixture share out (see :mod:`vecpack.mixing`).
 MIX_BY = ("tokens", "rows")
 
@@ -158,6 +158,49 @@ def check_max_len(value, name: str = "max_len", hint: str = "") -> int:
     if value is None:
         return _fail(ValueError, f"{name} is required (tokens per pack, e.g. 4096)", hint)
     return check_int(value, name, minimum=1, maximum=INT32_MAX)
+
+
+def check_pad_multiple(value, max_len: int | None = None, name: str = "pad_to_multiple_of") -> int:
+    """The multiple every document is padded to when planned: an integer >= 1 that divides ``max_len``.
+
+    >>> check_pad_multiple(8, 4096)
+    8
+    >>> check_pad_multiple(8, 4100)
+    Traceback (most recent call last):
+    ...
+    ValueError: max_len=4100 is not a multiple of pad_to_multiple_of=8: a pack of padded documents could not \
+fill it exactly; use max_len=4096 or 4104
+    """
+    m = check_int(value, name, minimum=1, maximum=INT32_MAX)
+    if max_len is not None and max_len % m:
+        lo, hi = max_len // m * m, (max_len // m + 1) * m
+        use = f"max_len={lo} or {hi}" if lo else f"max_len={hi}"
+        raise ValueError(f"max_len={max_len} is not a multiple of {name}={m}: a pack of padded documents could not "
+                         f"fill it exactly; use {use}")
+    return m
+
+
+def cp_pad_multiple(cp_size: int = 1, tp_size: int = 1, sequence_parallel: bool = False) -> int:
+    """The multiple each document's length must be padded to for context (and sequence) parallelism.
+
+    Transformer Engine's THD attention splits every document into ``2 * cp_size`` equal chunks
+    (its zigzag load balancing), so each padded length is a multiple of ``2 * cp_size``; with
+    sequence parallelism each rank's tokens are further split over the ``tp_size`` tensor-parallel
+    ranks, and Megatron-Bridge pads to ``tp_size * cp_size * 2`` (``tp_size`` alone without CP):
+    the ``align_size`` / ``divisible_by`` of its Qwen3-VL and Qwen3-Omni steps. Without sequence
+    parallelism ``tp_size`` does not matter.
+
+    >>> cp_pad_multiple(4), cp_pad_multiple(2, 4, sequence_parallel=True), cp_pad_multiple(1, 4, True)
+    (8, 16, 4)
+    >>> cp_pad_multiple(1)
+    1
+    """
+    cp = check_int(cp_size, "cp_size", minimum=1)
+    tp = check_int(tp_size, "tp_size", minimum=1)
+    if not isinstance(sequence_parallel, bool):
+        raise TypeError(f"sequence_parallel must be a bool, got {type(sequence_parallel).__name__}")
+    base = 2 * cp if cp > 1 else 1
+    return base * tp if sequence_parallel else base
 
 
 def check_n_jobs(value, name: str = "n_jobs") -> int | None:

@@ -185,7 +185,7 @@ def _write_hf_bpe(out: pathlib.Path, ranks: dict[bytes, int], pattern: str,
 def make_qwen_tokenizer(out_dir: str | os.PathLike) -> pathlib.Path:
     """Write the Qwen2.5 tokenizer (HF and torchtune formats) into ``out_dir``.
 
-    Takes about 20 s; see :func:`cached_tokenizer_dir` to build it once.
+    Slow (it derives the whole vocabulary); see :func:`cached_tokenizer_dir` to build it once.
     """
     out = pathlib.Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -510,5 +510,11 @@ def pathological_conversations(text: str) -> dict[str, list[dict]]:
     }
 
 
+# varied tool conversations (agentic rows as real sets vary) live in vecpack.testing_agentic
+from vecpack.testing_agentic import tool_conversations  # noqa: E402, F401
+
 # SentencePiece-family fixture tokenizers (Mistral v3, Gemma-like) live in vecpack.testing_sp
 from vecpack.testing_sp import make_gemma_like_tokenizer, make_mistral_sp_tokenizer  # noqa: E402, F401
+
+# seed-shaped rows as varied as real chat (names, numbers, dates) live in vecpack.testing_varied
+from vecpack.testing_varied import make_varied_chats  # noqa: E402, F401

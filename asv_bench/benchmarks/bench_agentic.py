@@ -7,7 +7,12 @@ them for Arrow (``tools`` and call arguments as JSON text):
   names, reasoning on some turns (the structures recur, as in real sets);
 * ``xlam``: single-turn function calling, a per-row list of one to five tools;
 * ``plain``: the same conversations' user and assistant texts only (the
-  plain-row fast path, to see that tool support costs plain rows nothing).
+  plain-row fast path, to see that tool support costs plain rows nothing);
+* ``varied``: ``vecpack.testing.tool_conversations`` (1-4 tools, 1-5 assistant
+  turns, parallel calls, names, numbers and dates; no two consecutive rows of
+  one structure), as real agentic sets vary;
+* ``varied-own``: the same rows on Qwen2.5's own template (no ``{% generation %}``
+  blocks: vecpack finds each turn, from one render a row).
 
 The tokenizer is the Qwen2.5 fixture with TRL's ``qwen2_5_training.jinja``
 (tools, calls, results, ``{% generation %}`` blocks). Timed: ``vecpack.tokenize``
@@ -31,13 +36,17 @@ from . import best_of  # (also puts the checkout on sys.path)
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2]))  # tests.agentic_data
 
 ROWS = int(os.environ.get("VECPACK_BENCH_ROWS", "4000"))
-KINDS = ["multi", "xlam", "plain"]
+KINDS = ["multi", "xlam", "plain", "varied", "varied-own"]
 
 
 def _rows(kind: str, n: int) -> list:
     from tests.agentic_data import agentic_rows, xlam_rows
+    from vecpack.testing import tool_conversations
 
-    rows = (xlam_rows if kind == "xlam" else agentic_rows)(n, seed=0)
+    if kind.startswith("varied"):
+        rows = tool_conversations(n, seed=0)
+    else:
+        rows = (xlam_rows if kind == "xlam" else agentic_rows)(n, seed=0)
     for row in rows:
         if kind == "plain":
             row.pop("tools", None)
@@ -69,13 +78,15 @@ class AgenticRows:
         root = pathlib.Path(tempfile.mkdtemp(prefix="vecpack-agentic-bench-"))
         os.environ.setdefault("VECPACK_CACHE", str(root / "cache"))
         tok = with_template(cached_tokenizer_dir("qwen2.5"), "qwen2_5_training", root / "qwen2.5-trl")
+        own = with_template(cached_tokenizer_dir("qwen2.5"), "qwen2_5", root / "qwen2.5-own")
         files = {k: str(write_jsonl(root / f"{k}.jsonl", _rows(k, ROWS))) for k in KINDS}
-        return str(tok), files
+        return {"trl": str(tok), "own": str(own)}, files
 
     def setup(self, cache, kind, n_jobs):
         import vecpack
 
-        self.tok, files = cache
+        toks, files = cache
+        self.tok = toks["own" if kind == "varied-own" else "trl"]
         self.path = files[kind]
         with open(self.path, encoding="utf-8") as f:
             self.rows = [json.loads(line) for line in f]
@@ -117,12 +128,13 @@ class AgenticRows:
         from transformers import AutoTokenizer
 
         tok = AutoTokenizer.from_pretrained(self.tok)
+        mask = "{% generation" in tok.chat_template.replace("{%- generation", "{% generation")
 
         def run():
             for row in self.rows:
                 tools = row.get("tools")
                 tok.apply_chat_template(row["messages"], tools=json.loads(tools) if tools else None, tokenize=True,
-                                        return_dict=True, return_assistant_tokens_mask=True)
+                                        return_dict=True, return_assistant_tokens_mask=mask)
         return best_of(run) / len(self.rows) * 1e6
 
     track_us_per_row_apply_chat_template.unit = "µs/row"

@@ -176,7 +176,10 @@ def _openai_content(i: int, role: str, content) -> str:
             kind = part.get("type", "text")
             if kind != "text":
                 raise InputError(f"message {i} ({role}) content part {j} has unsupported type {kind!r}; "
-                                 "only text parts can be tokenized")
+                                 "only text parts can be tokenized"
+                                 + ("; for documents with images give processor=DIR (vecpack pack --processor "
+                                    "DIR): a vision-language processor directory holding preprocessor_config.json"
+                                    if kind == "image" else ""))
             text = part.get("text")
             if type(text) is not str:
                 raise InputError(f"message {i} ({role}) content part {j} has non-string text: {_kind(text)}")

@@ -19,8 +19,8 @@ import unicodedata
 
 from vecpack.errors import InputError
 
-__all__ = ["OBJECT_RE", "SentinelObject", "_Layout", "generation_layout", "object_marker", "tracking_objects",
-           "transform_at"]
+__all__ = ["OBJECT_RE", "MarkedObject", "SentinelObject", "_Layout", "generation_layout", "marked_json",
+           "marking", "object_marker", "tracking_objects", "transform_at"]
 
 _SENTINEL = "\ue000{}\ue001"
 #: What ``tojson`` writes for a :class:`SentinelObject` while :func:`tracking_objects` is on.
@@ -59,6 +59,44 @@ def tracking_objects():
         yield found
     finally:
         _OBJECTS.reset(token)
+
+
+class MarkedObject(dict):
+    """A call's arguments object (a copy) whose ``tojson`` is wrapped in ``mark`` and ``close``, while
+    :func:`marking` is on (:mod:`vecpack.chat.spans` finds a turn's texts in one render by such marks)."""
+
+    __slots__ = ("mark", "close")
+
+    def __init__(self, value: dict, mark: str, close: str):
+        super().__init__(value)
+        self.mark, self.close = mark, close
+
+
+_MARKING = contextvars.ContextVar("vecpack_marking", default=None)
+
+
+@contextlib.contextmanager
+def marking():
+    """Within it, ``tojson`` wraps a :class:`MarkedObject` in its marks; yields a list that gets an entry
+    when a ``tojson`` call may have hidden a mark (``ensure_ascii=True`` escapes them): the render then
+    cannot be read by its marks."""
+    hidden: list = []
+    token = _MARKING.set(hidden)
+    try:
+        yield hidden
+    finally:
+        _MARKING.reset(token)
+
+
+def marked_json(x, ensure_ascii) -> tuple[str, str] | None:
+    """While :func:`marking` is on: ``(mark, close)`` for ``tojson`` to wrap ``x`` in (a
+    :class:`MarkedObject`), else ``None``; an ``ensure_ascii`` call is noted as hiding marks."""
+    hidden = _MARKING.get()
+    if hidden is None:
+        return None
+    if ensure_ascii:
+        hidden.append(True)
+    return (x.mark, x.close) if type(x) is MarkedObject else None
 
 
 def object_marker(x, **options) -> str | None:
@@ -139,8 +177,8 @@ def generation_layout(template, roles, slots, s_bare: str, hits, gen: bool):
         text, spans = template.render(messages, add_generation_prompt=gen, tracked=True)
     except InputError:
         return None
-    if text != s_bare:
-        return None
+    if text != s_bare or any(a == b for a, b in spans):
+        return None  # (an empty block trains the token over its place: such rows are cut by Jinja)
     if template.masking == "last":
         if len(spans) != sum(r == "assistant" for r in roles):
             return None
@@ -171,6 +209,15 @@ def generation_layout(template, roles, slots, s_bare: str, hits, gen: bool):
         if a == b:
             parts.append("")
             train.append(False)
+    slot_pos = {p for p, _, _ in specs}
+    for pos in slot_pos:  # a block of contents alone is empty where they are: Jinja cuts such rows
+        lo = hi = pos
+        while lo > 0 and train[lo - 1]:
+            lo -= 1
+        while hi + 1 < len(parts) and train[hi + 1]:
+            hi += 1
+        if train[pos] and not any(parts[p] for p in range(lo, hi + 1) if p not in slot_pos):
+            return None
     slot_roles = {pos: roles[i] for pos, i, _ in specs}
     n_cacheable = 0
     for pos in range(len(parts)):

@@ -9,12 +9,26 @@ The text is what ``apply_chat_template(messages, tools=tools,
   marks them (what TRL's ``assistant_only_loss=True`` trains on);
 * **any other template**: each assistant turn as rendered, from the end of its
   role header to the end-of-turn token that closes it: reasoning, content and
-  tool calls alike. A turn is found by rendering the conversation once more
-  with that message's fields replaced by a probe: the text that changes is the
-  turn's (widened back to the role header, and on to the end-of-turn token)::
+  tool calls alike. The turn is defined by a probe: the conversation rendered
+  once more with that message's fields replaced by a probe character; the text
+  that changes is the turn's (widened back to the role header, and on to the
+  end-of-turn token)::
 
       <|im_start|>assistant\\n<tool_call>\\n{"name": "f", ...}\\n</tool_call><|im_end|>\\n
       ......................###########################################################..
+
+  It is found from **one render a row**: each text of each trained assistant
+  message (content, reasoning, call names, arguments, an arguments object's
+  ``tojson``) is wrapped in marks of its own, the row is rendered once, the
+  marks are located and taken out (the rest is the row's text), and a turn runs
+  from the end of the last assistant header before its first text to the end
+  of the first end-of-turn token after its last. Where marks could change the
+  render or cannot be read (a text the template tests for, edge whitespace on a
+  template that strips, a mark escaped, unbalanced or written twice, no
+  assistant header or end-of-turn token), the row takes the probes. The marks'
+  answer is checked against the probes' on the first row of each kind of turn
+  (keys, call kinds, neighbouring roles, template options) a template sees; a
+  difference sends that template to the probes for good.
 
 * **a prompt-completion row**: everything after the prompt as rendered with
   the generation prompt (TRL's ``completion_only_loss``).
@@ -42,7 +56,10 @@ turn stay trained, so the model still learns to open and close the block).
 from __future__ import annotations
 
 import json
+import re
 
+from vecpack.chat.conversation import REASONING_KEYS
+from vecpack.chat.layout import MarkedObject, marking
 from vecpack.chat.structure import compiled_parts
 from vecpack.errors import InputError
 
@@ -102,7 +119,8 @@ def _header(template, kwargs: dict) -> str:
     assistant content that starts the generation prompt; or the generation prompt itself where the
     turn's header goes on past it (gpt-oss's ``<|channel|>final<|message|>``, Qwen3's empty think
     block: written by the model, so trained); ``""`` where the template has none."""
-    key = json.dumps({k: v for k, v in kwargs.items() if k != "tools"}, sort_keys=True, default=repr)
+    key = "{}" if len(kwargs) <= ("tools" in kwargs) else \
+        json.dumps({k: v for k, v in kwargs.items() if k != "tools"}, sort_keys=True, default=repr)
     memo = template.__dict__.setdefault("_headers", {})
     if key in memo:
         return memo[key]
@@ -227,6 +245,214 @@ def _doubled_turn_span(template, messages, kwargs, i: int, text: str, lo: int) -
     return b, b + n
 
 
+# One render a row: each trained assistant message's texts (content, reasoning, call names, arguments)
+# wrapped in marks (private-use characters of the BMP, so that a text of the BMP stays narrow: text k opens
+# with chr(_OPEN + k), every text closes with _CLOSE), located in the render and taken out of it.
+_CLOSE = "\uefff"
+_OPEN = 0xF000
+_MAX_MARKED = 0xF8FF - _OPEN  # texts a row may have marked
+_STRIPS = re.compile(r"\b(?:trim|strip|lstrip|rstrip)\b")
+_MAX_KINDS = 1024  # turn kinds checked against the probes, per template
+
+
+def _probed(template, messages, kwargs, assistants, holes: bool):
+    """``(text, spans, reasoning spans or None)`` of a row, each turn found by probe renders (:func:`_turn_span`)."""
+    text = template.render(messages, extra=kwargs)
+    spans, lo = [], 0
+    for i in assistants:
+        span = _turn_span(template, messages, kwargs, i, text, lo)
+        if span[1] > span[0]:
+            spans.append(span)
+            lo = span[1]
+    return text, spans, _reasoning_spans(template, messages, kwargs, text) if holes else None
+
+
+def _marked_copy(m: dict, i: int, owners: list, texts: list, strips: bool, edges) -> dict | None:
+    """Assistant message ``i`` (``m``) with each of its texts wrapped in marks of its own (``owners``
+    gets ``(i, reasoning?)`` per text, ``texts`` the texts); ``None``: a text whose edge a template
+    that strips could take off, which the marks would shield, or too many texts."""
+
+    def wrap(v: str, reasoning: bool):
+        if strips and (v[0].isspace() or v[-1].isspace() or v[0] in edges or v[-1] in edges):
+            return None
+        if len(owners) >= _MAX_MARKED:
+            return None
+        owners.append((i, reasoning))
+        texts.append(v)
+        return chr(_OPEN + len(owners) - 1) + v + _CLOSE
+
+    out = dict(m)
+    for k, v in m.items():
+        if type(v) is str and v and (k == "content" or k in REASONING_KEYS):
+            out[k] = wrap(v, k != "content")
+            if out[k] is None:
+                return None
+    calls = m.get("tool_calls")
+    if calls:
+        marked = []
+        for c in calls:
+            c = dict(c)
+            fn = c.get("function")
+            nested = type(fn) is dict
+            fn = dict(fn) if nested else c
+            for key in ("name", "arguments"):
+                v = fn.get(key)
+                if type(v) is str and v:
+                    fn[key] = wrap(v, False)
+                    if fn[key] is None:
+                        return None
+                elif type(v) is dict and key == "arguments":  # (a structure's SentinelObject writes its own marker)
+                    if len(owners) >= _MAX_MARKED:
+                        return None
+                    owners.append((i, False))
+                    fn[key] = MarkedObject(v, chr(_OPEN + len(owners) - 1), _CLOSE)
+            if nested:
+                c["function"] = fn
+            marked.append(c)
+        out["tool_calls"] = marked
+    return out
+
+
+def _marked(template, messages, kwargs, assistants, holes: bool):
+    """:func:`_probed`'s answer from one render, or ``None`` where marks cannot tell it.
+
+    Each text of each trained assistant message is wrapped in marks of its own; the render with
+    the marks taken out is the row's text, and a turn runs from the end of the last assistant
+    header before its first text to the end of the first end-of-turn token after its last
+    (:func:`_turn_span`'s answer where the template writes each turn's texts in place, once).
+    ``None`` where the marks may have changed the render or cannot be read: a text the template
+    tests for, a text with edge whitespace on a template that strips, a mark escaped, unbalanced
+    or written twice (a template that copies a call's name into its result), a template without
+    an assistant header or end-of-turn token, a header or token not where a turn needs one."""
+    header = _header(template, kwargs)
+    eot = template.eot_re
+    if not header or eot is None:
+        return None
+    d = template.__dict__
+    strips = d.get("_strips")
+    if strips is None:
+        strips = d["_strips"] = _STRIPS.search(template.source) is not None
+    edges = template._edges
+    marked = list(messages)
+    owners: list = []
+    texts: list = []
+    targets = set(assistants)
+    if holes:
+        targets.update(i for i, m in enumerate(messages) if m["role"] == "assistant"
+                       and not m.keys().isdisjoint(REASONING_KEYS))
+    for i in sorted(targets):
+        m = _marked_copy(messages[i], i, owners, texts, strips, edges)
+        if m is None:
+            return None
+        marked[i] = m
+    if template._tripped_contents(texts):
+        return None
+    try:
+        with marking() as hidden:
+            out = template.render(marked, extra=kwargs)
+    except InputError:
+        return None  # (the probes say whether the row itself is refused)
+    if hidden:
+        return None
+    found = []  # (open, close, text k): each mark found by str.find (a regex scans ten times slower)
+    for k in range(len(owners)):
+        mark = chr(_OPEN + k)
+        p = out.find(mark)
+        if p < 0:
+            continue  # a text the template does not write
+        q = out.find(_CLOSE, p + 1)
+        if q < 0 or out.find(mark, p + 1) >= 0:
+            return None  # unbalanced, or a text written twice (a call's name copied into its result...)
+        found.append((p, q, k))
+    if out.count(_CLOSE) != len(found):
+        return None
+    found.sort()
+    first: dict = {}
+    last: dict = {}
+    reasoning: dict = {}
+    chunks, at = [], 0
+    for n, (p, q, k) in enumerate(found):
+        if p < at:
+            return None  # a mark inside another text
+        chunks.append(out[at:p])
+        chunks.append(out[p + 1:q])
+        at = q + 1
+        i, is_reasoning = owners[k]
+        a, b = p - 2 * n, q - 2 * n - 1
+        if is_reasoning:
+            r = reasoning.get(i)
+            reasoning[i] = (a, b) if r is None else (min(r[0], a), max(r[1], b))
+        if i not in first:
+            first[i], last[i] = a, b
+        else:
+            first[i], last[i] = min(first[i], a), max(last[i], b)
+    chunks.append(out[at:])
+    text = "".join(chunks)
+    spans, lo = [], 0
+    for i in assistants:
+        f = first.get(i)
+        if f is None:  # nothing of the turn rendered
+            continue
+        k = text.rfind(header, lo, f)
+        if k < 0 or eot.search(text, k + len(header), f):
+            return None
+        m = eot.search(text, last[i])
+        if m is None:
+            return None
+        spans.append((k + len(header), m.end()))
+        lo = m.end()
+    return text, spans, [reasoning[i] for i in sorted(reasoning)] if holes else None
+
+
+def _kinds(messages, kwargs, assistants) -> tuple:
+    """What the marks' answer for each trained turn may depend on, text aside: its keys and their kinds,
+    its calls' argument kinds, the roles around it, the template options."""
+    out = []
+    n = len(messages)
+    for i in assistants:
+        m = messages[i]
+        keys = []
+        for k, v in m.items():
+            t = type(v)
+            if t is str:
+                keys.append((k, "s" if v else ""))
+            elif t is list:
+                keys.append((k, tuple(type(c.get("function", c).get("arguments")).__name__ if type(c) is dict
+                                      else type(c).__name__ for c in v)))
+            else:
+                keys.append((k, t.__name__))
+        out.append((tuple(keys), messages[i - 1]["role"] if i else None,
+                    messages[i + 1]["role"] if i + 1 < n else None))
+    options = () if len(kwargs) <= ("tools" in kwargs) else \
+        json.dumps({k: v for k, v in kwargs.items() if k != "tools"}, sort_keys=True, default=repr)
+    return tuple(out), options, kwargs.get("tools") is not None
+
+
+def _turns(template, messages, kwargs, assistants, holes: bool):
+    """``(text, spans, reasoning spans or None)``: each trained turn's span, from one marked render
+    (:func:`_marked`) where it can tell, else by probe renders (:func:`_probed`).
+
+    The marks' answer is checked against the probes' on the first row of each kind of turn
+    (:func:`_kinds`) a template sees; a difference sends the template's rows to the probes for good."""
+    d = template.__dict__
+    if d.get("_marks_off"):
+        return _probed(template, messages, kwargs, assistants, holes)
+    got = _marked(template, messages, kwargs, assistants, holes)
+    if got is None:
+        return _probed(template, messages, kwargs, assistants, holes)
+    checked = d.setdefault("_marks_checked", set())
+    turns, options, tools = _kinds(messages, kwargs, assistants)
+    new = [t for t in turns if (t, options, tools, holes) not in checked]
+    if new:
+        want = _probed(template, messages, kwargs, assistants, holes)
+        if want != got:
+            d["_marks_off"] = True
+            return want
+        if len(checked) < _MAX_KINDS:
+            checked.update((t, options, tools, holes) for t in new)
+    return got
+
+
 def conversation_parts(template, conv, *, compiled: bool = True) -> tuple[list[str], list[bool], dict]:
     """``(texts, trainable, info)`` of a conversation: the rendered text cut at its trained spans.
 
@@ -247,6 +473,7 @@ def conversation_parts(template, conv, *, compiled: bool = True) -> tuple[list[s
     assistants = [i for i, m in enumerate(messages) if m["role"] == "assistant" and i not in conv.untrained]
     if masking == "last":
         assistants = assistants[-1:]
+    holes = None  # the reasoning texts cut out of the spans (found below, unless found with the turns)
     if masking == "all":
         text = template.render(messages, extra=kwargs)
         spans = [(0, len(text))]
@@ -266,17 +493,20 @@ def conversation_parts(template, conv, *, compiled: bool = True) -> tuple[list[s
                              f"assistant messages ({len(every)}) one to one, so 'train': false or "
                              "masking='last' cannot pick a turn; use masking='assistant'")
     else:
-        text = template.render(messages, extra=kwargs)
-        spans, lo = [], 0
-        for i in assistants:
-            span = _turn_span(template, messages, kwargs, i, text, lo)
-            if span[1] > span[0]:
-                spans.append(span)
-                lo = span[1]
+        text, spans, holes = _turns(template, messages, kwargs, assistants,
+                                    not template.train_reasoning and conv.counts["reasoning"] > 0)
     if not template.train_reasoning and conv.counts["reasoning"] and masking != "all":
-        spans = _without(spans, _reasoning_spans(template, messages, kwargs, text))
+        spans = _without(spans, holes if holes is not None else _reasoning_spans(template, messages, kwargs, text))
     parts, train, at = [], [], 0
+    empty = template.has_generation and masking != "all"  # an empty block trains the token over its place
     for a, b in sorted(spans):
+        if empty and a == b >= at:
+            parts.append(text[at:a])
+            train.append(False)
+            parts.append("")
+            train.append(True)
+            at = a
+            continue
         a = max(a, at)
         if b <= a:
             continue
@@ -292,8 +522,6 @@ def conversation_parts(template, conv, *, compiled: bool = True) -> tuple[list[s
 
 def _reasoning_spans(template, messages, kwargs, text: str) -> list[tuple[int, int]]:
     """``(start, end)`` of each assistant reasoning as rendered in ``text`` (none where the template drops it)."""
-    from vecpack.chat.conversation import REASONING_KEYS
-
     out = []
     for i, m in enumerate(messages):
         if m["role"] != "assistant" or not any(m.get(k) for k in REASONING_KEYS):

@@ -340,6 +340,8 @@ def _compile(template, conv, cut):
     for part, t in zip(parts, train):
         if t and part:
             spans.append((at, at + len(part)))
+        elif t:  # an empty {% generation %} block (it trains the token over its place): Jinja cuts such rows
+            return None
         at += len(part)
 
     def inside(a, b):

@@ -57,10 +57,12 @@ import re
 from datetime import datetime
 
 from vecpack.chat.layout import (
+    _MARKING,
     _SENTINEL,
     SentinelObject,
     _Layout,
     generation_layout,
+    marked_json,
     object_marker,
     transform_at,
 )
@@ -124,6 +126,10 @@ def compile_jinja(source: str, *, fast: bool = True):
                                    sort_keys=sort_keys)
             if marker is not None:
                 return marker
+        if _MARKING.get() is not None:  # a marked render of vecpack.chat.spans: a marked object in its marks
+            marks = marked_json(x, ensure_ascii)
+            if marks is not None:
+                return marks[0] + tojson(dict(x), ensure_ascii, indent, separators, sort_keys) + marks[1]
         options = (ensure_ascii, indent, type(indent), separators, sort_keys)  # (indent 2.0 is no 2)
         try:
             dumps = encoders.get(options)

@@ -13,8 +13,30 @@ import pathlib
 import sys
 import time
 
+import vecpack
+from vecpack._state import compile_stats
+from vecpack.cli.mixture import mixture_lines
+from vecpack.cli.pairs import pair_pack_stats, pairs_text, render_pair_pack
 from vecpack.cli.parser import PROG, UsageError
+from vecpack.cli.report import (
+    TokenDecoder,
+    compile_since,
+    compile_time_apart,
+    format_bytes,
+    format_duration,
+    pack_stats,
+    plot_stats,
+    plural,
+    render_pack,
+    stats_text,
+)
+from vecpack.inputs.compressed import clear_copies
 from vecpack.options import check_tokenizer_dir
+from vecpack.pipeline.route import run_build
+from vecpack.pipeline.saved import SAVED_KINDS
+from vecpack.request.request import make_request
+from vecpack.store.cache import Cache
+from vecpack.store.objects import is_url
 
 __all__ = ["cmd_cache", "cmd_export", "cmd_inspect", "cmd_pack", "cmd_stats"]
 
@@ -33,7 +55,6 @@ def _existing_dir(path: str, what: str) -> pathlib.Path:
 
 def _load(path: str):
     """Open a directory written by ``vecpack pack -o`` / :func:`vecpack.save`."""
-    import vecpack
 
     _existing_dir(path, "packed dataset")
     return vecpack.load(path)
@@ -58,9 +79,6 @@ def _use_color(choice: str, stream) -> bool:
 
 
 def _pack_report(packed, *, elapsed: float, out: pathlib.Path | None, args) -> str:
-    from vecpack.cli.mixture import mixture_lines
-    from vecpack.cli.report import format_bytes, format_duration, pack_stats, plural
-
     s = pack_stats(packed)
     info = getattr(packed, "build_info", None)
     tstats = dict(info.tokenize_stats) if info is not None else {}
@@ -134,7 +152,6 @@ def _check_output(out: pathlib.Path) -> None:
         return
     if not out.is_dir():
         raise FileExistsError(f"-o {out}: exists and is not a directory")
-    from vecpack.store.saved import SAVED_KINDS
 
     if any(out.iterdir()) and _manifest(out).get("kind") not in SAVED_KINDS:
         raise FileExistsError(f"-o {out}: directory is not empty and is not a vecpack dataset; "
@@ -144,7 +161,6 @@ def _check_output(out: pathlib.Path) -> None:
 def _mixture_args(args):
     """``(inputs, style, column, masking, mixing keywords)`` for ``vecpack.build``: with ``--weights``,
     one ``vecpack.Source`` per INPUT, with its own ``--style`` / ``--column`` / ``--masking`` value."""
-    import vecpack
 
     given = {"--style": args.style, "--column": args.column, "--masking": args.masking}
     values = {k: v if isinstance(v, list) else [v] for k, v in given.items()}
@@ -172,7 +188,6 @@ def _mixture_args(args):
 
 def _cluster_report(packed, *, elapsed: float, url: str) -> str:
     """The report of a build the Ray cluster's nodes wrote to a store."""
-    from vecpack.cli.report import plural
 
     st = packed.stats
     return (f"{plural(st.get('num_documents', 0), 'document')} -> {plural(len(packed), 'pack')} of "
@@ -181,9 +196,6 @@ def _cluster_report(packed, *, elapsed: float, url: str) -> str:
 
 
 def cmd_pack(args) -> int:
-    import vecpack
-    from vecpack.store.objects import is_url
-
     remote = args.backend == "ray" and bool(args.output) and is_url(args.output)  # the nodes write the packs
     for f in args.inputs:
         if is_url(f):
@@ -211,14 +223,10 @@ def cmd_pack(args) -> int:
     if args.per_turn and args.output and out is None:
         raise UsageError(f"{PROG} pack: -o with --per-turn saves to a local directory (not to an object store) "
                          "for now: give a directory")
-    from vecpack._state import compile_stats
-    from vecpack.cli.report import compile_since, compile_time_apart
 
     before = compile_stats()
     t0 = time.perf_counter()
     inputs, style, column, masking, mix = _mixture_args(args)
-    from vecpack.request.request import make_request
-    from vecpack.store.pipeline import run_build
 
     request = make_request(inputs, str(tokenizer), {
         "max_len": args.max_len, "style": style, "column": column, "masking": masking, "strategy": args.strategy,
@@ -226,7 +234,9 @@ def cmd_pack(args) -> int:
         "progress": _progress(args), "cache": not args.no_cache, "cache_dir": args.cache_dir,
         "backend": args.backend, "allow_useless": args.allow_useless, "prefix_sharing": bool(args.prefix_sharing),
         "chat_template_kwargs": args.chat_template_kwargs, "train_reasoning": not args.no_train_reasoning,
-        "per_turn": bool(args.per_turn), **({"output": args.output} if remote else {}), **mix}, door=f"{PROG} pack")
+        "per_turn": bool(args.per_turn), **({"output": args.output} if remote else {}), **mix,
+        **({"pad_to_multiple_of": args.pad_to_multiple_of} if args.pad_to_multiple_of != 1 else {})},
+        door=f"{PROG} pack")
     packed = run_build(request)
     if remote:
         print(_cluster_report(packed, elapsed=time.perf_counter() - t0, url=args.output))
@@ -245,10 +255,6 @@ def cmd_pack(args) -> int:
 
 def _pack_vision(args) -> int:
     """``vecpack pack DATA --processor DIR``: the vision route of the request, and its report (``-o``: saved)."""
-    import vecpack
-    from vecpack.request.request import make_request
-    from vecpack.store.objects import is_url
-    from vecpack.store.pipeline import run_build
 
     if args.tokenizer is not None:
         raise UsageError(f"{PROG} pack: give --processor or --tokenizer, not both (the processor directory "
@@ -267,7 +273,9 @@ def _pack_vision(args) -> int:
         "max_len": args.max_len, "processor": str(processor), "pixels": args.pixels, "masking": masking,
         "column": column, "strategy": args.strategy, "long": args.long,
         "shuffle_seed": args.seed, "n_jobs": args.jobs, "on_error": args.on_error, "cache": not args.no_cache,
-        "cache_dir": args.cache_dir}, door=f"{PROG} pack")
+        "cache_dir": args.cache_dir,
+        **({"pad_to_multiple_of": args.pad_to_multiple_of} if args.pad_to_multiple_of != 1 else {})},
+        door=f"{PROG} pack")
     packed = run_build(request)
     if out is not None:
         vecpack.save(packed, out, progress=_progress(args))
@@ -278,7 +286,6 @@ def _pack_vision(args) -> int:
 
 def _vision_report(packed, *, elapsed: float) -> str:
     """Rows, documents, images, packs, fill, the long policy, the tokens padding would cost, the cache."""
-    from vecpack.cli.report import plural
 
     s = packed.stats
     fed = len(packed) * packed.max_len
@@ -305,9 +312,6 @@ def _vision_report(packed, *, elapsed: float) -> str:
 
 def _pairs_report(packed, *, elapsed: float, out: pathlib.Path | None, args) -> str:
     """``vecpack pack --style preference``: pairs, packs, what the long policy did, the cache."""
-    from vecpack.cli.mixture import mixture_lines
-    from vecpack.cli.pairs import pairs_text
-    from vecpack.cli.report import plural
 
     info = packed.build_info
     tstats = dict(info.tokenize_stats)
@@ -335,7 +339,6 @@ def _pairs_report(packed, *, elapsed: float, out: pathlib.Path | None, args) -> 
 
 def _turns_report(packed, *, elapsed: float, out, args) -> str:
     """``vecpack pack --per-turn``: conversations, their per-turn documents, tokens stored vs expanded."""
-    from vecpack.cli.report import plural
 
     s, t = packed.stats, packed.stats["per_turn"]
     hit = packed.build_info.corpus_hit and packed.build_info.plan_hit
@@ -380,8 +383,6 @@ def _tokenizer_dir(args, out: pathlib.Path) -> pathlib.Path:
 
 
 def cmd_inspect(args) -> int:
-    from vecpack.cli.report import TokenDecoder, plural, render_pack
-
     packed = _load(args.packed)
     if not len(packed):
         raise IndexError(f"{args.packed} has no packs")
@@ -392,7 +393,6 @@ def cmd_inspect(args) -> int:
     info = getattr(packed, "build_info", None)
     row_ids = None if info is None else info.row_ids
     if _is_pairs(packed):
-        from vecpack.cli.pairs import render_pair_pack
 
         render = render_pair_pack
     else:
@@ -403,8 +403,6 @@ def cmd_inspect(args) -> int:
 
 
 def cmd_stats(args) -> int:
-    from vecpack.cli.report import plot_stats, stats_text
-
     plot = pathlib.Path(args.plot) if args.plot else None
     if plot is not None:  # checked before anything is printed
         if plot.suffix.lower() != ".png":
@@ -416,7 +414,6 @@ def cmd_stats(args) -> int:
     title = f"{args.packed} · strategy {st.get('strategy', '?')} · long {st.get('long', '?')}"
     kw = {}
     if _is_pairs(packed):
-        from vecpack.cli.pairs import pair_pack_stats, pairs_text
 
         print(pairs_text(packed, title=title))
         kw = {"stats": pair_pack_stats(packed), "unit": "pair"}
@@ -429,12 +426,9 @@ def cmd_stats(args) -> int:
 
 
 def cmd_export(args) -> int:
-    from vecpack.cli.report import format_bytes
     from vecpack.integrations.export import export
-    from vecpack.store.objects import is_url
 
     if is_url(args.packed):   # a dataset on a store (a cluster build, vecpack.save to a URL): never a Path
-        import vecpack
 
         packed = vecpack.load(args.packed)
         name, parent = args.packed.rstrip("/").rsplit("/", 1)[-1], pathlib.Path.cwd()
@@ -444,11 +438,17 @@ def cmd_export(args) -> int:
     if args.output:
         dest = pathlib.Path(args.output)
     else:
-        dest = parent / (f"{name}-hf" if args.format == "hf" else f"{name}.{args.format}")
+        dest = parent / {"hf": f"{name}-hf", "megatron": f"{name}.idx.parquet"}.get(args.format,
+                                                                                  f"{name}.{args.format}")
     if dest.exists() and not args.force:
         raise FileExistsError(f"-o {dest} already exists; pass --force to replace it")
+    megatron = {"pad_seq_to_mult": args.pad_seq_to_mult, "pad_id": args.pad_id, "metadata": args.metadata}
+    given = [f"--{k.replace('_', '-')}" for k, v in megatron.items() if v is not None]
+    if args.format != "megatron" and given:
+        raise UsageError(f"{PROG} export: {', '.join(given)} apply to --format megatron only")
     t0 = time.perf_counter()
-    export(packed, dest, args.format, overwrite=args.force)
+    export(packed, dest, args.format, overwrite=args.force,
+           **({k: v for k, v in megatron.items() if v is not None} if args.format == "megatron" else {}))
     size = sum(p.stat().st_size for p in dest.rglob("*") if p.is_file()) if dest.is_dir() else dest.stat().st_size
     print(f"wrote {len(packed):,} packs to {dest} ({args.format}, {format_bytes(size)}) "
           f"in {time.perf_counter() - t0:.2f} s")
@@ -473,9 +473,6 @@ def _np_dtype(descr: str) -> str:
 
 
 def cmd_cache(args) -> int:
-    from vecpack.cli.report import format_bytes, plural
-    from vecpack.store.cache import Cache
-
     cache = Cache(args.cache_dir)
     now = time.time()
     if args.cache_command == "list":
@@ -513,7 +510,6 @@ def cmd_cache(args) -> int:
         for name, value in rows:
             print(f"{name:<11} {value}")
     elif args.cache_command == "clear":
-        from vecpack.inputs.compressed import clear_copies
 
         removed = cache.clear(older_than_days=args.older_than)
         copies = clear_copies(cache.root, args.older_than)   # streaming's decompressed inputs

@@ -174,11 +174,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="keep each assistant message's reasoning (reasoning_content, thinking) out of the loss")
     p.add_argument("--prefix-sharing", action="store_true",
                    help="with --style preference: store each pair's prompt once (prompt + chosen + rejected; "
-                        "needs the flex-attention or dense mask of vecpack.preference.collate)")
+                        "needs the flex-attention or dense mask of vecpack.integrations.collate)")
     p.add_argument("--per-turn", action="store_true",
                    help="one document per trained assistant turn, the conversation before it rendered as the "
                         "template renders a final turn (reasoning kept); a conversation's documents packed as one "
-                        "token trie, shared prefixes stored once (needs the mask of vecpack.turns.collate; "
+                        "token trie, shared prefixes stored once (needs the mask of vecpack.integrations.collate; "
                         "--long truncate keeps a conversation's first turns that fit)")
     p.add_argument("--strategy", default="bfd", type=_choice("strategy", options.STRATEGIES),
                    metavar=_metavar(options.STRATEGIES),
@@ -192,6 +192,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="documents longer than --max-len (default: truncate)")
     p.add_argument("--seed", default=0, type=_checked(_integer("shuffle_seed"), options.check_seed),
                    help="seed of the pack order shuffle for bfd/ffd (default: 0)")
+    p.add_argument("--pad-to-multiple-of", default=1, metavar="M",
+                   type=_checked(_integer("pad_to_multiple_of"), options.check_pad_multiple),
+                   help="plan each document as its length rounded up to a multiple of M, so packs still fit "
+                        "--max-len once padded for context parallelism (M = 2 x CP size; x TP size under sequence "
+                        "parallelism) (default: 1)")
     p.add_argument("--jobs", "-j", type=_jobs, default=-1, metavar="N",
                    help="worker processes (default: -1, every core)")
     p.add_argument("--backend", default="loky", type=_choice("backend", options.EXECUTORS),
@@ -246,10 +251,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--plot", metavar="FILE.png", help='also draw the histograms (needs "vecpack[plot]")')
 
     p = add("export", "Export packs (without padding) with columns input_ids, labels, position_ids, "
-                      "seq_lengths for TRL padding-free training.", [
+                      "seq_lengths for TRL padding-free training, or in Megatron-Bridge's packed format.", [
         "vecpack export packed --format parquet -o packed.parquet",
         "vecpack export packed --format hf -o packed-hf   # datasets.load_from_disk('packed-hf')",
         "vecpack export s3://bucket/packed/run1 --format parquet -o run1.parquet   # a cluster build",
+        "vecpack export packed --format megatron -o training_8192.idx.parquet   # Megatron-Bridge / NeMo",
     ])
     p.add_argument("packed", metavar="OUT", help="a directory written by 'vecpack pack -o', or its URL (s3://...)")
     p.add_argument("--format", required=True, choices=options.EXPORT_FORMATS, help="output format")
@@ -257,6 +263,16 @@ def build_parser() -> argparse.ArgumentParser:
                    help="output file (directory for hf); default: next to OUT, OUT.parquet / OUT.jsonl / OUT-hf "
                         "(in the current directory for a URL)")
     p.add_argument("--force", action="store_true", help="replace DEST if it exists")
+    p.add_argument("--pad-seq-to-mult", metavar="M",
+                   type=_checked(_integer("pad_seq_to_mult"), options.check_pad_multiple),
+                   help="--format megatron: pad each document to a multiple of M (2 x CP size for THD context "
+                        "parallelism) (default: the packs' --pad-to-multiple-of)")
+    p.add_argument("--pad-id", metavar="ID", type=_integer("pad_id"),
+                   help="--format megatron: the padding token; pass the tokenizer's EOS id, as Megatron pads "
+                        "(default: the packs' pad id)")
+    p.add_argument("--metadata", metavar="FILE",
+                   help="--format megatron: the packing metadata JSON, appended to as Megatron-Bridge does "
+                        "(default: <max-len>_metadata.jsonl next to DEST)")
 
     p = add("cache", "List, describe or clear the content-addressed cache.", [
         "vecpack cache list",

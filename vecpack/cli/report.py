@@ -40,6 +40,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from vecpack._text import plural
 from vecpack.cli.mixture import mixture_lines, plot_mixture, short_name, source_of
 
 __all__ = [
@@ -96,20 +97,6 @@ def format_duration(seconds: float) -> str:
         return f"{seconds:.2f} s"
     minutes, sec = divmod(round(seconds), 60)
     return f"{minutes} min {sec} s"
-
-
-def plural(count: float, one: str, many: str | None = None, *, rate: bool = False) -> str:
-    """``count`` with its noun, singular for exactly one: every count vecpack prints goes through this.
-
-    ``rate=True`` formats a rate (no decimals).
-
-    >>> plural(1, "pack"), plural(2000, "pack"), plural(1, "entry", "entries")
-    ('1 pack', '2,000 packs', '1 entry')
-    >>> plural(0.6, "row/s", "rows/s", rate=True)
-    '1 row/s'
-    """
-    text = f"{count:,.0f}" if rate else f"{count:,}"
-    return f"{text} {one if text == '1' else (many or one + 's')}"
 
 
 def compile_since(before: dict) -> dict:

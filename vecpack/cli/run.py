@@ -101,7 +101,7 @@ def _ctrl_c_again() -> None:
 
 def _skip_last_collections() -> None:
     """The process ends next: its interpreter's last garbage collections walk every object
-    (numba's, jinja's, the engines': about 1 s on a busy 2-core machine, after the report is
+    (numba's, jinja's, the engines', after the report is
     out) to free memory that the exit frees anyway. Frozen, they have nothing to walk; the exit
     hooks (atexit, the workers' and temporary directories' finalizers) still run."""
     import gc

@@ -1,13 +1,14 @@
 """Beyond one machine: a build from object storage to object storage on a Ray cluster (see ``docs/ray.md``).
 
-:func:`build_on_cluster` tokenizes fixed units of the inputs on the nodes,
+:func:`vecpack.build_on_cluster` (``vecpack.build(..., backend="ray", output=URL)``)
+tokenizes fixed units of the inputs on the nodes,
 plans from the lengths alone, packs shards on the nodes and writes a manifest
 last; :func:`open_packed` (``vecpack.load(url)``) reads the shards back, and
 :class:`PackStream` streams a rank's share with an exact, elastic resume.
 """
 
 from vecpack.cluster.reading import ShardedPacked, open_packed
-from vecpack.cluster.run import ClusterBuild, build_on_cluster
+from vecpack.cluster.run import ClusterBuild
 from vecpack.cluster.stream import PackStream
 
-__all__ = ["ClusterBuild", "PackStream", "ShardedPacked", "build_on_cluster", "open_packed"]
+__all__ = ["ClusterBuild", "PackStream", "ShardedPacked", "open_packed"]

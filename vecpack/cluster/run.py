@@ -13,7 +13,7 @@
 The driver holds the documents' lengths and the plan, nothing else: while it
 plans, the units' lengths and their concatenation (16 bytes a document), the
 planner's entries and scratch and the plan with the documents' offsets:
-about 78 bytes a document at the peak (measured at 10^7 with ``bfd``), about
+about 78 bytes a document at the peak with ``bfd``, about
 78 GB per billion documents; afterwards 33.5 (the plan's three int64 arrays,
 the documents' offsets, the pack offsets), 34 GB per billion; while the
 scatter tasks are made, up to 24 bytes more a planned entry (the entries
@@ -41,6 +41,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from vecpack._text import plural
 from vecpack.cluster.scatter import piece_url, plan_key, read_scatter_receipts, scatter_unit, unit_entries
 from vecpack.cluster.shards import pack_shard, plan_shards, shard_prefix
 from vecpack.cluster.tokenize import locate_example, read_receipts, tokenize_unit, unit_arrays
@@ -49,7 +50,7 @@ from vecpack.errors import EncoderError, InputError, WorkerDiedError
 from vecpack.store import objects
 from vecpack.tokenizing.spec import default_pad_id
 
-__all__ = ["MANIFEST", "ClusterBuild", "build_on_cluster"]
+__all__ = ["MANIFEST", "ClusterBuild", "run_on_cluster"]
 
 MANIFEST = "manifest.json"
 CLUSTER_FORMAT = 1
@@ -87,52 +88,6 @@ class ClusterBuild:
     scatters_run: int = 0
     scatters_reused: int = 0
     requests: dict = field(default_factory=dict)
-
-
-def build_on_cluster(data_files, tokenizer=None, max_len: int | None = None, *, output: str,
-                     style: str = "sharegpt", column: str | None = None, masking: str = "assistant",
-                     strategy: str = "bfd", long: str = "truncate", shuffle_seed: int | None = 0,
-                     pad_id: int | None = None, ignore_index: int = -100, on_error: str = "raise",
-                     encoder=None, address: str | None = None, unit_bytes: int = UNIT_BYTES,
-                     max_retries: int = MAX_RETRIES, pack: bool = True, progress: bool = True) -> ClusterBuild:
-    """Tokenize and pack ``data_files`` on a Ray cluster, from a store to a store.
-
-    Args:
-        data_files: ``s3://`` (``gs://``, ``az://``, ``hf://``) URLs, globs of them, or local paths
-            every node can read: JSONL, Parquet, and JSONL compressed with gzip, bzip2, xz or zstd (one
-            unit an object), each found by its first bytes as on one machine. JSON arrays and Arrow files
-            are refused (:class:`InputError` naming the object and the command that converts it).
-        tokenizer: a tokenizer directory present at the same path on every node (or ``encoder=``).
-        max_len, style, column, masking, strategy, long, shuffle_seed, pad_id, ignore_index, on_error:
-            as :func:`vecpack.build`; the packs are byte-identical to its.
-        output: where the dataset goes (a URL, or a path every node shares);
-            ``<output>/manifest.json`` is written last.
-        encoder: an encoder object instead of ``tokenizer`` (as :func:`vecpack.build`).
-        address: the Ray cluster (see :func:`vecpack.tokenizing.ray.init`).
-        unit_bytes: input bytes per unit (units never depend on the cluster).
-        max_retries: how often Ray re-runs a task whose worker or node died.
-        pack: False stops after tokenizing (the receipts stay; a later call packs).
-        progress: a bar a stage on stderr, as the local build's (units tokenized of all, units
-            scattered, shards packed with the packs written), and a summary line at the end.
-
-    This is the cluster's keyword front door: it makes the call's request
-    (:func:`vecpack.request.request.make_request`, as :func:`vecpack.build` does) and
-    runs :func:`run_on_cluster`; ``vecpack.build(..., backend="ray", output=URL)``
-    takes the same route.
-
-    Raises:
-        InputError: the first bad row in input order (``on_error="raise"``), at ``url:line``.
-        EncoderError: the encoder failed on a row.
-        ObjectStoreError: a store call failed for good; it names the object.
-    """
-    from vecpack.request.request import make_request
-
-    request = make_request(data_files, tokenizer, {
-        "max_len": max_len, "style": style, "column": column, "masking": masking, "strategy": strategy,
-        "long": long, "shuffle_seed": shuffle_seed, "pad_id": pad_id, "ignore_index": ignore_index,
-        "on_error": on_error, "encoder": encoder, "backend": "ray", "output": output, "progress": progress},
-        door="build_on_cluster()")
-    return run_on_cluster(request, address=address, unit_bytes=unit_bytes, max_retries=max_retries, pack=pack)
 
 
 def run_on_cluster(request, *, address: str | None = None, unit_bytes: int = UNIT_BYTES,
@@ -357,8 +312,6 @@ class _Bars:
         if self.bar is None:
             return
         if "packs" in result:
-            from vecpack.cli.report import plural  # every printed count, one plural rule
-
             self.packs += int(result["packs"])
             self.bar.set_postfix_str(f"{plural(self.packs, 'pack')} written", refresh=False)
         self.bar.update(1)
@@ -371,8 +324,6 @@ class _Bars:
     def summary(self, run: ClusterBuild) -> None:
         if not self.enabled:
             return
-        from vecpack.cli.report import plural
-
         t, st = run.tokenize_stats, run.stats
         print(f"vecpack.build_on_cluster: {plural(t['rows'], 'row')} -> {plural(t['documents'], 'document')}, "
               f"{plural(st['num_packs'], 'pack')} in {plural(len(run.manifest['shards']), 'shard')}, "

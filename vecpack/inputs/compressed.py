@@ -13,7 +13,7 @@ with lines of the decompressed text. A corrupt or cut-short file is an
 :class:`~vecpack.errors.InputError` at the line where the text stops.
 
 The codec is found by content (the magic bytes), whatever the suffix says;
-gzip is decoded by ``isal`` when installed (about 2.5x zlib's speed), zstd
+gzip is decoded by ``isal`` when installed (faster than zlib), zstd
 needs the ``zstandard`` package (both: ``pip install "vecpack[compressed]"``).
 Streaming reads a copy kept next to vecpack's cache (``.decompressed/``,
 keyed by path, size, modification time and inode, removed by ``vecpack cache
@@ -57,7 +57,7 @@ _ISAL = True   # use isal's gzip decoder when it is installed (tests turn it off
 
 
 def _gzip_decoder():
-    """isal's gzip decoder when installed (``vecpack[compressed]``: about 2.5x zlib's speed), else zlib's."""
+    """isal's gzip decoder when installed (``vecpack[compressed]``, faster than zlib), else zlib's."""
     if _ISAL:
         try:
             from isal import isal_zlib

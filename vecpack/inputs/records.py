@@ -92,7 +92,7 @@ def loads_text(text: str):
 def _parse_line(raw: bytes | memoryview):
     """One JSON line -> dict, or a :class:`BadRecord` saying what is wrong.
 
-    ``orjson`` parses well-formed lines (about 3x faster than :mod:`json`);
+    ``orjson`` parses well-formed lines (faster than :mod:`json`);
     anything it refuses goes through :mod:`json`, which decides exactly as
     before: it accepts what ``orjson`` is stricter about (``NaN``, escaped lone
     surrogates) and words the error for the rest. A tool row whose line may hold

@@ -21,16 +21,14 @@ share a document id but never see each other)::
 * :func:`collate_flex` -- ``[B, max_len]`` tensors plus a document-causal
   ``BlockMask``, built lazily on the tensors' device (:class:`FlexBatch`).
 
-Both carry ``use_cache=False``, so a plain ``model(**batch)`` is document-exact
-on every transformers attention implementation (``sdpa``, ``eager``,
-``flex_attention``, ``flash_attention_2/3``): without a KV cache transformers
-reads the segments from the restarting ``position_ids`` (sdpa, eager, flex),
-and the flash kernels get ``cu_seq_lens_*``. With the cache it creates by
-default (``use_cache`` is on even in training) it would ignore the restarts and
-attend across documents. Call ``model(**batch)``, not
-``model(**batch, use_cache=...)`` (a duplicate keyword).
+Both carry ``use_cache=False``, so a plain ``model(**batch)`` is document-exact on every
+transformers attention implementation: without a KV cache transformers reads the segments from
+the restarting ``position_ids`` (sdpa, eager, flex) and flash gets ``cu_seq_lens_*``; with the
+cache it creates by default it would attend across documents. Call ``model(**batch)``.
 * :func:`collate_torchtune` -- what torchtune's ``padded_collate_packed``
   returns (``tokens``, ``labels``, ``input_pos``, ``mask``), equal tensor for tensor.
+* :func:`collate_preference` (pairs), :func:`collate_turns` (per-turn tries), :func:`collate_vision`
+  (images); :func:`model_inputs` gives a batch's model kwargs, a tree batch's mask included.
 
 Labels stay unshifted (aligned with ``input_ids``); the model shifts them. The
 first label of every segment is ``ignore_index`` (the packer's contract, which
@@ -58,9 +56,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from vecpack.integrations.masks import flex_block_mask, seq_idx_from_seq_lens
+from vecpack.integrations.masks import flex_block_mask, pack_image_masks, seq_idx_from_seq_lens, tree_model_inputs
 
-__all__ = ["FlexBatch", "collate_flash", "collate_flex", "collate_torchtune"]
+__all__ = ["MODEL_KEYS", "FlexBatch", "collate_flash", "collate_flex", "collate_preference", "collate_torchtune",
+           "collate_turns", "collate_vision", "model_inputs"]
 
 _ROW_KEYS = ("input_ids", "labels", "position_ids", "document_ids")
 
@@ -329,8 +328,8 @@ def collate_torchtune(packs: Sequence[Mapping[str, Any]], *, ignore_index: int =
     ``torchtune.data.padded_collate_packed`` itself (a ``BlockMask``); elsewhere
     it is torchtune's dense ``[B, max_len, max_len]`` block-causal bool mask
     (padding is one more causal block), written block by block in place:
-    torchtune's ``block_diag`` of per-sequence masks takes ~1.5 s for 8 x 4096
-    (tests/test_collate.py checks the two are equal). Items
+    not torchtune's ``block_diag`` of per-sequence masks, which allocates each
+    one (tests/test_collate.py checks the two are equal). Items
     already in torchtune's form (a ``tokens`` key, e.g. from
     ``vecpack.PackedChatDataset``) are collated the same way.
 
@@ -392,3 +391,211 @@ def _torchtune_items(packs, ignore_index):
             "seq_lens": torch.from_numpy(tt_lens.astype(np.int64)),
         })
     return items
+
+
+#: The keys of a :func:`collate_preference` batch that go to the model's forward.
+MODEL_KEYS = ("input_ids", "position_ids", "seq_idx", "cu_seq_lens_q", "cu_seq_lens_k", "max_length_q",
+              "max_length_k", "use_cache")
+
+
+def collate_preference(packs: Sequence[Mapping[str, Any]], *, ignore_index: int = -100) -> dict[str, Any]:
+    """Packs of pairs -> one flat ``[1, T]`` batch with each sequence's boundaries, pair and side.
+
+    Args:
+        packs: ``packed_pairs[i]`` dicts (they carry ``seq_lens``,
+            ``seq_pairs`` and ``seq_parts`` besides the token rows), streamed
+            packs, or rows of ``vecpack export`` (unpadded, ``seq_lengths``).
+        ignore_index: label value that carries no loss.
+
+    Returns:
+        What :func:`vecpack.collate_flash` returns (``input_ids``, ``labels``,
+        ``position_ids``, ``seq_idx``, ``cu_seq_lens_q/k``, ``max_length_q/k``,
+        ``use_cache``), plus ``completion_mask`` (bool ``[1, T]``: the answer
+        tokens that are scored), ``is_chosen`` (bool ``[S]``), ``pair_index``
+        (long ``[S]``: the batch pair ``0 .. N-1`` of each sequence, in
+        batch order) and ``pair_ids`` (long ``[N]``: the corpus's pair of
+        each batch pair; a pair a mixture repeats may appear twice).
+        Packs laid out with prefix sharing give no ``cu_seq_lens`` (one varlen
+        call cannot let an answer skip the other) but ``document_ids``,
+        ``part_ids`` and ``end`` (``[1, T]``; ``end`` gives the tree mask,
+        :func:`vecpack.integrations.masks.prefix_block_mask`), ``logit_index`` (``[1, T]``:
+        the position whose logits predict each token; a rejected answer's
+        first token is predicted from its prompt's last token) and
+        ``prefix_sharing=True``. Pass :func:`model_inputs` of it to the model.
+
+    >>> from vecpack.preference.packed import pack_pairs
+    >>> b = collate_preference([pack_pairs(np.arange(1, 9, dtype=np.int32), np.array([0, 3, 5, 8]), max_len=12)[0]])
+    >>> b["cu_seq_lens_q"].tolist(), b["pair_index"].tolist(), b["is_chosen"].tolist()
+    ([0, 5, 11], [0, 0], [True, False])
+
+    Raises:
+        ValueError: a pack without its pair columns, or a pair whose two
+            sequences are not both in the batch.
+    """
+    pairs = np.concatenate([_array(p, "seq_pairs", i) for i, p in enumerate(packs)]).astype(np.int64)
+    parts = np.concatenate([_array(p, "seq_parts", i) for i, p in enumerate(packs)])
+    shared = _shared(packs, parts)
+    batch = _collate_shared(packs, ignore_index) if shared else collate_flash(packs, ignore_index=ignore_index)
+    if pairs.size != batch["seq_idx"].max().item() + 1:
+        raise ValueError(f"packs hold {batch['seq_idx'].max().item() + 1} sequences but {pairs.size} seq_pairs")
+    # a pair's two sequences sit side by side, chosen first: pairs are found by position, so that a
+    # pair repeated by a mixture (mix_total) may appear twice in one batch
+    first, second = pairs[0::2], pairs[1::2]
+    m = min(first.size, second.size)
+    bad = np.flatnonzero((first[:m] != second[:m]) | (parts[0::2][:m] != 1) | (parts[1::2][:m] != 2))
+    if bad.size or first.size != second.size:
+        j = int(first[bad[0]] if bad.size else first[-1])
+        raise ValueError(f"every pair needs its chosen and its rejected sequence in the batch, side by side "
+                         f"(pair {j} has not)")
+    pair_ids = first
+    pair_index = np.repeat(np.arange(first.size, dtype=np.int64), 2)
+    chosen = parts == 1
+    batch["completion_mask"] = batch["labels"] != ignore_index
+    batch["is_chosen"] = torch.from_numpy(chosen)
+    batch["pair_index"] = torch.from_numpy(pair_index.astype(np.int64))
+    batch["pair_ids"] = torch.from_numpy(pair_ids)
+    return batch
+
+
+def _seq_lens(pack, i: int) -> np.ndarray:
+    """A pack's ``seq_lens``, or the ``seq_lengths`` of an exported row (``vecpack export``)."""
+    return _array(pack, "seq_lengths" if "seq_lens" not in pack and "seq_lengths" in pack else "seq_lens", i)
+
+
+def _shared(packs, parts) -> bool:
+    """Whether the packs are laid out with prefix sharing: a rejected sequence starts past position 0."""
+    firsts = []
+    for i, p in enumerate(packs):
+        lens = _seq_lens(p, i).astype(np.int64)
+        firsts.append(_array(p, "position_ids", i)[np.cumsum(lens) - lens])
+    firsts = np.concatenate(firsts) if firsts else np.zeros(0, np.int64)
+    return bool(((parts == 2) & (firsts > 0)).any())
+
+
+def _collate_shared(packs, ignore_index: int) -> dict[str, Any]:
+    """The flat batch of prefix-shared packs (see :func:`collate_preference`)."""
+    keys = ("input_ids", "labels", "position_ids", "document_ids", "part_ids")
+    lens = [_seq_lens(p, i).astype(np.int64) for i, p in enumerate(packs)]
+    flat = {k: np.concatenate([_array(p, k, i)[:int(n.sum())] for i, (p, n) in enumerate(zip(packs, lens))])
+            .astype(np.int64) for k in keys}
+    all_lens = np.concatenate(lens)
+    starts = np.cumsum(all_lens) - all_lens
+    logit_index = np.arange(flat["input_ids"].size, dtype=np.int64) - 1
+    first_pos = flat["position_ids"][starts]
+    rejected = np.flatnonzero((flat["part_ids"][starts] == 2) & (first_pos > 0))
+    # a shared rejected answer follows the chosen one: its first token is predicted by the prompt's last
+    logit_index[starts[rejected]] = starts[rejected - 1] + first_pos[rejected] - 1
+    # the tree mask's subtree ends: a token's own sequence's end, but a shared prompt's tokens reach to the
+    # end of the rejected answer that follows its chosen one (vecpack.integrations.masks, "tree masks")
+    ends = starts + all_lens
+    end = np.repeat(ends, all_lens)
+    plen = first_pos[rejected]
+    at = np.repeat(starts[rejected - 1] - (np.cumsum(plen) - plen), plen) + np.arange(int(plen.sum()))
+    end[at] = np.repeat(ends[rejected], plen)
+    labels = flat["labels"]
+    labels[starts[first_pos == 0]] = ignore_index
+    out = {k: torch.from_numpy(v)[None] for k, v in flat.items()}
+    out["labels"] = torch.from_numpy(labels)[None]
+    out["seq_idx"] = torch.from_numpy(np.repeat(np.arange(all_lens.size, dtype=np.int32), all_lens))[None]
+    out["logit_index"] = torch.from_numpy(logit_index)[None]
+    out["end"] = torch.from_numpy(end)[None]
+    out["use_cache"] = False
+    out["prefix_sharing"] = True
+    return out
+
+
+_TURN_KEYS = ("input_ids", "labels", "position_ids", "end", "document_ids")
+
+
+def collate_turns(packs: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """Packs of tries -> one flat ``[1, T]`` batch (padding left out).
+
+    Returns:
+        long ``[1, T]`` tensors ``input_ids``, ``labels``, ``position_ids``,
+        ``end`` (each token's subtree end in the batch row) and
+        ``document_ids`` (the conversation), ``seq_lens`` (long ``[U]``: each
+        trie's tokens), ``use_cache=False`` and ``per_turn=True``. Pass
+        :func:`model_inputs` of it to the model.
+
+    A token ``j`` may attend key ``i`` iff ``i <= j < end[i]`` (``i`` is ``j`` or an ancestor in its
+    trie); ``position_ids`` are the depths, so every token has its solo-run position.
+
+    >>> from vecpack.turns.packed import pack_turns
+    >>> t = np.array([1, 2, 3, 1, 2, 4, 5], np.int32)                # d1 = 1 2 3, d2 = 1 2 4 5
+    >>> pt = pack_turns(t, np.where(np.isin(np.arange(7), [2, 6]), t, -100), [0, 3, 7], [0, 0], max_len=8)
+    >>> b = collate_turns([pt[0]])
+    >>> b["input_ids"].tolist(), b["position_ids"].tolist(), b["end"].tolist()
+    ([[1, 2, 3, 4, 5]], [[0, 1, 2, 2, 3]], [[5, 5, 3, 5, 5]])
+
+    Raises:
+        ValueError: a pack without its ``seq_lens`` or ``end``.
+    """
+    flat, lens, at = {k: [] for k in _TURN_KEYS}, [], 0
+    for i, p in enumerate(packs):
+        n_i = _array(p, "seq_lens", i).astype(np.int64)
+        n = int(n_i.sum())
+        for k in _TURN_KEYS:
+            a = _array(p, k, i)[:n].astype(np.int64)
+            flat[k].append(a + at if k == "end" else a)
+        lens.append(n_i)
+        at += n
+    out = {k: torch.from_numpy(np.concatenate(v) if v else np.zeros(0, np.int64))[None] for k, v in flat.items()}
+    out["seq_lens"] = torch.from_numpy(np.concatenate(lens) if lens else np.zeros(0, np.int64))
+    out["use_cache"] = False
+    out["per_turn"] = True
+    return out
+
+
+_ASK = "ask"  # sliding_window not given: needed, and asked for, only by packs with bidirectional image blocks
+
+
+def collate_vision(packs: list[dict], *, sliding_window: int | None | str = _ASK, block_size: int = 128) -> dict:
+    """Packs (``PackedVision`` items) -> ``input_ids``/``labels`` ``[1, T]``, ``position_ids`` ``[4, 1, T]``
+    (mRoPE) or ``[1, T]`` (1-D RoPE), ``pixel_values`` and ``image_grid_thw`` (left out when the batch has no
+    image) and ``use_cache=False``.
+
+    Packs with ``token_type_ids`` (Gemma 3: bidirectional attention inside each image) also get
+    ``attention_mask``: ``{"full_attention": BlockMask, "sliding_attention": BlockMask}`` (flex attention,
+    ``attn_implementation="flex_attention"``): causal within each document, both ways inside each image
+    block, never across documents; the sliding one also keeps a key less than ``sliding_window`` tokens
+    before its query: pass the model's ``config.text_config.sliding_window`` (``None``: a model without
+    sliding-window layers); such packs without it are a ``ValueError``, since a wrong window leaks silently.
+    ``block_size`` is the BlockMask's.
+    """
+    def cat(key):
+        return torch.from_numpy(np.concatenate([np.asarray(p[key]) for p in packs], axis=-1))
+
+    positions = cat("position_ids").long()
+    batch = {
+        "input_ids": cat("input_ids").long()[None],
+        "labels": cat("labels").long()[None],
+        "position_ids": positions[:, None] if positions.ndim == 2 else positions[None],
+        "use_cache": False,
+    }
+    pixels = np.concatenate([p["pixel_values"] for p in packs])
+    if len(pixels):
+        batch["pixel_values"] = torch.from_numpy(pixels)
+        if "image_grid_thw" in packs[0]:
+            batch["image_grid_thw"] = torch.from_numpy(np.concatenate([p["image_grid_thw"] for p in packs]))
+    if "token_type_ids" in packs[0]:
+        if sliding_window == _ASK:
+            raise ValueError("these packs attend bidirectionally inside each image (Gemma 3): collate_vision needs "
+                             "sliding_window=model.config.text_config.sliding_window (None for a model without "
+                             "sliding-window layers), e.g. functools.partial(collate_vision, sliding_window=...)")
+        batch["attention_mask"] = pack_image_masks(packs, sliding_window, block_size)
+    return batch
+
+
+
+def model_inputs(batch: Mapping[str, Any], *, mask: str = "flex") -> dict[str, Any]:
+    """A batch's keyword arguments for the model: ``model(**model_inputs(batch))``.
+
+    A tree batch (it has ``end``: :func:`collate_turns`, or :func:`collate_preference` with prefix sharing)
+    gets ``input_ids``, ``position_ids`` and its tree mask built on the batch's device: a flex
+    ``BlockMask`` (``mask="flex"``, ``attn_implementation="flex_attention"``) or a dense bool
+    ``[1, 1, T, T]`` mask (``mask="dense"``, ``sdpa`` / ``eager``). Any other batch gives its
+    :data:`MODEL_KEYS` (the flash batch's keys).
+    """
+    if "end" in batch:
+        return tree_model_inputs(batch, mask=mask)
+    return {k: batch[k] for k in MODEL_KEYS if k in batch}

@@ -26,7 +26,9 @@ so ``collate_preference`` takes the exported rows as they are (prefix-shared
 packs included: their ``position_ids`` tell it).
 
 Formats: ``parquet`` (one file, a row group per block of packs), ``jsonl``
-(one JSON object per line) and ``hf`` (``datasets.Dataset.save_to_disk``;
+(one JSON object per line), ``megatron`` (Megatron-Bridge's packed ``.npy`` or
+``.idx.parquet`` and its metadata JSON: :mod:`vecpack.integrations.megatron`) and
+``hf`` (``datasets.Dataset.save_to_disk``;
 ``datasets.load_from_disk`` memory-maps it). TRL's ``SFTTrainer`` trains the
 ``hf`` output as it is with ``SFTConfig(padding_free=True, max_length=None,
 dataset_kwargs={"skip_prepare_dataset": True})`` (docs/trainers.md);
@@ -51,9 +53,10 @@ import tempfile
 
 import numpy as np
 
+from vecpack.integrations import megatron as _megatron
 from vecpack.options import EXPORT_FORMATS, check_choice
 
-__all__ = ["COLUMNS", "FORMATS", "PAIR_COLUMNS", "export", "iter_batches"]
+__all__ = ["COLUMNS", "FORMATS", "PAIR_COLUMNS", "export", "export_megatron", "iter_batches"]
 
 COLUMNS = ("input_ids", "labels", "position_ids", "seq_lengths")
 #: The extra columns of preference pairs: per token, then per sequence.
@@ -192,30 +195,50 @@ def _write_hf(packed, dest: pathlib.Path, block: int) -> None:
 
 
 def export(packed, dest: str | os.PathLike, format: str = "parquet", *, overwrite: bool = False,
-           block: int | None = None) -> pathlib.Path:
-    """Write ``packed`` to ``dest`` as ``parquet``, ``jsonl`` or ``hf``; return ``dest``.
+           block: int | None = None, pad_seq_to_mult: int | None = None, pad_id: int | None = None,
+           metadata: str | os.PathLike | None = None) -> pathlib.Path:
+    """Write ``packed`` to ``dest`` as ``parquet``, ``jsonl``, ``hf`` or ``megatron``; return ``dest``.
 
     Args:
         packed: a :class:`vecpack.Packed` (e.g. from :func:`vecpack.load`), or
             a :class:`~vecpack.preference.packed.PackedPairs` (pair columns added).
-        dest: a file (parquet, jsonl) or a directory (hf).
-        format: ``"parquet"``, ``"jsonl"`` or ``"hf"``.
+        dest: a file (parquet, jsonl; megatron: ``.npy`` or ``.idx.parquet``) or a directory (hf).
+        format: ``"parquet"``, ``"jsonl"``, ``"hf"``, or ``"megatron"``: what
+            Megatron-Bridge and NeMo read for packed fine-tuning, plus its metadata
+            JSON (:mod:`vecpack.integrations.megatron`).
         overwrite: replace ``dest`` if it exists (otherwise that is an error).
         block: packs converted at a time (bounds memory; default about 4M tokens).
+        pad_seq_to_mult, pad_id: ``megatron`` only: each document padded to this multiple
+            (default: the plan's ``pad_to_multiple_of``) with ``pad_id`` (pass the
+            tokenizer's EOS id; default ``packed.pad_id``).
+        metadata: ``megatron`` only: the metadata JSON, appended to as Megatron-Bridge
+            does (default ``<max_len>_metadata.jsonl`` next to ``dest``).
 
     The output is written next to ``dest`` and renamed into place when
     complete, so an interrupted export leaves no partial file behind.
     """
     check_choice(format, "format", FORMATS)
+    megatron_only = {"pad_seq_to_mult": pad_seq_to_mult, "pad_id": pad_id, "metadata": metadata}
+    given = [k for k, v in megatron_only.items() if v is not None]
+    if format != "megatron" and given:
+        raise ValueError(f"{', '.join(given)} apply to format='megatron' only")
     dest = pathlib.Path(dest)
     if dest.exists() and not overwrite:
         raise FileExistsError(f"{dest} already exists; pass overwrite=True to replace it")
     if not dest.parent.is_dir():
         raise FileNotFoundError(f"{dest.parent}: no such directory")
     tmp = dest.parent / f".{dest.name}.{os.getpid()}.partial"
-    writer = {"parquet": _write_parquet, "jsonl": _write_jsonl, "hf": _write_hf}[format]
+    result = None
+    if format == "megatron":
+        _megatron.check_dest(dest)
+
+        def writer(packed, tmp, block):
+            return _megatron.write_megatron(packed, tmp, dest=dest, pad_seq_to_mult=pad_seq_to_mult, pad_id=pad_id,
+                                            block=block)
+    else:
+        writer = {"parquet": _write_parquet, "jsonl": _write_jsonl, "hf": _write_hf}[format]
     try:
-        writer(packed, tmp, block)
+        result = writer(packed, tmp, block)
         if dest.exists():
             shutil.rmtree(dest) if dest.is_dir() else dest.unlink()
         os.replace(tmp, dest)
@@ -224,4 +247,23 @@ def export(packed, dest: str | os.PathLike, format: str = "parquet", *, overwrit
             shutil.rmtree(tmp, ignore_errors=True)
         elif tmp.exists():
             tmp.unlink()
+    if format == "megatron":
+        _megatron.write_metadata(result, metadata if metadata is not None
+                                 else _megatron.default_metadata_path(dest, packed.max_len))
     return dest
+
+
+def export_megatron(packed, dest: str | os.PathLike, *, pad_seq_to_mult: int | None = None, pad_id: int | None = None,
+                    metadata: str | os.PathLike | None = None, overwrite: bool = False,
+                    block: int | None = None) -> pathlib.Path:
+    """``export(packed, dest, "megatron", ...)``: Megatron-Bridge / NeMo packed fine-tuning files.
+
+    ``dest`` ends in ``.idx.parquet`` (``GPTSFTPackedParquetDataset``, Megatron-Bridge's
+    default) or ``.npy`` (``GPTSFTPackedDataset``); the metadata JSON goes to
+    ``metadata`` (default ``<max_len>_metadata.jsonl`` next to ``dest``). Pass the
+    tokenizer's EOS id as ``pad_id`` and ``2 * cp_size`` (or the plan's
+    ``pad_to_multiple_of``, the default) as ``pad_seq_to_mult``. See
+    :mod:`vecpack.integrations.megatron`.
+    """
+    return export(packed, dest, "megatron", overwrite=overwrite, block=block, pad_seq_to_mult=pad_seq_to_mult,
+                  pad_id=pad_id, metadata=metadata)

@@ -321,7 +321,7 @@ class BatchCheck:
 def _is_ours(collator) -> bool:
     """A collator of :mod:`vecpack.integrations.collate` (as such or inside a :class:`BatchCheck`)."""
     inner = collator.collator if isinstance(collator, BatchCheck) else collator
-    return getattr(inner, "__module__", "") in ("vecpack.integrations.collate", "vecpack.vision.collate")
+    return getattr(inner, "__module__", "") == "vecpack.integrations.collate"
 
 
 def _is_mrope(model) -> bool:

@@ -50,7 +50,9 @@ import torch
 from vecpack.options import ATTENTION_MASKS, check_choice
 
 __all__ = ["block_causal_mask", "flex_block_mask", "flex_image_block_mask", "image_block_ids", "image_block_mask",
-           "seq_idx_from_seq_lens", "tree_block_mask", "tree_dense_mask", "tree_model_inputs"]
+           "pack_image_masks", "prefix_block_mask", "prefix_dense_mask", "seq_idx_from_seq_lens",
+           "tree_batch_block_mask", "tree_batch_dense_mask", "tree_block_mask", "tree_dense_mask", "tree_model_inputs",
+           "turn_block_mask", "turn_dense_mask"]
 
 
 def seq_idx_from_seq_lens(seq_lens: Sequence[np.ndarray], length: int) -> np.ndarray:
@@ -296,3 +298,47 @@ def tree_model_inputs(batch, *, mask: str = "flex") -> dict:
     attention = tree_block_mask(end) if mask == "flex" else tree_dense_mask(end)
     return {"input_ids": batch["input_ids"], "position_ids": batch["position_ids"], "attention_mask": attention,
             "use_cache": False}
+
+
+def tree_batch_block_mask(batch, *, device=None, block_size: int = 128):
+    """The flex-attention ``BlockMask`` of a tree batch (per-turn tries, prefix-shared pairs): each token
+    sees itself and its ancestors (:func:`vecpack.integrations.masks.tree_block_mask` of ``batch["end"]``).
+
+    >>> import numpy as np
+    >>> from vecpack.preference.packed import pack_pairs
+    >>> pp = pack_pairs(np.arange(1, 9, dtype=np.int32), np.array([0, 3, 5, 8]), max_len=12, prefix_sharing=True)
+    >>> from vecpack.integrations.collate import collate_preference
+    >>> b = collate_preference([pp[0]])                     # prompt 1 2 3, chosen 4 5, rejected 6 7 8
+    >>> b["input_ids"].tolist(), b["end"].tolist()
+    ([[1, 2, 3, 4, 5, 6, 7, 8]], [[8, 8, 8, 5, 5, 8, 8, 8]])
+    >>> tree_batch_dense_mask(b)[0, 0, 5:].int().tolist()    # the rejected answer skips 4 5
+    [[1, 1, 1, 0, 0, 1, 0, 0], [1, 1, 1, 0, 0, 1, 1, 0], [1, 1, 1, 0, 0, 1, 1, 1]]
+    """
+    return tree_block_mask(batch["end"].to(device), block_size=block_size)
+
+
+def tree_batch_dense_mask(batch, *, device=None) -> torch.Tensor:
+    """The same mask as :func:`tree_batch_block_mask`, dense: bool ``[1, 1, T, T]`` (``sdpa`` / ``eager``)."""
+    return tree_dense_mask(batch["end"].to(device))
+
+
+# the names each layout's docs use for the same tree masks
+prefix_block_mask = turn_block_mask = tree_batch_block_mask
+prefix_dense_mask = turn_dense_mask = tree_batch_dense_mask
+
+
+def pack_image_masks(packs, sliding_window, block_size: int = 128) -> dict:
+    """The Gemma 3 masks of vision packs laid end to end (:func:`vecpack.collate_vision`): ``full_attention``
+    and ``sliding_attention`` flex ``BlockMask`` s, each pack's padding its own segment."""
+    lens, doc = [], 0
+    for p in packs:  # one row: every pack's documents, then its padding as its own segment
+        seq = np.asarray(p["seq_lens"], np.int64)
+        pad = len(p["input_ids"]) - int(seq.sum())
+        lens.append(np.repeat(np.arange(doc, doc + len(seq) + (pad > 0)), np.append(seq, pad) if pad else seq))
+        doc += len(seq) + (pad > 0)
+    seq_idx = torch.from_numpy(np.concatenate(lens))[None]
+    blocks = image_block_ids(torch.from_numpy(np.concatenate([p["token_type_ids"] for p in packs]))[None])
+    full = flex_image_block_mask(seq_idx, blocks, block_size=block_size)
+    sliding = full if sliding_window is None else flex_image_block_mask(
+        seq_idx, blocks, sliding_window=int(sliding_window), block_size=block_size)
+    return {"full_attention": full, "sliding_attention": sliding}

@@ -97,7 +97,7 @@ def _trained_typed(labels, i, ignore_index):
 @njit(cache=CACHE, inline='always')
 def _full(n, value):
     """``np.full(n, value, np.int64)`` on ``np.empty`` alone: numba compiles each NumPy constructor
-    a process uses once (``np.zeros``, ``np.full``, ``np.arange``: about 0.2 s of CPU each), so the
+    a process uses once (``np.zeros``, ``np.full``, ``np.arange``: each its own compilation), so the
     kernels here use one. ``value`` is an ``np.int64`` (a literal would compile its own copy)."""
     out = np.empty(n, np.int64)
     for i in range(n):
@@ -537,7 +537,7 @@ def fill_pack(tokens, labels, offsets, doc_index, doc_start, doc_length, pack_of
 def fill_packs(tokens, labels, offsets, doc_index, doc_start, doc_length, pack_offsets, start,
                pad_id, ignore_index, ids, lab, pos, doc):
     """Fill packs ``start:start + ids.shape[0]`` into [n, max_len] int32 arrays, in parallel
-    (:func:`_fill_row` written out: a parallel loop that calls it takes 3x as long to compile)."""
+    (:func:`_fill_row` written out: a parallel loop that calls it takes far longer to compile)."""
     n, m = ids.shape
     for k in prange(n):
         p = start + k
@@ -604,8 +604,8 @@ def fill_packs_part(tokens, labels, shift, offsets, doc_index, doc_start, doc_le
 @njit(cache=CACHE)
 def trained_tokens(labels, offsets, doc_index, doc_start, doc_length, ignore_index):
     """Tokens of the packs that carry a loss: each entry's labels other than ``ignore_index``, its first
-    one excepted (a pack sets it to ``ignore_index``). One thread: a count over memory (25M tokens in about
-    40 ms), which ``parallel=True`` sped up by less than 2x on 2 cores for 0.6 s more of compilation."""
+    one excepted (a pack sets it to ``ignore_index``). One thread: a count over memory, which ``parallel=True``
+    barely speeds up, for a longer compilation."""
     total = 0
     for e in range(doc_index.shape[0]):
         a = offsets[doc_index[e]] + doc_start[e]

@@ -408,9 +408,8 @@ def _empty(shape: tuple[int, int]) -> np.ndarray:
     numpy asks the kernel for transparent huge pages for every large array;
     where the machine only gives them on request (``madvise``, as on most
     distributions) and memory is fragmented, each first touch of such an array
-    can wait for the kernel to compact memory: materializing 2.6 GB of packs
-    took 5.6 s that way against 4.0 s with plain pages, after tokenizing
-    1M rows on the 2-core dev machine. A private anonymous mapping gets
+    can wait for the kernel to compact memory, which made materializing
+    large packs markedly slower than with plain pages. A private anonymous mapping gets
     plain pages and is unmapped when the array is freed.
     """
     nbytes = int(np.prod(shape)) * 4
@@ -422,7 +421,8 @@ def _empty(shape: tuple[int, int]) -> np.ndarray:
 
 
 def pack(tokens, offsets, max_len: int, *, labels=None, strategy: str = "bfd", pad_id: int = 0,
-         ignore_index: int = -100, long: str = "truncate", shuffle_seed: int | None = 0) -> Packed:
+         ignore_index: int = -100, long: str = "truncate", shuffle_seed: int | None = 0,
+         pad_to_multiple_of: int = 1) -> Packed:
     """Pack a tokenized corpus into sequences of ``max_len`` tokens.
 
     Args:
@@ -439,6 +439,9 @@ def pack(tokens, offsets, max_len: int, *, labels=None, strategy: str = "bfd", p
             documents longer than ``max_len`` (see :func:`vecpack.plan`).
         shuffle_seed: seed of the pack order shuffle for ffd/bfd, ``None``
             for none.
+        pad_to_multiple_of: plan each document as its length rounded up to
+            this multiple, so packs still fit once the context-parallel
+            collator pads them (see :func:`vecpack.plan`).
 
     Returns:
         A :class:`Packed`; arrays are computed on first use.
@@ -452,7 +455,7 @@ def pack(tokens, offsets, max_len: int, *, labels=None, strategy: str = "bfd", p
     from vecpack.request.specs import PackSpec
 
     spec = PackSpec.make(max_len, strategy=strategy, long=long, shuffle_seed=shuffle_seed, pad_id=pad_id,
-                         ignore_index=ignore_index)
+                         ignore_index=ignore_index).padded(pad_to_multiple_of)
     tokens = _check_tokens(tokens, "tokens")
     offsets = _check_offsets(offsets, tokens.shape[0])
     if labels is not None:
@@ -460,7 +463,8 @@ def pack(tokens, offsets, max_len: int, *, labels=None, strategy: str = "bfd", p
         if labels.shape[0] != tokens.shape[0]:
             raise ValueError(f"labels has {labels.shape[0]} entries but tokens has "
                              f"{tokens.shape[0]}; they must be aligned")
-    p = plan(np.diff(offsets), spec.max_len, strategy=spec.strategy, long=spec.long, shuffle_seed=spec.shuffle_seed)
+    p = plan(np.diff(offsets), spec.max_len, strategy=spec.strategy, long=spec.long, shuffle_seed=spec.shuffle_seed,
+             pad_to_multiple_of=spec.pad_to_multiple_of)
     return Packed(tokens, offsets, p, labels=labels, pad_id=spec.pad_id, ignore_index=spec.ignore_index)
 
 

@@ -24,7 +24,7 @@ import numpy as np
 
 from vecpack._state import runnable
 from vecpack.errors import InputError
-from vecpack.options import LONG_POLICIES, check_max_len, check_options
+from vecpack.options import LONG_POLICIES, check_max_len, check_options, check_pad_multiple
 
 __all__ = ["LONG_CODES", "Plan", "plan", "trained_tokens"]
 
@@ -52,7 +52,7 @@ def _kernel(name: str, plain_us: float):
     """The kernel ``name`` for a call whose Python body takes about ``plain_us`` microseconds: compiled,
     or that body while a machine's first run compiles the kernels apart (:func:`vecpack._state.runnable`).
     The estimates are a microsecond a document, entry or token (expand, group, check, trained tokens),
-    16 an entry plus 45 per unit of ``max_len`` for best and first fit (measured with CPython 3.11)."""
+    16 an entry plus 45 per unit of ``max_len`` for best and first fit (CPython 3.11's bodies)."""
     return runnable(getattr(_kernels, name), plain_us)
 
 
@@ -121,7 +121,7 @@ def _check_lengths(lengths) -> np.ndarray:
 
 
 def plan(lengths, max_len: int, *, strategy: str = "bfd", long: str = "truncate",
-         shuffle_seed: int | None = 0) -> Plan:
+         shuffle_seed: int | None = 0, pad_to_multiple_of: int = 1) -> Plan:
     """Assign documents to packs of at most ``max_len`` tokens.
 
     Args:
@@ -142,6 +142,12 @@ def plan(lengths, max_len: int, *, strategy: str = "bfd", long: str = "truncate"
             which correlates neighbouring batches; the pack order is therefore
             shuffled with this seed (deterministic, independent of numpy's
             version). ``None`` keeps the algorithm's order.
+        pad_to_multiple_of: each document (or chunk) counts as its length
+            rounded up to this multiple when packs are planned, so a pack still
+            fits ``max_len`` after every document in it is padded to the multiple
+            (context parallelism: :func:`vecpack.integrations.cp.pad_multiple`).
+            ``max_len`` must be a multiple of it. The plan keeps the real
+            lengths (``doc_length``); padding is added at batch time. 1: none.
 
     Returns:
         A :class:`Plan`. ``plan.stats`` holds ``num_documents`` (input),
@@ -151,8 +157,10 @@ def plan(lengths, max_len: int, *, strategy: str = "bfd", long: str = "truncate"
         ``truncated_tokens`` (documents cut and tokens cut), ``dropped`` /
         ``dropped_tokens``, ``split`` / ``split_chunks`` (documents split, and
         the entries they became), ``max_entries_per_pack``, and the
-        arguments ``max_len``, ``strategy``, ``long``, ``shuffle_seed``.
-        Every document is placed (one entry, or several if split), dropped or
+        arguments ``max_len``, ``strategy``, ``long``, ``shuffle_seed``;
+        with ``pad_to_multiple_of > 1`` also ``pad_to_multiple_of`` and
+        ``padded_tokens`` (the placed tokens once padded; ``fill`` counts real
+        tokens). Every document is placed (one entry, or several if split), dropped or
         empty: ``num_documents == placed + dropped + empty``.
 
     Raises:
@@ -170,6 +178,10 @@ def plan(lengths, max_len: int, *, strategy: str = "bfd", long: str = "truncate"
     check_options(strategy=strategy, long=long)
     shuffle_seed = check_options(shuffle_seed=shuffle_seed)["shuffle_seed"]
     lengths = _check_lengths(lengths)
+    multiple = check_pad_multiple(pad_to_multiple_of, max_len)
+    real = lengths
+    if multiple > 1:  # plan on the padded lengths; the real ones are put back below
+        lengths = (lengths + (multiple - 1)) // multiple * multiple
     policy = LONG_CODES[long]
     if policy == _kernels.LONG_ERROR and lengths.size and lengths.max() > max_len:
         too_long = lengths > max_len
@@ -204,6 +216,13 @@ def plan(lengths, max_len: int, *, strategy: str = "bfd", long: str = "truncate"
 
     num_packs = pack_offsets.shape[0] - 1
     num_tokens = int(est[_kernels.ST_TOKENS])
+    if multiple > 1:
+        est = _real_stats(est, real, max_len, policy)
+        padded_tokens, num_tokens = num_tokens, int(est[_kernels.ST_TOKENS])
+        # An entry holds its document's tokens from doc_start on, at most its padded length: max_len is a
+        # multiple of `multiple`, so every chunk of a split starts before the document's real end.
+        doc_length = np.minimum(doc_length, real.take(doc_index) - doc_start)
+        lengths = real
     n_long = int(est[_kernels.ST_LONG])
     per_pack = np.diff(pack_offsets)
     stats = {
@@ -226,6 +245,9 @@ def plan(lengths, max_len: int, *, strategy: str = "bfd", long: str = "truncate"
         "long": long,
         "shuffle_seed": shuffle_seed if shuffled else None,
     }
+    if multiple > 1:  # (absent at 1: the stats of an unpadded plan stay as they were)
+        stats["pad_to_multiple_of"] = multiple
+        stats["padded_tokens"] = padded_tokens
     if policy == _kernels.LONG_SPLIT:
         long_docs = lengths[lengths > max_len]
         stats["split_chunks"] = int(((long_docs + max_len - 1) // max_len).sum())
@@ -233,6 +255,25 @@ def plan(lengths, max_len: int, *, strategy: str = "bfd", long: str = "truncate"
         a.flags.writeable = False
     return Plan(doc_index=doc_index, doc_start=doc_start, doc_length=doc_length,
                 pack_offsets=pack_offsets, max_len=max_len, stats=stats)
+
+
+def _real_stats(est: np.ndarray, real: np.ndarray, max_len: int, policy: int) -> np.ndarray:
+    """The ``ST_*`` counts of the real (unpadded) lengths, from those of the padded ones.
+
+    A padded length exceeds ``max_len`` exactly when the real one does (``max_len`` is a multiple of
+    the padding), so the documents counted long and empty are the same; only token counts change.
+    """
+    out = est.copy()
+    long = real > max_len
+    long_tokens = int(real[long].sum())
+    excess = long_tokens - max_len * int(long.sum())
+    total = int(real.sum())
+    out[_kernels.ST_INPUT_TOKENS] = total
+    out[_kernels.ST_LONG_TOKENS] = long_tokens
+    out[_kernels.ST_LONG_EXCESS] = excess
+    placed = {_kernels.LONG_TRUNCATE: total - excess, _kernels.LONG_DROP: total - long_tokens}
+    out[_kernels.ST_TOKENS] = placed.get(policy, total)  # split and error place every token
+    return out
 
 
 def trained_tokens(p: Plan, labels, offsets, ignore_index: int = -100) -> int:

@@ -13,7 +13,7 @@ The modules, each imported on its own (this package imports nothing heavy):
 * :mod:`vecpack.preference.encoder`: :class:`~vecpack.preference.encoder.PairEncoder`, token for token TRL's
   ``DPOTrainer`` preparation, on the engines and pool every chat row uses.
 * :mod:`vecpack.preference.packed`: :func:`~vecpack.preference.packed.pack_pairs` -> ``PackedPairs``.
-* :mod:`vecpack.preference.collate`: :func:`~vecpack.preference.collate.collate_preference`, its masks.
+* :mod:`vecpack.integrations.collate`: :func:`~vecpack.integrations.collate.collate_preference`, its masks.
 * :mod:`vecpack.preference.logps`: :func:`~vecpack.preference.logps.sequence_logps`.
 * :mod:`vecpack.preference.loss`: :func:`~vecpack.preference.loss.dpo_loss` (TRL's default sigmoid loss).
 

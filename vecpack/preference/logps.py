@@ -28,8 +28,8 @@ def sequence_logps(logits: torch.Tensor, batch: Mapping[str, Any], *, average: b
 
     Args:
         logits: ``[1, T, V]`` or ``[T, V]``, the model's output on
-            :func:`~vecpack.preference.collate.model_inputs` of ``batch``.
-        batch: a :func:`~vecpack.preference.collate.collate_preference` batch
+            :func:`~vecpack.integrations.collate.model_inputs` of ``batch``.
+        batch: a :func:`~vecpack.integrations.collate.collate_preference` batch
             (``input_ids``, ``completion_mask``, ``seq_idx``, ``is_chosen``, and
             ``logit_index`` for prefix-shared packs).
         average: divide each sum by its number of scored tokens (TRL's

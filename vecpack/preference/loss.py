@@ -41,7 +41,7 @@ def dpo_loss(policy_logps: torch.Tensor, ref_logps: torch.Tensor, batch: Mapping
         policy_logps: ``[S]`` per-sequence log-probabilities of the policy
             (:func:`~vecpack.preference.logps.sequence_logps`).
         ref_logps: ``[S]`` the reference model's (no gradient needed).
-        batch: the :func:`~vecpack.preference.collate.collate_preference` batch.
+        batch: the :func:`~vecpack.integrations.collate.collate_preference` batch.
         beta: DPO's temperature (TRL's default 0.1).
 
     Returns:

@@ -206,7 +206,7 @@ def plan_pairs(doc_lengths, max_len: int, *, strategy: str = "bfd", long: str = 
             (the prompt once, ``prompt + chosen + rejected`` tokens per unit);
             the rejected answer's positions continue from the prompt's end and
             a mask keeps it from seeing the chosen answer
-            (:mod:`vecpack.preference.collate`).
+            (:mod:`vecpack.integrations.collate`).
 
     Returns:
         A :class:`PairPlan`; ``stats`` holds ``num_pairs``, ``num_packs``,
@@ -283,7 +283,7 @@ class PackedPairs(PlanViews):
     ``position_ids`` (from 0 in every sequence), ``document_ids`` (the pair,
     -1 on padding), ``part_ids`` (0 prompt, 1 chosen, 2 rejected, -1 padding),
     and per sequence ``seq_lens``, ``seq_pairs`` (the pair) and ``seq_parts``
-    (1 chosen, 2 rejected). :func:`vecpack.preference.collate.collate_preference`
+    (1 chosen, 2 rejected). :func:`vecpack.integrations.collate.collate_preference`
     makes batches of them.
 
     Args:

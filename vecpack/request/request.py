@@ -129,7 +129,7 @@ _OPTIONS = {
     "style": "chat", "column": "chat", "masking": "chat", "chat_template_kwargs": "chat", "train_reasoning": "chat",
     "per_turn": "chat",
     "max_len": "pack", "strategy": "pack", "long": "pack", "shuffle_seed": "pack", "prefix_sharing": "pack",
-    "pad_id": "pack", "ignore_index": "pack",
+    "pad_id": "pack", "ignore_index": "pack", "pad_to_multiple_of": "pack",
     "mix_by": "mix", "mix_total": "mix", "mix_seed": "mix", "mix_repeat": "mix",
     "on_error": "run", "n_jobs": "run", "progress": "run", "backend": "run", "cache": "run", "cache_dir": "run",
     "verify": "run", "allow_useless": "run", "chunk_bytes": "run", "output": "run", "pixels": "run",
@@ -171,7 +171,13 @@ def make_request(data_files, tokenizer, options: dict, *, door: str = "build()",
         kw = dict(by["pack"])
         unit = ("pair" if pairs else "images" if tok.processor is not None else "turns" if chat.per_turn
                 else "document")
-        pack = PackSpec.make(kw.pop("max_len", None), unit=unit, **kw)
+        multiple = kw.pop("pad_to_multiple_of", 1)
+        pack = PackSpec.make(kw.pop("max_len", None), unit=unit, **kw).padded(multiple, unit)
+        cluster = run.executor == "ray" and run.output is not None
+        if pack.pad_to_multiple_of > 1 and (mixture or cluster):
+            raise ValueError(f"{door}: pad_to_multiple_of={pack.pad_to_multiple_of} is not supported for "
+                             f"{'a mixture' if mixture else 'a Ray cluster build (output=)'} yet; build one input "
+                             f"with vecpack.build(path, tokenizer, max_len, pad_to_multiple_of=...)")
     mix = None
     if mixture:
         mix = MixSpec.make(*(by["mix"].get(k, d) for k, d in

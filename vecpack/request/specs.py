@@ -4,8 +4,8 @@ Each field's role (in the cache key, output-neutral, or applied on read) is
 declared here, next to the field (:mod:`vecpack.request.fields`).
 
 >>> PackSpec.make(4096, strategy="ffd")
-PackSpec(max_len=4096, strategy='ffd', long='truncate', shuffle_seed=0, prefix_sharing=False, pad_id=None, \
-ignore_index=-100)
+PackSpec(max_len=4096, strategy='ffd', long='truncate', shuffle_seed=0, prefix_sharing=False, pad_to_multiple_of=1, \
+pad_id=None, ignore_index=-100)
 >>> RunSpec.make(on_error="ignore")
 Traceback (most recent call last):
 ...
@@ -19,7 +19,15 @@ import json
 import os
 from typing import Any
 
-from vecpack.options import IGNORE_INDEX, check_max_len, check_mix, check_n_jobs, check_options, check_per_turn
+from vecpack.options import (
+    IGNORE_INDEX,
+    check_max_len,
+    check_mix,
+    check_n_jobs,
+    check_options,
+    check_pad_multiple,
+    check_per_turn,
+)
 from vecpack.request.fields import neutral, read
 
 __all__ = ["ChatSpec", "MixSpec", "PackSpec", "RunSpec", "TokenizerSpec"]
@@ -131,6 +139,10 @@ class TokenizerSpec:
         return self.encoder if self.encoder is not None else self.tokenizer
 
 
+#: What ``PackSpec.make``'s ``unit`` packs, in messages.
+_UNITS = {"pair": "preference pairs", "images": "documents with images", "turns": "per-turn conversations"}
+
+
 @dataclasses.dataclass(frozen=True)
 class PackSpec:
     """How documents become packs (see :func:`vecpack.plan` and :func:`vecpack.pack`).
@@ -141,6 +153,9 @@ class PackSpec:
         long: what happens to a document longer than ``max_len``.
         shuffle_seed: seeds the order of the packs (None: unshuffled).
         prefix_sharing: preference pairs only: each pair's prompt stored once.
+        pad_to_multiple_of: each document counts as its length rounded up to this multiple when
+            planned (context parallelism; see :func:`vecpack.plan`); 1: none, and then it is left out
+            of the plan key, so plans cached before it existed still hit.
         pad_id: padding id (None: the tokenizer's pad token, else 0); applied on read.
         ignore_index: label of padding and of untrained tokens; applied on read.
     """
@@ -150,6 +165,7 @@ class PackSpec:
     long: str = "truncate"
     shuffle_seed: int | None = 0
     prefix_sharing: bool = False
+    pad_to_multiple_of: int = 1
     pad_id: int | None = read(None)
     ignore_index: int = read(IGNORE_INDEX)
 
@@ -171,7 +187,19 @@ class PackSpec:
             check_options(turn_long=long)
         if prefix_sharing and not pairs:
             raise ValueError("prefix_sharing=True needs style='preference'")
-        return cls(max_len, strategy, long, checked["shuffle_seed"], bool(prefix_sharing), pad_id, ignore_index)
+        return cls(max_len, strategy, long, checked["shuffle_seed"], bool(prefix_sharing), 1, pad_id, ignore_index)
+
+    def padded(self, pad_to_multiple_of: int, unit: str = "document") -> "PackSpec":
+        """This spec with ``pad_to_multiple_of`` (validated: it divides ``max_len``; chat documents only).
+
+        >>> PackSpec.make(4096).padded(8).pad_to_multiple_of
+        8
+        """
+        multiple = check_pad_multiple(pad_to_multiple_of, self.max_len)
+        if multiple > 1 and unit != "document":
+            raise ValueError(f"pad_to_multiple_of={multiple} is supported for chat documents only, not for "
+                             f"{_UNITS[unit]} yet; leave pad_to_multiple_of=1")
+        return dataclasses.replace(self, pad_to_multiple_of=multiple)
 
     def plan_key(self) -> dict:
         """The key fields as the plan entries store them (``shuffle_seed`` a plain int)."""
@@ -179,6 +207,8 @@ class PackSpec:
 
         out = key_fields(self)
         out["shuffle_seed"] = None if self.shuffle_seed is None else int(self.shuffle_seed)
+        if out["pad_to_multiple_of"] == 1:  # unpadded: the key it had before the option existed
+            del out["pad_to_multiple_of"]
         return out
 
 

@@ -93,9 +93,10 @@ from vecpack import options
 from vecpack.inputs.readers import reader
 from vecpack.inputs.sources import resolve_sources
 from vecpack.options import STREAM_STRATEGIES, check_choice, check_int, check_seed
+from vecpack.streaming.balanced import BalancedStream
 from vecpack.streaming.encoding import EngineStart, checked_before
 from vecpack.streaming.mix import SOURCE_STATS, MixRun, mixture_stats, stream_sources
-from vecpack.streaming.readers import Layout
+from vecpack.streaming.readers import Layout, default_shard
 from vecpack.streaming.run import STAT_KEYS, STATE_VERSION, Run, with_fill
 from vecpack.tokenizing.corpus import encoder_class
 from vecpack.tokenizing.encoder import encoder_for, remember
@@ -118,20 +119,6 @@ def _head(hf, n: int):
     rows = list(itertools.islice(iter(hf), n))
     hf.load_state_dict(initial)
     return datasets.Dataset.from_list(rows) if rows else []
-
-
-def _default_shard(rank, world_size) -> tuple[int, int]:
-    if rank is None and world_size is None:
-        if torch.distributed.is_available() and torch.distributed.is_initialized():
-            return torch.distributed.get_rank(), torch.distributed.get_world_size()
-        return 0, 1
-    if rank is None or world_size is None:
-        raise ValueError("pass both rank and world_size, or neither (then torch.distributed's are used)")
-    if not (isinstance(world_size, int) and world_size >= 1):
-        raise ValueError(f"world_size must be an integer >= 1, got {world_size!r}")
-    if not (isinstance(rank, int) and 0 <= rank < world_size):
-        raise ValueError(f"rank must be an integer in 0..{world_size - 1}, got {rank!r}")
-    return rank, world_size
 
 
 class StreamingPackedDataset(IterableDataset):
@@ -281,7 +268,7 @@ class StreamingPackedDataset(IterableDataset):
         self.on_error = on_error
         self.n_jobs = n_jobs
         if rank is not None or world_size is not None:
-            _default_shard(rank, world_size)            # validate now
+            default_shard(rank, world_size)            # validate now
         self.rank, self.world_size = rank, world_size   # None: torch.distributed's, at iter()
         self.batch_rows = batch_rows
         self.seed = None if seed is None else int(seed)
@@ -327,6 +314,15 @@ class StreamingPackedDataset(IterableDataset):
         default): workers get a copy of the dataset at that moment.
         """
         self.epoch = int(epoch)
+
+    def balanced(self, *, world_size: int | None = None, rank: int | None = None, micro_batches: int = 1,
+                 window_steps: int = 8, cost: str = "attention", a: float | None = None,
+                 seed: int | None = 0) -> BalancedStream:
+        """This stream with its packs dealt to data-parallel ranks by attention cost, window by window
+        (:class:`~vecpack.streaming.balanced.BalancedStream`; every rank packs every row, and yields its
+        share). Resumes exactly through its own ``state_dict``; docs/ranks.md."""
+        return BalancedStream(self, world_size=world_size, rank=rank, micro_batches=micro_batches,
+                              window_steps=window_steps, cost=cost, a=a, seed=seed)
 
     def __iter__(self) -> Iterator[dict]:
         shard, nshards = self._shard()
@@ -398,7 +394,7 @@ class StreamingPackedDataset(IterableDataset):
 
     # ------------------------------------------------------------------ internals
     def _shard(self) -> tuple[int, int]:
-        rank, world = _default_shard(self.rank, self.world_size)
+        rank, world = default_shard(self.rank, self.world_size)
         info = torch.utils.data.get_worker_info()
         wid, nw = (info.id, info.num_workers) if info is not None else (0, 1)
         return rank * nw + wid, world * nw

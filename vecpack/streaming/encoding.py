@@ -23,8 +23,10 @@ from typing import Callable, Iterator
 import numpy as np
 
 from vecpack.errors import EncoderError
+from vecpack.options import cache_root
 from vecpack.tokenizing import pool as _pool
 from vecpack.tokenizing.rows import RowFailure, Rows, encode_rows
+from vecpack.tokenizing.spec import Unsupported, stat_key
 
 __all__ = ["Encoding", "EngineStart", "checked_before", "documents", "encode_batch", "encode_in_worker",
            "encoder_ready"]
@@ -105,7 +107,6 @@ def _tokenizer_tag(path) -> str | None:
     from importlib.metadata import PackageNotFoundError, version
 
     from vecpack import __version__
-    from vecpack.tokenizing.spec import stat_key
 
     try:
         hf = version("tokenizers")
@@ -129,7 +130,6 @@ def _passed_file(path, engine: str, texts) -> pathlib.Path | None:
     import hashlib
     from importlib.metadata import PackageNotFoundError, version
 
-    from vecpack.options import cache_root
 
     tag = _tokenizer_tag(path)
     try:
@@ -153,14 +153,13 @@ def checked_before(tokenizer) -> bool:
 
     A stream then does not start the check's HF process ahead of its encoder
     (:func:`vecpack.tokenizing.encoder.encoder_for`'s ``options["preload"]``): its own
-    verdict is most likely remembered too, and that process (about 0.5 s of
-    a core to load Qwen2.5's tokenizer) would only compete with the first
+    verdict is most likely remembered too, and that process (loading
+    Qwen2.5's tokenizer on a core) would only compete with the first
     pack. If this sample was not checked, its check starts the process then.
 
     >>> checked_before(None)
     False
     """
-    from vecpack.options import cache_root
     from vecpack.tokenizing.pool import tokenizer_dir
 
     d = tokenizer_dir(tokenizer)
@@ -212,11 +211,11 @@ class _After:
 class EngineStart:
     """A stream's engine in this process: ready at once, fastokens once built, nothing yielded unchecked.
 
-    Building fastokens for a byte-level BPE takes about 1 s of CPU (Qwen2.5's
-    151k tokens), longer than the whole first pack should. So a stream whose
+    Building fastokens for a byte-level BPE (Qwen2.5's 151k tokens) takes
+    longer than the whole first pack should. So a stream whose
     encoder runs on fastokens starts on tiktoken's core, made from the same
-    memoised tables (about 0.05 s when its texts are Latin-script, which need
-    only the tokens of :mod:`vecpack.tokenizing.latin`, else 0.1 s), and builds
+    memoised tables (smaller when its texts are Latin-script, which need
+    only the tokens of :mod:`vecpack.tokenizing.latin`), and builds
     fastokens in a thread beside the work (fastokens releases the GIL while it
     builds). Between two batches, once fastokens is built and (if this process
     has not checked it yet) its parity check passed, the same runtime serves
@@ -287,7 +286,6 @@ class EngineStart:
     def _warm(self, encoder, texts) -> None:
         """Serve with tiktoken's core now, build fastokens in a thread (byte-level BPE only)."""
         from vecpack.tokenizing.runtime import Runtime
-        from vecpack.tokenizing.spec import Unsupported
 
         try:
             rt = Runtime(pathlib.Path(encoder.path), "fastokens", warm_start=True)

@@ -33,6 +33,8 @@ from typing import Iterator
 
 import numpy as np
 
+from vecpack.errors import InputError
+from vecpack.inputs.readers import reader
 from vecpack.streaming.encoding import Encoding, documents
 from vecpack.streaming.readers import F, Layout, Reader, ShuffledReader
 from vecpack.streaming.run import _F, _LEN, Run, rows_of, with_fill
@@ -210,7 +212,6 @@ def mixture_stats(stats: dict, names: list, weights: list, mix_by: str, per_sour
 
 def stream_sources(request, *, seed: int | None) -> list:
     """The :class:`StreamSource` of each input of a mixture request (inputs resolved there; encoders built here)."""
-    from vecpack.inputs.readers import reader
     from vecpack.tokenizing.encoder import encoder_for
 
     out, base = [], 0
@@ -244,7 +245,6 @@ def _check_not_empty(source: StreamSource) -> None:
     empty = source.layout.num_rows == 0 if source.layout is not None else all(
         s.size == 0 for s in source.srcs)
     if empty:
-        from vecpack.errors import InputError
 
         raise InputError("no documents to mix: it has no rows; remove this source or give it weight 0",
                          file=source.name)

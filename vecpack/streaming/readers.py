@@ -210,3 +210,20 @@ class ShuffledReader(Reader):
                 payloads, refs, curs, n_pending = [], [], [], 0
         if payloads:
             yield Batch(payloads, np.concatenate(refs), np.concatenate(curs))
+
+
+def default_shard(rank, world_size) -> tuple[int, int]:
+    """``(rank, world_size)`` as given (validated), or torch.distributed's when both are None (0, 1 without it)."""
+    if rank is None and world_size is None:
+        import torch  # torch.distributed only when no rank is given (the readers run without torch)
+
+        if torch.distributed.is_available() and torch.distributed.is_initialized():
+            return torch.distributed.get_rank(), torch.distributed.get_world_size()
+        return 0, 1
+    if rank is None or world_size is None:
+        raise ValueError("pass both rank and world_size, or neither (then torch.distributed's are used)")
+    if not (isinstance(world_size, int) and world_size >= 1):
+        raise ValueError(f"world_size must be an integer >= 1, got {world_size!r}")
+    if not (isinstance(rank, int) and 0 <= rank < world_size):
+        raise ValueError(f"rank must be an integer in 0..{world_size - 1}, got {rank!r}")
+    return rank, world_size

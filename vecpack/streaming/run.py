@@ -26,6 +26,7 @@ import torch
 from vecpack.errors import InputError
 from vecpack.options import INT32_MAX
 from vecpack.packing.online import RAMP, BufferPacker
+from vecpack.preference.packed import lay_out_pack, pair_policy
 from vecpack.streaming.encoding import Encoding, documents
 from vecpack.streaming.readers import Layout, Reader, ShuffledReader
 
@@ -48,7 +49,7 @@ def lay_out(tokens: np.ndarray, labels: np.ndarray, lengths: np.ndarray, doc_ids
             pad_id: int, ignore_index: int) -> dict:
     """One pack whose entries lie back to back in ``tokens`` (all ``lengths`` >= 1), as
     ``Packed[i]``: what the packing kernel ``fill_entries`` writes, in NumPy, so that a stream's
-    first pack does not wait for numba (its import and the kernel's load take about 0.5 s).
+    first pack does not wait for numba's import and the kernel's load.
 
     >>> out = lay_out(np.array([5, 6, 7], np.int32), np.array([5, 6, 7], np.int32), np.array([2, 1]),
     ...               np.array([3, 9]), 5, 0, -100)
@@ -391,7 +392,6 @@ class Run:
 
     def _admit_pair(self, ref, doc) -> None:
         """A preference pair: one entry, after the pair ``long`` policy (never split from its partner)."""
-        from vecpack.preference.packed import pair_policy
 
         st = self.stats
         st["num_rows"] += 1
@@ -449,7 +449,6 @@ class Run:
 
     def _emit_pairs(self, slots: list) -> dict:
         """The pack of the pairs in ``slots``, laid out as ``PackedPairs[i]``; frees them."""
-        from vecpack.preference.packed import lay_out_pack
 
         ds = self.ds
         docs = [self.docs[s] for s in slots]

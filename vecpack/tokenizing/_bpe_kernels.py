@@ -15,8 +15,8 @@ merge, by their two words (an exact key) up to 16 bytes.
 Helpers take tables as raw pointers (:func:`~vecpack.tokenizing._words._ptr`), not arrays: numba increfs
 and decrefs every array a call receives. The leaf helpers are inlined in numba's
 IR (``inline="always"``); the larger ones (the pre-tokenizer, the table probe)
-are plain calls: inlining them too was about 10% faster on the seed's rows but
-took 38 s to compile instead of 8 (once per install, on the first large call).
+are plain calls: inlining them too ran a little faster but compiled several times
+as long (once per install, on the first large call).
 """
 
 import numpy as np
@@ -171,7 +171,7 @@ def _miss(bp, nbuf, a, b, h, w0, w1, s, tp, tbits, kp, nk, small, ids, count, ps
     """Ids of piece ``bp[a:b]`` not in the piece cache (hash ``h``, words ``w0``/``w1``, free cache slot ``s``, or -1).
 
     A vocabulary lookup, else merges; stored in the cache (``csize`` slots; ``cids`` holds ``ncids``)
-    when ``s >= 0`` and it has room. Not inlined: inlined, it cost ~60-100 ns a piece even when not taken.
+    when ``s >= 0`` and it has room. Not inlined: inlined, it cost time on every piece even when not taken.
     """
     first = count
     t = _probe(tp, tbits, h, bp, a, b - a, nbuf, kp, nk)

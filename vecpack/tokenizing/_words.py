@@ -33,7 +33,7 @@ def _ptr(typingctx, arr):
     """The data pointer of a contiguous array.
 
     The inlined helpers of a hot loop take tables as pointers, not arrays: numba
-    increfs/decrefs each array an inlined call receives (atomic ops, ~20 ns per call).
+    increfs/decrefs each array an inlined call receives (atomic ops on every call).
     """
     sig = types.CPointer(arr.dtype)(arr)
 

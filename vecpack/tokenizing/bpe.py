@@ -1,11 +1,11 @@
 """vecpack's own byte-level BPE: exact tiktoken ids straight from UTF-8 bytes, tables built in ms.
 
-fastokens takes about 0.8 s to build Qwen2.5's tables and takes only ``str``,
+fastokens is slow to build Qwen2.5's tables and takes only ``str``,
 so the row lane had to join its rendered rows' bytes, decode them and cut the
 ids back. This engine (numba kernels in :mod:`vecpack.tokenizing._bpe_kernels`)
-builds from the tiktoken ranks in about 30 ms and encodes byte ranges where they
-lie: on the seed's short chat rows in about 0.6 of fastokens' time (on
-code-heavy rows about 1.8 times it, ``asv_bench/bench_bpe.py``). It serves the
+builds from the tiktoken ranks at once and encodes byte ranges where they
+lie: faster than fastokens on short chat rows, slower on code-heavy ones
+(``asv_bench/bench_bpe.py``; figures in ``docs/benchmarks.md``). It serves the
 row lane when a call is made of such rows
 (:func:`vecpack.tokenizing.runtime.call_engine`)::
 
@@ -88,7 +88,7 @@ def supports(pattern: str) -> bool:
 
 
 def _derive_classes() -> np.ndarray:
-    """``[classes, fold]`` per code point below the last of :data:`RANGES` (about 0.5 s).
+    """``[classes, fold]`` per code point below the last of :data:`RANGES` (slow: memoised by the caller).
 
     The classes come from the ``regex`` module, as tiktoken's and HF's regex engines
     class them, not from ``unicodedata``: Python 3.11's is Unicode 14, where 26,849

@@ -22,13 +22,14 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import json
 import os
 import shutil
 import sys
 import time
 
+from vecpack._text import plural
 from vecpack.chat.formats import MESSAGE_SHAPES
-from vecpack.errors import InputError
 from vecpack.inputs.readers import reader, sample_rows
 from vecpack.options import FAST_ENGINES
 from vecpack.tokenizing import executors
@@ -37,8 +38,10 @@ from vecpack.tokenizing.backend import Pending, fall_back
 from vecpack.tokenizing.encoder import encoder_for, remember
 from vecpack.tokenizing.feed import TaskFeed
 from vecpack.tokenizing.forkpool import fork_refusal, fork_will_wait, forked_workers, prepare
+from vecpack.tokenizing.lane import expect_bytes
 from vecpack.tokenizing.merge import ChunkMerger
-from vecpack.tokenizing.plan import short_rows, worth_fastokens
+from vecpack.tokenizing.plan import INLINE_MAX_BYTES, call_engine, inline_is_sooner, short_rows, worth_fastokens
+from vecpack.tokenizing.runtime import built_runtime, forget_runtime, runtime
 from vecpack.tokenizing.tasks import agentic_counts, default_chunk_bytes, plan_chunks, rejected_examples
 from vecpack.tokenizing.tokenized import Tokenized, merge_stats
 
@@ -140,13 +143,82 @@ def _row_kinds(sources, share: int, forking: bool, style: str | None) -> tuple[b
     (:func:`~vecpack.tokenizing.plan.call_engine`); read only where they may decide it.
 
     Rows of other styles (text, prompt-completion) are encoded text by text, where vecpack's BPE
-    costs about 15 µs a call more than fastokens (its set-up per call): they are never ``short``."""
+    costs more per call than fastokens (its set-up per call): they are never ``short``."""
     if not forking or not worth_fastokens(share, True):
         return False, False
     dense = _tool_rows(sources)
     short = (not dense and style in MESSAGE_SHAPES and all(s.kind == "jsonl" for s in sources)
              and short_rows([s.name for s in sources]))
     return dense, short
+
+
+def _serve_here(encoder, sources, call) -> None:
+    """Have this process's runtime of a ``"fastokens"`` encoder serve a call whose tasks all run here
+    with the engine the call's whole input repays (:func:`~vecpack.tokenizing.plan.call_engine`, as a
+    worker's share): a small call is served by tiktoken (quick to build) rather than paying
+    fastokens' construction (much longer) in every process that tokenizes a few rows. An engine
+    this process built already serves on, and the call's bytes are announced to the row lane
+    (:func:`~vecpack.tokenizing.lane.expect_bytes`), as a worker's share is. The parity check then
+    checks the engine that serves."""
+    if getattr(encoder, "backend", None) != "fastokens" or not hasattr(encoder, "_rt") or call.scoped is not None:
+        return
+    total = _input_bytes(sources)
+    dense, short = call.dense, call.short
+    if not call.forking and worth_fastokens(total, True):  # (_row_kinds read them only for forked workers)
+        dense, short = _row_kinds(sources, total, True, call.inp.chat.style)
+    engine = call_engine(total, dense, short)
+    try:
+        built = built_runtime(str(encoder.path), "fastokens")
+        if built is not None and engine == "tiktoken":  # an engine built before serves on, as it is
+            encoder._rt = built
+            return
+        encoder._rt = runtime(str(encoder.path), "fastokens", serve=engine)
+    except Exception:  # noqa: BLE001 - cannot be built: the parity check says why, as before
+        return
+    expect_bytes(total)  # (the row lane from the first range where the call repays its load)
+    if built is None and encoder._rt.serving == "tiktoken":
+        # made for this small call alone: forgotten when it ends (end_scoped), so that no later
+        # call or user of the encoder inherits tiktoken where it would build fastokens
+        call.scoped = (encoder, encoder._rt)
+
+
+def _end_scoped(call) -> None:
+    """Forget the runtime :func:`_serve_here` made for this call alone (the encoder builds its own next)."""
+    if call.scoped is not None:
+        encoder, rt = call.scoped
+        call.scoped = None
+        forget_runtime(rt)
+        if encoder.__dict__.get("_rt") is rt:
+            encoder._rt = None
+
+
+_MEASURED_ROWS = 16   # rows a small call times in this process (after one that warms the engine up)
+_cpu_clock = time.thread_time   # their CPU time: this thread's (not the packing kernels' load beside it)
+
+
+def _inline_is_sooner(encoder, sources, call) -> bool:
+    """Whether a call below :data:`~vecpack.tokenizing.plan.INLINE_MAX_BYTES` ends sooner in this
+    process than on its forked workers (:func:`~vecpack.tokenizing.plan.inline_is_sooner`), from its
+    own rows: the first ones are encoded here, with the engine an inline call would use, and the
+    CPU time per byte of JSON is scaled to the call's input. A row that fails leaves the call to the
+    workers, which report it as always."""
+    total = _input_bytes(sources)
+    if total >= INLINE_MAX_BYTES or getattr(encoder, "pool", None) is not None or not hasattr(encoder, "encode_row"):
+        return False
+    rows = sample_rows(sources, _MEASURED_ROWS + 1)
+    if len(rows) < 2:
+        return False
+    _serve_here(encoder, sources, call)
+    try:
+        encoder.encode_row(rows[0])   # (the engine's core, the template's layouts: paid once, not per row)
+        t0 = _cpu_clock()
+        for row in rows[1:]:
+            encoder.encode_row(row)
+        seconds = _cpu_clock() - t0
+    except Exception:  # noqa: BLE001 - the workers report a bad row where it is
+        return False
+    nbytes = sum(len(json.dumps(r, ensure_ascii=False).encode("utf-8")) + 1 for r in rows[1:])
+    return inline_is_sooner(seconds * total / max(1, nbytes), call.n_jobs)
 
 
 def worker_share(sources, n_jobs: int) -> int:
@@ -240,6 +312,7 @@ class _Call:
     warm: object = None    # background work to start (once) where it delays no fork: see tokenize_input
     dense: bool = False    # tool rows (_tool_rows): fastokens repays its build from less input
     short: bool = False    # short rows for forked workers (plan.short_rows): vecpack's BPE serves them
+    scoped: object = None  # (encoder, runtime) made for this call alone (_serve_here): forgotten at its end
 
     @property
     def pool(self) -> bool:
@@ -279,6 +352,7 @@ def tokenize_input(inp, tok, run, out_dir=None, warm=None) -> Tokenized:
             feed = TaskFeed(sources, chunk_bytes, scratch, n_jobs, pipelined=run.executor != "ray")
         return _tokenize(call, feed)
     finally:
+        _end_scoped(call)
         if feed is not None:
             feed.close()   # its threads end before their directory goes
         if scratch is not None:
@@ -312,6 +386,11 @@ def _tokenize(call: _Call, feed) -> Tokenized:
             texts = encoder.sample_texts(sample_rows(sources, 64)) or None
     else:
         texts = getattr(encoder, "pending_check", None)
+    if fork and feed is None and call.run.chunk_bytes is None and _inline_is_sooner(encoder, sources, call):
+        # (chunk_bytes given: its tasks go to the workers, as the caller cut them)
+        many = fork = False   # every task here: no workers forked
+        n_jobs = 1
+        call.start_warm()
     if out_dir is not None:
         os.makedirs(out_dir, exist_ok=True)
     # the parity check on the sample runs beside the tokenizing; if it fails, the result is
@@ -323,6 +402,8 @@ def _tokenize(call: _Call, feed) -> Tokenized:
         return forked_workers(enc, n_jobs, after=call.start_warm) if fork else contextlib.nullcontext()
 
     run = dict(executor=backend, n_jobs=n_jobs, on_error=call.run.on_error, progress=call.run.progress, share=share)
+    if backend == "loky" and workers == 1:  # every task runs here: this process's engine for the call's size
+        _serve_here(encoder, sources, call)
     with forked(encoder):
         check = Pending.start(encoder, texts, key, workers, share, call.dense, call.short)
         early = check.known()
@@ -393,8 +474,9 @@ def _run(tasks, encoder, out_dir, estimate, chunk_bytes, check: Pending, run: di
             return merger.finish(), metas
         except BaseException as exc:
             merger.abort()
-            if isinstance(exc, InputError) and check.failed():
-                # a row that only the (failed) tiktoken engine rejects must not be reported
+            if isinstance(exc, Exception) and check.failed():
+                # an error of the engine the check failed (a row only it rejects, tokens that do not
+                # spell the text) must not be reported: the rows are tokenized again with HF
                 raise _RetryWithFallback() from exc
             raise
     finally:
@@ -435,8 +517,6 @@ class _RetryWithFallback(Exception):
 
 
 def _summary(s: dict) -> None:
-    from vecpack.cli.report import plural  # every printed count, one plural rule
-
     rate = s["rows"] / s["seconds"] if s["seconds"] > 0 else 0.0
     workers = plural(s["n_jobs"], "worker") if s["n_jobs"] else f"{s['executor']} workers"
     line = (f"vecpack.tokenize: {plural(s['rows'], 'row')} -> {plural(s['documents'], 'document')}, "

@@ -57,13 +57,13 @@ from vecpack._state import memo
 from vecpack.chat.conversation import TextCompletion, read_row
 from vecpack.chat.template import ChatTemplate
 from vecpack.errors import InputError
-from vecpack.options import ENGINES, check_choice, check_options
+from vecpack.options import ENGINES, cache_root, check_choice, check_options
 from vecpack.tokenizing import backend as _backend
 from vecpack.tokenizing.labels import label_runs, labels_from_parts, part_sizes
 from vecpack.tokenizing.lane import lane_for
-from vecpack.tokenizing.runtime import Runtime, hf_facts, is_nfc, runtime
+from vecpack.tokenizing.runtime import Runtime, is_nfc, runtime
 from vecpack.tokenizing.sink import _PREFIX_MAX_CHARS, ChunkSink, _with_heads  # noqa: F401  (re-exported)
-from vecpack.tokenizing.spec import SPEC_VERSION, materialize, read_dir
+from vecpack.tokenizing.spec import MISSING, SPEC_VERSION, materialize, read_dir, read_memo, stat_key, write_memo
 
 __all__ = ["BACKENDS", "ChatEncoder", "ChunkSink", "encoder_for"]
 
@@ -448,16 +448,18 @@ class ChatEncoder:
             raise InputError(f"HF tokenizers cannot encode this row: {e}") from None
         if self.masking == "all":
             return tokens, tokens.copy()
+        gen = getattr(self.template, "has_generation", False)  # empty {% generation %} blocks train a token
         # SentencePiece pieces need not spell the text (a literal "▁", the dummy prefix): HF's offsets
         if rt.bytelen is not None and rt.sp is None and not (rt.nfc and not is_nfc(text)):
-            done = labels_from_parts(tokens, rt.bytelen, part_sizes(parts), train, bytelen32=rt.bytelen32)
+            done = labels_from_parts(tokens, rt.bytelen, part_sizes(parts), train, bytelen32=rt.bytelen32,
+                                     empty_runs=gen)
             if done is not None:  # byte-level BPE: the tokens spell the text
                 return tokens, done[0]
         enc = rt.hf().encode(text, add_special_tokens=False)
         labels = np.full(len(tokens), -100, dtype=np.int32)
         spans, pos = [], 0
         for p, t in zip(parts, train):
-            if t and p:
+            if t and (p or gen and pos):  # an empty block: the token over its place (offsets rule below)
                 if spans and spans[-1][1] == pos:
                     spans[-1] = (spans[-1][0], pos + len(p))
                 else:
@@ -569,3 +571,32 @@ def remember(key, encoder, tokenizer) -> None:
     """Use ``encoder`` (e.g. after a fallback) for later calls with ``key``."""
     if key is not None:
         _ENCODERS[key] = (encoder, tokenizer)
+
+
+def hf_facts(path: pathlib.Path, variables: dict) -> dict:
+    """What the encoder needs from HF ``tokenizers``, memoised on disk per tokenizer file.
+
+    ``{"added": [added token contents], "ids": {token text: id or None},
+    "affixes": (prefix ids, suffix ids)}`` where the affixes are what the
+    post-processor adds around a text (``<|begin_of_text|>`` for Llama 3).
+    Loading Qwen's 151k merges into HF ``tokenizers`` takes most of a second,
+    so the facts are kept under ``$VECPACK_CACHE/encoder`` (keyed by the
+    files' path, size and mtime); a new process then builds its encoder
+    without loading HF ``tokenizers`` at all.
+    """
+    wanted = sorted(set(variables.values()))
+    key = stat_key(path, "tokenizer.json", "tokenizer_config.json")
+    memo_file = cache_root() / "encoder" / f"{key}.pkl"
+    facts = read_memo(memo_file, lambda o: type(o) is dict and type(o.get("ids")) is dict
+                      and all(t in o["ids"] for t in wanted))
+    if facts is not MISSING:
+        return facts
+    hf = runtime(str(path), "tokenizers").hf()
+    bare = hf.encode("x", add_special_tokens=False).ids
+    full = hf.encode("x", add_special_tokens=True).ids
+    cut = next((i for i in range(len(full) - len(bare) + 1) if full[i:i + len(bare)] == bare), None)
+    facts = {"added": [t.content for t in hf.get_added_tokens_decoder().values()],
+             "ids": {t: hf.token_to_id(t) for t in wanted},
+             "affixes": ((), ()) if cut is None else (tuple(full[:cut]), tuple(full[cut + len(bare):]))}
+    write_memo(memo_file, facts)
+    return facts

@@ -33,6 +33,7 @@ from concurrent.futures import FIRST_COMPLETED, wait
 
 import numpy as np
 
+from vecpack._text import plural
 from vecpack.inputs.readers import reader
 from vecpack.tokenizing import pool as _pool
 from vecpack.tokenizing.feed import TaskFeed, failure_order
@@ -385,8 +386,6 @@ class _Bar:
             self.finished_tasks[task.index] = True
 
     def _show(self, rows: int) -> None:
-        from vecpack.cli.report import plural
-
         rate = rows / max(time.monotonic() - self.t0, 1e-9)
         text = f"{plural(rows, 'row')}, {plural(rate, 'row/s', 'rows/s', rate=True)}"
         self.bar.bar_format = self._FORMAT.replace("ROWS", text)

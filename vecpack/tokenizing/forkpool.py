@@ -4,15 +4,15 @@ Two kinds of call fork their workers on Linux, as torch's ``DataLoader`` and HF
 ``datasets.map(num_proc=)`` do by default:
 
 * **Files** (:func:`vecpack.tokenize` with a tokenizer): a spawned loky worker
-  costs about 0.37 s of CPU before its first row (interpreter, imports, its own
-  tokenizer engine), most of a small call on 2 cores. Forked, the workers
+  spends CPU before its first row (interpreter, imports, its own
+  tokenizer engine), most of a small call on few cores. Forked, the workers
   inherit the encoder and the engine: :func:`prepare` builds fastokens here,
   once, in a background thread (it releases the GIL), while the driver reads the
   inputs, when the call is large enough to repay it.
 * **Items of an in-memory dataset** (the generic path of :class:`vecpack.PackedDataset`,
   ``ds[i]`` in workers): a spawned worker must import what the dataset's classes
   need (torch, torchtune: seconds of CPU) and unpickle the dataset; forked, they
-  inherit both and start at once (about 0.2 s for two on a busy 2-core machine).
+  inherit both and start at once.
 
 ::
 
@@ -231,9 +231,9 @@ def prepare(tokenizer, share: int, dense: bool = False, short: bool = False):
         try:
             if fast_engine(path)[0] != "fastokens":
                 return
-            runtime(path, "fastokens", serve=engine)
+            rt = runtime(path, "fastokens", serve=engine)
             expect_bytes(share)
-            preload_lane()  # (only when the share takes the lane from its first range)
+            preload_lane(bpe=rt.bpe is not None)  # (only when the share takes the lane from its first range)
         except Exception:  # noqa: BLE001 - only a head start: the workers build it and say why not
             pass
 

@@ -16,6 +16,14 @@ byte lengths (a per-id table) give where each token ends, and one
 A token that straddles a piece boundary (``"\\n\\n"`` made of the template's
 ``"\\n"`` and a reply's leading ``"\\n"``) is trained.
 
+With ``empty_runs`` (templates with ``{% generation %}`` blocks), an empty run
+of trained pieces (an empty block) trains the token that straddles its place,
+as transformers' ``assistant_masks`` does (a token is marked when its offsets
+reach over the span's start; an empty span at ``p`` so marks the token holding
+characters on both sides of ``p``, such as ``"><"`` where a tool response's
+``>`` meets the next turn's ``<`` on a tokenizer without the template's special
+tokens).
+
 >>> import numpy as np
 >>> bytelen = np.array([1, 2, 3, 1])                 # bytes spelled by token ids 0..3
 >>> tokens = np.array([1, 2, 0, 3, 1], np.int32)      # ends at bytes 2, 5, 6, 7, 9
@@ -48,32 +56,45 @@ def part_sizes(parts, layout=None) -> list[int]:
     return sizes
 
 
-def trained_spans(sizes: np.ndarray, train, dtype) -> tuple[np.ndarray, np.ndarray]:
+def trained_spans(sizes: np.ndarray, train, dtype, empty_runs: bool = False) -> tuple[np.ndarray, np.ndarray]:
     """``(starts, stops)``: the byte spans of the runs of trained pieces (``sizes`` int64, ``train`` flags),
-    empty runs left out, as ``dtype`` byte positions.
+    as ``dtype`` byte positions; empty runs left out unless ``empty_runs``.
 
     >>> [a.tolist() for a in trained_spans(np.array([2, 3, 0, 4, 1]), [0, 1, 1, 0, 1], np.int64)]
     [[2, 9], [5, 10]]
+    >>> [a.tolist() for a in trained_spans(np.array([2, 0, 4]), [0, 1, 0], np.int64, empty_runs=True)]
+    [[2], [2]]
     """
     flags = np.asarray(train, dtype=np.int8)
     edges = np.diff(flags, prepend=np.int8(0), append=np.int8(0))
     cum = np.zeros(len(sizes) + 1, dtype=dtype)
     np.cumsum(sizes, out=cum[1:])
     starts, stops = cum[np.flatnonzero(edges == 1)], cum[np.flatnonzero(edges == -1)]
+    if empty_runs:
+        return starts, stops
     keep = starts != stops
     return starts[keep], stops[keep]
 
 
 def labels_from_parts(tokens: np.ndarray, bytelen: np.ndarray, sizes, train, *, masking_all: bool = False,
-                      bytelen32: np.ndarray | None = None) -> tuple[np.ndarray, int] | None:
+                      bytelen32: np.ndarray | None = None, empty_runs: bool = False) -> tuple[np.ndarray, int] | None:
     """``(labels, trained)`` of tokens that spell pieces of ``sizes`` bytes, ``train`` marking the trained ones.
 
     ``tokens`` may hold many rows back to back, as long as ``sizes`` and
     ``train`` list all their pieces in the same order (no token spans two
     rows). ``bytelen32`` is ``bytelen`` as int32 (faster when given).
-    ``masking_all`` trains every token. Returns None when the tokens do not
+    ``masking_all`` trains every token; ``empty_runs`` lets an empty run of
+    trained pieces train the token that straddles its place (transformers'
+    rule for an empty ``{% generation %}`` block). Returns None when the tokens do not
     spell exactly ``sum(sizes)`` bytes (a normalizer changed the text): the
     caller must label otherwise.
+
+    >>> bytelen = np.array([1, 2, 1])                       # token 1 spells 2 bytes
+    >>> tokens = np.array([0, 1, 2], np.int32)              # bytes [0, 1), [1, 3), [3, 4)
+    >>> labels_from_parts(tokens, bytelen, [2, 0, 2], [False, True, False], empty_runs=True)[0].tolist()
+    [-100, 1, -100]
+    >>> labels_from_parts(tokens, bytelen, [1, 0, 3], [False, True, False], empty_runs=True)[0].tolist()
+    [-100, -100, -100]
     """
     n = len(tokens)
     sizes = np.asarray(sizes, dtype=np.int64)
@@ -87,12 +108,16 @@ def labels_from_parts(tokens: np.ndarray, bytelen: np.ndarray, sizes, train, *, 
         return None
     if masking_all:
         return tokens.copy(), n
-    starts, stops = trained_spans(sizes, train, ends.dtype)
+    starts, stops = trained_spans(sizes, train, ends.dtype, empty_runs)
     if not len(starts) or not n:
         return np.full(n, IGNORE_INDEX, dtype=np.int32), 0
-    # token t covers bytes [ends[t] - len(t), ends[t]): trained if any of them is in a span
+    # token t covers bytes [ends[t] - len(t), ends[t]): trained if any of them is in a span (an empty
+    # span at p: first is the token holding byte p, last - 1 the one holding byte p - 1, one token
+    # or none)
     first = ends.searchsorted(starts + 1)
     last = np.minimum(ends.searchsorted(stops) + 1, n)
+    if empty_runs:
+        last[stops == 0] = 0  # an empty span at the text's start: no token before it
     mask, trained = _runs_mask(first, last, n)
     return np.where(mask, tokens, np.int32(IGNORE_INDEX)).astype(np.int32, copy=False), trained
 

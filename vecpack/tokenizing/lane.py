@@ -7,8 +7,8 @@ part in numba kernels (:mod:`vecpack.tokenizing._lane_kernels`) over the range's
 bytes, then gives fastokens the range's rows as one text, joined by an added
 token (:func:`join_separator`), and cuts the ids back into rows by their bytes
 (:func:`cut_joined`): text on either side of an added token is encoded apart, so
-each row gets the ids it gets alone, and fastokens takes one text of 12k short
-rows about 1.4 µs a row faster than 12k texts (long rows gain nothing: the
+each row gets the ids it gets alone, and fastokens takes one text of many short
+rows faster than one text a row (long rows gain nothing: the
 Python path keeps one text a row)::
 
     range bytes ──scan_lines──▶ per line: FAST (roles, text spans) or SLOW
@@ -31,7 +31,7 @@ A pool worker takes the lane only while it serves with fastokens (large
 calls, see :data:`~vecpack.tokenizing.runtime.FASTOKENS_WORTH_BYTES`), for
 ranges of 1 MB or more, once it has read 64 MB of JSONL or from the first
 range of a call that gives it 64 MB (:func:`expect_bytes`): loading numba
-(about 0.5 s of CPU per worker) then pays off. Labels and the cached
+(once per worker) then pays off. Labels and the cached
 prefixes' splice are kernels too (:mod:`vecpack.tokenizing._token_kernels`). ``VECPACK_ROW_LANE=0`` turns it
 off (see :func:`lane_for`).
 """
@@ -84,12 +84,20 @@ LANE_MIN_BYTES = 1 << 20
 #: kernels, about 0.5 s of CPU; the lane saves about 7 µs a short row, so ~70k of them repay
 #: it), unless a call announces that many first (:func:`expect_bytes`).
 LANE_AFTER_BYTES = 64 << 20
+#: The same where vecpack's BPE serves (:meth:`~vecpack.tokenizing.runtime.Runtime.serve`, chosen for
+#: short rows by :func:`~vecpack.tokenizing.plan.call_engine`): numba and its set-up are paid already,
+#: so the lane costs only its kernels' load from numba's cache, which a few thousand short rows repay
+#: (the lane takes a short row in under a third of the Python path's time on that engine, on the
+#: fixture's rows and on rows as varied as real chat alike; figures in docs/benchmarks.md).
+LANE_AFTER_BYTES_BPE = 8 << 20
 _READ = [0]  # JSONL bytes this process has been asked to encode (lane_for's nbytes), or announced
+_EXPECTED = [0]  # input bytes the latest call announced for this process (expect_bytes)
 
 
 def expect_bytes(nbytes: int) -> None:
-    """A call will give this process about ``nbytes`` of input: from :data:`LANE_AFTER_BYTES`,
-    the lane serves its ranges from the first one on (the kernels' load is repaid within the call).
+    """A call will give this process about ``nbytes`` of input: from :data:`LANE_AFTER_BYTES`
+    (:data:`LANE_AFTER_BYTES_BPE` where vecpack's BPE serves), the lane serves its ranges from the
+    first one on (the kernels' load is repaid within the call).
 
     >>> saved = _READ[0]; _READ[0] = 0
     >>> expect_bytes(1 << 20); _READ[0]          # a small call: the Python path until 64 MB are read
@@ -98,19 +106,26 @@ def expect_bytes(nbytes: int) -> None:
     True
     >>> _READ[0] = saved
     """
+    _EXPECTED[0] = nbytes
     if nbytes >= LANE_AFTER_BYTES:
         _READ[0] = max(_READ[0], LANE_AFTER_BYTES)
 
 
-def preload_lane() -> bool:
+def _lane_repaid(bpe: bool) -> bool:
+    """Whether this process has read, or its call announced, enough JSONL to repay the lane's load
+    (``bpe``: vecpack's BPE serves, see :data:`LANE_AFTER_BYTES_BPE`)."""
+    return _READ[0] > LANE_AFTER_BYTES or (bpe and max(_READ[0], _EXPECTED[0]) >= LANE_AFTER_BYTES_BPE)
+
+
+def preload_lane(bpe: bool = False) -> bool:
     """Load the lane's kernels now if this process's next large range will take the lane
-    (:func:`expect_bytes`); returns whether it did.
+    (:func:`expect_bytes`; ``bpe``: vecpack's BPE serves it); returns whether it did.
 
     A warming pool worker calls it (:func:`vecpack.tokenizing.pool.warm`), so
-    numba's import and its once-per-process set-up (about 0.65 s of CPU) are
+    numba's import and its once-per-process set-up are
     paid while the driver is still reading the inputs, not on the first range.
     """
-    if _mode() == "0" or (_mode() != "1" and _READ[0] < LANE_AFTER_BYTES):
+    if _mode() == "0" or (_mode() != "1" and _READ[0] < LANE_AFTER_BYTES and not _lane_repaid(bpe)):
         return False
     from vecpack.tokenizing import _lane_kernels, _token_kernels  # noqa: F401
 
@@ -135,7 +150,9 @@ def lane_for(encoder, nbytes: int | None = None) -> "_Lane | None":
 
     ``VECPACK_ROW_LANE``: ``0`` never, ``1`` for every range, unset for
     ranges of :data:`LANE_MIN_BYTES` or more once the process has read
-    :data:`LANE_AFTER_BYTES` of JSONL (so a small call never loads numba).
+    :data:`LANE_AFTER_BYTES` of JSONL (so a small call never loads numba), or
+    :data:`LANE_AFTER_BYTES_BPE` where vecpack's BPE serves (numba is loaded
+    already); a call's announced bytes count as read (:func:`expect_bytes`).
     ``nbytes=None`` skips both size rules.
     """
     mode = _mode()
@@ -143,7 +160,7 @@ def lane_for(encoder, nbytes: int | None = None) -> "_Lane | None":
         return None
     if mode != "1" and nbytes is not None:
         _READ[0] += nbytes
-        if nbytes < LANE_MIN_BYTES or _READ[0] <= LANE_AFTER_BYTES:
+        if nbytes < LANE_MIN_BYTES or (_READ[0] <= LANE_AFTER_BYTES and not _lane_repaid(_serving_bpe(encoder))):
             return None
     if (encoder.style not in MESSAGE_SHAPES or encoder.template is None
             or encoder.template.mode != "compiled"):
@@ -155,6 +172,12 @@ def lane_for(encoder, nbytes: int | None = None) -> "_Lane | None":
     if lane is None or lane.rt is not rt:
         lane = encoder.__dict__["_lane"] = _Lane(encoder)
     return lane
+
+
+def _serving_bpe(encoder) -> bool:
+    """Whether ``encoder``'s runtime in this process serves with vecpack's BPE (the range about to be
+    encoded needs the runtime either way)."""
+    return encoder.runtime.bpe is not None
 
 
 class _Lane:

@@ -1,8 +1,7 @@
 """tiktoken's core on the tokens that Latin-script text can use; the whole table only when a text needs it.
 
-Building tiktoken's core takes about 80 ms for Qwen2.5's 151,643 tokens, and
-it holds the GIL all that time. Reading those ranks from their memo takes
-about 30 ms more. A stream serves its first packs with tiktoken
+Building tiktoken's core for Qwen2.5's 151,643 tokens holds the GIL all the
+time it takes, and reading those ranks from their memo takes more. A stream serves its first packs with tiktoken
 (:class:`vecpack.streaming.encoding.EngineStart`), so both are part of the
 wait for its first pack.
 
@@ -120,8 +119,8 @@ class StartCore:
     its own (:func:`os.register_at_fork`), and builds what it lacks itself.
 
     A process whose texts are Latin-script at first and then not builds both
-    cores: 70-80 ms more than the whole table's alone (reading the Latin-script
-    table 21-28 ms, building its core 50-54 ms), once.
+    cores: the Latin-script table's read and core more than the whole table's
+    alone, once.
     """
 
     def __init__(self, latin: Callable[[], dict[bytes, int]], full: Callable[[], dict[bytes, int]],

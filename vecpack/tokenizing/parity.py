@@ -17,7 +17,7 @@ sample of the dataset's own rendered rows::
 
 The HF side runs in a process of its own that imports only the standard
 library and ``tokenizers`` (:mod:`vecpack.tokenizing._hf_server`). Loading the Qwen2.5
-tokenizer takes about 0.4 s and 150 MB. Elsewhere it would cost more: a pool
+tokenizer there costs its time and memory once. Elsewhere it would cost more: a pool
 worker pays it, then the next call's check may land on the other worker (loky
 cannot send a task to a given worker), which pays it again; a thread in the
 driver would hold the GIL for the whole load (``Tokenizer.from_file`` does

@@ -350,7 +350,7 @@ def warm(n_jobs: int, tokenizer=None, modules: tuple = (), share: int = 0):
     while the driver is busy elsewhere (reading the template): tiktoken for a
     fastokens tokenizer, and fastokens as well when ``share`` (the call's input bytes
     per worker) repays it (:func:`set_up_for`); each imports ``modules`` (names) too. Importing
-    loky and launching the processes blocks for about 0.2 s, so the one
+    loky and launching the processes blocks, so the one
     background starter thread does it.
     Returns its future (None for ``n_jobs < 1``).
     """

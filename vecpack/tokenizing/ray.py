@@ -91,7 +91,7 @@ def stop(ray, refs, *, force: bool = True) -> None:
     tasks end with their workers, and Ray's core may log that it could not
     report one of those ends (``task_manager.cc: Failed to push error to driver``,
     its GCS already gone), under the one line that says why the run stopped
-    (``tests/test_exit.py``: 3 runs of about 55 on 2 busy cores printed it).
+    (``tests/test_exit.py`` saw it in a few runs).
     """
     if _STARTED is not None and ray.is_initialized() and _identity(ray) == _STARTED:
         with _quiet_stderr():
@@ -167,7 +167,7 @@ def unseen_error(index: int, shown: str, out_dir: str, node: str) -> RuntimeErro
         f"chunk {index} of {shown} ran on node {node}, which cannot see the chunk directory {out_dir}; "
         "backend='ray' writes chunks into a directory every node shares: point cache_dir (or $VECPACK_CACHE) at "
         "a shared filesystem mounted at the same path on every node, or build from and to object storage with "
-        "vecpack.cluster.build_on_cluster (docs/ray.md)")
+        "vecpack.build_on_cluster (docs/ray.md)")
 
 
 def _run_task(task, encoder, out_dir: str, on_error: str):

@@ -22,8 +22,8 @@ engines single-threaded (``FASTOKENS_BPE_THREADS=1``): the workers are the
 parallelism.
 
 A ``"fastokens"`` runtime may serve with vecpack's own BPE instead
-(:meth:`Runtime.serve`, :mod:`vecpack.tokenizing.bpe`): the same tables, built in
-about 30 ms rather than fastokens' 0.8 s, encoding UTF-8 byte ranges where they
+(:meth:`Runtime.serve`, :mod:`vecpack.tokenizing.bpe`): the same tables, built far
+sooner than fastokens, encoding UTF-8 byte ranges where they
 lie; a text it refuses goes to tiktoken's core. A call of short chat rows is served
 so (:func:`vecpack.tokenizing.plan.call_engine`), and its parity check checks it.
 """
@@ -40,28 +40,23 @@ import unicodedata
 import numpy as np
 
 from vecpack._state import Memo, memo
-from vecpack.options import cache_root
 from vecpack.tokenizing.bpe import MAX_DIGITS
 from vecpack.tokenizing.labels import labels_from_parts
 from vecpack.tokenizing.latin import StartCore
 from vecpack.tokenizing.sp import SPACE, sp_labels, sp_spec, token_bytes
 from vecpack.tokenizing.spec import (
-    MISSING,
     Unsupported,
     file_id,
     hf_byte_table,
     latin_table,
-    read_memo,
-    stat_key,
     tiktoken_facts,
     tiktoken_file,
     tiktoken_spec,
-    write_memo,
 )
 
 __all__ = ["DUMMY_PREFIX_LABELS", "LINE_SAFE_PATTERNS",
-           "Runtime", "added_tokens", "fast_engine", "hf_facts", "is_nfc", "runtime",
-           "sentencepiece_style", "warm_start"]
+           "Runtime", "added_tokens", "built_runtime", "fast_engine", "forget_runtime", "is_nfc",
+           "runtime", "sentencepiece_style", "warm_start"]
 
 _PREFIX_CACHE_MAX = 1024        # cached conversation prefixes per process
 #: Pre-tokenizer patterns (tiktoken's form) in which a line break followed by a printable ASCII
@@ -170,8 +165,8 @@ def added_tokens(path) -> dict[str, int]:
 
 
 def _set_up(fast):
-    """A fastokens engine that has encoded once: its first call sets up process-wide tables (0.2 s
-    of CPU for Qwen2.5's, 0.4-0.9 s of wall on a busy machine). Done where it is built, in the
+    """A fastokens engine that has encoded once: its first call sets up process-wide tables (a
+    noticeable cost for Qwen2.5's). Done where it is built, in the
     driver before its workers fork, they inherit them instead of each paying on its first row."""
     fast.encode_batch_flat(["x"])
     return fast
@@ -252,7 +247,7 @@ class Runtime:
     def _sentencepiece(self, spec) -> None:
         """Serve a SentencePiece-family tokenizer with fastokens, built from its (equivalent) tokenizer.json.
 
-        No tiktoken to serve first (a warm start builds fastokens at once: about 0.1 s for 32k pieces).
+        No tiktoken to serve first (a warm start builds fastokens at once: a small vocabulary builds quickly).
         """
         import fastokens
 
@@ -277,19 +272,20 @@ class Runtime:
         return self.bytelen.take(ids)
 
     def labels(self, ids: np.ndarray, lengths: np.ndarray, sizes, train, *,
-               masking_all: bool = False) -> tuple[np.ndarray, int] | None:
+               masking_all: bool = False, empty_runs: bool = False) -> tuple[np.ndarray, int] | None:
         """``(labels, trained)`` of whole texts (rendered rows) whose fast-engine ids lie back to back.
 
         ``lengths[i]``: text i's number of tokens; ``sizes`` / ``train``: every
         text's pieces in order. A token is trained when one of its bytes lies
         in a trained piece: :func:`~vecpack.tokenizing.labels.labels_from_parts`
         over the per-id table, or, with a dummy prefix (:attr:`dummy`),
-        :func:`~vecpack.tokenizing.sp.sp_labels` (each text's first token minded).
+        :func:`~vecpack.tokenizing.sp.sp_labels` (each text's first token minded; ``empty_runs``: theirs).
         None when the tokens do not cover ``sum(sizes)`` bytes.
         """
         if self.dummy:
-            return sp_labels(ids, lengths, sizes, train, self.sp, masking_all=masking_all)
-        return labels_from_parts(ids, self.bytelen, sizes, train, masking_all=masking_all, bytelen32=self.bytelen32)
+            return sp_labels(ids, lengths, sizes, train, self.sp, masking_all=masking_all, empty_runs=empty_runs)
+        return labels_from_parts(ids, self.bytelen, sizes, train, masking_all=masking_all, bytelen32=self.bytelen32,
+                                 empty_runs=empty_runs)
 
     def _new_fastokens(self, pattern: str):
         import fastokens
@@ -326,8 +322,8 @@ class Runtime:
         """Serve a byte-level ``"fastokens"`` runtime with ``engine`` from the next encode on; returns
         the engine that serves (between two encodes, as :meth:`build_fastokens`).
 
-        ``"vecpack"``: vecpack's own BPE (:mod:`vecpack.tokenizing.bpe`), its tables built here
-        (about 30 ms); texts it refuses go to tiktoken's core. A tokenizer it does not implement is
+        ``"vecpack"``: vecpack's own BPE (:mod:`vecpack.tokenizing.bpe`), its tables built here;
+        texts it refuses go to tiktoken's core. A tokenizer it does not implement is
         served by fastokens instead. ``"fastokens"``: fastokens, built here if it is not yet (if it
         cannot be, tiktoken serves). ``"tiktoken"``: fastokens if it is built, else tiktoken.
         """
@@ -526,8 +522,8 @@ _WARM_START = [False, False]  # pool workers: [serve with tiktoken first, build 
 def warm_start(build: bool = False) -> None:
     """From now on, this process's fastokens runtimes serve with tiktoken until fastokens is built.
 
-    Pool workers call it: a small call then starts in ~0.2 s rather than
-    after fastokens' ~1.3 s construction. ``build``: this call is large
+    Pool workers call it: a small call then starts at once rather than
+    after fastokens' construction. ``build``: this call is large
     enough to repay that construction (:data:`~vecpack.tokenizing.plan.FASTOKENS_WORTH_BYTES` per
     worker), so fastokens is built now (before the call's first chunk: built
     beside tiktoken, it slowed both down more than it saved) and from then on
@@ -553,18 +549,7 @@ def runtime(path: str, backend: str, serve: str | None = None) -> Runtime:
     ``tokenizer_config.json`` (but for its ``chat_template``) share one runtime: nothing else of a
     directory goes into it."""
     p = pathlib.Path(path)
-    real, size, mtime = file_id(p / "tokenizer.json", missing_ok=False)
-    try:
-        config = (p / "tokenizer_config.json").read_bytes()
-    except FileNotFoundError:
-        config = b""
-    try:  # (its chat template is the encoder's business, not the engine's)
-        config = json.dumps({k: v for k, v in json.loads(config).items() if k != "chat_template"},
-                            sort_keys=True).encode()
-    except (ValueError, AttributeError):
-        pass
-    config = hashlib.blake2b(config, digest_size=16).hexdigest()
-    key = (real, backend, size, mtime, config)
+    key = _runtime_key(p, backend)
     rt = _RUNTIMES.get(key)
     if rt is None and serve is not None and backend == "fastokens":
         rt = _RUNTIMES[key] = Runtime(p, backend, warm_start=True)
@@ -584,30 +569,32 @@ def runtime(path: str, backend: str, serve: str | None = None) -> Runtime:
     return rt
 
 
-def hf_facts(path: pathlib.Path, variables: dict) -> dict:
-    """What the encoder needs from HF ``tokenizers``, memoised on disk per tokenizer file.
+def _runtime_key(p: pathlib.Path, backend: str) -> tuple:
+    """What :func:`runtime` keys a runtime by: the ``tokenizer.json`` file, the backend, the config but
+    for its chat template."""
+    real, size, mtime = file_id(p / "tokenizer.json", missing_ok=False)
+    try:
+        config = (p / "tokenizer_config.json").read_bytes()
+    except FileNotFoundError:
+        config = b""
+    try:  # (its chat template is the encoder's business, not the engine's)
+        config = json.dumps({k: v for k, v in json.loads(config).items() if k != "chat_template"},
+                            sort_keys=True).encode()
+    except (ValueError, AttributeError):
+        pass
+    config = hashlib.blake2b(config, digest_size=16).hexdigest()
+    return (real, backend, size, mtime, config)
 
-    ``{"added": [added token contents], "ids": {token text: id or None},
-    "affixes": (prefix ids, suffix ids)}`` where the affixes are what the
-    post-processor adds around a text (``<|begin_of_text|>`` for Llama 3).
-    Loading Qwen's 151k merges into HF ``tokenizers`` takes most of a second,
-    so the facts are kept under ``$VECPACK_CACHE/encoder`` (keyed by the
-    files' path, size and mtime); a new process then builds its encoder
-    without loading HF ``tokenizers`` at all.
-    """
-    wanted = sorted(set(variables.values()))
-    key = stat_key(path, "tokenizer.json", "tokenizer_config.json")
-    memo_file = cache_root() / "encoder" / f"{key}.pkl"
-    facts = read_memo(memo_file, lambda o: type(o) is dict and type(o.get("ids")) is dict
-                      and all(t in o["ids"] for t in wanted))
-    if facts is not MISSING:
-        return facts
-    hf = runtime(str(path), "tokenizers").hf()
-    bare = hf.encode("x", add_special_tokens=False).ids
-    full = hf.encode("x", add_special_tokens=True).ids
-    cut = next((i for i in range(len(full) - len(bare) + 1) if full[i:i + len(bare)] == bare), None)
-    facts = {"added": [t.content for t in hf.get_added_tokens_decoder().values()],
-             "ids": {t: hf.token_to_id(t) for t in wanted},
-             "affixes": ((), ()) if cut is None else (tuple(full[:cut]), tuple(full[cut + len(bare):]))}
-    write_memo(memo_file, facts)
-    return facts
+
+def built_runtime(path, backend: str) -> Runtime | None:
+    """This process's :class:`Runtime` of ``backend`` for the tokenizer at ``path`` if one is built, else
+    None (nothing is built)."""
+    return _RUNTIMES.get(_runtime_key(pathlib.Path(path), backend))
+
+
+def forget_runtime(rt: Runtime) -> None:
+    """Drop ``rt`` from this process's runtimes (a later :func:`runtime` builds another): a runtime
+    that served one call only (a small call served by tiktoken, which no later call should inherit)."""
+    for key, value in list(_RUNTIMES.items()):
+        if value is rt:
+            del _RUNTIMES[key]

@@ -121,7 +121,8 @@ class ChunkSink:
         chain = itertools.chain.from_iterable
         sizes = np.fromiter(chain(self.sizes), np.int64)
         train = np.fromiter(chain(self.train), np.int8, len(sizes))
-        done = rt.labels(ids, lengths, sizes, train, masking_all=self.enc.masking == "all")
+        done = rt.labels(ids, lengths, sizes, train, masking_all=self.enc.masking == "all",
+                         empty_runs=getattr(self.enc.template, "has_generation", False))  # (empty blocks)
         if done is None:  # pragma: no cover - the engine's tokens do not spell the text
             raise RuntimeError(f"the tokens of a chunk cover other bytes than its text's {int(sizes.sum())}")
         labels, self.trainable = done

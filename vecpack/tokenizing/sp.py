@@ -214,7 +214,7 @@ def token_bytes(ids: np.ndarray, lengths: np.ndarray, spec: SPSpec, dtype=np.int
 
 
 def sp_labels(ids: np.ndarray, lengths: np.ndarray, sizes, train, spec: SPSpec, *,
-              masking_all: bool = False) -> tuple[np.ndarray, int] | None:
+              masking_all: bool = False, empty_runs: bool = False) -> tuple[np.ndarray, int] | None:
     """``(labels, trained)`` of texts whose ids lie back to back, as HF's offsets rule makes them.
 
     The labels rule of :func:`~vecpack.tokenizing.labels.labels_from_parts` (a
@@ -224,6 +224,7 @@ def sp_labels(ids: np.ndarray, lengths: np.ndarray, sizes, train, spec: SPSpec, 
     offsets put it), beside the token after it. ``sizes`` / ``train``: every
     text's pieces in order. None when the tokens do not cover exactly
     ``sum(sizes)`` bytes (the caller labels otherwise). No Python per text or token.
+    ``empty_runs``: as in :func:`~vecpack.tokenizing.labels.labels_from_parts`.
     """
     n = len(ids)
     sizes = np.asarray(sizes, dtype=np.int64)
@@ -235,7 +236,7 @@ def sp_labels(ids: np.ndarray, lengths: np.ndarray, sizes, train, spec: SPSpec, 
         return None
     if masking_all:
         return ids.astype(np.int32, copy=True), n
-    s0, s1 = trained_spans(sizes, train, dtype)
+    s0, s1 = trained_spans(sizes, train, dtype, empty_runs)
     if not len(s0) or not n:
         return np.full(n, IGNORE_INDEX, dtype=np.int32), 0
     # token t covers bytes [lo[t], hi[t]); the dummy alone its text's first byte. Both are

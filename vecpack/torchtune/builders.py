@@ -41,6 +41,9 @@ import copy
 import functools
 from typing import Any, Callable
 
+from vecpack.inputs.readers import sample_rows
+from vecpack.inputs.sources import resolve_sources
+from vecpack.options import check_max_len
 from vecpack.torchtune.chat import _resolve_data
 from vecpack.torchtune.encoder import TorchtuneEncoder, fast_family
 from vecpack.torchtune.packed import PackedDataset
@@ -68,8 +71,6 @@ def _pack(tokenizer, *, style: str, options: dict, source: str, split: str, filt
     common = dict(max_seq_len=max_seq_len, split_across_pack=split_across_pack, mask_first_label=True, **vp)
     if fast_family(tokenizer, style) == "torchtune":
         return PackedDataset(unpacked(), **common)
-    from vecpack.inputs.readers import sample_rows
-    from vecpack.inputs.sources import resolve_sources
 
     kwargs = dict(kwargs)
     data = _resolve_data(source, kwargs.pop("data_files", None), split, filter_fn, kwargs)
@@ -179,7 +180,6 @@ def _with_max_seq_len(tokenizer, max_seq_len: int | None, packed: bool):
     if not packed:
         raise ValueError("max_seq_len= is applied by vecpack to packed datasets only (torchtune 0.6.1 passes it "
                          "to load_dataset, which fails); set tokenizer.max_seq_len to cut unpacked texts")
-    from vecpack.options import check_max_len
 
     tok = copy.copy(tokenizer)
     tok.max_seq_len = check_max_len(max_seq_len, "max_seq_len")

@@ -51,7 +51,10 @@ import torch
 from torch.utils.data import Dataset
 from torchtune.datasets import PackedDataset
 
+from vecpack.inputs.readers import sample_rows
 from vecpack.options import CONVERSATION_STYLES, IGNORE_INDEX, INT32_MAX, check_choice, check_max_len, check_options
+from vecpack.pipeline.route import run_build
+from vecpack.request.request import make_request
 from vecpack.torchtune.encoder import TorchtuneEncoder
 
 __all__ = ["ChatDataset", "PackedChatDataset"]
@@ -104,9 +107,6 @@ def _build(tokenizer, *, source, data_files, conversation_column, conversation_s
     With ``weights``, every entry of ``data_files`` is one source of a mixture (see
     :func:`vecpack.build`; ``mix`` holds its ``mix_*`` keywords).
     """
-    from vecpack.inputs.readers import sample_rows
-    from vecpack.request.request import make_request
-    from vecpack.store.pipeline import run_build
 
     check_choice(conversation_style, "conversation_style", CONVERSATION_STYLES)
     data = _resolve_data(source, data_files, split, filter_fn, load_dataset_kwargs)

@@ -9,7 +9,7 @@ Two ways in, one result (:class:`Corpus`: ``tokens``, ``labels``,
 
 Both go through :func:`vecpack.tokenize` (the worker pool, one progress
 bar, ``on_error``, located errors) and, when keyed, through the cache entry
-that :func:`vecpack.build` uses for a corpus (:func:`~vecpack.store.pipeline.corpus_entry`).
+that :func:`vecpack.build` uses for a corpus (:func:`~vecpack.pipeline.route.corpus_entry`).
 The generic path runs in this process when the items are quick (measured on
 a few of them) or when the dataset cannot be sent to worker processes; on
 Linux its workers are forked (:mod:`vecpack.tokenizing.forkpool`), elsewhere
@@ -29,8 +29,13 @@ import numpy as np
 from vecpack._state import memo
 from vecpack.inputs.items import BYTES_PER_ITEM, DatasetNotShippable, ItemEncoder, Items
 from vecpack.options import worker_start_method
+from vecpack.pipeline.route import corpus_entry, stores_bits
+from vecpack.request.keys import corpus_key
+from vecpack.request.request import make_request
+from vecpack.store.cache import Cache
 from vecpack.tokenizing.forkpool import fork_refusal, forked_workers
 from vecpack.tokenizing.pool import effective_n_jobs, warm
+from vecpack.tokenizing.spec import default_pad_id
 
 __all__ = ["Corpus", "items_corpus", "rows_corpus"]
 
@@ -95,12 +100,7 @@ def _from_entry(entry) -> Corpus:
 def _keyed(data_for_key, encoder, data, *, cache_dir, run: dict, tokenize=None, before=None) -> Corpus:
     """The corpus through the cache: keyed by ``data_for_key``'s content and ``encoder.fingerprint``
     (the key :func:`vecpack.build` gives the same data and encoder)."""
-    from vecpack.request.keys import corpus_key
-    from vecpack.request.request import make_request
-    from vecpack.store.cache import Cache
-    from vecpack.store.pipeline import corpus_entry, stores_bits
     from vecpack.tokenizing.corpus import tokenize as _tokenize
-    from vecpack.tokenizing.spec import default_pad_id
 
     store = Cache(cache_dir)
     request = make_request(data_for_key, None, {"encoder": encoder, "on_error": run["on_error"]},

@@ -35,9 +35,16 @@ from torchtune.datasets import PackedDataset as _TorchtunePackedDataset
 
 from vecpack._state import start_warming
 from vecpack.errors import InputError
+from vecpack.inputs.readers import sample_rows
+from vecpack.inputs.sources import resolve_sources
 from vecpack.options import IGNORE_INDEX, check_int, check_max_len, check_options
 from vecpack.packing.plan import Plan, _ro
+from vecpack.pipeline.build import jsonable
+from vecpack.store.cache import Cache
+from vecpack.store.hashing import make_key
 from vecpack.torchtune.corpus import Corpus, items_corpus, rows_corpus
+from vecpack.torchtune.encoder import TorchtuneEncoder
+from vecpack.torchtune.recognise import items_fingerprint, recognise
 
 __all__ = ["PackedDataset", "layout", "warm_layout"]
 
@@ -258,7 +265,6 @@ class PackedDataset(_TorchtunePackedDataset):
 
     def _read(self, ds, *, cache, cache_dir, **run) -> tuple[Corpus, str]:
         """The items of ``ds`` as a corpus: its rows on the fast engines, or ``ds[i]`` on every core."""
-        from vecpack.torchtune.recognise import items_fingerprint, recognise
 
         if not (hasattr(ds, "__len__") and hasattr(ds, "__getitem__")):
             raise TypeError(f"PackedDataset needs a map-style dataset (len(ds) and ds[i]), got "
@@ -266,9 +272,6 @@ class PackedDataset(_TorchtunePackedDataset):
         name = f"<{type(ds).__name__}>"
         known = recognise(ds)
         if known is not None:
-            from vecpack.inputs.readers import sample_rows
-            from vecpack.inputs.sources import resolve_sources
-            from vecpack.torchtune.encoder import TorchtuneEncoder
 
             tok, options, data = known
             encoder = TorchtuneEncoder(tok, **options,
@@ -306,9 +309,6 @@ class PackedDataset(_TorchtunePackedDataset):
 
         if corpus.key is None:
             return make()
-        from vecpack.store.build import jsonable
-        from vecpack.store.cache import Cache
-        from vecpack.store.hashing import make_key
 
         inputs = {"format": LAYOUT_FORMAT, "corpus": corpus.key, "max_len": self.max_seq_len,
                   "split_across_pack": self.split_across_pack, "max_packs": self.max_packs}

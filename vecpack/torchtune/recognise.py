@@ -13,6 +13,8 @@ from __future__ import annotations
 import hashlib
 import pickle
 
+from vecpack.torchtune.encoder import _content_digest, fast_family
+
 __all__ = ["items_fingerprint", "recognise"]
 
 _FINGERPRINT_VERSION = "vecpack-tt-items-1"
@@ -81,7 +83,6 @@ def recognise(ds):
     :class:`~vecpack.torchtune.encoder.TorchtuneEncoder` runs on a fast engine.
     None otherwise (the items are then read with ``ds[i]``).
     """
-    from vecpack.torchtune.encoder import fast_family
 
     try:
         sft, text = _sft_parts(ds), _text_parts(ds)
@@ -121,7 +122,6 @@ def items_fingerprint(ds) -> str | None:
     """
     import torchtune
 
-    from vecpack.torchtune.encoder import _content_digest
 
     try:
         sft, text = _sft_parts(ds), _text_parts(ds)

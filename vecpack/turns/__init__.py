@@ -11,7 +11,7 @@ The modules, each imported on its own (this package imports nothing heavy):
 
 * :mod:`vecpack.turns.encoder`: :func:`~vecpack.turns.encoder.turn_conversations`, the sink that expands rows.
 * :mod:`vecpack.turns.packed`: :func:`~vecpack.turns.packed.plan_turns` -> ``PackedTurns``.
-* :mod:`vecpack.turns.collate`: :func:`~vecpack.turns.collate.collate_turns`, its masks, ``model_inputs``.
+* :mod:`vecpack.integrations.collate`: :func:`~vecpack.integrations.collate.collate_turns`, its masks, ``model_inputs``.
 
 See ``docs/agentic.md`` ("Per-turn inference rows").
 """

@@ -215,7 +215,7 @@ class PackedTurns(PlanViews):
     token's subtree in the pack: query ``j`` attends key ``i`` iff
     ``i <= j < end[i]``; padding attends to itself), ``document_ids`` (the
     conversation, -1 on padding), and ``seq_lens`` (each unit's tokens).
-    :func:`vecpack.turns.collate.collate_turns` makes batches of them.
+    :func:`vecpack.integrations.collate.collate_turns` makes batches of them.
     """
 
     def __init__(self, tokens, offsets, plan: TurnPlan, *, pad_id: int = 0, ignore_index: int = IGNORE_INDEX):

@@ -68,7 +68,7 @@ def build_vision(data_files, processor, max_len: int, *, masking: str = "assista
 
     Returns:
         a :class:`~vecpack.vision.packed.PackedVision`; batch it with
-        :func:`~vecpack.vision.collate.collate_vision`. ``.stats`` counts documents, packs, images, tokens,
+        :func:`~vecpack.integrations.collate.collate_vision`. ``.stats`` counts documents, packs, images, tokens,
         ``dropped`` / ``truncated``, ``padded_tokens`` (what padding every batch to its longest sample costs),
         ``image_processor`` (the class used), ``pixel_storage`` (``"uint8"``: decoded bit for bit at batch time;
         ``"float32"``: an image processor without a uint8 codec; ``"lazy"``), ``corpus_hit`` / ``pixels_hit``

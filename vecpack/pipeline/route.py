@@ -6,12 +6,12 @@
        │
        ├─ corpus stage, per input ── corpus-<key>/ (cache)  or  Tokenized (cache=False)
        │     key: vecpack.request.keys.corpus_key; on a miss: vecpack.tokenizing.corpus.tokenize_input
-       ├─ plan stage ────────────── plan- / pairs- / mix-<key>/  (vecpack.store.planners)
+       ├─ plan stage ────────────── plan- / pairs- / mix-<key>/  (vecpack.pipeline.planners)
        ├─ pack stage ────────────── Packed / PackedPairs over the corpora's arrays
        └─ BuildInfo, the useless-output check, one log line
 
 Plain inputs, preference pairs, mixtures and mixtures of pairs take the same
-route; only the planner differs (:func:`~vecpack.store.planners.planner_for`).
+route; only the planner differs (:func:`~vecpack.pipeline.planners.planner_for`).
 """
 
 from __future__ import annotations
@@ -27,14 +27,16 @@ import numpy as np
 from vecpack.errors import UselessOutputError
 from vecpack.options import useless_reason
 from vecpack.packing.packed import warm_kernels
+from vecpack.pipeline import mixed as _mixed
+from vecpack.pipeline.info import BuildInfo, jsonable
+from vecpack.pipeline.logs import log_build, log_mixture, log_pairs
+from vecpack.pipeline.planners import planner_for
 from vecpack.request.keys import corpus_key
 from vecpack.store import cache as _cache
-from vecpack.store import mixed as _mixed
 from vecpack.store.fingerprint import describe
-from vecpack.store.info import BuildInfo, jsonable
-from vecpack.store.planners import planner_for
 from vecpack.tokenizing.spec import default_pad_id
 from vecpack.tokenizing.tokenized import merge_stats
+from vecpack.vision.build import run_vision
 
 __all__ = ["Corpus", "EARLY_START_BYTES", "corpus_entry", "run_build", "stores_bits"]
 
@@ -74,7 +76,6 @@ def run_build(request, t0: float | None = None):
     if request.run.output is not None:
         return _on_cluster(request)
     if request.tokenizer.processor is not None:  # documents with images: vecpack.vision's route
-        from vecpack.vision.build import run_vision
 
         return run_vision(request)
     store = _cache.Cache(request.run.cache_dir) if request.run.cache else None
@@ -278,8 +279,6 @@ def _build_info(request, corpora, entry, store, tstats: dict, seconds: float) ->
 
 
 def _log(request, packed, plan, corpora, entry, store) -> None:
-    from vecpack.store.logs import log_build, log_mixture, log_pairs
-
     if request.mixture:
         if not request.pairs:
             log_mixture(packed, corpora, entry)

@@ -39,8 +39,10 @@ import os
 import time
 
 from vecpack.packing.packed import Packed
-from vecpack.store.info import BuildInfo, jsonable, packed_from_entries
-from vecpack.store.pipeline import EARLY_START_BYTES, corpus_entry, run_build, stores_bits
+from vecpack.pipeline.info import BuildInfo, jsonable, packed_from_entries
+from vecpack.pipeline.route import EARLY_START_BYTES, corpus_entry, run_build, stores_bits
+from vecpack.request.request import make_request
+from vecpack.vision.checkpoint import checkpoint_processor
 
 __all__ = ["BuildInfo", "EARLY_START_BYTES", "build", "corpus_entry", "jsonable", "packed_from_entries",
            "stores_bits"]
@@ -55,7 +57,7 @@ def build(data_files, tokenizer=None, max_len: int | None = None, *, style: str 
           mix_by: str = "tokens", mix_total: int | None = None, mix_seed: int = 0,
           mix_repeat: bool = True, prefix_sharing: bool = False, chat_template_kwargs: dict | None = None,
           train_reasoning: bool = True, output: str | None = None, processor=None,
-          pixels: str = "cache", per_turn: bool = False) -> Packed:
+          pixels: str = "cache", per_turn: bool = False, pad_to_multiple_of: int = 1) -> Packed:
     """Tokenize chat data and pack it, through the cache.
 
     Args:
@@ -85,7 +87,7 @@ def build(data_files, tokenizer=None, max_len: int | None = None, *, style: str 
             (so Qwen3-style templates keep its reasoning); a conversation's
             documents are packed as one token trie, shared prefixes stored once.
             Returns a :class:`~vecpack.turns.packed.PackedTurns` (batches:
-            :func:`vecpack.turns.collate.collate_turns`); ``long``: ``"truncate"``
+            :func:`vecpack.integrations.collate.collate_turns`); ``long``: ``"truncate"``
             keeps a conversation's first turns that fit, ``"drop"`` or ``"error"``.
             See ``docs/agentic.md``.
         processor: instead of ``tokenizer``: a vision-language processor directory
@@ -102,7 +104,9 @@ def build(data_files, tokenizer=None, max_len: int | None = None, *, style: str 
         prefix_sharing: with ``style="preference"``, store each pair's prompt
             once (``prompt + chosen + rejected``; see
             :func:`vecpack.preference.packed.plan_pairs`).
-        strategy, long, shuffle_seed: as :func:`vecpack.plan`.
+        strategy, long, shuffle_seed, pad_to_multiple_of: as :func:`vecpack.plan`
+            (``pad_to_multiple_of``: for context parallelism, e.g.
+            ``vecpack.integrations.cp.pad_multiple(cp_size)``; chat documents only).
         pad_id: padding id; default the tokenizer's pad token, else 0.
         ignore_index: label of padding and of every entry's first token.
         cache: False tokenizes and packs in memory, touching no cache.
@@ -148,8 +152,10 @@ def build(data_files, tokenizer=None, max_len: int | None = None, *, style: str 
         UselessOutputError: the packs would be useless (see ``allow_useless``).
     """
     t0 = time.perf_counter()
-    from vecpack.request.request import make_request
-
+    if processor is None and encoder is None and weights is None:
+        # a vision-language checkpoint directory as the tokenizer, rows with images: its processor
+        processor = checkpoint_processor(tokenizer, data_files, column)
+        tokenizer = None if processor is not None else tokenizer
     request = make_request(data_files, tokenizer, {
         "max_len": max_len, "style": style, "column": column, "masking": masking, "strategy": strategy,
         "long": long, "shuffle_seed": shuffle_seed, "pad_id": pad_id, "ignore_index": ignore_index,
@@ -158,5 +164,57 @@ def build(data_files, tokenizer=None, max_len: int | None = None, *, style: str 
         "weights": weights, "mix_by": mix_by, "mix_total": mix_total, "mix_seed": mix_seed,
         "mix_repeat": mix_repeat, "prefix_sharing": prefix_sharing, "chat_template_kwargs": chat_template_kwargs,
         "train_reasoning": train_reasoning, "output": output, "per_turn": per_turn,
+        **({"pad_to_multiple_of": pad_to_multiple_of} if pad_to_multiple_of != 1 else {}),
         **({"processor": processor, "pixels": pixels} if processor is not None else {})})
     return run_build(request, t0)
+
+
+def build_on_cluster(data_files, tokenizer=None, max_len: int | None = None, *, output: str,
+                     style: str = "sharegpt", column: str | None = None, masking: str = "assistant",
+                     strategy: str = "bfd", long: str = "truncate", shuffle_seed: int | None = 0,
+                     pad_id: int | None = None, ignore_index: int = -100, on_error: str = "raise",
+                     encoder=None, address: str | None = None, unit_bytes: int | None = None,
+                     max_retries: int | None = None, pack: bool = True, progress: bool = True):
+    """Tokenize and pack ``data_files`` on a Ray cluster, from a store to a store.
+
+    Args:
+        data_files: ``s3://`` (``gs://``, ``az://``, ``hf://``) URLs, globs of them, or local paths
+            every node can read: JSONL, Parquet, and JSONL compressed with gzip, bzip2, xz or zstd (one
+            unit an object), each found by its first bytes as on one machine. JSON arrays and Arrow files
+            are refused (:class:`InputError` naming the object and the command that converts it).
+        tokenizer: a tokenizer directory present at the same path on every node (or ``encoder=``).
+        max_len, style, column, masking, strategy, long, shuffle_seed, pad_id, ignore_index, on_error:
+            as :func:`vecpack.build`; the packs are byte-identical to its.
+        output: where the dataset goes (a URL, or a path every node shares);
+            ``<output>/manifest.json`` is written last.
+        encoder: an encoder object instead of ``tokenizer`` (as :func:`vecpack.build`).
+        address: the Ray cluster (see :func:`vecpack.tokenizing.ray.init`).
+        unit_bytes: input bytes per unit (units never depend on the cluster); None: the default
+            (:data:`vecpack.cluster.units.UNIT_BYTES`).
+        max_retries: how often Ray re-runs a task whose worker or node died (None: 3).
+        pack: False stops after tokenizing (the receipts stay; a later call packs).
+        progress: a bar a stage on stderr, as the local build's (units tokenized of all, units
+            scattered, shards packed with the packs written), and a summary line at the end.
+
+    This is the cluster's keyword front door: it makes the call's request
+    (:func:`vecpack.request.request.make_request`, as :func:`vecpack.build` does) and
+    runs :func:`vecpack.cluster.run.run_on_cluster`; ``vecpack.build(..., backend="ray", output=URL)``
+    takes the same route.
+
+    Raises:
+        InputError: the first bad row in input order (``on_error="raise"``), at ``url:line``.
+        EncoderError: the encoder failed on a row.
+        ObjectStoreError: a store call failed for good; it names the object.
+    """
+    request = make_request(data_files, tokenizer, {
+        "max_len": max_len, "style": style, "column": column, "masking": masking, "strategy": strategy,
+        "long": long, "shuffle_seed": shuffle_seed, "pad_id": pad_id, "ignore_index": ignore_index,
+        "on_error": on_error, "encoder": encoder, "backend": "ray", "output": output, "progress": progress},
+        door="build_on_cluster()")
+    # the cluster's modules load on the cluster's route only: a local build never imports them (start-up)
+    from vecpack.cluster.run import MAX_RETRIES, run_on_cluster
+    from vecpack.cluster.units import UNIT_BYTES
+
+    unit_bytes = UNIT_BYTES if unit_bytes is None else unit_bytes
+    max_retries = MAX_RETRIES if max_retries is None else max_retries
+    return run_on_cluster(request, address=address, unit_bytes=unit_bytes, max_retries=max_retries, pack=pack)

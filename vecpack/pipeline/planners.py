@@ -1,6 +1,6 @@
 """The plan and pack stages of a build: one planner per kind of output, behind one interface.
 
-:func:`vecpack.store.pipeline.run_build` calls the same four methods whatever
+:func:`vecpack.pipeline.route.run_build` calls the same four methods whatever
 the request asks for; only the planner differs::
 
     kind of request           planner          cache entry   result
@@ -24,10 +24,16 @@ from __future__ import annotations
 
 import numpy as np
 
+from vecpack.mixing.plan import mix_pair_plan, mix_plan, union_offsets
 from vecpack.options import IGNORE_INDEX
+from vecpack.packing.packed import Packed
+from vecpack.packing.plan import Plan, plan, trained_tokens
+from vecpack.pipeline import mixed as _mixed
+from vecpack.preference.packed import PackedPairs, PairPlan, plan_pairs
 from vecpack.request.keys import mix_key, plan_key
-from vecpack.store import mixed as _mixed
 from vecpack.store.entries import corpus_labels
+from vecpack.tokenizing.tokenized import bits_to_labels
+from vecpack.turns.packed import PackedTurns, TurnPlan, plan_turns
 
 __all__ = ["planner_for", "ChatPlanner", "MixPlanner", "PairMixPlanner", "PairPlanner", "TurnPlanner"]
 
@@ -50,11 +56,10 @@ class ChatPlanner:
         return plan_key(self.pack, corpora[0].key, pairs=False)
 
     def make(self, corpora):
-        from vecpack.packing.plan import plan, trained_tokens
-
         c, pk = corpora[0], self.pack
         offsets = c.arrays["offsets"]
-        p = plan(np.diff(offsets), pk.max_len, strategy=pk.strategy, long=pk.long, shuffle_seed=pk.shuffle_seed)
+        p = plan(np.diff(offsets), pk.max_len, strategy=pk.strategy, long=pk.long, shuffle_seed=pk.shuffle_seed,
+                 pad_to_multiple_of=pk.pad_to_multiple_of)
         p.stats["trained_tokens"] = trained_tokens(p, corpus_labels(c.arrays), offsets, IGNORE_INDEX)
         return p
 
@@ -62,16 +67,12 @@ class ChatPlanner:
         _save(p, self.arrays, tmp)
 
     def load(self, entry):
-        from vecpack.packing.plan import Plan
-
         a = entry.arrays
         return Plan(doc_index=a["doc_index"], doc_start=a["doc_start"], doc_length=a["doc_length"],
                     pack_offsets=a["pack_offsets"], max_len=int(entry.meta["inputs"]["max_len"]),
                     stats=dict(entry.meta.get("stats", {})))
 
     def packed(self, corpora, p, validate: bool):
-        from vecpack.packing.packed import Packed
-
         c = corpora[0]
         return Packed(c.arrays["tokens"], c.arrays["offsets"], p, labels=corpus_labels(c.arrays),
                       pad_id=_pad(self.pack, corpora), ignore_index=self.pack.ignore_index, validate=validate)
@@ -92,23 +93,17 @@ class PairPlanner(ChatPlanner):
         return plan_key(self.pack, corpora[0].key, pairs=True)
 
     def make(self, corpora):
-        from vecpack.preference.packed import plan_pairs
-
         a, pk = corpora[0].arrays, self.pack
         return plan_pairs(np.diff(a["offsets"]), pk.max_len, strategy=pk.strategy, long=pk.long,
                           shuffle_seed=pk.shuffle_seed, row_ids=a.get("row_ids"), prefix_sharing=pk.prefix_sharing)
 
     def load(self, entry):
-        from vecpack.preference.packed import PairPlan
-
         a = entry.arrays
         return PairPlan(pair_index=a["pair_index"], pair_lens=a["pair_lens"], pack_offsets=a["pack_offsets"],
                         max_len=self.pack.max_len, stats=dict(entry.meta.get("stats", {})),
                         prefix_sharing=self.pack.prefix_sharing)
 
     def packed(self, corpora, p, validate: bool):
-        from vecpack.preference.packed import PackedPairs
-
         tokens = corpora[0].arrays["tokens"] if len(corpora) == 1 else np.concatenate(
             [np.asarray(c.arrays["tokens"]) for c in corpora])
         offsets = corpora[0].arrays["offsets"] if len(corpora) == 1 else _offsets(corpora)
@@ -127,14 +122,9 @@ class TurnPlanner(ChatPlanner):
 
     @property
     def arrays(self):
-        from vecpack.turns.packed import TurnPlan
-
         return TurnPlan.ARRAYS
 
     def make(self, corpora):
-        from vecpack.tokenizing.tokenized import bits_to_labels
-        from vecpack.turns.packed import plan_turns
-
         a, pk = corpora[0].arrays, self.pack
         labels = bits_to_labels(np.asarray(a["tokens"]), a["trained"]) if "trained" in a else a["labels"]
         return plan_turns(a["tokens"], labels, a["offsets"], a["row_ids"], pk.max_len,
@@ -144,14 +134,10 @@ class TurnPlanner(ChatPlanner):
         _save(p, self.arrays, tmp, dtype=None)  # (depths and ends int32, labels uint8)
 
     def load(self, entry):
-        from vecpack.turns.packed import TurnPlan
-
         return TurnPlan(**{n: entry.arrays[n] for n in self.arrays}, max_len=self.pack.max_len,
                         stats=dict(entry.meta.get("stats", {})))
 
     def packed(self, corpora, p, validate: bool):
-        from vecpack.turns.packed import PackedTurns
-
         return PackedTurns(corpora[0].arrays["tokens"], corpora[0].arrays["offsets"], p,
                            pad_id=_pad(self.pack, corpora), ignore_index=self.pack.ignore_index)
 
@@ -172,8 +158,6 @@ class MixPlanner(ChatPlanner):
         return "mix", mix_key(self.pack, self.mix, [c.key for c in corpora], [i.weight for i in self.inputs])
 
     def make(self, corpora):
-        from vecpack.mixing.plan import mix_plan
-
         kw = dict(self._kw(), row_ids=[c.arrays.get("row_ids") for c in corpora])
         p = mix_plan([np.diff(c.arrays["offsets"]) for c in corpora], [i.weight for i in self.inputs],
                      self.pack.max_len, **kw)
@@ -185,8 +169,6 @@ class MixPlanner(ChatPlanner):
         return p
 
     def packed(self, corpora, p, validate: bool):
-        from vecpack.packing.packed import Packed
-
         return Packed([c.arrays["tokens"] for c in corpora], _offsets(corpora), p,
                       labels=[corpus_labels(c.arrays) for c in corpora], pad_id=_pad(self.pack, corpora),
                       ignore_index=self.pack.ignore_index, validate=validate)
@@ -199,8 +181,6 @@ class PairMixPlanner(MixPlanner, PairPlanner):
         return None
 
     def make(self, corpora):
-        from vecpack.mixing.plan import mix_pair_plan
-
         kw = dict(self._kw(), row_ids=[c.arrays.get("row_ids") for c in corpora],
                   prefix_sharing=self.pack.prefix_sharing)
         return mix_pair_plan([np.diff(c.arrays["offsets"]) for c in corpora], [i.weight for i in self.inputs],
@@ -220,8 +200,6 @@ def planner_for(request):
 
 
 def _offsets(corpora):
-    from vecpack.mixing.plan import union_offsets
-
     return union_offsets([c.arrays["offsets"] for c in corpora])
 
 

@@ -32,14 +32,17 @@ from vecpack import options as _options
 from vecpack._version import __version__
 from vecpack.packing.packed import Packed
 from vecpack.packing.plan import Plan
+from vecpack.pipeline.info import BuildInfo, jsonable, packed_from_entries
+from vecpack.pipeline.mixed import packed_from_mixture, row_ids
+from vecpack.preference.packed import PackedPairs, PairPlan
 from vecpack.store import cache as _cache
 from vecpack.store import entries as _entries
 from vecpack.store import objects as _objects
 from vecpack.store._fs import fsync_path, iso, try_link
-from vecpack.store.build import BuildInfo, jsonable, packed_from_entries
 from vecpack.store.hashing import checksum_algorithm
-from vecpack.store.mixed import packed_from_mixture, row_ids
 from vecpack.tokenizing.tokenized import bits_to_labels, merge_stats
+from vecpack.turns.saved import turns_arrays, turns_from_saved
+from vecpack.vision.saved import vision_arrays, vision_from_saved
 
 __all__ = ["SAVED_FORMAT", "SAVED_KINDS", "load", "save"]
 
@@ -113,11 +116,9 @@ def save(packed: Packed, out_dir: str | os.PathLike, *, overwrite: bool = True,
     try:
         extra = {}
         if vision:
-            from vecpack.vision.saved import vision_arrays
 
             arrays, extra = vision_arrays(packed)
         elif turns:
-            from vecpack.turns.saved import turns_arrays
 
             arrays, extra = turns_arrays(packed)
         elif pairs:
@@ -310,12 +311,10 @@ def load(path: str | os.PathLike, *, verify: bool = False, pad_id: int | None = 
         raise ValueError(f"load: {str(path)!r} is not a vecpack dataset ({e})") from None
     kind = manifest.get("kind")
     if kind == "vision":
-        from vecpack.vision.saved import vision_from_saved
 
         a, meta = _open_saved(path, manifest, verify)
         return vision_from_saved(a, meta, pad_id=pad_id, stats=dict(meta["stats"]))
     if kind == "turns":
-        from vecpack.turns.saved import turns_from_saved
 
         a, meta = _open_saved(path, manifest, verify)
         return turns_from_saved(a, meta, pad_id=pad_id, ignore_index=ignore_index)
@@ -344,7 +343,6 @@ def load(path: str | os.PathLike, *, verify: bool = False, pad_id: int | None = 
             raise ValueError(f"load: cache entry {str(path)!r} is damaged or its corpus entry "
                              f"{corpus_key!r} is gone; run vecpack.build again")
         if "pair_index" in pentry.arrays:  # a preference pair plan
-            from vecpack.preference.packed import PackedPairs, PairPlan
 
             a = pentry.arrays
             p = PairPlan(pair_index=a["pair_index"], pair_lens=a["pair_lens"], pack_offsets=a["pack_offsets"],
@@ -465,7 +463,6 @@ def _open_saved(path: pathlib.Path, manifest: dict, verify: bool) -> tuple[dict,
 
 def _load_pairs(path: pathlib.Path, manifest: dict, verify: bool, pad_id, ignore_index):
     """A saved :class:`~vecpack.preference.packed.PackedPairs` (``kind: "pairs"``), memory-mapped."""
-    from vecpack.preference.packed import PackedPairs, PairPlan
 
     a, meta = _open_saved(path, manifest, verify)
     p = PairPlan(pair_index=a["pair_index"], pair_lens=a["pair_lens"], pack_offsets=a["pack_offsets"],

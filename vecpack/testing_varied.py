@@ -1,0 +1,199 @@
+"""Seed-shaped chat rows as varied as real data: :func:`make_varied_chats`.
+
+:func:`vecpack.testing.make_short_chats` writes the seed's shape (one system
+prompt, one to three short exchanges, about 164 Qwen2.5 tokens a row) from ten
+phrases: in 50k rows, about 110 distinct messages and 104 distinct words. Every
+cache of pieces and prefixes hits on them far more often than on real chat.
+These rows keep that shape, and are as varied as the seed's real file (legal
+Q&A): most messages are drawn from a pool of common ones (greetings, standard
+answers) with Zipf-like weights, and about a fifth are filled in afresh from
+templates with names, process numbers, dates, amounts, cities and courts, so
+100k rows hold tens of thousands of distinct messages and words.
+
+Generated with numpy, all choices for all rows at once, and written as JSON
+lines without a per-row ``json.dumps``: every piece is JSON-safe text (no quote,
+backslash or control character; non-ASCII kept as ``ensure_ascii=False`` keeps
+it), so a line is ``json.dumps(row, ensure_ascii=False)`` byte for byte
+(``tests/test_varied_chats.py`` checks it).
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+__all__ = ["make_varied_chats"]
+
+#: The system prompt of every row (the seed's; :data:`vecpack.testing.SHORT_CHAT_SYSTEM`).
+SYSTEM = ("Você é o EscavAI, o assistente virtual do Escavador. Seu objetivo é tirar dúvidas "
+          "jurídicas dos usuários do Escavador da melhor forma possível")
+
+_FIRST = ("Ana Bruno Carla Daniel Eduarda Felipe Gabriela Heitor Isabela João Karina Lucas Mariana Nicolas "
+          "Olívia Pedro Quitéria Rafael Sofia Thiago Úrsula Vitor Wesley Yasmin Zilda Antônio Beatriz Caio "
+          "Débora Enzo Fernanda Gustavo Helena Igor Juliana Kléber Larissa Marcelo Natália Otávio Patrícia "
+          "Renata Sérgio Tatiane Valéria Wagner Aline Benedito Cecília Diogo Elaine Fábio Giovana Hugo Irene "
+          "Joaquim Lívia Márcio Nair Orlando Paula Rodrigo Sandra Tomás Vanessa Alessandro Bianca Cristiano "
+          "Denise Everton Flávia Gilberto Heloísa Ivan Jéssica Leandro Mônica Nelson Priscila Raimundo Simone").split()
+_LAST = ("Silva Santos Oliveira Souza Rodrigues Ferreira Alves Pereira Lima Gomes Costa Ribeiro Martins Carvalho "
+         "Almeida Lopes Soares Fernandes Vieira Barbosa Rocha Dias Nascimento Andrade Moreira Nunes Marques "
+         "Machado Mendes Freitas Cardoso Ramos Gonçalves Santana Teixeira Araújo Moura Cavalcanti Pinto Correia "
+         "Monteiro Batista Campos Rezende Siqueira Tavares Brandão Queiroz Magalhães Guimarães Pacheco Sampaio "
+         "Fonseca Peixoto Bittencourt Coelho Xavier Leite Barros Farias Medeiros Aragão Prado Figueiredo").split()
+_CITY = ("São Paulo|Rio de Janeiro|Belo Horizonte|Salvador|Fortaleza|Curitiba|Recife|Porto Alegre|Manaus|Belém|"
+         "Goiânia|Campinas|São Luís|Maceió|Natal|Teresina|João Pessoa|Florianópolis|Vitória|Cuiabá|Aracaju|"
+         "Londrina|Ribeirão Preto|Uberlândia|Sorocaba|Niterói|Juiz de Fora|Joinville|Santos|Campo Grande|"
+         "Feira de Santana|Caxias do Sul|Pelotas|Maringá|Anápolis|Petrolina|Mossoró|Blumenau|Chapecó|Palmas").split("|")
+_COURT = ("TJSP TJRJ TJMG TJBA TJCE TJPR TJPE TJRS TJAM TJPA TJGO TJSC TJES TJMT TJDFT TRT-2 TRT-1 TRT-3 TRT-4 "
+          "TRT-15 TRF-1 TRF-3 TRF-4 STJ STF TST JEC").split()
+_MONTH = ("janeiro fevereiro março abril maio junho julho agosto setembro outubro novembro dezembro").split()
+_TOPIC = ("pensão alimentícia|guarda compartilhada|rescisão indireta|horas extras|danos morais|usucapião|"
+          "inventário|divórcio consensual|despejo por falta de pagamento|revisão de aposentadoria|auxílio-doença|"
+          "cobrança indevida|negativação do nome|plano de saúde|acidente de trânsito|contrato de aluguel|"
+          "vínculo empregatício|FGTS não depositado|seguro-desemprego|execução fiscal|protesto de título|"
+          "partilha de bens|investigação de paternidade|reintegração de posse|busca e apreensão|"
+          "recuperação judicial|penhora de salário|BPC/LOAS|licença-maternidade|adicional de insalubridade").split("|")
+
+# Templates: {n} a name, {p} a process number, {d} a date, {c} a city, {v} an amount, {k} a count of
+# days, {t} a court, {s} a topic, {m} a month, {y} a year.
+_ASK = (
+    "Bom dia! Meu nome é {n} e queria saber do processo {p}.",
+    "Qual o andamento do processo {p} no {t}?",
+    "Tenho uma audiência marcada para {d} em {c}, o que devo levar?",
+    "Fui citado em {d} num processo de {s}, qual é o prazo para contestar?",
+    "Meu advogado, Dr. {n}, sumiu. Como acompanho o processo {p}?",
+    "A empresa me deve {v} de {s}. Vale a pena entrar na justiça?",
+    "O juiz de {c} deu sentença em {d}. Ainda cabe recurso?",
+    "Recebi uma intimação do {t} sobre {s}, o que isso significa?",
+    "Quanto tempo demora um processo de {s} em {c}?",
+    "Meu nome apareceu no processo {p}, mas eu não conheço {n}. O que faço?",
+    "Posso pedir {s} se trabalhei {k} meses sem carteira assinada?",
+    "A audiência de conciliação foi remarcada para {d}. Preciso ir?",
+    "Quero entrar com ação de {s} contra {n}, por onde começo?",
+    "O processo {p} está concluso para despacho desde {m} de {y}. É normal?",
+    "Paguei {v} de custas no {t}. Consigo reembolso?",
+    "Minha mãe faleceu em {d} em {c}. Como abro o inventário?",
+    "O que é tutela de urgência? Pedi em {d} e nada ainda.",
+    "Tenho {k} dias para recorrer da decisão sobre {s}?",
+    "Moro em {c} e o processo corre no {t}. Preciso viajar para a audiência?",
+    "Oi, tudo bem? É sobre {s}.",
+    "Como consulto processos em nome de {n}?",
+    "A sentença de {d} condenou a ré a pagar {v}. Quando recebo?",
+    "Meu processo {p} foi arquivado em {m} de {y}. Dá para desarquivar?",
+    "Sou {n}, parte autora no {t}. Onde vejo as movimentações?",
+    "Preciso de advogado para uma causa de {v} no juizado de {c}?",
+)
+_ANSWER = (
+    "Olá, {n}! O processo {p} tramita no {t} e a última movimentação é de {d}.",
+    "O prazo para contestar é de {k} dias úteis, contados da juntada do mandado de citação.",
+    "Para a audiência em {c}, leve documento com foto, comprovante de residência e as provas de {s}.",
+    "Sim, cabe recurso: a apelação tem prazo de quinze dias úteis a partir da intimação da sentença de {d}.",
+    "Um processo de {s} em {c} costuma levar de {k} meses a dois anos, conforme a pauta da vara.",
+    "Com valor de {v}, a causa pode correr no juizado especial, sem advogado até vinte salários mínimos.",
+    "A intimação do {t} comunica um ato do processo; verifique o prazo indicado nela, em geral {k} dias.",
+    "Você pode acompanhar as movimentações do processo {p} pelo site do {t} ou pelo Escavador.",
+    "O inventário pode ser feito em cartório se todos os herdeiros forem maiores e concordarem com a partilha.",
+    "A tutela de urgência é analisada com prioridade, mas o juiz pode pedir mais documentos antes de decidir.",
+    "Concluso para despacho significa que os autos aguardam o juiz desde {m} de {y}; a espera varia por vara.",
+    "Processos arquivados podem ser desarquivados mediante petição e, em alguns tribunais, pagamento de taxa.",
+    "As custas de {v} só são devolvidas se a parte contrária for condenada a reembolsá-las na sentença.",
+    "Não sou advogado, mas posso explicar como funciona a ação de {s} e quais documentos reunir.",
+    "Se a outra parte não pagar os {v} no prazo, cabe pedir o cumprimento de sentença com multa de dez por cento.",
+    "Em audiências virtuais do {t}, o link costuma ser enviado por e-mail alguns dias antes de {d}.",
+    "Homônimos são comuns: confira o CPF das partes no processo {p} antes de se preocupar.",
+    "Para {s}, reúna contracheques, extratos e mensagens que comprovem o que você alega.",
+    "O vínculo sem carteira pode ser reconhecido na Justiça do Trabalho, com prazo de dois anos após a saída.",
+    "A conciliação é obrigatória no juizado: a ausência do autor em {d} pode levar ao arquivamento.",
+    "O recurso inominado tem prazo de dez dias úteis, contados da intimação.",
+    "Obrigado pela pergunta, {n}! Posso te ajudar com mais alguma dúvida?",
+    "Segundo o Código de Processo Civil, a petição inicial indica o juízo, as partes, os fatos e o pedido.",
+    "Em {c}, a defensoria pública atende quem não pode pagar advogado; leve comprovante de renda.",
+    "O valor de {v} será corrigido desde {d} e somado aos juros de mora até o pagamento.",
+)
+
+# Pool of common messages: Zipf-like weights over this many of each kind, filled once from the templates.
+_POOL = 4096
+_FRESH = 0.2   # share of sentences filled in afresh (distinct), the rest drawn from the pool
+_BLOCK = 1 << 16  # rows (and sentences) drawn at a time
+
+
+def _fill(templates: tuple, rng: np.random.Generator, n: int) -> list[str]:
+    """``n`` messages from ``templates``, every slot filled from ``rng`` (vectorized choices)."""
+    t = rng.integers(0, len(templates), n)
+    first, last = rng.integers(0, len(_FIRST), n), rng.integers(0, len(_LAST), n)
+    seq, dv, yr = rng.integers(0, 9_999_999, n), rng.integers(0, 100, n), rng.integers(2005, 2026, n)
+    day, mon, year = rng.integers(1, 29, n), rng.integers(1, 13, n), rng.integers(2010, 2027, n)
+    city, court, topic = (rng.integers(0, len(_CITY), n), rng.integers(0, len(_COURT), n),
+                          rng.integers(0, len(_TOPIC), n))
+    reais, cents, days = rng.integers(50, 250_000, n), rng.integers(0, 100, n), rng.integers(2, 61, n)
+    cols = [a.tolist() for a in (t, first, last, seq, dv, yr, day, mon, year, city, court, topic, reais, cents,
+                                 days)]   # (Python ints: numpy scalars format several times slower)
+    return [templates[ti].format(
+        n=f"{_FIRST[fi]} {_LAST[la]}", p=f"{sq:07d}-{d2:02d}.{yp}", d=f"{dd:02d}/{mm:02d}/{yy}", c=_CITY[ci],
+        v=f"R$ {r // 1000}.{r % 1000:03d},{ce:02d}" if r >= 1000 else f"R$ {r},{ce:02d}", k=ds, t=_COURT[co],
+        s=_TOPIC[to], m=_MONTH[mm - 1], y=yy)
+        for ti, fi, la, sq, d2, yp, dd, mm, yy, ci, co, to, r, ce, ds in zip(*cols)]
+
+
+class _Sentences:
+    """An endless stream of sentences: from ``pool`` (Zipf-like weights) or, with probability
+    :data:`_FRESH`, filled afresh from ``templates``; drawn ``batch`` at a time with numpy."""
+
+    def __init__(self, rng: np.random.Generator, pool: list[str], templates: tuple, batch: int):
+        self.rng, self.pool, self.templates, self.batch = rng, pool, templates, batch
+        zipf = 1.0 / np.arange(1, len(pool) + 1)
+        self.cdf = np.cumsum(zipf / zipf.sum())
+        self.buf: list[str] = []
+        self.at = 0
+
+    def next(self) -> str:
+        if self.at == len(self.buf):
+            rng, pool = self.rng, self.pool
+            fresh = rng.random(self.batch) < _FRESH
+            picks = np.minimum(np.searchsorted(self.cdf, rng.random(self.batch)), len(pool) - 1)
+            filled = iter(_fill(self.templates, rng, int(fresh.sum())))
+            self.buf = [next(filled) if f else pool[p] for f, p in zip(fresh.tolist(), picks.tolist())]
+            self.at = 0
+        self.at += 1
+        return self.buf[self.at - 1]
+
+    def messages(self, n: int, lo: int, hi: int) -> list[str]:
+        """``n`` messages of ``lo`` to ``hi`` characters: sentences joined until ``lo``, cut at ``hi``."""
+        out = []
+        for _ in range(n):
+            text = self.next()
+            while len(text) < lo:
+                text += " " + self.next()
+            out.append(text[:hi].rstrip())
+        return out
+
+
+def make_varied_chats(path: str | os.PathLike, n: int, *, seed: int = 0) -> str:
+    """Write ``n`` seed-shaped ShareGPT conversations as varied as real chat data; return the path.
+
+    The shape of :func:`vecpack.testing.make_short_chats` (the same system
+    prompt, one exchange in 3 of 5 rows, two or three in the others, a user
+    turn of up to 120 characters, an assistant turn of 100 to 440), filled as
+    the module says: tens of thousands of distinct messages per 100k rows, with
+    names, numbers and dates. Same ``n`` and ``seed``, same bytes.
+    """
+    rng = np.random.default_rng(seed)
+    asks = _Sentences(rng, _fill(_ASK, rng, _POOL), _ASK, _BLOCK)
+    answers = _Sentences(rng, _fill(_ANSWER, rng, _POOL), _ANSWER, _BLOCK)
+    head = '{"conversations": [{"from": "system", "value": "' + SYSTEM + '"}'
+    with open(path, "w", encoding="utf-8") as f:
+        for start in range(0, n, _BLOCK):
+            turns = rng.choice(np.array([1, 1, 1, 2, 3]), min(_BLOCK, n - start)).tolist()
+            total = sum(turns)
+            qs, rs = asks.messages(total, 4, 120), answers.messages(total, 100, 440)
+            lines, j = [], 0
+            for t in turns:
+                parts = [head]
+                for _ in range(t):
+                    parts.append(', {"from": "human", "value": "' + qs[j] + '"}, {"from": "gpt", "value": "'
+                                 + rs[j] + '"}')
+                    j += 1
+                parts.append("]}\n")
+                lines.append("".join(parts))
+            f.writelines(lines)
+    return str(path)
