@@ -58,8 +58,16 @@ def auto(d):
     return transformers.AutoTokenizer.from_pretrained(d)
 
 
+_HF_IDS: dict = {}
+
+
 def hf_ids(hf, msgs):
-    return list(hf.apply_chat_template(msgs, tokenize=True)["input_ids"])
+    """transformers' ids of ``msgs``, computed once per tokenizer and conversation: the reference is the same
+    for every engine a test checks against it."""
+    key = (id(hf), json.dumps(msgs, sort_keys=True, ensure_ascii=False, default=repr))
+    if key not in _HF_IDS:
+        _HF_IDS[key] = list(hf.apply_chat_template(msgs, tokenize=True)["input_ids"])
+    return _HF_IDS[key]
 
 
 def check_parity(enc, hf, rows, style):

@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 
 import vecpack
+from vecpack.chat.pairs import read_pair
 from vecpack.errors import InputError
-from vecpack.preference.encoder import PairEncoder
-from vecpack.preference.formats import read_pair
 from vecpack.testing import make_pairs, pathological_texts
+from vecpack.tokenizing.pairs import PairEncoder
 
 
 @pytest.fixture(scope="module")

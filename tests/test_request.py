@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import vecpack
-from vecpack.request.fields import ROLES, role
+from vecpack._fields import ROLES, role
 from vecpack.request.keys import corpus_key, mix_key, plan_key
 from vecpack.request.request import Request, make_request
 from vecpack.request.specs import ChatSpec, MixSpec, PackSpec, RunSpec, TokenizerSpec

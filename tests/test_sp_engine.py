@@ -384,7 +384,7 @@ def test_dummy_prefix_pairs_equal_hf(sp_dirs, tmp_path, monkeypatch):
     """Preference pairs (cut at added tokens, each side encoded on its own) on Mistral v3: fastokens
     gives the HF tokenizers backend's arrays, text and conversational forms."""
     import vecpack
-    from vecpack.preference.encoder import PairEncoder
+    from vecpack.tokenizing.pairs import PairEncoder
 
     monkeypatch.setenv("VECPACK_CACHE", str(tmp_path / "cache"))
     texts = ["Q", " lead", "", "x</s>y", "[INST] q [/INST] a", "日本 😀", "\U0010ffff", " \n ", "a  b"]

@@ -25,6 +25,7 @@ from vecpack import PackedDataset  # noqa: E402
 from vecpack.errors import InputError, WorkerDiedError  # noqa: E402
 from vecpack.tokenizing.forkpool import fork_refusal  # noqa: E402
 from vecpack.torchtune import corpus as tt_corpus  # noqa: E402
+from vecpack.torchtune import packed as tt_packed  # noqa: E402
 from vecpack.torchtune._kernels import fill_pack, split_entries  # noqa: E402
 
 
@@ -368,7 +369,11 @@ def test_workers_give_the_same_packs(pool_always):
                                                     (c.corpus.tokens, c.corpus.labels, c.corpus.offsets)))
 
 
-def test_bad_items_are_located_or_skipped(pool_always, caplog):
+def test_bad_items_are_located_or_skipped(pool_always, caplog, monkeypatch):
+    # rank 0 reports the skipped items, whatever logging state or RANK an earlier test left in this process
+    monkeypatch.setattr(tt_packed, "_rank", lambda: 0)
+    monkeypatch.setattr(logging.getLogger("vecpack"), "disabled", False)
+    monkeypatch.setattr(logging.getLogger("vecpack"), "propagate", True)
     with pytest.raises(InputError, match=r"^<Mixed> row 2345: 'labels' has \d+ entries but 'tokens' has \d+$"):
         packed(Mixed(3000, bad=2345), max_seq_len=64, n_jobs=2)
     assert not _forked_children() and not _chunk_dirs()  # the workers are gone, their chunks removed

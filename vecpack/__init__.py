@@ -53,7 +53,7 @@ _LAZY = {
     "hf_dataset": "vecpack.integrations.hf",
     "pack_pairs": "vecpack.preference.packed",
     "sequence_logps": "vecpack.preference.logps",
-    "tokenize": "vecpack.tokenizing.corpus",
+    "tokenize": "vecpack.pipeline.tokenize",
     "BalancedSampler": "vecpack.integrations.sampler",
     "BalancedSteps": "vecpack.packing.balance",
     "attention_coefficient": "vecpack.packing.balance",

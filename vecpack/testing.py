@@ -386,7 +386,7 @@ def make_sharegpt(path: str | os.PathLike, n: int, *, seed: int = 0, style: str 
     return str(path)
 
 
-#: The row forms :func:`make_pairs` writes (see :mod:`vecpack.preference.formats`).
+#: The row forms :func:`make_pairs` writes (see :mod:`vecpack.chat.pairs`).
 PAIR_FORMS = ("conversational", "implicit", "sharegpt", "standard")
 
 

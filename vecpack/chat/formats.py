@@ -100,7 +100,7 @@ sharegpt data: use style='sharegpt' (--style sharegpt)
     vecpack.errors.InputError: <input>: empty conversation in column 'dialog'
     """
     convert = _CONVERTERS[check_choice(style, "style", CHAT_STYLES,
-                                       "preference pairs are read by vecpack.preference.formats")]
+                                       "preference pairs are read by vecpack.chat.pairs")]
     if not isinstance(row, dict):
         raise InputError(f"row is a JSON {_kind(row)}, expected an object")
     return convert(row, column or DEFAULT_COLUMNS[style])

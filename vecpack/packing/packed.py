@@ -33,6 +33,7 @@ import numpy as np
 from vecpack._state import start_warming
 from vecpack.options import check_index, check_int
 from vecpack.packing.plan import Plan, _kernel, _ro, plan
+from vecpack.packing.spec import PackSpec
 from vecpack.tokenizing.tokenized import bits_to_labels
 
 __all__ = ["Packed", "PlanViews", "pack", "warm_kernels"]
@@ -452,8 +453,6 @@ def pack(tokens, offsets, max_len: int, *, labels=None, strategy: str = "bfd", p
     >>> p[0]["position_ids"].tolist(), p[0]["document_ids"].tolist()
     ([0, 1, 0, 1, 2, 0], [0, 0, 1, 1, 1, -1])
     """
-    from vecpack.request.specs import PackSpec
-
     spec = PackSpec.make(max_len, strategy=strategy, long=long, shuffle_seed=shuffle_seed, pad_id=pad_id,
                          ignore_index=ignore_index).padded(pad_to_multiple_of)
     tokens = _check_tokens(tokens, "tokens")

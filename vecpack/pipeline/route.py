@@ -36,7 +36,6 @@ from vecpack.store import cache as _cache
 from vecpack.store.fingerprint import describe
 from vecpack.tokenizing.spec import default_pad_id
 from vecpack.tokenizing.tokenized import merge_stats
-from vecpack.vision.build import run_vision
 
 __all__ = ["Corpus", "EARLY_START_BYTES", "corpus_entry", "run_build", "stores_bits"]
 
@@ -76,6 +75,7 @@ def run_build(request, t0: float | None = None):
     if request.run.output is not None:
         return _on_cluster(request)
     if request.tokenizer.processor is not None:  # documents with images: vecpack.vision's route
+        from vecpack.vision.build import run_vision  # the vision stack loads on its route only (start-up)
 
         return run_vision(request)
     store = _cache.Cache(request.run.cache_dir) if request.run.cache else None
@@ -149,7 +149,7 @@ def corpus_entry(store: _cache.Cache, inputs: dict, described: dict, make, *, bi
 
 
 #: The encoders whose corpus entries keep their labels as bits: vecpack's own chat and pair encoders.
-_BITS_ENCODERS = ("vecpack.tokenizing.encoder", "vecpack.preference.encoder")
+_BITS_ENCODERS = ("vecpack.tokenizing.encoder", "vecpack.tokenizing.pairs")
 
 
 def stores_bits(encoder, tokenize=None) -> bool:

@@ -9,8 +9,8 @@
 
 The modules, each imported on its own (this package imports nothing heavy):
 
-* :mod:`vecpack.preference.formats`: recognise a row's form and read it as a :class:`~vecpack.preference.formats.Pair`.
-* :mod:`vecpack.preference.encoder`: :class:`~vecpack.preference.encoder.PairEncoder`, token for token TRL's
+* :mod:`vecpack.chat.pairs`: recognise a row's form and read it as a :class:`~vecpack.chat.pairs.Pair`.
+* :mod:`vecpack.tokenizing.pairs`: :class:`~vecpack.tokenizing.pairs.PairEncoder`, token for token TRL's
   ``DPOTrainer`` preparation, on the engines and pool every chat row uses.
 * :mod:`vecpack.preference.packed`: :func:`~vecpack.preference.packed.pack_pairs` -> ``PackedPairs``.
 * :mod:`vecpack.integrations.collate`: :func:`~vecpack.integrations.collate.collate_preference`, its masks.

@@ -1,7 +1,7 @@
 """Preference pairs packed pair by pair: :func:`plan_pairs`, :class:`PackedPairs`, :func:`pack_pairs`.
 
 A tokenized preference corpus holds three documents per pair (prompt, chosen,
-rejected; see :mod:`vecpack.preference.encoder`). A pair is one unit: both of
+rejected; see :mod:`vecpack.tokenizing.pairs`). A pair is one unit: both of
 its sequences, ``prompt + chosen`` and ``prompt + rejected``, land in the same
 pack, next to each other, each starting at position 0 and attending only to
 itself, exactly the two rows TRL's ``DPOTrainer`` would pad::

@@ -1,7 +1,7 @@
 """Every cache key of a build, from its request, in one place.
 
 A key holds the request's fields whose role is ``"key"``
-(:mod:`vecpack.request.fields`), the content hashes of the data and the
+(:mod:`vecpack._fields`), the content hashes of the data and the
 tokenizer (:mod:`vecpack.store.fingerprint`), and a format number per kind of
 entry. Paths, ``n_jobs``, ``progress`` and the executor are never in it.
 
@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import pathlib
 
-from vecpack.request.fields import key_fields
+from vecpack._fields import key_fields
 from vecpack.store import hashing
 from vecpack.store.fingerprint import CORPUS_FORMAT, data_fingerprint, describe, tokenizer_fingerprint
 

@@ -213,7 +213,7 @@ class StreamingPackedDataset(IterableDataset):
         self.pairs = request.pairs
         if self.pairs and encoder is not None and not getattr(encoder, "pairs", False):
             raise ValueError(f"style='preference' needs a pair encoder (three documents per row: prompt, chosen, "
-                             f"rejected), such as vecpack.preference.encoder.PairEncoder; got "
+                             f"rejected), such as vecpack.tokenizing.pairs.PairEncoder; got "
                              f"{type(encoder).__name__}")
         self.prefix_sharing = request.pack.prefix_sharing
         check_choice(strategy, "strategy", STREAM_STRATEGIES,

@@ -22,9 +22,15 @@ from typing import Callable, Iterator
 
 import numpy as np
 
+from vecpack._version import __version__
 from vecpack.errors import EncoderError
 from vecpack.options import cache_root
+from vecpack.tokenizing import parity
 from vecpack.tokenizing import pool as _pool
+from vecpack.tokenizing import runtime as _runtime
+from vecpack.tokenizing.backend import fall_back
+from vecpack.tokenizing.encoder import ChatEncoder
+from vecpack.tokenizing.pool import tokenizer_dir
 from vecpack.tokenizing.rows import RowFailure, Rows, encode_rows
 from vecpack.tokenizing.spec import Unsupported, stat_key
 
@@ -106,7 +112,6 @@ def _tokenizer_tag(path) -> str | None:
     import hashlib
     from importlib.metadata import PackageNotFoundError, version
 
-    from vecpack import __version__
 
     try:
         hf = version("tokenizers")
@@ -160,7 +165,6 @@ def checked_before(tokenizer) -> bool:
     >>> checked_before(None)
     False
     """
-    from vecpack.tokenizing.pool import tokenizer_dir
 
     d = tokenizer_dir(tokenizer)
     tag = None if d is None else _tokenizer_tag(pathlib.Path(d).expanduser().resolve())
@@ -238,8 +242,6 @@ class EngineStart:
     """
 
     def __init__(self, encoder, remember: Callable | None = None):
-        from vecpack.tokenizing.encoder import ChatEncoder
-
         self.pid = os.getpid()
         self.base = encoder         # the dataset's encoder
         self.encoder = encoder      # what encodes the next batch in this process
@@ -265,7 +267,6 @@ class EngineStart:
     def _check(self, engine: str, texts, engine_side=None, after: Future | None = None):
         """Start the parity check of ``engine`` (None if it passed before on these texts: then none),
         or, with ``after``, once that is done."""
-        from vecpack.tokenizing import parity
 
         self._texts = texts
         self._needed.add(engine)
@@ -285,10 +286,9 @@ class EngineStart:
 
     def _warm(self, encoder, texts) -> None:
         """Serve with tiktoken's core now, build fastokens in a thread (byte-level BPE only)."""
-        from vecpack.tokenizing.runtime import Runtime
 
         try:
-            rt = Runtime(pathlib.Path(encoder.path), "fastokens", warm_start=True)
+            rt = _runtime.Runtime(pathlib.Path(encoder.path), "fastokens", warm_start=True)
         except Unsupported:  # not tiktoken tables (SentencePiece-style): fastokens builds in ~0.1 s
             if texts is not None:
                 self._check("fastokens", texts)
@@ -389,8 +389,6 @@ class EngineStart:
         return self._fast is None and self.serving is None
 
     def _fall_back(self, reason: str) -> None:
-        from vecpack.tokenizing.backend import fall_back
-
         self.reason = reason
         self.encoder = fall_back(self.base, reason, stacklevel=4)
         if self._remember is not None:

@@ -64,6 +64,7 @@ from vecpack.tokenizing.lane import lane_for
 from vecpack.tokenizing.runtime import Runtime, is_nfc, runtime
 from vecpack.tokenizing.sink import _PREFIX_MAX_CHARS, ChunkSink, _with_heads  # noqa: F401  (re-exported)
 from vecpack.tokenizing.spec import MISSING, SPEC_VERSION, materialize, read_dir, read_memo, stat_key, write_memo
+from vecpack.tokenizing.turns import TurnSink
 
 __all__ = ["BACKENDS", "ChatEncoder", "ChunkSink", "encoder_for"]
 
@@ -113,7 +114,7 @@ class ChatEncoder:
         self.text_affixes = (tuple(text_affixes[0]), tuple(text_affixes[1]))
         self.chat_template_kwargs = _call_kwargs(chat_template_kwargs)
         self.train_reasoning = bool(train_reasoning)
-        self.per_turn = bool(per_turn)  # one document per trained assistant turn (vecpack.turns.encoder)
+        self.per_turn = bool(per_turn)  # one document per trained assistant turn (vecpack.tokenizing.turns)
         ids = ids or {}
         self.bos_id, self.eos_id, self.pad_id = ids.get("bos"), ids.get("eos"), ids.get("pad")
         self.pending_check = None  # sample texts of a deferred parity check (see from_tokenizer)
@@ -155,7 +156,7 @@ class ChatEncoder:
                 text untrained, the rest of its turn trained.
             per_turn: each row becomes one document per trained assistant
                 turn, the conversation up to it rendered as its final turn
-                (:mod:`vecpack.turns.encoder`; :mod:`vecpack.turns.packed` packs them).
+                (:mod:`vecpack.tokenizing.turns`; :mod:`vecpack.turns.packed` packs them).
 
         >>> from vecpack.testing import cached_tokenizer_dir
         >>> ChatEncoder.from_tokenizer(cached_tokenizer_dir("qwen2.5"), backend="tokenizers").backend
@@ -431,9 +432,7 @@ class ChatEncoder:
         which also gives an agentic row's counts). The result is identical.
         """
         if self.per_turn and self.template is not None:
-            from vecpack.turns.encoder import TurnSink  # (a row becomes several documents)
-
-            return TurnSink(self)
+            return TurnSink(self)  # (a row becomes several documents)
         if self.backend == "tokenizers" or self.template is None:
             return None
         return ChunkSink(self)
@@ -531,7 +530,7 @@ def encoder_for(tokenizer, style: str, column: str | None, masking: str, sources
     caller settles (:func:`vecpack.tokenize` overlaps it with the work); without,
     the check has run and the encoder is final. ``sources`` give the sample
     rows the checks look at. ``cls``: the encoder class (default
-    :class:`ChatEncoder`; :class:`~vecpack.preference.encoder.PairEncoder` for pairs).
+    :class:`ChatEncoder`; :class:`~vecpack.tokenizing.pairs.PairEncoder` for pairs).
     ``options``: more keyword arguments of ``from_tokenizer`` (``chat_template_kwargs``,
     ``train_reasoning``, ``per_turn``), part of the key. A ``per_turn`` encoder is the same encoder
     with ``per_turn`` set (it renders and encodes alike): made from the other, not built again.

@@ -376,8 +376,12 @@ class _Bar:
         if self.bar is None:
             from tqdm.auto import tqdm
 
-            self.bar = tqdm(total=int(round(total)), desc=self.desc, dynamic_ncols=True,
-                            bar_format=self._FORMAT.replace("ROWS", "0 rows"), file=sys.stderr)
+            try:
+                self.bar = tqdm(total=int(round(total)), desc=self.desc, dynamic_ncols=True,
+                                bar_format=self._FORMAT.replace("ROWS", "0 rows"), file=sys.stderr)
+            except BaseException:  # a Ctrl-C after tqdm drew its first line: end that line, as close() does
+                sys.stderr.write("\n")
+                raise
         elif self.feed.finished or total > self.bar.total:   # the last ranges of a compressed input
             self.bar.total = int(round(total))
 

@@ -34,6 +34,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from vecpack.tokenizing.tasks import ChunkMeta
+from vecpack.tokenizing.tokenized import Tokenized, bits_to_labels, trained_mask
 
 __all__ = ["ChunkMerger", "DirectTarget", "merge_chunks", "split_bits", "trained_bits"]
 
@@ -76,7 +77,6 @@ class DirectTarget:
         (see :func:`split_bits`; two empty arrays where labels are written), else None. ``mask``:
         the labels' :func:`~vecpack.tokenizing.tokenized.trained_mask` where the caller knows it
         (:attr:`~vecpack.tokenizing.rows.Rows.mask`)."""
-        from vecpack.tokenizing.tokenized import trained_mask
 
         if self.mask_path is None:
             mask = None
@@ -334,7 +334,6 @@ class ChunkMerger:
 
     def _put_chunk_file(self, m: ChunkMeta) -> None:
         """Bits (or labels) of a chunk that came as files."""
-        from vecpack.tokenizing.tokenized import trained_mask
 
         tokens, labels = (np.load(m.path(n), mmap_mode="r") for n in _SUFFIXES)
         for a in range(0, m.tokens, _BLOCK):
@@ -361,7 +360,6 @@ class ChunkMerger:
 
     def _give_up_bits(self) -> None:
         """A label is neither its token nor -100: write ``labels.npy``, first the labels so far (from the bits)."""
-        from vecpack.tokenizing.tokenized import bits_to_labels
 
         bits = self.files["trained"]
         if self._carry.size:
@@ -402,7 +400,6 @@ class ChunkMerger:
 
     def finish(self):
         """Close the files and return the :class:`~vecpack.tokenizing.corpus.Tokenized` (empty stats)."""
-        from vecpack.tokenizing.tokenized import Tokenized
 
         if self.pending:
             raise RuntimeError(f"chunk {self.next} never arrived (have {sorted(self.pending)})")
@@ -447,7 +444,6 @@ def merge_chunks(metas: list[ChunkMeta], out_dir: str | None = None):
     """
     metas = sorted(metas, key=lambda m: m.index)
     if not metas:
-        from vecpack.tokenizing.tokenized import Tokenized
 
         if out_dir is not None:
             return ChunkMerger(out_dir).finish()

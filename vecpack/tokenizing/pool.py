@@ -107,7 +107,7 @@ def set_up_for(share: int) -> None:
     that, tiktoken serves: :func:`~vecpack.tokenizing.runtime.warm_start`),
     the compiled row lane from :data:`~vecpack.tokenizing.lane.LANE_AFTER_BYTES`
     (:func:`~vecpack.tokenizing.lane.expect_bytes`). The driver computes ``share``
-    (:func:`~vecpack.tokenizing.corpus.tokenize`); the parity check's
+    (:func:`vecpack.tokenize`); the parity check's
     engine side is set up the same way, so it checks the engine the chunks use.
     """
     warm_start(worth_fastokens(share))

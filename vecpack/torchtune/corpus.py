@@ -100,7 +100,7 @@ def _from_entry(entry) -> Corpus:
 def _keyed(data_for_key, encoder, data, *, cache_dir, run: dict, tokenize=None, before=None) -> Corpus:
     """The corpus through the cache: keyed by ``data_for_key``'s content and ``encoder.fingerprint``
     (the key :func:`vecpack.build` gives the same data and encoder)."""
-    from vecpack.tokenizing.corpus import tokenize as _tokenize
+    from vecpack.pipeline.tokenize import tokenize as _tokenize  # (tokenizing's engines and workers: start-up)
 
     store = Cache(cache_dir)
     request = make_request(data_for_key, None, {"encoder": encoder, "on_error": run["on_error"]},
@@ -123,7 +123,7 @@ def rows_corpus(data, encoder, *, cache: bool = True, cache_dir=None, n_jobs: in
     encoder, so ``PackedChatDataset`` and these datasets share entries.
     ``before()`` runs when rows are about to be tokenized (not on a cache hit).
     """
-    from vecpack.tokenizing.corpus import tokenize
+    from vecpack.pipeline.tokenize import tokenize  # (tokenizing's engines and workers: start-up)
 
     run = dict(n_jobs=n_jobs, on_error=on_error, progress=progress)
     if cache:
@@ -209,7 +209,7 @@ def items_corpus(ds, *, start: int = 0, stop: int | None = None, fingerprint: st
     and ``key_data`` (what holds the rows' content, a ``datasets.Dataset``)
     are given; otherwise built without a cache, which is said once per process.
     """
-    from vecpack.tokenizing.corpus import tokenize
+    from vecpack.pipeline.tokenize import tokenize  # (tokenizing's engines and workers: start-up)
 
     worker_start_method()  # a bad VECPACK_WORKER_START is an error however the items end up being read
     items = Items(ds, start, stop)

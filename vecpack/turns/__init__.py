@@ -9,7 +9,7 @@
 
 The modules, each imported on its own (this package imports nothing heavy):
 
-* :mod:`vecpack.turns.encoder`: :func:`~vecpack.turns.encoder.turn_conversations`, the sink that expands rows.
+* :mod:`vecpack.tokenizing.turns`: :func:`~vecpack.tokenizing.turns.turn_conversations`, the sink that expands rows.
 * :mod:`vecpack.turns.packed`: :func:`~vecpack.turns.packed.plan_turns` -> ``PackedTurns``.
 * :mod:`vecpack.integrations.collate`: :func:`~vecpack.integrations.collate.collate_turns`, its masks, ``model_inputs``.
 

@@ -1,7 +1,7 @@
 """Per-turn conversations packed as token tries: :func:`plan_turns`, :class:`PackedTurns`, :func:`pack_turns`.
 
 With ``per_turn=True`` a conversation becomes one document per trained
-assistant turn (:mod:`vecpack.turns.encoder`): document ``i`` is the
+assistant turn (:mod:`vecpack.tokenizing.turns`): document ``i`` is the
 conversation up to turn ``t_i``, rendered as the template renders a final
 turn, with only that turn trained. The corpus holds them back to back, each
 with its conversation's row in ``row_ids``. Here a conversation's documents

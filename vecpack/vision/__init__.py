@@ -2,9 +2,22 @@
 
 ``build_vision(data_files, processor_dir, max_len)`` -> :class:`~vecpack.vision.packed.PackedVision`;
 :func:`vecpack.collate_vision` makes the batches. See ``docs/vision.md``.
+
+The names load on first use, so a module of the package (``vecpack.vision.checkpoint``) imports
+without the build's workers and encoders.
 """
 
-from vecpack.vision.build import build_vision
-from vecpack.vision.processor import VisionProcessor, load_processor
+import importlib
 
-__all__ = ["VisionProcessor", "build_vision", "load_processor"]
+_LAZY = {"VisionProcessor": "vecpack.vision.processor", "build_vision": "vecpack.vision.build",
+         "load_processor": "vecpack.vision.processor"}
+
+__all__ = sorted(_LAZY)
+
+
+def __getattr__(name):
+    if name in _LAZY:
+        value = getattr(importlib.import_module(_LAZY[name]), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'vecpack.vision' has no attribute {name!r}")

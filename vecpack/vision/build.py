@@ -27,6 +27,16 @@ import time
 import numpy as np
 
 from vecpack.options import usable_cores
+from vecpack.request.request import make_request
+from vecpack.store.cache import Cache
+from vecpack.store.hashing import make_key
+from vecpack.vision.corpus import encode_files
+from vecpack.vision.encode import VisionEncoder
+from vecpack.vision.packed import PackedVision
+from vecpack.vision.pixels import LazyPixels, mapped_pixels, write_pixels
+from vecpack.vision.processor import load_processor
+from vecpack.vision.stored import load_or_encode
+from vecpack.vision.workers import Workers
 
 __all__ = ["build_vision", "n_workers", "run_vision"]
 
@@ -74,7 +84,6 @@ def build_vision(data_files, processor, max_len: int, *, masking: str = "assista
         ``"float32"``: an image processor without a uint8 codec; ``"lazy"``), ``corpus_hit`` / ``pixels_hit``
         (whether the encoded rows / the pixels came from the cache; None: not cached).
     """
-    from vecpack.request.request import make_request
 
     request = make_request(data_files, None, {
         "max_len": max_len, "processor": processor, "masking": masking, "column": column, "strategy": strategy,
@@ -86,13 +95,6 @@ def build_vision(data_files, processor, max_len: int, *, masking: str = "assista
 def run_vision(request):
     """The route of a request with a vision-language ``processor`` (``vecpack.build(..., processor=DIR)``
     takes it too): rows encoded and images counted on every core, pixels cached (or lazy), packs planned."""
-    from vecpack.vision.corpus import encode_files
-    from vecpack.vision.encode import VisionEncoder
-    from vecpack.vision.packed import PackedVision
-    from vecpack.vision.pixels import LazyPixels, mapped_pixels
-    from vecpack.vision.processor import load_processor
-    from vecpack.vision.stored import load_or_encode
-    from vecpack.vision.workers import Workers
 
     t0 = time.perf_counter()
     if request.mixture:
@@ -147,7 +149,6 @@ def _unlinked_pixels(corpus, encoder, workers):
     import shutil
     import tempfile
 
-    from vecpack.vision.pixels import mapped_pixels, write_pixels
 
     tmp = tempfile.mkdtemp(prefix="vecpack-pixels-")
     try:
@@ -160,10 +161,6 @@ def _unlinked_pixels(corpus, encoder, workers):
 
 
 def _pixels_entry(corpus, encoder, workers, cache_dir):
-    from vecpack.store.cache import Cache
-    from vecpack.store.hashing import make_key
-    from vecpack.vision.pixels import write_pixels
-
     key = make_key("vision_pixels", {"images": corpus.digests, "processor": encoder.processor.fingerprint,
                                       "format": PIXELS_FORMAT})
 

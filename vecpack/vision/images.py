@@ -25,6 +25,7 @@ import os
 from dataclasses import dataclass
 
 from vecpack.errors import InputError
+from vecpack.store.hashing import bytes_digest
 
 __all__ = ["ImageRef", "image_digest", "open_image", "image_size", "read_images"]
 
@@ -182,6 +183,5 @@ def image_digest(data: bytes) -> str:
     """The content key of an image's bytes (a renamed file keeps it, a changed one does not): the digest the
     cache's stat memo gives the image file (:func:`~vecpack.store.hashing.file_digest`), so the bytes the
     encoder read are hashed once."""
-    from vecpack.store.hashing import bytes_digest
 
     return bytes_digest(data)

@@ -29,6 +29,8 @@ import numpy as np
 
 from vecpack.errors import InputError
 from vecpack.options import VISION_LONG_POLICIES, check_choice, check_max_len
+from vecpack.packing.plan import plan
+from vecpack.vision.positions import pack_positions
 
 __all__ = ["PackedVision", "image_spans", "text_cut"]
 
@@ -66,8 +68,6 @@ class PackedVision:
 
     def __init__(self, corpus, pixels, max_len: int, *, strategy: str = "bfd", long: str = "truncate",
                  shuffle_seed: int | None = 0, pad_id: int | None = None):
-        from vecpack.packing.plan import plan
-
         check_max_len(max_len)
         check_choice(long, "long policy for documents with images", VISION_LONG_POLICIES,
                      "a document with images is never split")
@@ -129,8 +129,6 @@ class PackedVision:
         return len(self.plan)
 
     def __getitem__(self, i: int) -> dict:
-        from vecpack.vision.positions import pack_positions
-
         if not -len(self) <= i < len(self):
             raise IndexError(f"pack index {i} out of range for {len(self)} packs")
         i %= len(self)

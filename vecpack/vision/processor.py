@@ -29,6 +29,7 @@ import sys
 import numpy as np
 
 from vecpack._state import memo
+from vecpack.vision.codec import pixel_rows
 
 __all__ = ["VisionProcessor", "grid_tokens", "load_processor"]
 
@@ -158,7 +159,6 @@ class VisionProcessor:
     def preprocess(self, image, *, raw: bool = False, **options) -> tuple[np.ndarray, np.ndarray]:
         """One PIL image -> (pixel rows float32 [n, patch_dim], grid int64 [3]) as the model's processor makes them
         (``raw``, ``options``: as :func:`~vecpack.vision.codec.pixel_rows`)."""
-        from vecpack.vision.codec import pixel_rows
 
         rows, out = pixel_rows(self.image_processor, image, raw=raw, **options)
         if self.fixed_grid is not None:

@@ -15,6 +15,11 @@ its packs equal the saved ones, array for array. Packs built with
 
 from __future__ import annotations
 
+from vecpack.packing.plan import Plan
+from vecpack.vision.corpus import VisionCorpus
+from vecpack.vision.packed import PackedVision
+from vecpack.vision.pixels import MappedPixels, mapped_pixels
+
 __all__ = ["VISION_SAVED_FORMAT", "vision_arrays", "vision_from_saved"]
 
 #: Layout of a saved ``kind: "vision"`` dataset's arrays and meta.
@@ -28,7 +33,6 @@ _PROCESSOR = ("image_token_id", "merge", "pad_id", "mrope", "pixel_shape", "bidi
 def vision_arrays(packed) -> tuple[dict, dict]:
     """``(arrays by name, meta)`` of a :class:`~vecpack.vision.packed.PackedVision` to save (``max_len`` and
     ``pad_id`` are in every saved dataset's meta)."""
-    from vecpack.vision.pixels import MappedPixels
 
     store = packed.pixels
     if not isinstance(store, MappedPixels):
@@ -49,10 +53,6 @@ def vision_arrays(packed) -> tuple[dict, dict]:
 
 def vision_from_saved(arrays: dict, meta: dict, *, pad_id: int | None = None, stats: dict | None = None):
     """The :class:`~vecpack.vision.packed.PackedVision` of a saved dataset's mapped ``arrays`` and ``meta``."""
-    from vecpack.packing.plan import Plan
-    from vecpack.vision.corpus import VisionCorpus
-    from vecpack.vision.packed import PackedVision
-    from vecpack.vision.pixels import mapped_pixels
 
     if meta.get("vision_format") != VISION_SAVED_FORMAT:
         raise ValueError(f"load: a saved vision dataset of format {meta.get('vision_format')!r}; this vecpack reads "

@@ -31,6 +31,13 @@ import os
 
 import numpy as np
 
+from vecpack._fields import key_fields
+from vecpack.store.cache import Cache
+from vecpack.store.fingerprint import data_fingerprint
+from vecpack.store.hashing import file_digests, make_key
+from vecpack.vision.corpus import VisionCorpus
+from vecpack.vision.encode import ENCODER_VERSION
+
 __all__ = ["VISION_CORPUS_FORMAT", "load_or_encode"]
 
 #: Bump when the stored corpus changes for the same rows and options (2: what the packs read of the processor;
@@ -41,10 +48,6 @@ _ARRAYS = ("tokens", "labels", "offsets", "image_offsets", "image_index", "grids
 
 
 def _key_inputs(request, encoder, root) -> dict:
-    from vecpack.request.fields import key_fields
-    from vecpack.store.fingerprint import data_fingerprint
-    from vecpack.vision.encode import ENCODER_VERSION
-
     inp, run = request.inputs[0], request.run
     data, _ = data_fingerprint(inp.files, root, run.verify)
     return {"format": VISION_CORPUS_FORMAT, "encoder": ENCODER_VERSION, "data": data,
@@ -73,8 +76,6 @@ def load_or_encode(request, encoder, encode):
 
     ``hit`` is None when the request has ``cache=False`` (nothing is read or written).
     """
-    from vecpack.store.cache import Cache
-    from vecpack.store.hashing import file_digests, make_key
 
     run = request.run
     if not run.cache:
@@ -119,8 +120,6 @@ def load_or_encode(request, encoder, encode):
 
 
 def _from_entry(entry, files: list, encoder):
-    from vecpack.vision.corpus import VisionCorpus
-
     p = dict(entry.meta["processor"])  # what the packs read of the processor: its parts stay unloaded
     shape = p.pop("pixel_shape")
     return VisionCorpus(

@@ -33,7 +33,7 @@ def _init_worker(encoder) -> None:
 
 
 def _init_forked(parent: int, encoder) -> None:
-    from vecpack.tokenizing.forkpool import _child_init
+    from vecpack.tokenizing.forkpool import _child_init  # (the pool's machinery: a build's workers only)
 
     _child_init(parent)
     _WORKER["encoder"] = encoder
@@ -70,7 +70,7 @@ class Workers:
         import multiprocessing
         import os
 
-        from vecpack.tokenizing.forkpool import _fork_env, fork_refusal
+        from vecpack.tokenizing.forkpool import _fork_env, fork_refusal  # (vecpack.load reads packs without it)
 
         if fork_refusal() is None:
             with _fork_env():

@@ -46,9 +46,9 @@ import pathlib
 
 import numpy as np
 
+from vecpack.chat.pairs import Pair, common_prefix, read_pair
 from vecpack.errors import InputError
 from vecpack.options import IGNORE_INDEX
-from vecpack.preference.formats import Pair, common_prefix, read_pair
 from vecpack.tokenizing.encoder import _MAX_SAMPLE_ROWS, _PREFIX_MAX_CHARS, ChatEncoder
 from vecpack.tokenizing.spec import read_dir
 
@@ -98,7 +98,7 @@ class PairEncoder(ChatEncoder):
             raise ValueError(f"PairEncoder reads style='preference' rows, got style={style!r}")
         if column is not None:
             raise ValueError("column= does not apply to preference pairs: their columns are recognised by "
-                             "form (see vecpack.preference.formats)")
+                             "form (see vecpack.chat.pairs)")
         return super().from_tokenizer(tokenizer, masking="all", style="preference", sample_rows=sample_rows,
                                       backend=backend, defer_check=defer_check)
 
