@@ -14,6 +14,7 @@ Every name but the errors is imported on first use, so ``import vecpack`` stays
 light (and a tokenizer worker loads only what it runs).
 """
 
+from vecpack._lazy import lazy_names
 from vecpack._version import __version__ as __version__
 from vecpack.errors import EncoderError as EncoderError
 from vecpack.errors import InputError as InputError
@@ -76,15 +77,4 @@ __all__ = sorted([
 ])
 
 
-def __getattr__(name):
-    if name in _LAZY:
-        import importlib
-
-        value = getattr(importlib.import_module(_LAZY[name]), name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module 'vecpack' has no attribute {name!r}")
-
-
-def __dir__():
-    return __all__
+__getattr__, __dir__ = lazy_names("vecpack", _LAZY, globals())

@@ -15,6 +15,8 @@ These names import torch and torchtune on first use; the encoder modules
 (what worker processes load) need neither.
 """
 
+from vecpack._lazy import lazy_names
+
 # name -> the module that defines it, imported on first use
 _LAZY = {
     "ChatDataset": "vecpack.torchtune.chat",
@@ -28,15 +30,4 @@ _LAZY = {
 __all__ = sorted(_LAZY)
 
 
-def __getattr__(name):
-    if name in _LAZY:
-        import importlib
-
-        value = getattr(importlib.import_module(_LAZY[name]), name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module 'vecpack.torchtune' has no attribute {name!r}")
-
-
-def __dir__():
-    return __all__
+__getattr__, __dir__ = lazy_names("vecpack.torchtune", _LAZY, globals())

@@ -7,7 +7,7 @@ The names load on first use, so a module of the package (``vecpack.vision.checkp
 without the build's workers and encoders.
 """
 
-import importlib
+from vecpack._lazy import lazy_names
 
 _LAZY = {"VisionProcessor": "vecpack.vision.processor", "build_vision": "vecpack.vision.build",
          "load_processor": "vecpack.vision.processor"}
@@ -15,9 +15,4 @@ _LAZY = {"VisionProcessor": "vecpack.vision.processor", "build_vision": "vecpack
 __all__ = sorted(_LAZY)
 
 
-def __getattr__(name):
-    if name in _LAZY:
-        value = getattr(importlib.import_module(_LAZY[name]), name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module 'vecpack.vision' has no attribute {name!r}")
+__getattr__, __dir__ = lazy_names("vecpack.vision", _LAZY, globals())
