@@ -265,28 +265,63 @@ def flex_image_block_mask(seq_idx: torch.Tensor, blocks: torch.Tensor, *, slidin
 # its document's end.
 
 
+def _rows_of(end: torch.Tensor) -> torch.Tensor:
+    """``end`` as ``[B, L]`` int64: one row (``[L]``) or a batch of rows."""
+    if end.dim() == 1:
+        end = end[None]
+    if end.dim() != 2:
+        raise ValueError(f"end must be [L] or [B, L], got shape {tuple(end.shape)}")
+    return end.to(torch.int64)
+
+
 def tree_dense_mask(end: torch.Tensor) -> torch.Tensor:
-    """The tree mask as a dense bool ``[1, 1, T, T]`` tensor (``sdpa`` / ``eager``), on ``end``'s device.
+    """The tree mask as a dense bool ``[B, 1, L, L]`` tensor (``sdpa`` / ``eager``) of ``end`` (``[L]`` or
+    ``[B, L]``; ``B`` is 1 for ``[L]``), on ``end``'s device.
 
     >>> tree_dense_mask(torch.tensor([[5, 5, 3, 5, 5]]))[0, 0].int().tolist()   # 1 2 3 and 1 2 4 5
     [[1, 0, 0, 0, 0], [1, 1, 0, 0, 0], [1, 1, 1, 0, 0], [1, 1, 0, 1, 0], [1, 1, 0, 1, 1]]
     """
-    end = end.reshape(-1)
-    q = torch.arange(end.numel(), device=end.device)
-    return ((q[None, :] <= q[:, None]) & (q[:, None] < end[None, :]))[None, None]
+    end = _rows_of(end)
+    i = torch.arange(end.shape[1], device=end.device)
+    q, k = i[:, None], i[None, :]
+    return ((k <= q)[None] & (q[None] < end[:, None, :]))[:, None]
 
 
 def tree_block_mask(end: torch.Tensor, *, block_size: int = 128):
-    """The tree mask as a flex-attention ``BlockMask`` over one ``[1, T]`` row, on ``end``'s device."""
-    from torch.nn.attention.flex_attention import create_block_mask
+    """The tree mask as a flex-attention ``BlockMask`` of ``end`` (``[L]`` or ``[B, L]``), on ``end``'s device,
+    from its block structure (no ``L x L`` evaluation).
 
-    end = end.reshape(-1)
-    n = end.numel()
+    With keys before queries, kv-block ``j < i`` meets q-block ``i`` iff some key's ``end`` passes the
+    block's first query, and is full iff every key's ``end`` passes its last; the diagonal block is partial.
+    Slots past ``L`` (the last block's tail) see only themselves.
+    """
+    from torch.nn.attention.flex_attention import BlockMask  # optional: flex attention's API
 
-    def mask_mod(b, h, q, k):
-        return (k <= q) & (q < end[k])
+    if not isinstance(block_size, int) or block_size < 1:
+        raise ValueError(f"block_size must be a positive int, got {block_size!r}")
+    end = _rows_of(end)
+    b, n = end.shape
+    if n == 0:
+        raise ValueError("end has no tokens (L == 0)")
+    nb = -(-n // block_size)
+    slots = torch.arange(nb * block_size, device=end.device)
+    ends = torch.cat([end, (slots[n:] + 1).expand(b, nb * block_size - n)], 1).contiguous()
+    blocks = ends.view(b, nb, block_size)
+    max_end, min_end = blocks.amax(-1), blocks.amin(-1)                  # [B, nb], per kv block
+    i = torch.arange(nb, device=end.device)
+    before = i[None, :] < i[:, None]                                       # [q, kv]
+    first_q, last_q = i * block_size, i * block_size + block_size - 1
+    meets = before & (max_end[:, None, :] > first_q[None, :, None])
+    full = before & (min_end[:, None, :] > last_q[None, :, None])
+    partial = (meets | (i[None, :] == i[:, None])) & ~full
+    kv_num, kv_idx = _ordered(partial[:, None])
+    full_num, full_idx = _ordered(full[:, None])
 
-    return create_block_mask(mask_mod, 1, None, n, n, device=end.device, BLOCK_SIZE=block_size)
+    def mask_mod(bb, h, q, k):
+        return (k <= q) & (q < ends[bb, k])
+
+    return BlockMask.from_kv_blocks(kv_num, kv_idx, full_num, full_idx, BLOCK_SIZE=block_size, mask_mod=mask_mod,
+                                    seq_lengths=(n, n))
 
 
 def tree_model_inputs(batch, *, mask: str = "flex") -> dict:

@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from vecpack.integrations.masks import _ordered
+from vecpack.integrations.masks import tree_block_mask, tree_dense_mask
 from vecpack.options import check_choice
 from vecpack.packing.tree import RolloutPack, pack_rollouts
 
@@ -77,51 +77,12 @@ def tree_attention_mask(end: torch.Tensor, *, mask: str = "flex", block_size: in
     check_choice(mask, "mask", TREE_MASKS)
     if end.dim() != 2:
         raise ValueError(f"end must be [B, L], got shape {tuple(end.shape)}")
-    b, n = end.shape
-    end = end.to(torch.int64)
-    if mask != "flex":
-        i = torch.arange(n, device=end.device)
-        q, k = i[:, None], i[None, :]
-        allowed = ((k <= q)[None] & (q[None] < end[:, None, :]))[:, None]
-        if mask == "dense":
-            return allowed
-        return torch.zeros((), dtype=dtype, device=end.device).masked_fill(~allowed, torch.finfo(dtype).min)
-    return _tree_block_mask(end, block_size)
-
-
-def _tree_block_mask(end: torch.Tensor, block_size: int):
-    """The flex ``BlockMask`` of ``end`` ``[B, L]``, from its block structure (no ``L x L`` evaluation).
-
-    With keys before queries, kv-block ``j < i`` meets q-block ``i`` iff some key's ``end`` passes the
-    block's first query, and is full iff every key's ``end`` passes its last; the diagonal block is partial.
-    Slots past ``L`` (the last block's tail) see only themselves.
-    """
-    from torch.nn.attention.flex_attention import BlockMask  # optional: flex attention's API
-
-    if not isinstance(block_size, int) or block_size < 1:
-        raise ValueError(f"block_size must be a positive int, got {block_size!r}")
-    b, n = end.shape
-    if n == 0:
-        raise ValueError("end has no tokens (L == 0)")
-    nb = -(-n // block_size)
-    slots = torch.arange(nb * block_size, device=end.device)
-    ends = torch.cat([end, (slots[n:] + 1).expand(b, nb * block_size - n)], 1).contiguous()
-    blocks = ends.view(b, nb, block_size)
-    max_end, min_end = blocks.amax(-1), blocks.amin(-1)                  # [B, nb], per kv block
-    i = torch.arange(nb, device=end.device)
-    before = i[None, :] < i[:, None]                                       # [q, kv]
-    first_q, last_q = i * block_size, i * block_size + block_size - 1
-    meets = before & (max_end[:, None, :] > first_q[None, :, None])
-    full = before & (min_end[:, None, :] > last_q[None, :, None])
-    partial = (meets | (i[None, :] == i[:, None])) & ~full
-    kv_num, kv_idx = _ordered(partial[:, None])
-    full_num, full_idx = _ordered(full[:, None])
-
-    def mask_mod(bb, h, q, k):
-        return (k <= q) & (q < ends[bb, k])
-
-    return BlockMask.from_kv_blocks(kv_num, kv_idx, full_num, full_idx, BLOCK_SIZE=block_size, mask_mod=mask_mod,
-                                    seq_lengths=(n, n))
+    if mask == "flex":
+        return tree_block_mask(end, block_size=block_size)
+    allowed = tree_dense_mask(end)
+    if mask == "dense":
+        return allowed
+    return torch.zeros((), dtype=dtype, device=end.device).masked_fill(~allowed, torch.finfo(dtype).min)
 
 
 def rollout_model_inputs(pack: RolloutPack, *, mask: str = "flex", rows=None, device=None,

@@ -175,8 +175,8 @@ def tree_costs(lengths, elcp, unit_offsets) -> tuple[np.ndarray, np.ndarray]:
     return np.add.reduceat(new, starts).astype(np.int64), np.add.reduceat(pairs, starts).astype(np.int64)
 
 
-def _int_array(values, name: str, *, length: int | None = None) -> np.ndarray:
-    """``values`` as a 1-D int64 array, naming ``name`` when it is not one (or has the wrong length)."""
+def _host_ints(values, name: str) -> np.ndarray:
+    """``values`` (a sequence, array or torch tensor) as a 1-D integer array on the host, as given."""
     if hasattr(values, "detach"):  # a torch tensor: read on the host
         values = values.detach().cpu().numpy()
     arr = np.asarray(values)
@@ -184,6 +184,12 @@ def _int_array(values, name: str, *, length: int | None = None) -> np.ndarray:
         raise ValueError(f"{name} must be 1-D, got shape {arr.shape}")
     if arr.size and arr.dtype.kind not in "iu":
         raise TypeError(f"{name} must hold integers, got dtype {arr.dtype}")
+    return arr
+
+
+def _int_array(values, name: str, *, length: int | None = None) -> np.ndarray:
+    """``values`` as a 1-D int64 array, naming ``name`` when it is not one (or has the wrong length)."""
+    arr = _host_ints(values, name)
     if length is not None and arr.shape[0] != length:
         raise ValueError(f"{name} has {arr.shape[0]} entries but there are {length} rollouts "
                          f"(len(offsets) - 1); give one per rollout")
@@ -194,13 +200,7 @@ def _int_array(values, name: str, *, length: int | None = None) -> np.ndarray:
 
 def _check_rollouts(tokens, offsets, vocab_size):
     """The rollouts as int32 tokens and int64 offsets, or an error naming the first bad rollout."""
-    if hasattr(tokens, "detach"):  # a torch tensor: read on the host
-        tokens = tokens.detach().cpu().numpy()
-    tok = np.asarray(tokens)
-    if tok.ndim != 1:
-        raise ValueError(f"tokens must be 1-D, got shape {tok.shape}")
-    if tok.size and tok.dtype.kind not in "iu":
-        raise TypeError(f"tokens must hold integers, got dtype {tok.dtype}")
+    tok = _host_ints(tokens, "tokens")
     off = _int_array(offsets, "offsets")
     if off.shape[0] < 2:
         raise ValueError(f"offsets must hold at least 2 entries (one rollout), got {off.shape[0]}")
