@@ -314,8 +314,9 @@ def _tokenize(call: _Call, feed) -> Tokenized:
             texts = encoder.sample_texts(sample_rows(sources, 64)) or None
     else:
         texts = getattr(encoder, "pending_check", None)
-    if fork and feed is None and call.run.chunk_bytes is None and _inline_is_sooner(encoder, sources, call):
-        # (chunk_bytes given: its tasks go to the workers, as the caller cut them)
+    # (chunk_bytes given: its tasks go to the workers, as the caller cut them)
+    inline = fork and feed is None and call.run.chunk_bytes is None and _inline_is_sooner(encoder, sources, call)
+    if inline:
         many = fork = False   # every task here: no workers forked
         n_jobs = 1
         call.start_warm()
@@ -330,8 +331,8 @@ def _tokenize(call: _Call, feed) -> Tokenized:
         return forked_workers(enc, n_jobs, after=call.start_warm) if fork else contextlib.nullcontext()
 
     run = dict(executor=backend, n_jobs=n_jobs, on_error=call.run.on_error, progress=call.run.progress, share=share)
-    if backend == "loky" and workers == 1:  # every task runs here: this process's engine for the call's size
-        _serve_here(encoder, sources, call)
+    if backend == "loky" and workers == 1 and not inline:  # every task here: this process's engine for the
+        _serve_here(encoder, sources, call)                 # call's size (an inline call got it when measured)
     with forked(encoder):
         check = Pending.start(encoder, texts, key, workers, share, call.dense, call.short)
         early = check.known()
