@@ -35,6 +35,7 @@ import random
 import sysconfig
 
 from vecpack.options import CONVERSATION_STYLES, TORCHTUNE_STYLES, check_choice
+from vecpack.tokenizing.spec import bytes_to_unicode
 
 __all__ = [
     "PAIR_FORMS",
@@ -91,21 +92,6 @@ LLAMA3_CHAT_TEMPLATE = (
 )
 
 LLAMA3_NUM_BASE = 128_000
-
-
-@functools.lru_cache(maxsize=None)
-def bytes_to_unicode() -> dict[int, str]:
-    """GPT-2's reversible map from bytes to printable unicode characters."""
-    printable = (list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1))
-                 + list(range(ord("®"), ord("ÿ") + 1)))
-    chars = printable[:]
-    extra = 0
-    for b in range(256):
-        if b not in printable:
-            printable.append(b)
-            chars.append(256 + extra)
-            extra += 1
-    return dict(zip(printable, map(chr, chars)))
 
 
 def _qwen_ranks() -> dict[bytes, int]:

@@ -40,8 +40,10 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from vecpack._state import compile_stats
 from vecpack._text import plural
 from vecpack.cli.mixture import mixture_lines, plot_mixture, short_name, source_of
+from vecpack.tokenizing.spec import bytes_to_unicode
 
 __all__ = [
     "TokenDecoder",
@@ -101,8 +103,6 @@ def format_duration(seconds: float) -> str:
 
 def compile_since(before: dict) -> dict:
     """vecpack's numba compilation since the snapshot ``before`` (``vecpack._state.compile_stats()``)."""
-    from vecpack._state import compile_stats
-
     now = compile_stats()
     return {k: now[k] - before.get(k, 0) for k in now}
 
@@ -412,8 +412,6 @@ class TokenDecoder:
 
     def _load_tokenizer_json(self, file: pathlib.Path) -> None:
         from tokenizers import Tokenizer
-
-        from vecpack.testing import bytes_to_unicode
 
         self._tk = Tokenizer.from_file(str(file))
         spec = json.loads(file.read_text(encoding="utf-8"))

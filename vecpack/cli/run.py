@@ -11,6 +11,7 @@ import sys
 import warnings
 
 from vecpack.cli.parser import PROG, UsageError, build_parser
+from vecpack.errors import VecpackError
 
 __all__ = ["main"]
 
@@ -167,8 +168,6 @@ def _run(parser, argv, debug: bool) -> int:
 
 def _describe(e: BaseException) -> str:
     """One line for an exception: the message, with the type when it helps."""
-    from vecpack.errors import VecpackError
-
     if isinstance(e, OSError) and e.filename and e.strerror:
         return f"{e.filename}: {e.strerror}"  # "data.jsonl: Permission denied"
     if isinstance(e, KeyError) and e.args:

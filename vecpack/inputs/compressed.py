@@ -46,6 +46,7 @@ from vecpack.errors import InputError
 from vecpack.inputs import arrow, json_array, jsonl, parquet
 from vecpack.inputs.base import Reader
 from vecpack.inputs.sources import _file_source
+from vecpack.options import cache_root
 
 __all__ = ["READER", "Unpacking", "clear_copies", "decompress", "open_codec"]
 
@@ -231,8 +232,6 @@ def _plain_source(src, path: str):
 
 def _kept_copy(src):
     """The plain copy of ``src`` kept next to vecpack's cache (made once; for streaming)."""
-    from vecpack.options import cache_root
-
     st = os.stat(src.name)
     key = hashlib.sha256(f"{os.path.realpath(src.name)}|{st.st_size}|{st.st_mtime_ns}|{st.st_ino}|"
                          f"{_VERSION}".encode()).hexdigest()[:32]

@@ -30,6 +30,7 @@ import numpy as np
 from vecpack.errors import InputError
 from vecpack.inputs.base import Reader
 from vecpack.inputs.records import to_record
+from vecpack.options import cache_root
 
 __all__ = ["BLOCK_ROWS", "READER", "count_newlines", "index"]
 
@@ -246,8 +247,6 @@ def index(path: str) -> tuple[np.ndarray, np.ndarray, int]:
     st = os.stat(path)
     cache_file = None
     if st.st_size >= _INDEX_CACHE_MIN_BYTES:
-        from vecpack.options import cache_root
-
         key = hashlib.sha256(f"{os.path.realpath(path)}|{st.st_size}|{st.st_mtime_ns}|{st.st_ino}|"
                              f"{BLOCK_ROWS}|{_INDEX_VERSION}".encode()).hexdigest()[:32]
         cache_file = cache_root() / ".stream-index" / f"{key}.npz"

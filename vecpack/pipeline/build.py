@@ -38,14 +38,19 @@ from __future__ import annotations
 import os
 import time
 
+from vecpack._lazy import lazy_module
 from vecpack.packing.packed import Packed
 from vecpack.pipeline.info import BuildInfo, jsonable, packed_from_entries
 from vecpack.pipeline.route import EARLY_START_BYTES, corpus_entry, run_build, stores_bits
 from vecpack.request.request import make_request
 from vecpack.vision.checkpoint import checkpoint_processor
 
-__all__ = ["BuildInfo", "EARLY_START_BYTES", "build", "corpus_entry", "jsonable", "packed_from_entries",
-           "stores_bits"]
+__all__ = ["BuildInfo", "EARLY_START_BYTES", "build", "build_on_cluster", "build_vision", "corpus_entry", "jsonable",
+           "packed_from_entries", "stores_bits"]
+
+# The cluster's modules load on the cluster's route only: a local build never imports them (start-up).
+_cluster_run = lazy_module("vecpack.cluster.run")
+_cluster_units = lazy_module("vecpack.cluster.units")
 
 
 def build(data_files, tokenizer=None, max_len: int | None = None, *, style: str = "sharegpt",
@@ -211,10 +216,46 @@ def build_on_cluster(data_files, tokenizer=None, max_len: int | None = None, *, 
         "long": long, "shuffle_seed": shuffle_seed, "pad_id": pad_id, "ignore_index": ignore_index,
         "on_error": on_error, "encoder": encoder, "backend": "ray", "output": output, "progress": progress},
         door="build_on_cluster()")
-    # the cluster's modules load on the cluster's route only: a local build never imports them (start-up)
-    from vecpack.cluster.run import MAX_RETRIES, run_on_cluster
-    from vecpack.cluster.units import UNIT_BYTES
+    unit_bytes = _cluster_units.UNIT_BYTES if unit_bytes is None else unit_bytes
+    max_retries = _cluster_run.MAX_RETRIES if max_retries is None else max_retries
+    return _cluster_run.run_on_cluster(request, address=address, unit_bytes=unit_bytes, max_retries=max_retries,
+                                       pack=pack)
 
-    unit_bytes = UNIT_BYTES if unit_bytes is None else unit_bytes
-    max_retries = MAX_RETRIES if max_retries is None else max_retries
-    return run_on_cluster(request, address=address, unit_bytes=unit_bytes, max_retries=max_retries, pack=pack)
+
+def build_vision(data_files, processor, max_len: int, *, masking: str = "assistant", column: str | None = None,
+                 strategy: str = "bfd", long: str = "truncate", shuffle_seed: int | None = 0,
+                 pixels: str = "cache", on_error: str = "raise", n_jobs: int = -1, cache_dir=None,
+                 pad_id: int | None = None):
+    """Pack vision-language chat rows for training.
+
+    Args:
+        data_files: a path or list of paths (JSON Lines, Parquet); image paths resolve relative to each file.
+        processor: a processor directory (``preprocessor_config.json``, tokenizer files, chat template) or a
+            loaded :class:`~vecpack.vision.processor.VisionProcessor`.
+        max_len: tokens per pack.
+        masking: ``"assistant"``, ``"last"`` or ``"all"`` (image tokens are never trained).
+        column: the messages column (default ``messages``, else ``conversations``).
+        strategy, shuffle_seed: as :func:`vecpack.plan`.
+        long: ``"truncate"`` (only at a text boundary; a document left with no trained token is dropped and
+            counted), ``"drop"`` or ``"error"``.
+        pixels: ``"cache"`` (preprocessed once, memory-mapped from the cache) or ``"lazy"`` (at batch time).
+        on_error: ``"raise"`` (one-line ``InputError`` at the first bad row) or ``"skip"`` (left out, counted in
+            ``stats["rejected"]`` and ``stats["rejected_examples"]``).
+        n_jobs: worker processes (``-1`` = every core).
+        cache_dir: the cache root (default ``$VECPACK_CACHE`` or ``~/.cache/vecpack``).
+        pad_id: the padding id (default the tokenizer's pad, else its eos).
+
+    Returns:
+        a :class:`~vecpack.vision.packed.PackedVision`; batch it with
+        :func:`~vecpack.integrations.collate.collate_vision`. ``.stats`` counts documents, packs, images, tokens,
+        ``dropped`` / ``truncated``, ``padded_tokens`` (what padding every batch to its longest sample costs),
+        ``image_processor`` (the class used), ``pixel_storage`` (``"uint8"``: decoded bit for bit at batch time;
+        ``"float32"``: an image processor without a uint8 codec; ``"lazy"``), ``corpus_hit`` / ``pixels_hit``
+        (whether the encoded rows / the pixels came from the cache; None: not cached).
+    """
+
+    request = make_request(data_files, None, {
+        "max_len": max_len, "processor": processor, "masking": masking, "column": column, "strategy": strategy,
+        "long": long, "shuffle_seed": shuffle_seed, "pixels": pixels, "on_error": on_error, "n_jobs": n_jobs,
+        "cache_dir": cache_dir, "pad_id": pad_id}, door="build_vision()")
+    return run_build(request)

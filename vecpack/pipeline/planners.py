@@ -190,13 +190,14 @@ class PairMixPlanner(MixPlanner, PairPlanner):
     useful = PairPlanner.useful
 
 
+#: request kind (:data:`vecpack.request.request.KINDS`) -> its planner; vision plans on its own route.
+PLANNERS = {"chat": ChatPlanner, "pairs": PairPlanner, "turns": TurnPlanner, "mixture": MixPlanner,
+            "pair-mixture": PairMixPlanner}
+
+
 def planner_for(request):
     """The planner of a request (see the module's table)."""
-    if request.mixture:
-        return PairMixPlanner(request) if request.pairs else MixPlanner(request)
-    if request.inputs[0].chat.per_turn:
-        return TurnPlanner(request)
-    return PairPlanner(request) if request.pairs else ChatPlanner(request)
+    return PLANNERS[request.kind](request)
 
 
 def _offsets(corpora):

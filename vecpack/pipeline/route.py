@@ -24,6 +24,7 @@ import time
 
 import numpy as np
 
+from vecpack._lazy import lazy_module
 from vecpack.errors import UselessOutputError
 from vecpack.options import useless_reason
 from vecpack.packing.packed import warm_kernels
@@ -32,6 +33,7 @@ from vecpack.pipeline.info import BuildInfo, jsonable
 from vecpack.pipeline.logs import log_build, log_mixture, log_pairs
 from vecpack.pipeline.planners import planner_for
 from vecpack.request.keys import corpus_key
+from vecpack.request.request import KINDS
 from vecpack.store import cache as _cache
 from vecpack.store.fingerprint import describe
 from vecpack.tokenizing.spec import default_pad_id
@@ -40,6 +42,14 @@ from vecpack.tokenizing.tokenized import merge_stats
 __all__ = ["Corpus", "EARLY_START_BYTES", "corpus_entry", "run_build", "stores_bits"]
 
 logger = logging.getLogger("vecpack")
+
+# Imported on first use (docs/architecture.md, "Deferred imports"): a cache hit loads no tokenizer code,
+# a text build no vision stack, a local build no cluster code.
+_tokenizing = lazy_module("vecpack.tokenizing.corpus")
+_merge = lazy_module("vecpack.tokenizing.merge")
+_vision_build = lazy_module("vecpack.vision.build")
+_cluster_run = lazy_module("vecpack.cluster.run")
+_cluster_reading = lazy_module("vecpack.cluster.reading")
 
 _CORPUS_ARRAYS = ("tokens", "offsets", "row_ids")  # and labels: "trained" bits or "labels" (corpus_labels)
 
@@ -70,14 +80,15 @@ class Corpus:
 
 
 def run_build(request, t0: float | None = None):
-    """Run a build :class:`~vecpack.request.request.Request`; returns a ``Packed`` (``PackedPairs`` for pairs)."""
+    """Run a build :class:`~vecpack.request.request.Request`: the stage of its place and kind in :data:`ROUTES`
+    (decided once, when the request was made); returns a ``Packed``."""
     t0 = time.perf_counter() if t0 is None else t0
-    if request.run.output is not None:
-        return _on_cluster(request)
-    if request.tokenizer.processor is not None:  # documents with images: vecpack.vision's route
-        from vecpack.vision.build import run_vision  # the vision stack loads on its route only (start-up)
+    return ROUTES[request.where, request.kind](request, t0)
 
-        return run_vision(request)
+
+def _local(request, t0: float):
+    """This machine's route for text: each input's corpus (from the cache, or tokenized), the plan of the
+    kind's planner (:data:`~vecpack.pipeline.planners.PLANNERS`), then the packs over the corpora."""
     store = _cache.Cache(request.run.cache_dir) if request.run.cache else None
     corpora = []
     for inp in request.inputs:
@@ -91,6 +102,11 @@ def run_build(request, t0: float | None = None):
     if store is not None:
         _log(request, packed, plan, corpora, entry, store)
     return packed
+
+
+def _vision(request, t0: float):
+    """Documents with images: :mod:`vecpack.vision.build`'s route (rows and pixels encoded on every core)."""
+    return _vision_build.run_vision(request)
 
 
 # --------------------------------------------------------------------------- the corpus stage
@@ -131,11 +147,9 @@ def corpus_entry(store: _cache.Cache, inputs: dict, described: dict, make, *, bi
     is its token or -100 (:func:`stores_bits`).
     """
     def build_corpus(tmp: pathlib.Path) -> dict:
-        from vecpack.tokenizing.merge import trained_bits  # (tokenizing code: only on a miss)
-
         if before is not None:
             before()
-        with trained_bits() if bits else contextlib.nullcontext():
+        with _merge.trained_bits() if bits else contextlib.nullcontext():
             t, pad_id = make(tmp)
         missing = [n for n in _CORPUS_ARRAYS if not (tmp / f"{n}.npy").exists()]
         if not (tmp / "labels.npy").exists() and not (tmp / "trained.npy").exists():
@@ -182,9 +196,8 @@ def _start_early(request, inp):
         if tok.encoder is not None or nbytes < EARLY_START_BYTES:
             return
         try:
-            from vecpack.tokenizing.corpus import warm_for
-
-            if warm_for(inp.files, tok.tokenizer, n_jobs=run.n_jobs, backend=run.executor, style=inp.chat.style):
+            if _tokenizing.warm_for(inp.files, tok.tokenizer, n_jobs=run.n_jobs, backend=run.executor,
+                                    style=inp.chat.style):
                 warm_kernels(pk.strategy, pk.long)
         except Exception:  # noqa: BLE001 - only a head start: the build itself reports any error
             pass
@@ -193,10 +206,9 @@ def _start_early(request, inp):
 
 
 def _tokenize_input(inp, tok, run, out_dir=None, warm=None):
-    """The tokenize stage, imported only when something is tokenized (a cache hit loads no tokenizer)."""
-    from vecpack.tokenizing.corpus import tokenize_input
-
-    return tokenize_input(inp, tok, run, out_dir, warm=warm)
+    """The tokenize stage (its code is imported only when something is tokenized: a cache hit loads no
+    tokenizer)."""
+    return _tokenizing.tokenize_input(inp, tok, run, out_dir, warm=warm)
 
 
 # --------------------------------------------------------------------------- the plan stage
@@ -225,19 +237,18 @@ def _plan_stage(planner, corpora, store, verify: bool):
 # --------------------------------------------------------------------------- what the call reports
 
 
-def _on_cluster(request):
+def _on_cluster(request, t0: float):
     """The route of a request whose output goes to a store (``output=``, ``backend="ray"``): the nodes tokenize
     and pack (:func:`vecpack.cluster.run.run_on_cluster`); the result opens from there, memory-mapped."""
-    if request.run.executor != "ray":
-        raise ValueError("output= is where a Ray cluster's nodes write the packs: pass backend='ray' too (and "
-                         "the inputs as URLs or paths every node shares); on one machine, vecpack.save(packed, "
-                         "output) writes a built dataset there")
-    from vecpack.cluster.reading import open_packed
-    from vecpack.cluster.run import run_on_cluster
-
-    done = run_on_cluster(request)
+    done = _cluster_run.run_on_cluster(request)
     _check_useful(request, done.stats, done.tokenize_stats)
-    return open_packed(request.run.output)
+    return _cluster_reading.open_packed(request.run.output)
+
+
+#: (where, kind) -> the stage that builds it, looked up once a call (:data:`vecpack.request.request.KINDS`,
+#: :data:`~vecpack.request.request.WHERE`).
+ROUTES = {**{("local", kind): _local for kind in KINDS if kind != "vision"}, ("local", "vision"): _vision,
+          **{("cluster", kind): _on_cluster for kind in KINDS}}
 
 
 def _check_useful(request, stats: dict, tstats: dict) -> None:

@@ -10,9 +10,13 @@
             ─ pack:      PackSpec       max_len, strategy, long, seed... (None: tokenize only)
             ─ mix:       MixSpec        a mixture's (None: one input)
             ─ run:       RunSpec        on_error, n_jobs, progress, executor, cache...
+            ─ kind:      what it builds: chat, pairs, turns, mixture, pair-mixture, vision
+            ─ where:     where it runs: local (this machine's cores) or cluster (Ray nodes, output=)
 
 The inputs are resolved here, once: files, globs, ``save_to_disk``
-directories, datasets, compressed files and mixture entries. No stage asks
+directories, datasets, compressed files and mixture entries. The kind and
+the place are decided here, once (:data:`KINDS`, :data:`WHERE`): the route
+(:mod:`vecpack.pipeline.route`) looks them up in its table. No stage asks
 again whether something is a mixture, and none re-resolves a path.
 
 >>> import os, tempfile
@@ -20,8 +24,8 @@ again whether something is a mixture, and none re-resolves a path.
 >>> d = tempfile.mkdtemp(); p = os.path.join(d, "a.jsonl")
 >>> _ = open(p, "w").write('{"text": "hi"}\\n')
 >>> r = make_request(p, cached_tokenizer_dir(), {"max_len": 2048, "style": "text"})
->>> r.mixture, r.pairs, [f.kind for f in r.inputs[0].files], r.pack.max_len, r.inputs[0].chat.style
-(False, False, ['jsonl'], 2048, 'text')
+>>> r.kind, r.where, [f.kind for f in r.inputs[0].files], r.pack.max_len, r.inputs[0].chat.style
+('chat', 'local', ['jsonl'], 2048, 'text')
 """
 
 from __future__ import annotations
@@ -29,12 +33,20 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from vecpack.cluster.units import expand_inputs
 from vecpack.inputs.sources import InputFile, resolve_sources
 from vecpack.mixing.source import as_sources, data_name, is_mixture, own_options
 from vecpack.options import check_per_turn_call
 from vecpack.request.specs import ChatSpec, MixSpec, PackSpec, RunSpec, TokenizerSpec
+from vecpack.store.objects import is_url
 
-__all__ = ["Input", "Request", "make_request", "resolve_inputs"]
+__all__ = ["Input", "KINDS", "Request", "WHERE", "make_request", "resolve_inputs"]
+
+#: What a request builds, each a layout of :class:`~vecpack.packing.packed.Packed`.
+KINDS = ("chat", "pairs", "turns", "mixture", "pair-mixture", "vision")
+#: Where a request runs: this machine's cores (``n_jobs``, ``backend=``), or a Ray cluster's nodes
+#: writing to object storage (``backend="ray"`` with ``output=``).
+WHERE = ("local", "cluster")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -65,16 +77,32 @@ class Request:
     pack: PackSpec | None
     run: RunSpec
     mix: MixSpec | None = None
+    kind: str = "chat"
+    where: str = "local"
 
     @property
     def mixture(self) -> bool:
         """Whether the inputs are a weighted mixture (each input its own corpus)."""
-        return self.mix is not None
+        return self.kind in ("mixture", "pair-mixture")
 
     @property
     def pairs(self) -> bool:
         """Whether the rows are preference pairs (``style="preference"``)."""
-        return self.inputs[0].chat.style == "preference"
+        return self.kind in ("pairs", "pair-mixture")
+
+
+def request_kind(*, pairs: bool, mixture: bool, per_turn: bool, images: bool) -> str:
+    """The one place a request's kind (:data:`KINDS`) is decided."""
+    if images:
+        if mixture:
+            raise ValueError("documents with images are not mixed yet: build each source with processor= on its "
+                             "own")
+        return "vision"
+    if mixture:
+        return "pair-mixture" if pairs else "mixture"
+    if pairs:
+        return "pairs"
+    return "turns" if per_turn else "chat"
 
 
 def resolve_inputs(data_files, weights, chat: ChatSpec, *, encoder=None, streaming: bool = False,
@@ -92,8 +120,6 @@ def resolve_inputs(data_files, weights, chat: ChatSpec, *, encoder=None, streami
         if streaming and _is_iterable(data_files):
             files = (InputFile("<IterableDataset>", "iterable", 0),)
         elif cluster and _urls(data_files):  # an object store: listed here, read by the cluster's nodes
-            from vecpack.cluster.units import expand_inputs
-
             files = tuple(InputFile(url, "url", 0) for url in expand_inputs(data_files))
         else:
             files = tuple(resolve_sources(data_files))
@@ -114,8 +140,6 @@ def resolve_inputs(data_files, weights, chat: ChatSpec, *, encoder=None, streami
 
 def _urls(data) -> bool:
     """Whether ``data`` names object-store URLs (``s3://``...)."""
-    from vecpack.store.objects import is_url
-
     items = data if isinstance(data, (list, tuple)) else [data]
     return any(is_url(x) for x in items)
 
@@ -158,14 +182,19 @@ def make_request(data_files, tokenizer, options: dict, *, door: str = "build()",
     if "backend" in run:
         run["executor"] = run.pop("backend")
     run = RunSpec.make(**run)
+    if run.output is not None and run.executor != "ray":
+        raise ValueError("output= is where a Ray cluster's nodes write the packs: pass backend='ray' too (and "
+                         "the inputs as URLs or paths every node shares); on one machine, vecpack.save(packed, "
+                         "output) writes a built dataset there")
+    where = "cluster" if run.output is not None else "local"
     tok = TokenizerSpec.make(tokenizer, options.get("encoder"), options.get("processor"), needed=door)
     inputs, mixture = resolve_inputs(data_files, options.get("weights"), chat, encoder=tok.encoder,
-                                     streaming=streaming, cluster=run.executor == "ray" and run.output is not None)
+                                     streaming=streaming, cluster=where == "cluster")
     pack = None
     pairs = inputs[0].chat.style == "preference"
     if chat.per_turn:
         check_per_turn_call(door=door, streaming=streaming, mixture=mixture, images=tok.processor is not None,
-                            cluster=run.executor == "ray" and run.output is not None, packs="max_len" in options,
+                            cluster=where == "cluster", packs="max_len" in options,
                             encoder=tok.encoder is not None and not getattr(tok.encoder, "per_turn", False))
     if "max_len" in options:  # (a call that packs; tokenize() has no max_len)
         kw = dict(by["pack"])
@@ -173,8 +202,7 @@ def make_request(data_files, tokenizer, options: dict, *, door: str = "build()",
                 else "document")
         multiple = kw.pop("pad_to_multiple_of", 1)
         pack = PackSpec.make(kw.pop("max_len", None), unit=unit, **kw).padded(multiple, unit)
-        cluster = run.executor == "ray" and run.output is not None
-        if pack.pad_to_multiple_of > 1 and (mixture or cluster):
+        if pack.pad_to_multiple_of > 1 and (mixture or where == "cluster"):
             raise ValueError(f"{door}: pad_to_multiple_of={pack.pad_to_multiple_of} is not supported for "
                              f"{'a mixture' if mixture else 'a Ray cluster build (output=)'} yet; build one input "
                              f"with vecpack.build(path, tokenizer, max_len, pad_to_multiple_of=...)")
@@ -182,5 +210,6 @@ def make_request(data_files, tokenizer, options: dict, *, door: str = "build()",
     if mixture:
         mix = MixSpec.make(*(by["mix"].get(k, d) for k, d in
                              (("mix_by", "tokens"), ("mix_total", None), ("mix_seed", 0), ("mix_repeat", True))))
-    return Request(inputs, tok, pack, run, mix)
+    kind = request_kind(pairs=pairs, mixture=mixture, per_turn=chat.per_turn, images=tok.processor is not None)
+    return Request(inputs, tok, pack, run, mix, kind, where)
 

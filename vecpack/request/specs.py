@@ -25,6 +25,7 @@ from vecpack.options import (
     check_n_jobs,
     check_options,
     check_per_turn,
+    check_tokenizer_dir,
 )
 from vecpack.packing.spec import PackSpec
 
@@ -115,8 +116,6 @@ class TokenizerSpec:
 
     @classmethod
     def make(cls, tokenizer=None, encoder=None, processor=None, *, needed: str = "build()") -> "TokenizerSpec":
-        from vecpack.options import check_tokenizer_dir
-
         if processor is not None:
             if tokenizer is not None or encoder is not None:
                 raise ValueError("pass processor= (a vision-language processor directory) or tokenizer= / encoder=, "

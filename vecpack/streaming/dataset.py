@@ -93,6 +93,7 @@ from vecpack import options
 from vecpack.inputs.readers import reader
 from vecpack.inputs.sources import resolve_sources
 from vecpack.options import STREAM_STRATEGIES, check_choice, check_int, check_seed
+from vecpack.request.request import make_request
 from vecpack.streaming.balanced import BalancedStream
 from vecpack.streaming.encoding import EngineStart, checked_before
 from vecpack.streaming.mix import SOURCE_STATS, MixRun, mixture_stats, stream_sources
@@ -202,8 +203,6 @@ class StreamingPackedDataset(IterableDataset):
                  prefix_sharing: bool = False, chat_template_kwargs: dict | None = None,
                  train_reasoning: bool = True):
         super().__init__()
-        from vecpack.request.request import make_request
-
         request = make_request(data_files, tokenizer, {
             "max_len": max_len, "style": style, "column": column, "masking": masking, "strategy": strategy,
             "long": long, "pad_id": pad_id, "ignore_index": ignore_index, "on_error": on_error, "n_jobs": n_jobs,

@@ -4,12 +4,13 @@
 :func:`vecpack.collate_vision` makes the batches. See ``docs/vision.md``.
 
 The names load on first use, so a module of the package (``vecpack.vision.checkpoint``) imports
-without the build's workers and encoders.
+without the build's workers and encoders. ``build_vision`` is the pipeline's keyword door
+(:func:`vecpack.pipeline.build.build_vision`), named here where vision users look for it.
 """
 
 from vecpack._lazy import lazy_names
 
-_LAZY = {"VisionProcessor": "vecpack.vision.processor", "build_vision": "vecpack.vision.build",
+_LAZY = {"VisionProcessor": "vecpack.vision.processor", "build_vision": "vecpack.pipeline.build",
          "load_processor": "vecpack.vision.processor"}
 
 __all__ = sorted(_LAZY)

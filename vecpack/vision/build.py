@@ -1,4 +1,4 @@
-"""``build_vision``: vision chat files + a processor directory -> packs that ``model(**batch)`` trains on.
+"""The vision route: vision chat files + a processor directory -> packs that ``model(**batch)`` trains on.
 
 ::
 
@@ -14,9 +14,8 @@ processor's fingerprint: a changed image misses, a renamed file hits. The
 encoded corpus is cached too (:mod:`vecpack.vision.stored`): a second build
 of the same rows and images encodes nothing.
 
->>> import inspect
->>> list(inspect.signature(build_vision).parameters)[:3]
-['data_files', 'processor', 'max_len']
+``vecpack.build(..., processor=DIR)`` (and its alias :func:`vecpack.vision.build_vision`) takes
+this route (:data:`vecpack.pipeline.route.ROUTES`).
 """
 
 from __future__ import annotations
@@ -27,7 +26,6 @@ import time
 import numpy as np
 
 from vecpack.options import usable_cores
-from vecpack.request.request import make_request
 from vecpack.store.cache import Cache
 from vecpack.store.hashing import make_key
 from vecpack.vision.corpus import encode_files
@@ -38,7 +36,7 @@ from vecpack.vision.processor import load_processor
 from vecpack.vision.stored import load_or_encode
 from vecpack.vision.workers import Workers
 
-__all__ = ["build_vision", "n_workers", "run_vision"]
+__all__ = ["n_workers", "run_vision"]
 
 #: Bump when the pixels entry changes for the same images (2: uint8 + table where the processor has a codec).
 PIXELS_FORMAT = 2
@@ -53,52 +51,11 @@ def n_workers(n_jobs: int | None) -> int:
     return max(1, int(n_jobs) if n_jobs > 0 else usable_cores() + 1 + int(n_jobs))
 
 
-def build_vision(data_files, processor, max_len: int, *, masking: str = "assistant", column: str | None = None,
-                 strategy: str = "bfd", long: str = "truncate", shuffle_seed: int | None = 0,
-                 pixels: str = "cache", on_error: str = "raise", n_jobs: int = -1, cache_dir=None,
-                 pad_id: int | None = None):
-    """Pack vision-language chat rows for training.
-
-    Args:
-        data_files: a path or list of paths (JSON Lines, Parquet); image paths resolve relative to each file.
-        processor: a processor directory (``preprocessor_config.json``, tokenizer files, chat template) or a
-            loaded :class:`~vecpack.vision.processor.VisionProcessor`.
-        max_len: tokens per pack.
-        masking: ``"assistant"``, ``"last"`` or ``"all"`` (image tokens are never trained).
-        column: the messages column (default ``messages``, else ``conversations``).
-        strategy, shuffle_seed: as :func:`vecpack.plan`.
-        long: ``"truncate"`` (only at a text boundary; a document left with no trained token is dropped and
-            counted), ``"drop"`` or ``"error"``.
-        pixels: ``"cache"`` (preprocessed once, memory-mapped from the cache) or ``"lazy"`` (at batch time).
-        on_error: ``"raise"`` (one-line ``InputError`` at the first bad row) or ``"skip"`` (left out, counted in
-            ``stats["rejected"]`` and ``stats["rejected_examples"]``).
-        n_jobs: worker processes (``-1`` = every core).
-        cache_dir: the cache root (default ``$VECPACK_CACHE`` or ``~/.cache/vecpack``).
-        pad_id: the padding id (default the tokenizer's pad, else its eos).
-
-    Returns:
-        a :class:`~vecpack.vision.packed.PackedVision`; batch it with
-        :func:`~vecpack.integrations.collate.collate_vision`. ``.stats`` counts documents, packs, images, tokens,
-        ``dropped`` / ``truncated``, ``padded_tokens`` (what padding every batch to its longest sample costs),
-        ``image_processor`` (the class used), ``pixel_storage`` (``"uint8"``: decoded bit for bit at batch time;
-        ``"float32"``: an image processor without a uint8 codec; ``"lazy"``), ``corpus_hit`` / ``pixels_hit``
-        (whether the encoded rows / the pixels came from the cache; None: not cached).
-    """
-
-    request = make_request(data_files, None, {
-        "max_len": max_len, "processor": processor, "masking": masking, "column": column, "strategy": strategy,
-        "long": long, "shuffle_seed": shuffle_seed, "pixels": pixels, "on_error": on_error, "n_jobs": n_jobs,
-        "cache_dir": cache_dir, "pad_id": pad_id}, door="build_vision()")
-    return run_vision(request)
-
-
 def run_vision(request):
     """The route of a request with a vision-language ``processor`` (``vecpack.build(..., processor=DIR)``
     takes it too): rows encoded and images counted on every core, pixels cached (or lazy), packs planned."""
 
     t0 = time.perf_counter()
-    if request.mixture:
-        raise ValueError("documents with images are not mixed yet: build each source with processor= on its own")
     inp, pk, run = request.inputs[0], request.pack, request.run
     masking, column, on_error, pixels = inp.chat.masking, inp.chat.column, run.on_error, run.pixels
     processor, n_jobs, cache_dir = request.tokenizer.processor, run.n_jobs, run.cache_dir
