@@ -420,7 +420,7 @@ def test_in_memory_dataset_is_keyed_by_content(rows500, tmp_path):
 @pytest.mark.slow
 def test_transformers_tokenizer_object_fingerprint(qwen_dir, tmp_path):
     transformers = pytest.importorskip("transformers")
-    from vecpack.store.fingerprint import tokenizer_fingerprint
+    from vecpack.store.hashing import tokenizer_fingerprint
 
     t1 = transformers.AutoTokenizer.from_pretrained(str(qwen_dir))
     moved = tmp_path / "tok"

@@ -24,8 +24,8 @@ import vecpack
 from vecpack.integrations.collate import collate_flash
 from vecpack.integrations.cp import collate_cp, cp_index, llama3_cu_seqlens, pad_multiple
 from vecpack.packing.plan import plan
-from vecpack.request.keys import plan_key
-from vecpack.request.specs import PackSpec
+from vecpack.pipeline.request import plan_key
+from vecpack.pipeline.specs import PackSpec
 
 transformers = pytest.importorskip("transformers")
 

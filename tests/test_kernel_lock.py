@@ -1,4 +1,4 @@
-"""Concurrent first runs compile each kernel once (:mod:`vecpack._kernel_lock`)."""
+"""Concurrent first runs compile each kernel once (:mod:`vecpack._state`)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from helpers import REPO
 
 MODULE = textwrap.dedent('''
     from numba import njit
-    from vecpack._kernel_lock import compile_once
+    from vecpack._state import compile_once
 
     @njit(cache=True)
     def helper(x):
@@ -67,7 +67,7 @@ def test_a_lock_held_too_long_is_not_waited_for(tmp_path, monkeypatch):
     kernel compiles here as numba would have; a signature already compiled takes no lock at all."""
     import importlib
 
-    from vecpack import _kernel_lock
+    from vecpack import _state as _kernel_lock
 
     (tmp_path / "lockmod2.py").write_text(MODULE)
     monkeypatch.syspath_prepend(str(tmp_path))

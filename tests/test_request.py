@@ -11,9 +11,8 @@ import pytest
 
 import vecpack
 from vecpack._fields import ROLES, role
-from vecpack.request.keys import corpus_key, mix_key, plan_key
-from vecpack.request.request import Request, make_request
-from vecpack.request.specs import ChatSpec, MixSpec, PackSpec, RunSpec, TokenizerSpec
+from vecpack.pipeline.request import Request, corpus_key, make_request, mix_key, plan_key
+from vecpack.pipeline.specs import ChatSpec, MixSpec, PackSpec, RunSpec, TokenizerSpec
 from vecpack.testing import make_sharegpt
 
 REPO = pathlib.Path(__file__).resolve().parents[1]

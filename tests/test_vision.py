@@ -21,7 +21,7 @@ from vision_data import make_processor_dir, make_rows, reference_processor, tiny
 from vecpack import collate_vision  # noqa: E402
 from vecpack.vision import build_vision, load_processor  # noqa: E402
 from vecpack.vision.encode import VisionEncoder  # noqa: E402
-from vecpack.vision.positions import doc_positions  # noqa: E402
+from vecpack.vision.processor import doc_positions  # noqa: E402
 
 TOL = 1e-5
 

@@ -15,7 +15,7 @@ from vision_data import (  # noqa: E402
     SIZES,
 )
 
-from vecpack.vision.codec import image_codec, pixel_rows  # noqa: E402
+from vecpack.vision.pixels import image_codec, pixel_rows  # noqa: E402
 
 # SIZES plus extreme aspect ratios (up to 150), one pixel, and a large image scaled down
 MORE_SIZES = [*SIZES, (1, 150), (600, 3), (1000, 7), (1, 1), (900, 700), (31, 29)]

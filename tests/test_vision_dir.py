@@ -19,7 +19,7 @@ from vision_data import make_processor_dir, make_rows, write_jsonl  # noqa: E402
 
 import vecpack  # noqa: E402
 from vecpack.errors import InputError  # noqa: E402
-from vecpack.vision.checkpoint import checkpoint_processor, row_has_images  # noqa: E402
+from vecpack.pipeline.request import checkpoint_processor, row_has_images  # noqa: E402
 from vecpack.vision.packed import PackedVision  # noqa: E402
 
 

@@ -6,7 +6,7 @@ Runs ``vecpack.build`` on a small generated file with ``n_jobs=1`` and
 
 * the modules passed through;
 * the *upward* steps: calls made from a lower layer into a higher one
-  (the layers, top to bottom, are in :data:`LAYERS`);
+  (the layers, top to bottom, are pyproject.toml's import-linter contract: :data:`LAYERS`);
 * the functions on the path that take more than ``--max-params`` parameters.
 
     python tools/route.py            # the summary
@@ -19,24 +19,23 @@ import argparse
 import sys
 import tempfile
 
-#: module prefix -> layer (0 = the front door; a larger number is further down the route)
-LAYERS = [
-    ("vecpack.pipeline.build", 0), ("vecpack.pipeline.route", 0), ("vecpack.pipeline.info", 0),
-    ("vecpack.pipeline.logs", 0),
-    ("vecpack.streaming.dataset", 0), ("vecpack.torchtune", 0),
-    ("vecpack.cli", 0),
-    ("vecpack.request", 1), ("vecpack.options", 1),
-    ("vecpack.inputs.sources", 2), ("vecpack.mixing.source", 2), ("vecpack.store.fingerprint", 2),
-    ("vecpack.store.hashing", 2),
-    ("vecpack.inputs", 3), ("vecpack.tokenizing", 3), ("vecpack.chat", 3), ("vecpack.tokenizing.pairs", 3),
-    ("vecpack.chat.pairs", 3),
-    ("vecpack.pipeline.planners", 4), ("vecpack.mixing", 4), ("vecpack.packing.plan", 4),
-    ("vecpack.preference.packed", 4),
-    ("vecpack.packing", 5),
-    ("vecpack.store", 6),
-]
-#: shared by every layer (process state, errors, the lazy public names): not on the route
-NEUTRAL = ("vecpack._state", "vecpack.errors", "vecpack")
+
+def _contract_layers() -> list[tuple[str, int]]:
+    """(module prefix, layer) from pyproject.toml's import-linter ``layers`` contract, the one home of the
+    order (0 = the top: the front doors; a larger number is further down)."""
+    import pathlib
+
+    import tomllib
+
+    conf = tomllib.loads((pathlib.Path(__file__).resolve().parents[1] / "pyproject.toml").read_text())
+    layers = conf["tool"]["importlinter"]["contracts"][0]["layers"]
+    return [("vecpack." + name.strip(), i) for i, layer in enumerate(layers) for name in layer.split("|")]
+
+
+#: module prefix -> layer, top to bottom, as the layers contract has them
+LAYERS = _contract_layers()
+#: the package's own ``__init__`` (the public names, loaded on first use): not on the route
+NEUTRAL = ("vecpack",)
 
 
 def layer(module: str) -> int | None:
@@ -45,7 +44,7 @@ def layer(module: str) -> int | None:
     for prefix, n in LAYERS:
         if module == prefix or module.startswith(prefix + "."):
             return n
-    return 1
+    return None
 
 
 def trace(fn, steps: int):

@@ -1,6 +1,6 @@
 """What each field of a request does to the output: one rule, read by the cache key and its test.
 
-Every field of a spec (:mod:`vecpack.request.specs`) has one of three roles,
+Every field of a spec (:mod:`vecpack.pipeline.specs`) has one of three roles,
 stated on the type where the field is declared:
 
 * ``"key"`` (the default): it changes what is stored, so it is in the cache key;

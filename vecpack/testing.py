@@ -496,11 +496,7 @@ def pathological_conversations(text: str) -> dict[str, list[dict]]:
     }
 
 
-# varied tool conversations (agentic rows as real sets vary) live in vecpack.testing_agentic
-from vecpack.testing_agentic import tool_conversations  # noqa: E402, F401
-
-# SentencePiece-family fixture tokenizers (Mistral v3, Gemma-like) live in vecpack.testing_sp
+# SentencePiece-family fixture tokenizers (Mistral v3, Gemma-like) live in vecpack.testing_sp; varied rows
+# (seed-shaped chats with names, numbers and dates; tool conversations) in vecpack.testing_varied
 from vecpack.testing_sp import make_gemma_like_tokenizer, make_mistral_sp_tokenizer  # noqa: E402, F401
-
-# seed-shaped rows as varied as real chat (names, numbers, dates) live in vecpack.testing_varied
-from vecpack.testing_varied import make_varied_chats  # noqa: E402, F401
+from vecpack.testing_varied import make_varied_chats, tool_conversations  # noqa: E402, F401

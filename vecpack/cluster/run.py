@@ -92,7 +92,7 @@ class ClusterBuild:
 
 def run_on_cluster(request, *, address: str | None = None, unit_bytes: int = UNIT_BYTES,
                    max_retries: int = MAX_RETRIES, pack: bool = True) -> ClusterBuild:
-    """The cluster route of a build :class:`~vecpack.request.request.Request` (``run.output`` set):
+    """The cluster route of a build :class:`~vecpack.pipeline.request.Request` (``run.output`` set):
     see :func:`build_on_cluster`."""
     from vecpack.tokenizing import ray as _ray
 

@@ -27,8 +27,7 @@ import numpy as np
 from numba import njit, prange, types
 from numba.extending import overload
 
-from vecpack._kernel_lock import compile_once
-from vecpack._state import kernel_cache
+from vecpack._state import compile_once, kernel_cache
 
 CACHE = kernel_cache()  # False where numba cannot write its cache (then compiled per process)
 

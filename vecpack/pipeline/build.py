@@ -41,9 +41,8 @@ import time
 from vecpack._lazy import lazy_module
 from vecpack.packing.packed import Packed
 from vecpack.pipeline.info import BuildInfo, jsonable, packed_from_entries
+from vecpack.pipeline.request import checkpoint_processor, make_request
 from vecpack.pipeline.route import EARLY_START_BYTES, corpus_entry, run_build, stores_bits
-from vecpack.request.request import make_request
-from vecpack.vision.checkpoint import checkpoint_processor
 
 __all__ = ["BuildInfo", "EARLY_START_BYTES", "build", "build_on_cluster", "build_vision", "corpus_entry", "jsonable",
            "packed_from_entries", "stores_bits"]
@@ -202,7 +201,7 @@ def build_on_cluster(data_files, tokenizer=None, max_len: int | None = None, *, 
             scattered, shards packed with the packs written), and a summary line at the end.
 
     This is the cluster's keyword front door: it makes the call's request
-    (:func:`vecpack.request.request.make_request`, as :func:`vecpack.build` does) and
+    (:func:`vecpack.pipeline.request.make_request`, as :func:`vecpack.build` does) and
     runs :func:`vecpack.cluster.run.run_on_cluster`; ``vecpack.build(..., backend="ray", output=URL)``
     takes the same route.
 

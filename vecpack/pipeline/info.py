@@ -1,8 +1,12 @@
-"""What a build reports about itself: :class:`BuildInfo` (``packed.build_info``), and plain-JSON stats."""
+"""What a build reports about itself: :class:`BuildInfo` (``packed.build_info``), and plain-JSON stats.
+
+The one log line a build writes on the ``"vecpack"`` logger: what was built, what came from the cache.
+"""
 
 from __future__ import annotations
 
 import dataclasses
+import logging
 import pathlib
 
 import numpy as np
@@ -11,7 +15,7 @@ from vecpack.packing.packed import Packed
 from vecpack.packing.plan import Plan
 from vecpack.store.entries import corpus_labels
 
-__all__ = ["BuildInfo", "jsonable", "packed_from_entries"]
+__all__ = ["BuildInfo", "jsonable", "log_build", "log_mixture", "log_pairs", "packed_from_entries"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -76,3 +80,46 @@ def packed_from_entries(corpus, pentry, *, pad_id=None, ignore_index=-100) -> Pa
     # this corpus when it was built: skip the O(documents) re-check so a reopen stays lazy.
     return Packed(corpus.arrays["tokens"], corpus.arrays["offsets"], p, labels=corpus_labels(corpus.arrays),
                   pad_id=pad_id, ignore_index=ignore_index, validate=False)
+
+
+logger = logging.getLogger("vecpack")
+
+
+def log_build(packed, corpus, pentry, store):
+    seconds = packed.build_info.seconds
+    stats = packed.stats
+    what = (f"{stats.get('num_documents', '?'):,} documents in {len(packed):,} packs of "
+            f"{packed.max_len} (fill {stats.get('fill', float('nan')):.3f})")
+    tstats = corpus.stats
+    if corpus.hit and tstats.get("rejected"):  # never let skipped rows go unreported
+        examples = "; ".join(str(e) for e in (tstats.get("rejected_examples") or [])[:3])
+        logger.warning("vecpack: %s of %s input rows were rejected when this corpus was built "
+                       "(on_error='skip')%s", f"{tstats['rejected']:,}", f"{tstats.get('rows', '?'):,}",
+                       f"; first: {examples}" if examples else "")
+    if corpus.hit and not pentry.built:
+        logger.info("vecpack: cache hit: %s loaded from %s (%s, built %s) in %.3f s", what,
+                    pentry.path.parent, corpus.key, corpus.manifest.get("created"), seconds)
+    elif corpus.hit:
+        logger.info("vecpack: tokenized corpus from cache %s; re-packed into %s, stored as %s, in %.2f s",
+                    corpus.path, what, pentry.path, seconds)
+    else:
+        logger.info("vecpack: built %s in %.2f s; cached in %s (%s, %s)", what, seconds,
+                    store.root, corpus.key, pentry.key)
+
+
+def log_mixture(packed, corpora, mentry):
+    seconds = packed.build_info.seconds
+    stats = packed.stats
+    shares = ", ".join(f"{100 * s['share']:.1f}%" for s in stats["mixture"]["sources"])
+    built = sum(not c.hit for c in corpora)
+    logger.info("vecpack: mixture of %d sources (%s by %s) in %s packs of %d (fill %.3f): %s tokenized now, "
+                "%s from the cache; plan %s, in %.2f s", len(corpora), shares, stats["mixture"]["mix_by"],
+                f"{len(packed):,}", packed.max_len, stats.get("fill", float("nan")), built, len(corpora) - built,
+                "from the cache" if not mentry.built else f"made now ({mentry.key})", seconds)
+
+
+def log_pairs(packed, stats, corpus, pentry):
+    logger.info("vecpack: %s preference pairs in %s packs of %s (fill %.3f)%s in %.2f s",
+                f"{stats.get('num_pairs', 0):,}", f"{len(packed):,}", packed.max_len, stats.get("fill", 0.0),
+                " from the cache" if corpus.hit and not pentry.built else "",
+                packed.build_info.seconds)

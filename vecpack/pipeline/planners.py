@@ -12,7 +12,7 @@ the request asks for; only the planner differs::
 
 Each planner:
 
-* ``key(corpora)``: ``(entry kind, key inputs)`` (:mod:`vecpack.request.keys`), or None (not cached);
+* ``key(corpora)``: ``(entry kind, key inputs)`` (:mod:`vecpack.pipeline.request`), or None (not cached);
 * ``make(corpora)``: the plan, from the corpora's lengths;
 * ``save(plan, tmp)`` / ``load(entry)``: the plan as a cache entry's arrays, and back;
 * ``finish(plan)``: what the call adds that is not stored (a mixture's source names);
@@ -29,8 +29,8 @@ from vecpack.options import IGNORE_INDEX
 from vecpack.packing.packed import Packed
 from vecpack.packing.plan import Plan, plan, trained_tokens
 from vecpack.pipeline import mixed as _mixed
+from vecpack.pipeline.request import mix_key, plan_key
 from vecpack.preference.packed import PackedPairs, PairPlan, plan_pairs
-from vecpack.request.keys import mix_key, plan_key
 from vecpack.store.entries import corpus_labels
 from vecpack.tokenizing.tokenized import bits_to_labels
 from vecpack.turns.packed import PackedTurns, TurnPlan, plan_turns
@@ -190,7 +190,7 @@ class PairMixPlanner(MixPlanner, PairPlanner):
     useful = PairPlanner.useful
 
 
-#: request kind (:data:`vecpack.request.request.KINDS`) -> its planner; vision plans on its own route.
+#: request kind (:data:`vecpack.pipeline.request.KINDS`) -> its planner; vision plans on its own route.
 PLANNERS = {"chat": ChatPlanner, "pairs": PairPlanner, "turns": TurnPlanner, "mixture": MixPlanner,
             "pair-mixture": PairMixPlanner}
 

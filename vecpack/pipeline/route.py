@@ -2,10 +2,10 @@
 
 ::
 
-    Request (resolved once: vecpack.request)
+    Request (resolved once: vecpack.pipeline.request)
        │
        ├─ corpus stage, per input ── corpus-<key>/ (cache)  or  Tokenized (cache=False)
-       │     key: vecpack.request.keys.corpus_key; on a miss: vecpack.tokenizing.corpus.tokenize_input
+       │     key: vecpack.pipeline.request.corpus_key; on a miss: vecpack.tokenizing.corpus.tokenize_input
        ├─ plan stage ────────────── plan- / pairs- / mix-<key>/  (vecpack.pipeline.planners)
        ├─ pack stage ────────────── Packed / PackedPairs over the corpora's arrays
        └─ BuildInfo, the useless-output check, one log line
@@ -29,13 +29,11 @@ from vecpack.errors import UselessOutputError
 from vecpack.options import useless_reason
 from vecpack.packing.packed import warm_kernels
 from vecpack.pipeline import mixed as _mixed
-from vecpack.pipeline.info import BuildInfo, jsonable
-from vecpack.pipeline.logs import log_build, log_mixture, log_pairs
+from vecpack.pipeline.info import BuildInfo, jsonable, log_build, log_mixture, log_pairs
 from vecpack.pipeline.planners import planner_for
-from vecpack.request.keys import corpus_key
-from vecpack.request.request import KINDS
+from vecpack.pipeline.request import KINDS, corpus_key
 from vecpack.store import cache as _cache
-from vecpack.store.fingerprint import describe
+from vecpack.store.hashing import describe
 from vecpack.tokenizing.spec import default_pad_id
 from vecpack.tokenizing.tokenized import merge_stats
 
@@ -59,7 +57,7 @@ class Corpus:
     """One input's tokenized corpus: a cache entry's arrays, or arrays made now in memory.
 
     Attributes:
-        input: the request's :class:`~vecpack.request.request.Input`.
+        input: the request's :class:`~vecpack.pipeline.request.Input`.
         arrays: ``tokens``, ``offsets``, ``row_ids`` and ``labels`` (or ``trained`` bits).
         stats: the stats of the tokenize run that made it.
         pad_id: the tokenizer's pad id (else its eos id, else 0).
@@ -80,7 +78,7 @@ class Corpus:
 
 
 def run_build(request, t0: float | None = None):
-    """Run a build :class:`~vecpack.request.request.Request`: the stage of its place and kind in :data:`ROUTES`
+    """Run a build :class:`~vecpack.pipeline.request.Request`: the stage of its place and kind in :data:`ROUTES`
     (decided once, when the request was made); returns a ``Packed``."""
     t0 = time.perf_counter() if t0 is None else t0
     return ROUTES[request.where, request.kind](request, t0)
@@ -139,7 +137,7 @@ def corpus_entry(store: _cache.Cache, inputs: dict, described: dict, make, *, bi
                  keep=(), before=None):
     """The tokenized corpus (``tokens``, labels, ``offsets``, ``row_ids``) as a cache entry.
 
-    Keyed by ``inputs`` (:func:`vecpack.request.keys.corpus_key`); on a miss
+    Keyed by ``inputs`` (:func:`vecpack.pipeline.request.corpus_key`); on a miss
     ``make(tmp)`` writes it into ``tmp`` and returns ``(Tokenized, pad_id)``,
     under the cache lock (``before()`` runs first). ``keep``: entries the size
     cap must not evict now (a mixture's other corpora). ``bits``: the labels are
@@ -184,7 +182,7 @@ EARLY_START_BYTES = 32 << 20
 
 
 def _start_early(request, inp):
-    """``on_read`` for :func:`~vecpack.request.keys.corpus_key`: inputs that the hash memo does not know
+    """``on_read`` for :func:`~vecpack.pipeline.request.corpus_key`: inputs that the hash memo does not know
     are new data, most likely tokenized next (a cache miss), so the worker pool and the packing kernels
     start loading now, while the driver reads them to hash them (I/O-bound when they are not in the
     page cache). Small inputs are read at once: nothing to hide (and a hit on them, as a file written
@@ -245,8 +243,8 @@ def _on_cluster(request, t0: float):
     return _cluster_reading.open_packed(request.run.output)
 
 
-#: (where, kind) -> the stage that builds it, looked up once a call (:data:`vecpack.request.request.KINDS`,
-#: :data:`~vecpack.request.request.WHERE`).
+#: (where, kind) -> the stage that builds it, looked up once a call (:data:`vecpack.pipeline.request.KINDS`,
+#: :data:`~vecpack.pipeline.request.WHERE`).
 ROUTES = {**{("local", kind): _local for kind in KINDS if kind != "vision"}, ("local", "vision"): _vision,
           **{("cluster", kind): _on_cluster for kind in KINDS}}
 

@@ -11,7 +11,7 @@ a partial dataset. :func:`load` also opens a ``plan-...`` cache entry.
 An array that is a whole ``.npy`` file mapped read-only (a cache entry's, or
 another saved dataset's) is saved as a hard link to that file where the
 filesystem allows it: no bytes are copied, and the link keeps the data when
-the cache entry is evicted (:func:`vecpack.store._fs.try_link` says why that
+the cache entry is evicted (:func:`vecpack.store.objects.try_link` says why that
 is safe). Elsewhere it is copied, with a progress bar.
 """
 
@@ -38,8 +38,8 @@ from vecpack.preference.packed import PackedPairs, PairPlan
 from vecpack.store import cache as _cache
 from vecpack.store import entries as _entries
 from vecpack.store import objects as _objects
-from vecpack.store._fs import fsync_path, iso, try_link
 from vecpack.store.hashing import checksum_algorithm
+from vecpack.store.objects import fsync_path, iso, try_link
 from vecpack.tokenizing.tokenized import bits_to_labels, merge_stats
 from vecpack.turns.saved import turns_arrays, turns_from_saved
 from vecpack.vision.saved import vision_arrays, vision_from_saved

@@ -1,6 +1,6 @@
 """``vecpack.tokenize()``: the keyword front door of the tokenize stage, and a request's tokenize stage.
 
-:func:`tokenize` makes the call's :class:`~vecpack.request.request.Request` (as
+:func:`tokenize` makes the call's :class:`~vecpack.pipeline.request.Request` (as
 :func:`vecpack.build` does); :func:`tokenize_request` runs its inputs through
 :func:`vecpack.tokenizing.corpus.tokenize_input`, a mixture's one by one and
 concatenated.
@@ -13,7 +13,7 @@ import os
 import numpy as np
 
 from vecpack.mixing.plan import union_offsets
-from vecpack.request.request import make_request
+from vecpack.pipeline.request import make_request
 from vecpack.tokenizing.corpus import tokenize_input
 from vecpack.tokenizing.tokenized import Tokenized, merge_stats
 
@@ -81,7 +81,7 @@ def tokenize(data_files, tokenizer=None, *, style: str = "sharegpt", column: str
 
 
 def tokenize_request(request, out_dir=None) -> Tokenized:
-    """The tokenize stage of a :class:`~vecpack.request.request.Request`: every input, in order."""
+    """The tokenize stage of a :class:`~vecpack.pipeline.request.Request`: every input, in order."""
     if request.mixture:
         return _tokenize_inputs(request, out_dir)
     return tokenize_input(request.inputs[0], request.tokenizer, request.run, out_dir)

@@ -20,8 +20,7 @@ as in :mod:`vecpack.packing._kernels` (positions from 0).
 import numpy as np
 from numba import njit, prange
 
-from vecpack._kernel_lock import compile_once
-from vecpack._state import kernel_cache
+from vecpack._state import compile_once, kernel_cache
 from vecpack.packing._kernels import _pad_tail
 
 CACHE = kernel_cache()  # False where numba cannot write its cache (then compiled per process)

@@ -61,7 +61,6 @@ import warnings
 from typing import Callable, Iterable
 
 from vecpack._version import __version__
-from vecpack.store._fs import flock, fsync_path, iso
 from vecpack.store.entries import (
     CACHE_LAYOUT_VERSION,
     LAST_ACCESS,
@@ -79,6 +78,7 @@ from vecpack.store.entries import (
     write_manifest,
 )
 from vecpack.store.hashing import checksum_algorithm, default_root, make_key
+from vecpack.store.objects import flock, fsync_path, iso
 
 __all__ = ["Cache", "CacheWarning", "make_key"]
 

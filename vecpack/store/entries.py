@@ -16,8 +16,8 @@ import warnings
 
 import numpy as np
 
-from vecpack.store._fs import iso
 from vecpack.store.hashing import checksum_algorithm, file_digest, json_default, mapped_digest
+from vecpack.store.objects import iso
 
 __all__ = ["CACHE_LAYOUT_VERSION", "CacheWarning", "CorruptEntry", "Entry", "EntryInfo", "corpus_labels",
            "describe_array", "describe_arrays", "describe_files", "npy_header", "open_arrays", "read_manifest",

@@ -93,10 +93,9 @@ from vecpack import options
 from vecpack.inputs.readers import reader
 from vecpack.inputs.sources import resolve_sources
 from vecpack.options import STREAM_STRATEGIES, check_choice, check_int, check_seed
-from vecpack.request.request import make_request
-from vecpack.streaming.balanced import BalancedStream
+from vecpack.pipeline.request import make_request
 from vecpack.streaming.encoding import EngineStart, checked_before
-from vecpack.streaming.mix import SOURCE_STATS, MixRun, mixture_stats, stream_sources
+from vecpack.streaming.mix import SOURCE_STATS, BalancedStream, MixRun, mixture_stats, stream_sources
 from vecpack.streaming.readers import Layout, default_shard
 from vecpack.streaming.run import STAT_KEYS, STATE_VERSION, Run, with_fill
 from vecpack.tokenizing.corpus import encoder_class
@@ -318,7 +317,7 @@ class StreamingPackedDataset(IterableDataset):
                  window_steps: int = 8, cost: str = "attention", a: float | None = None,
                  seed: int | None = 0) -> BalancedStream:
         """This stream with its packs dealt to data-parallel ranks by attention cost, window by window
-        (:class:`~vecpack.streaming.balanced.BalancedStream`; every rank packs every row, and yields its
+        (:class:`~vecpack.streaming.mix.BalancedStream`; every rank packs every row, and yields its
         share). Resumes exactly through its own ``state_dict``; docs/ranks.md."""
         return BalancedStream(self, world_size=world_size, rank=rank, micro_batches=micro_batches,
                               window_steps=window_steps, cost=cost, a=a, seed=seed)

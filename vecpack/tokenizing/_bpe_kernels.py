@@ -22,8 +22,7 @@ as long (once per install, on the first large call).
 import numpy as np
 from numba import njit
 
-from vecpack._kernel_lock import compile_once
-from vecpack._state import kernel_cache
+from vecpack._state import compile_once, kernel_cache
 from vecpack.tokenizing._pretok_kernels import _piece_end
 from vecpack.tokenizing._words import _C0, _ONES, _fin, _has_byte, _load64, _ptr, _range_hash, _same, _step, _word
 

@@ -25,8 +25,7 @@ the prefix hash) live in :mod:`vecpack.tokenizing._text_kernels`.
 import numpy as np
 from numba import njit
 
-from vecpack._kernel_lock import compile_once
-from vecpack._state import kernel_cache
+from vecpack._state import compile_once, kernel_cache
 from vecpack.tokenizing._text_kernels import (  # noqa: F401 - the lane reaches every kernel through here
     _code_point,
     _contains_any,

@@ -18,8 +18,7 @@ boundaries against the ``regex`` module (:func:`piece_bounds`).
 import numpy as np
 from numba import njit
 
-from vecpack._kernel_lock import compile_once
-from vecpack._state import kernel_cache
+from vecpack._state import compile_once, kernel_cache
 from vecpack.tokenizing._words import _ptr
 
 CACHE = kernel_cache()

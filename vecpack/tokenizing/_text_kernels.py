@@ -10,8 +10,7 @@ takes ``uint8`` arrays and positions; none allocates per row.
 import numpy as np
 from numba import njit
 
-from vecpack._kernel_lock import compile_once
-from vecpack._state import kernel_cache
+from vecpack._state import compile_once, kernel_cache
 from vecpack.tokenizing._words import _ptr, _range_hash, _same
 
 CACHE = kernel_cache()  # False where numba cannot write its cache (then compiled per process)

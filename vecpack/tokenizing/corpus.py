@@ -253,7 +253,7 @@ class _Call:
 
 
 def tokenize_input(inp, tok, run, out_dir=None, warm=None) -> Tokenized:
-    """Tokenize one resolved input (its files, its :class:`~vecpack.request.specs.ChatSpec`) with
+    """Tokenize one resolved input (its files, its :class:`~vecpack.pipeline.specs.ChatSpec`) with
     ``tok`` as ``run`` says; ``out_dir``: write the arrays there, memory-mapped.
 
     ``warm()``: background work that a fork must wait for (the packing kernels' load,

@@ -22,8 +22,7 @@ outputs of :func:`fill_pack` are ``int64`` (torchtune's ``torch.long``).
 import numpy as np
 from numba import njit
 
-from vecpack._kernel_lock import compile_once
-from vecpack._state import kernel_cache
+from vecpack._state import compile_once, kernel_cache
 
 CACHE = kernel_cache()  # False where numba cannot write its cache (then compiled per process)
 

@@ -53,8 +53,8 @@ from torchtune.datasets import PackedDataset
 
 from vecpack.inputs.readers import sample_rows
 from vecpack.options import CONVERSATION_STYLES, IGNORE_INDEX, INT32_MAX, check_choice, check_max_len, check_options
+from vecpack.pipeline.request import make_request
 from vecpack.pipeline.route import run_build
-from vecpack.request.request import make_request
 from vecpack.torchtune.encoder import TorchtuneEncoder
 
 __all__ = ["ChatDataset", "PackedChatDataset"]

@@ -20,8 +20,7 @@ two such children of one node cannot both be, and are reported.
 import numpy as np
 from numba import njit
 
-from vecpack._kernel_lock import compile_once
-from vecpack._state import kernel_cache
+from vecpack._state import compile_once, kernel_cache
 
 CACHE = kernel_cache()  # False where numba cannot write its cache (then compiled per process)
 

@@ -11,7 +11,7 @@
 
 The pixels entry is keyed by the images' contents (in order) and the
 processor's fingerprint: a changed image misses, a renamed file hits. The
-encoded corpus is cached too (:mod:`vecpack.vision.stored`): a second build
+encoded corpus is cached too (:mod:`vecpack.vision.corpus`): a second build
 of the same rows and images encodes nothing.
 
 ``vecpack.build(..., processor=DIR)`` (and its alias :func:`vecpack.vision.build_vision`) takes
@@ -28,12 +28,11 @@ import numpy as np
 from vecpack.options import usable_cores
 from vecpack.store.cache import Cache
 from vecpack.store.hashing import make_key
-from vecpack.vision.corpus import encode_files
+from vecpack.vision.corpus import encode_files, load_or_encode
 from vecpack.vision.encode import VisionEncoder
 from vecpack.vision.packed import PackedVision
 from vecpack.vision.pixels import LazyPixels, mapped_pixels, write_pixels
 from vecpack.vision.processor import load_processor
-from vecpack.vision.stored import load_or_encode
 from vecpack.vision.workers import Workers
 
 __all__ = ["n_workers", "run_vision"]

@@ -9,7 +9,7 @@ raises.
 
 A pack (``packed[i]``) is a dict of NumPy arrays: ``input_ids``, ``labels``
 (``-100`` on image tokens, padding, and the first token of every document),
-``position_ids`` ``[4, T]`` (:func:`~vecpack.vision.positions.pack_positions`),
+``position_ids`` ``[4, T]`` (:func:`~vecpack.vision.processor.pack_positions`),
 ``pixel_values`` ``[R, D]`` and ``image_grid_thw`` ``[I, 3]`` of its documents'
 images, in document order, and ``seq_lens``. For a 1-D RoPE model (LLaVA-style)
 ``position_ids`` is ``[T]``, restarting at every document, ``pixel_values``
@@ -30,7 +30,7 @@ import numpy as np
 from vecpack.errors import InputError
 from vecpack.options import VISION_LONG_POLICIES, check_choice, check_max_len
 from vecpack.packing.plan import plan
-from vecpack.vision.positions import pack_positions
+from vecpack.vision.processor import pack_positions
 
 __all__ = ["PackedVision", "image_spans", "text_cut"]
 

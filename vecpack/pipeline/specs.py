@@ -106,7 +106,7 @@ class TokenizerSpec:
     """What turns text (and images) into ids: a tokenizer (directory or object), a ready encoder, or a
     vision-language processor directory (:mod:`vecpack.vision`).
 
-    Each is keyed by content (:func:`vecpack.store.fingerprint.tokenizer_fingerprint`, the processor's
+    Each is keyed by content (:func:`vecpack.store.hashing.tokenizer_fingerprint`, the processor's
     fingerprint), never by path or identity.
     """
 

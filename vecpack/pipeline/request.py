@@ -22,25 +22,49 @@ again whether something is a mixture, and none re-resolves a path.
 >>> import os, tempfile
 >>> from vecpack.testing import cached_tokenizer_dir
 >>> d = tempfile.mkdtemp(); p = os.path.join(d, "a.jsonl")
->>> _ = open(p, "w").write('{"text": "hi"}\\n')
+>>> _ = open(p, "w").write('{"text": "hi"}\n')
 >>> r = make_request(p, cached_tokenizer_dir(), {"max_len": 2048, "style": "text"})
 >>> r.kind, r.where, [f.kind for f in r.inputs[0].files], r.pack.max_len, r.inputs[0].chat.style
 ('chat', 'local', ['jsonl'], 2048, 'text')
+
+Every cache key of a build, from its request, in one place.
+
+A key holds the request's fields whose role is ``"key"``
+(:mod:`vecpack._fields`), the content hashes of the data and the
+tokenizer (:mod:`vecpack.store.hashing`), and a format number per kind of
+entry. Paths, ``n_jobs``, ``progress`` and the executor are never in it.
+
+::
+
+    corpus-<key>  data content, tokenizer content, ChatSpec, RunSpec.on_error, CORPUS_FORMAT
+    plan-<key>    the corpus key, PackSpec (max_len, strategy, long, shuffle_seed, prefix_sharing)
+    pairs-<key>   the same, for preference pairs
+    turns-<key>   the same, for per-turn tries (ChatSpec.per_turn; its corpus key differs too)
+    mix-<key>     the corpus keys, the weights, PackSpec, MixSpec
 """
 
 from __future__ import annotations
 
 import dataclasses
+import os
+import pathlib
 from typing import Any
 
+from vecpack._fields import key_fields
 from vecpack.cluster.units import expand_inputs
+from vecpack.inputs.readers import sample_rows
 from vecpack.inputs.sources import InputFile, resolve_sources
-from vecpack.mixing.source import as_sources, data_name, is_mixture, own_options
+from vecpack.mixing.select import as_sources, data_name, is_mixture, own_options
 from vecpack.options import check_per_turn_call
-from vecpack.request.specs import ChatSpec, MixSpec, PackSpec, RunSpec, TokenizerSpec
+from vecpack.pipeline.specs import ChatSpec, MixSpec, PackSpec, RunSpec, TokenizerSpec
+from vecpack.store import hashing
+from vecpack.store.hashing import CORPUS_FORMAT, data_fingerprint, describe, tokenizer_fingerprint
 from vecpack.store.objects import is_url
 
-__all__ = ["Input", "KINDS", "Request", "WHERE", "make_request", "resolve_inputs"]
+__all__ = ["Input", "KINDS", "PREPROCESSOR_CONFIG", "checkpoint_processor", "row_has_images", "MIX_FORMAT",
+           "PAIR_PLAN_FORMAT", "PLAN_FORMAT", "Request", "WHERE", "corpus_key", "make_request", "mix_key", "plan_key",
+           "resolve_inputs"]
+
 
 #: What a request builds, each a layout of :class:`~vecpack.packing.packed.Packed`.
 KINDS = ("chat", "pairs", "turns", "mixture", "pair-mixture", "vision")
@@ -111,7 +135,7 @@ def resolve_inputs(data_files, weights, chat: ChatSpec, *, encoder=None, streami
 
     A plain path, glob, list of paths or dataset is one input; a list holding
     :class:`vecpack.Source` entries, or any ``weights``, is a mixture of one
-    input per entry (see :mod:`vecpack.mixing.source`). ``streaming``: a
+    input per entry (see :mod:`vecpack.mixing.select`). ``streaming``: a
     ``datasets.IterableDataset`` is one input too (one file of kind ``"iterable"``); ``cluster``: the
     call runs on a Ray cluster (``backend="ray"``, ``output=``), so object-store URLs are listed here
     (files of kind ``"url"``); elsewhere a URL is an :class:`~vecpack.errors.InputError` saying so.
@@ -213,3 +237,101 @@ def make_request(data_files, tokenizer, options: dict, *, door: str = "build()",
     kind = request_kind(pairs=pairs, mixture=mixture, per_turn=chat.per_turn, images=tok.processor is not None)
     return Request(inputs, tok, pack, run, mix, kind, where)
 
+
+#: Bump when plans change for the same lengths and options (2: the key names every PackSpec key field).
+PLAN_FORMAT = 2
+#: Bump when pair plans change for the same lengths and options.
+PAIR_PLAN_FORMAT = 1
+#: Bump when mixed plans change for the same corpora and options (2: as PLAN_FORMAT).
+MIX_FORMAT = 2
+
+
+def corpus_key(inp, tok, run, *, root=None, on_read=None) -> tuple[dict, dict]:
+    """(key inputs, readable description) of one input's tokenized corpus.
+
+    Args:
+        inp: a resolved :class:`~vecpack.pipeline.request.Input`.
+        tok: the request's :class:`~vecpack.pipeline.specs.TokenizerSpec`.
+        run: the request's :class:`~vecpack.pipeline.specs.RunSpec` (``verify``: re-hash the files).
+        root: where the file-hash memo lives (default: the default cache).
+        on_read: called with the bytes about to be read to hash files the memo does not know.
+    """
+    root = pathlib.Path(root) if root is not None else hashing.default_root()
+    data, names = data_fingerprint(inp.files, root, run.verify, on_read)
+    inputs = {"format": CORPUS_FORMAT, "data": data,
+              "tokenizer": tokenizer_fingerprint(tok.keyed, root=root, verify=run.verify),
+              **key_fields(inp.chat), **key_fields(run)}
+    return inputs, describe(names, tok.tokenizer, tok.encoder)
+
+
+def plan_key(pack, corpus: str, *, pairs: bool) -> tuple[str, dict]:
+    """(entry kind, key inputs) of the plan of one corpus: ``"plan"``, or ``"pairs"`` for preference pairs."""
+    return ("pairs" if pairs else "plan",
+            {"format": PAIR_PLAN_FORMAT if pairs else PLAN_FORMAT, "corpus": corpus, **pack.plan_key()})
+
+
+def mix_key(pack, mix, corpora: list, weights: list) -> dict:
+    """The key inputs of a mixture's plan: no paths, no names."""
+    return {"format": MIX_FORMAT, "corpora": list(corpora), "weights": [float(w) for w in weights],
+            **pack.plan_key(), **{k: v for k, v in mix.as_kwargs().items()}}
+
+
+# --------------------------------------------------------------------------- a checkpoint as tokenizer=
+# ``vecpack.build("vl.jsonl", "Qwen2-VL-dir/", 4096)`` is what a newcomer tries first. The directory holds the
+# tokenizer and, in ``preprocessor_config.json``, the image processor; rows whose messages carry image parts (or an
+# ``images`` column) need the processor, which :func:`checkpoint_processor` then names, so the build takes the
+# vision route as with ``processor=``. A text-only dataset keeps the text route.
+
+#: The file that makes a directory a vision-language processor directory (transformers' name).
+PREPROCESSOR_CONFIG = "preprocessor_config.json"
+_SAMPLE = 64  # the rows read from the inputs' start to tell whether they hold images
+
+
+def row_has_images(row, column: str | None = None) -> bool:
+    """Whether a chat row carries images: a non-empty ``images`` column, or a message content part
+    of type ``"image"`` (or an untyped part with an ``"image"`` key), as :mod:`vecpack.vision.encode`
+    reads them.
+
+    >>> row_has_images({"messages": [{"role": "user", "content": [{"type": "image", "image": "a.png"}]}]})
+    True
+    >>> row_has_images({"messages": [{"role": "user", "content": [{"type": "text", "text": "hi"}]}]})
+    False
+    >>> row_has_images({"messages": [], "images": ["a.png"]}), row_has_images({"images": []})
+    (True, False)
+    """
+    if not isinstance(row, dict):
+        return False
+    if row.get("images"):
+        return True
+    names = [column] if column else ["messages", "conversations"]
+    conv = next((row[n] for n in names if n in row), None)
+    if not isinstance(conv, list):
+        return False
+    for m in conv:
+        content = m.get("content", m.get("value")) if isinstance(m, dict) else None
+        if isinstance(content, list):
+            for part in content:
+                if isinstance(part, dict) and (part.get("type") == "image"
+                                               or (part.get("type") is None and "image" in part)):
+                    return True
+    return False
+
+
+def checkpoint_processor(tokenizer, data_files, column: str | None = None) -> str | None:
+    """The directory to use as ``processor=`` for a ``tokenizer=`` that is a checkpoint directory
+    holding :data:`PREPROCESSOR_CONFIG`, when the first rows of ``data_files`` carry images
+    (:func:`row_has_images`); else None (the text route, whose error then names ``processor=``).
+
+    Only local paths are looked at; inputs that cannot be read here are left to the text route,
+    which reports them as it always has.
+    """
+    if not isinstance(tokenizer, (str, os.PathLike)):
+        return None
+    path = pathlib.Path(tokenizer)
+    if not (path / PREPROCESSOR_CONFIG).is_file():
+        return None
+    try:
+        rows = sample_rows(resolve_sources(data_files), _SAMPLE)
+    except Exception:  # noqa: BLE001 - missing or foreign inputs: the text route says what is wrong
+        return None
+    return os.fspath(tokenizer) if any(row_has_images(r, column) for r in rows) else None

@@ -1,1 +1,0 @@
-"""The typed request a call makes once and every stage reads (see :mod:`vecpack.request.request`)."""
