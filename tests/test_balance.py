@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import vecpack
-from vecpack.integrations.sampler import BalancedSampler, use_balanced_sampler
+from vecpack.integrations.ranks import BalancedSampler, use_balanced_sampler
 from vecpack.packing import _balance_kernels as bk
 from vecpack.packing.balance import (
     BalancedSteps,
@@ -498,7 +498,7 @@ def test_bad_input_errors():
 def test_sampler_over_torchtune_packed_dataset():
     """BalancedSampler reads a vecpack.PackedDataset's packs (torchtune's items, padding entry left out) and
     deals them as a DistributedSampler would: each rank as many, every pack once."""
-    from vecpack.integrations.sampler import _segments
+    from vecpack.integrations.ranks import _segments
     from vecpack.torchtune.packed import PackedDataset
 
     class Items:

@@ -1,4 +1,4 @@
-"""Issue 52: context-parallel batches (vecpack.integrations.cp) and padding counted at planning time.
+"""Issue 52: context-parallel batches (vecpack.integrations.ranks) and padding counted at planning time.
 
 The exactness test runs a tiny Qwen2 model once unsplit and once split over
 ``cp_size`` simulated ranks (threads in this process, one per rank): each rank
@@ -22,7 +22,7 @@ import torch
 
 import vecpack
 from vecpack.integrations.collate import collate_flash
-from vecpack.integrations.cp import collate_cp, cp_index, llama3_cu_seqlens, pad_multiple
+from vecpack.integrations.ranks import collate_cp, cp_index, llama3_cu_seqlens, pad_multiple
 from vecpack.packing.plan import plan
 from vecpack.pipeline.request import plan_key
 from vecpack.pipeline.specs import PackSpec

@@ -15,7 +15,8 @@ import time
 
 import vecpack
 from vecpack._state import compile_stats
-from vecpack.cli.mixture import mixture_lines, pair_pack_stats, pairs_text, render_pair_pack
+from vecpack.cli.mixture import mixture_lines
+from vecpack.cli.pairs import pair_pack_stats, pairs_text, render_pair_pack
 from vecpack.cli.report import (
     TokenDecoder,
     compile_since,

@@ -305,7 +305,7 @@ def plot_stats(packed, path: str | os.PathLike, *, title: str | None = None, dpi
     spread of 0-40 wasted tokens). Counts are on log axes; labels sit beside
     the lines they name, never over the bars. Needs matplotlib
     (``pip install "vecpack[plot]"``). ``stats`` and ``unit`` draw other
-    units than documents (preference pairs: :func:`vecpack.cli.mixture.pair_pack_stats`, ``"pair"``).
+    units than documents (preference pairs: :func:`vecpack.cli.pairs.pair_pack_stats`, ``"pair"``).
     """
     try:
         import matplotlib

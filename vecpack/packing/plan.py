@@ -145,7 +145,7 @@ def plan(lengths, max_len: int, *, strategy: str = "bfd", long: str = "truncate"
         pad_to_multiple_of: each document (or chunk) counts as its length
             rounded up to this multiple when packs are planned, so a pack still
             fits ``max_len`` after every document in it is padded to the multiple
-            (context parallelism: :func:`vecpack.integrations.cp.pad_multiple`).
+            (context parallelism: :func:`vecpack.integrations.ranks.pad_multiple`).
             ``max_len`` must be a multiple of it. The plan keeps the real
             lengths (``doc_length``); padding is added at batch time. 1: none.
 

@@ -110,7 +110,7 @@ def build(data_files, tokenizer=None, max_len: int | None = None, *, style: str 
             :func:`vecpack.preference.packed.plan_pairs`).
         strategy, long, shuffle_seed, pad_to_multiple_of: as :func:`vecpack.plan`
             (``pad_to_multiple_of``: for context parallelism, e.g.
-            ``vecpack.integrations.cp.pad_multiple(cp_size)``; chat documents only).
+            ``vecpack.integrations.ranks.pad_multiple(cp_size)``; chat documents only).
         pad_id: padding id; default the tokenizer's pad token, else 0.
         ignore_index: label of padding and of every entry's first token.
         cache: False tokenizes and packs in memory, touching no cache.

@@ -28,7 +28,7 @@ from vecpack.mixing.plan import mix_pair_plan, mix_plan, union_offsets
 from vecpack.options import IGNORE_INDEX
 from vecpack.packing.packed import Packed
 from vecpack.packing.plan import Plan, plan, trained_tokens
-from vecpack.pipeline import mixed as _mixed
+from vecpack.pipeline import info as _mixed
 from vecpack.pipeline.request import mix_key, plan_key
 from vecpack.preference.packed import PackedPairs, PairPlan, plan_pairs
 from vecpack.store.entries import corpus_labels

@@ -28,7 +28,7 @@ from vecpack._lazy import lazy_module
 from vecpack.errors import UselessOutputError
 from vecpack.options import useless_reason
 from vecpack.packing.packed import warm_kernels
-from vecpack.pipeline import mixed as _mixed
+from vecpack.pipeline import info as _mixed
 from vecpack.pipeline.info import BuildInfo, jsonable, log_build, log_mixture, log_pairs
 from vecpack.pipeline.planners import planner_for
 from vecpack.pipeline.request import KINDS, corpus_key

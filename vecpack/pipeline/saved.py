@@ -32,8 +32,7 @@ from vecpack import options as _options
 from vecpack._version import __version__
 from vecpack.packing.packed import Packed
 from vecpack.packing.plan import Plan
-from vecpack.pipeline.info import BuildInfo, jsonable, packed_from_entries
-from vecpack.pipeline.mixed import packed_from_mixture, row_ids
+from vecpack.pipeline.info import BuildInfo, jsonable, packed_from_entries, packed_from_mixture, row_ids
 from vecpack.preference.packed import PackedPairs, PairPlan
 from vecpack.store import cache as _cache
 from vecpack.store import entries as _entries

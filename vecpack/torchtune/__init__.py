@@ -22,7 +22,7 @@ _LAZY = {
     "ChatDataset": "vecpack.torchtune.chat",
     "PackedChatDataset": "vecpack.torchtune.chat",
     "PackedDataset": "vecpack.torchtune.packed",
-    **{name: "vecpack.torchtune.builders" for name in (
+    **{name: "vecpack.torchtune.packed" for name in (
         "alpaca_cleaned_dataset", "alpaca_dataset", "cnn_dailymail_articles_dataset", "grammar_dataset",
         "instruct_dataset", "samsum_dataset", "slimorca_dataset", "text_completion_dataset", "wikitext_dataset")},
 }
