@@ -41,15 +41,12 @@ _GPT2_PATTERN = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+
 
 
 def bytes_to_unicode() -> dict[int, str]:
-    """GPT-2's byte -> printable character map (what byte-level BPE vocabularies are written in)."""
+    """GPT-2's byte -> printable character map (what byte-level BPE vocabularies are written in), in GPT-2's
+    order: the printable bytes first, then the others (the order of such a vocabulary's first 256 ids)."""
     keep = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
-    out, extra = {}, 0
-    for b in range(256):
-        if b in keep:
-            out[b] = chr(b)
-        else:
-            out[b] = chr(256 + extra)
-            extra += 1
+    out = {b: chr(b) for b in keep}
+    for extra, b in enumerate(b for b in range(256) if b not in out):
+        out[b] = chr(256 + extra)
     return out
 
 
