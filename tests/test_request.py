@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import vecpack
-from vecpack._fields import ROLES, role
+from vecpack.options import ROLES, role
 from vecpack.pipeline.request import Request, corpus_key, make_request, mix_key, plan_key
 from vecpack.pipeline.specs import ChatSpec, MixSpec, PackSpec, RunSpec, TokenizerSpec
 from vecpack.testing import make_sharegpt

@@ -15,26 +15,50 @@ ValueError: unknown strategy 'best'; strategy must be one of ['bfd', 'ffd', 'gre
 Traceback (most recent call last):
 ...
 ValueError: max_len must be >= 1, got 0
+
+What each field of a request does to the output: one rule, read by the cache key and its test.
+
+Every field of a spec (:mod:`vecpack.pipeline.specs`) has one of three roles,
+stated on the type where the field is declared:
+
+* ``"key"`` (the default): it changes what is stored, so it is in the cache key;
+* ``"neutral"``: it changes nothing in the output (``n_jobs``, ``progress``,
+  the executor), so it is left out of the key;
+* ``"read"``: it changes the output but not what is stored: it is applied when
+  the stored arrays are read (``pad_id``, ``ignore_index``).
+
+A new field is in the key unless its declaration says otherwise, so it cannot be
+forgotten there.
+
+>>> import dataclasses
+>>> @dataclasses.dataclass(frozen=True)
+... class Example:
+...     max_len: int = 8
+...     n_jobs: int = neutral(-1)
+...     pad_id: int = read(0)
+>>> key_fields(Example(max_len=4))
+{'max_len': 4}
+>>> role(dataclasses.fields(Example)[1])
+'neutral'
 """
 
 from __future__ import annotations
 
+import dataclasses
 import numbers
 import operator
 import os
 import pathlib
 import re
 
-__all__ = [
-    "CHAT_STYLES", "CONVERSATION_STYLES", "ENGINES", "EXECUTORS", "EXPORT_FORMATS", "FAST_ENGINES", "IGNORE_INDEX",
-    "INT32_MAX", "LONG_POLICIES", "MASKINGS", "MAX_CUT_FRACTION", "MIX_BY",
-    "ON_ERROR", "PAIR_LONG_POLICIES", "PIXELS", "STRATEGIES", "STREAM_STRATEGIES", "STYLES", "TORCHTUNE_STYLES",
-    "VISION_LONG_POLICIES", "cache_root", "check_pad_multiple", "cp_pad_multiple",
-    "check_choice", "check_index", "check_int", "check_max_len", "check_mix", "check_n_jobs", "check_options",
-    "check_seed",
-    "check_tokenizer_dir", "check_weight", "check_weights", "useless_reason", "WORKER_START_ENV",
-    "WORKER_START_METHODS", "worker_start_method",
-]
+__all__ = ["CHAT_STYLES", "CONVERSATION_STYLES", "ENGINES", "EXECUTORS", "EXPORT_FORMATS", "FAST_ENGINES",
+           "IGNORE_INDEX", "INT32_MAX", "LONG_POLICIES", "MASKINGS", "MAX_CUT_FRACTION", "MIX_BY", "ON_ERROR",
+           "PAIR_LONG_POLICIES", "PIXELS", "ROLES", "STRATEGIES", "STREAM_STRATEGIES", "STYLES", "TORCHTUNE_STYLES",
+           "VISION_LONG_POLICIES", "WORKER_START_ENV", "WORKER_START_METHODS", "cache_root", "check_choice",
+           "check_index", "check_int", "check_max_len", "check_mix", "check_n_jobs", "check_options",
+           "check_pad_multiple", "check_seed", "check_tokenizer_dir", "check_weight", "check_weights",
+           "cp_pad_multiple", "key_fields", "neutral", "read", "role", "useless_reason", "worker_start_method"]
+
 
 #: Row formats of chat data (see :mod:`vecpack.chat.formats`).
 CHAT_STYLES = ("sharegpt", "openai", "alpaca", "text")
@@ -445,3 +469,27 @@ def check_mix(mix_by="tokens", mix_total=None, mix_seed=0, mix_repeat=True) -> d
             "mix_total": None if mix_total is None else check_int(mix_total, "mix_total", minimum=1),
             "mix_seed": check_int(mix_seed, "mix_seed", minimum=0, maximum=2**64 - 1),
             "mix_repeat": mix_repeat}
+
+
+#: The roles a field can have (see the module's docstring).
+ROLES = ("key", "neutral", "read")
+
+
+def neutral(default=None, **kw):
+    """A field that does not change the output (it stays out of the cache key)."""
+    return dataclasses.field(default=default, metadata={"role": "neutral"}, **kw)
+
+
+def read(default=None, **kw):
+    """A field applied when stored arrays are read: it changes the output, not the stored entries."""
+    return dataclasses.field(default=default, metadata={"role": "read"}, **kw)
+
+
+def role(f: dataclasses.Field) -> str:
+    """The role of a dataclass field: ``"key"`` unless declared otherwise."""
+    return f.metadata.get("role", "key")
+
+
+def key_fields(spec) -> dict:
+    """The fields of ``spec`` that are in the cache key, by name, in declaration order."""
+    return {f.name: getattr(spec, f.name) for f in dataclasses.fields(spec) if role(f) == "key"}

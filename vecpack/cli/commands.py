@@ -14,6 +14,7 @@ import sys
 import time
 
 import vecpack
+from vecpack._lazy import lazy_module
 from vecpack._state import compile_stats
 from vecpack.cli.mixture import mixture_lines
 from vecpack.cli.pairs import pair_pack_stats, pairs_text, render_pair_pack
@@ -42,6 +43,9 @@ __all__ = ["cmd_cache", "cmd_export", "cmd_inspect", "cmd_pack", "cmd_stats"]
 
 
 # --------------------------------------------------------------------------- helpers
+
+# pyarrow and the export writers load for `vecpack export` only (docs/architecture.md, "Deferred imports")
+_export = lazy_module("vecpack.integrations.export")
 
 
 def _existing_dir(path: str, what: str) -> pathlib.Path:
@@ -426,8 +430,6 @@ def cmd_stats(args) -> int:
 
 
 def cmd_export(args) -> int:
-    from vecpack.integrations.export import export
-
     if is_url(args.packed):   # a dataset on a store (a cluster build, vecpack.save to a URL): never a Path
 
         packed = vecpack.load(args.packed)
@@ -447,7 +449,7 @@ def cmd_export(args) -> int:
     if args.format != "megatron" and given:
         raise UsageError(f"{PROG} export: {', '.join(given)} apply to --format megatron only")
     t0 = time.perf_counter()
-    export(packed, dest, args.format, overwrite=args.force,
+    _export.export(packed, dest, args.format, overwrite=args.force,
            **({k: v for k, v in megatron.items() if v is not None} if args.format == "megatron" else {}))
     size = sum(p.stat().st_size for p in dest.rglob("*") if p.is_file()) if dest.is_dir() else dest.stat().st_size
     print(f"wrote {len(packed):,} packs to {dest} ({args.format}, {format_bytes(size)}) "

@@ -10,10 +10,15 @@ import os
 import sys
 import warnings
 
+from vecpack._lazy import lazy_module
 from vecpack.cli.parser import PROG, UsageError, build_parser
 from vecpack.errors import VecpackError
 
 __all__ = ["main"]
+
+# the commands (and the pipeline under them) load once the arguments parse: `--help` and usage errors answer
+# without them (docs/architecture.md, "Deferred imports")
+_commands = lazy_module("vecpack.cli.commands")
 
 
 def _err(msg: str) -> None:
@@ -142,9 +147,7 @@ def _run(parser, argv, debug: bool) -> int:
         if args.command is None:
             parser.print_help()
             return 2
-        from vecpack.cli import commands
-
-        return getattr(commands, f"cmd_{args.command}")(args)
+        return getattr(_commands, f"cmd_{args.command}")(args)
     except UsageError as e:
         if debug:
             raise

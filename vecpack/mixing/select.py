@@ -70,8 +70,12 @@ from fractions import Fraction
 
 import numpy as np
 
+from vecpack._lazy import lazy_module
 from vecpack.errors import InputError
 from vecpack.options import check_options, check_weight, check_weights
+
+# the packing kernels load on first use (numba: docs/architecture.md, "Deferred imports")
+_kernels = lazy_module("vecpack.packing._kernels")
 
 __all__ = ["Selection", "Source", "as_sources", "choose", "data_name", "interleave", "is_mixture", "own_options",
            "pass_seed", "select", "targets"]
@@ -100,8 +104,6 @@ def pass_seed(mix_seed: int, source: int, pass_: int) -> int:
 
 
 def _permutation(n: int, seed: int) -> np.ndarray:
-    from vecpack.packing import _kernels
-
     return _kernels.shuffle_ranks(n, np.uint64(seed))
 
 

@@ -2,7 +2,7 @@
 
 The pack part of a request (:mod:`vecpack.pipeline.specs`), and what
 :func:`vecpack.pack` validates its keywords with. Each field's role (in the
-cache key, or applied on read) is declared next to it (:mod:`vecpack._fields`).
+cache key, or applied on read) is declared next to it (:mod:`vecpack.options`).
 
 >>> PackSpec.make(4096, strategy="ffd")
 PackSpec(max_len=4096, strategy='ffd', long='truncate', shuffle_seed=0, prefix_sharing=False, pad_to_multiple_of=1, \
@@ -13,8 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from vecpack._fields import key_fields, read
-from vecpack.options import IGNORE_INDEX, check_max_len, check_options, check_pad_multiple
+from vecpack.options import IGNORE_INDEX, check_max_len, check_options, check_pad_multiple, key_fields, read
 
 __all__ = ["PackSpec"]
 

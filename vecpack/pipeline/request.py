@@ -30,7 +30,7 @@ again whether something is a mixture, and none re-resolves a path.
 Every cache key of a build, from its request, in one place.
 
 A key holds the request's fields whose role is ``"key"``
-(:mod:`vecpack._fields`), the content hashes of the data and the
+(:mod:`vecpack.options`), the content hashes of the data and the
 tokenizer (:mod:`vecpack.store.hashing`), and a format number per kind of
 entry. Paths, ``n_jobs``, ``progress`` and the executor are never in it.
 
@@ -50,12 +50,11 @@ import os
 import pathlib
 from typing import Any
 
-from vecpack._fields import key_fields
 from vecpack.cluster.units import expand_inputs
 from vecpack.inputs.readers import sample_rows
 from vecpack.inputs.sources import InputFile, resolve_sources
 from vecpack.mixing.select import as_sources, data_name, is_mixture, own_options
-from vecpack.options import check_per_turn_call
+from vecpack.options import check_per_turn_call, key_fields
 from vecpack.pipeline.specs import ChatSpec, MixSpec, PackSpec, RunSpec, TokenizerSpec
 from vecpack.store import hashing
 from vecpack.store.hashing import CORPUS_FORMAT, data_fingerprint, describe, tokenizer_fingerprint

@@ -1,7 +1,7 @@
 """The parts of a request, one frozen dataclass per stage, each validated once by :mod:`vecpack.options`.
 
 Each field's role (in the cache key, output-neutral, or applied on read) is
-declared here, next to the field (:mod:`vecpack._fields`).
+declared here, next to the field (:mod:`vecpack.options`).
 
 >>> PackSpec.make(4096, strategy="ffd")
 PackSpec(max_len=4096, strategy='ffd', long='truncate', shuffle_seed=0, prefix_sharing=False, pad_to_multiple_of=1, \
@@ -19,13 +19,13 @@ import json
 import os
 from typing import Any
 
-from vecpack._fields import neutral
 from vecpack.options import (
     check_mix,
     check_n_jobs,
     check_options,
     check_per_turn,
     check_tokenizer_dir,
+    neutral,
 )
 from vecpack.packing.spec import PackSpec
 

@@ -31,6 +31,7 @@ from vecpack.inputs.items import BYTES_PER_ITEM, DatasetNotShippable, ItemEncode
 from vecpack.options import worker_start_method
 from vecpack.pipeline.request import corpus_key, make_request
 from vecpack.pipeline.route import corpus_entry, stores_bits
+from vecpack.pipeline.tokenize import tokenize as _tokenize
 from vecpack.store.cache import Cache
 from vecpack.tokenizing.forkpool import fork_refusal, forked_workers
 from vecpack.tokenizing.pool import effective_n_jobs, warm
@@ -99,7 +100,6 @@ def _from_entry(entry) -> Corpus:
 def _keyed(data_for_key, encoder, data, *, cache_dir, run: dict, tokenize=None, before=None) -> Corpus:
     """The corpus through the cache: keyed by ``data_for_key``'s content and ``encoder.fingerprint``
     (the key :func:`vecpack.build` gives the same data and encoder)."""
-    from vecpack.pipeline.tokenize import tokenize as _tokenize  # (tokenizing's engines and workers: start-up)
 
     store = Cache(cache_dir)
     request = make_request(data_for_key, None, {"encoder": encoder, "on_error": run["on_error"]},
@@ -122,14 +122,13 @@ def rows_corpus(data, encoder, *, cache: bool = True, cache_dir=None, n_jobs: in
     encoder, so ``PackedChatDataset`` and these datasets share entries.
     ``before()`` runs when rows are about to be tokenized (not on a cache hit).
     """
-    from vecpack.pipeline.tokenize import tokenize  # (tokenizing's engines and workers: start-up)
 
     run = dict(n_jobs=n_jobs, on_error=on_error, progress=progress)
     if cache:
         return _keyed(data, encoder, data, cache_dir=cache_dir, run=run, before=before)
     if before is not None:
         before()
-    return Corpus.of(tokenize(data, encoder=encoder, **run))
+    return Corpus.of(_tokenize(data, encoder=encoder, **run))
 
 
 def _say_once(key: str, message: str, *args) -> None:
@@ -208,7 +207,6 @@ def items_corpus(ds, *, start: int = 0, stop: int | None = None, fingerprint: st
     and ``key_data`` (what holds the rows' content, a ``datasets.Dataset``)
     are given; otherwise built without a cache, which is said once per process.
     """
-    from vecpack.pipeline.tokenize import tokenize  # (tokenizing's engines and workers: start-up)
 
     worker_start_method()  # a bad VECPACK_WORKER_START is an error however the items end up being read
     items = Items(ds, start, stop)
@@ -222,11 +220,11 @@ def items_corpus(ds, *, start: int = 0, stop: int | None = None, fingerprint: st
                 before()
             chunk = None if jobs <= 1 or size is None else size * BYTES_PER_ITEM  # tasks of ~TASK_SECONDS
             try:
-                return tokenize(data, encoder=encoder, n_jobs=jobs, chunk_bytes=chunk, **run)
+                return _tokenize(data, encoder=encoder, n_jobs=jobs, chunk_bytes=chunk, **run)
             except DatasetNotShippable as e:
                 warnings.warn(f"vecpack: a worker process could not load {data.name} ({e}); reading its "
                               "items in this process", RuntimeWarning, stacklevel=2)
-                return tokenize(data, encoder=encoder, n_jobs=1, **run)
+                return _tokenize(data, encoder=encoder, n_jobs=1, **run)
 
     run = dict(n_jobs=n_jobs, on_error=on_error, progress=progress)
     if keyed:

@@ -49,8 +49,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from vecpack._fields import key_fields
 from vecpack.errors import InputError
+from vecpack.options import key_fields
 from vecpack.store.cache import Cache
 from vecpack.store.hashing import data_fingerprint, file_digests, make_key
 from vecpack.vision.encode import ENCODER_VERSION
