@@ -23,8 +23,8 @@ import threading
 import time
 from typing import Callable
 
-__all__ = ["Memo", "compile_stats", "finish_warming", "kernel_cache", "memo", "on_reset", "plain", "reset",
-           "runnable", "start_warming"]
+__all__ = ["WORKER_STATE", "Memo", "compile_stats", "current_state", "finish_warming", "kernel_cache", "memo",
+           "on_reset", "plain", "reset", "runnable", "start_warming"]
 
 
 class Memo(collections.OrderedDict):
@@ -46,6 +46,16 @@ class Memo(collections.OrderedDict):
 
     def __repr__(self) -> str:
         return f"Memo({self.name!r}, {len(self)}/{self.limit})"
+
+
+#: What the tasks of a :class:`vecpack.tokenizing.exec.Local` find in their process (its ``state``, under
+#: ``"state"``): set in each worker as it starts, and here while the executor runs tasks inline.
+WORKER_STATE: dict = {}
+
+
+def current_state():
+    """The ``state`` of the local executor running this task (in its worker, or here when it runs inline)."""
+    return WORKER_STATE["state"]
 
 
 _MEMOS: dict[str, Memo] = {}
@@ -101,7 +111,7 @@ def start_warming(fn: Callable[[], None], name: str) -> threading.Thread:
     Such a thread holds numba's compiler lock while it loads; a child forked
     meanwhile would inherit the lock held by a thread it does not have, and
     hang on its first kernel call. So a fork waits for them first
-    (:mod:`vecpack.tokenizing.forkpool`).
+    (:mod:`vecpack.tokenizing.exec`).
 
     Where ``name`` is in ``_AHEAD`` and numba has not cached some of the
     module's ``FIRST_RUN`` and ``LATER`` kernels yet (a machine's first run, or a

@@ -36,8 +36,8 @@ from vecpack.tokenizing import executors
 from vecpack.tokenizing import pool as _pool
 from vecpack.tokenizing.backend import Pending, fall_back
 from vecpack.tokenizing.encoder import encoder_for, remember
+from vecpack.tokenizing.exec import fork_refusal, fork_will_wait, forked_workers, prepare
 from vecpack.tokenizing.feed import TaskFeed
-from vecpack.tokenizing.forkpool import fork_refusal, fork_will_wait, forked_workers, prepare
 from vecpack.tokenizing.lane import expect_bytes
 from vecpack.tokenizing.merge import ChunkMerger
 from vecpack.tokenizing.pairs import PairEncoder

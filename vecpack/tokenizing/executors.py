@@ -16,7 +16,7 @@ loky       on the persistent pool (:mod:`~vecpack.tokenizing.pool`)  a shared ``
 ray        as Ray tasks (:mod:`~vecpack.tokenizing.ray`)   finished tasks; pending ones cancelled
 =========  ==============================================  =================================
 
-An encoder with a ``pool`` (:class:`~vecpack.tokenizing.forkpool.ForkPool`:
+An encoder with a ``pool`` (:class:`~vecpack.tokenizing.exec.ForkPool`:
 workers forked with the encoder already in them, for the items of an
 in-memory dataset) runs on that pool instead of loky's, with the same tasks,
 slots and errors.
@@ -217,7 +217,7 @@ def _execute_pool(run: _Execution, encoder, on_error: str, n_jobs: int, driver: 
                   forked=None, share: int = 0) -> None:
     """The tasks on ``n_jobs`` workers; with ``driver``, on ``n_jobs - 1`` workers and this process.
 
-    ``forked``: a :class:`~vecpack.tokenizing.forkpool.ForkPool` whose workers
+    ``forked``: a :class:`~vecpack.tokenizing.exec.ForkPool` whose workers
     inherited the encoder (nothing is pickled); else the persistent loky pool.
     """
     from concurrent.futures.process import BrokenProcessPool  # loky's is a subclass

@@ -1,7 +1,7 @@
 """The persistent loky worker pool: start it early, keep it, stop it; what every worker runs.
 
 On Linux, file calls and the items path fork their workers for the call instead
-(:mod:`vecpack.tokenizing.forkpool`); those run the same :func:`run_chunk` and
+(:mod:`vecpack.tokenizing.exec`); those run the same :func:`run_chunk` and
 :func:`_engine_ids`. This pool serves elsewhere, with ``VECPACK_WORKER_START=spawn``,
 an ``encoder=`` of the caller's own class, and the streaming encoder.
 

@@ -23,10 +23,10 @@ import os
 
 import numpy as np
 
+from vecpack._state import current_state
 from vecpack.errors import InputError
 from vecpack.vision.codec import PixelCodec, pixel_codec
 from vecpack.vision.images import ImageRef, open_image, read_images
-from vecpack.vision.workers import current_encoder
 
 __all__ = ["LazyPixels", "MappedPixels", "load_image", "mapped_pixels", "patch_dim", "write_pixels"]
 
@@ -59,7 +59,7 @@ def _row_group(f: str, group: int, mtime_ns: int, size: int) -> list:
 def _preprocess_into(task) -> int:
     """Worker: preprocess images ``[a, b)`` into ``pixels.npy`` (opened in place); returns rows written."""
     path, a, b, sources, offsets, grids, codec = task
-    enc = current_encoder()
+    enc = current_state()
     out = np.load(path, mmap_mode="r+")
     try:
         for k, u in enumerate(range(a, b)):

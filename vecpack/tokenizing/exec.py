@@ -1,4 +1,30 @@
-"""Workers forked from the driver for one call: nothing pickled, imported or built again.
+"""Where work runs: one executor interface, here and on Ray; and the workers forked for one call.
+
+Every step that runs tasks takes an :class:`Executor` and calls
+``run(fn, tasks, *shared, done=None)``: ``fn(*task, *shared)`` for each task
+(an argument tuple), the results in task order (deterministic, whatever order
+the tasks end in), ``done(i, result)`` as each ends (progress), the first
+failure raised with the task it came from, a dead worker as
+:class:`~vecpack.errors.WorkerDiedError`, and on any error or Ctrl-C the
+other tasks stopped and their workers gone (no orphan, no leaked segment).
+
+===========================================  ====================================================
+executor                                     runs a task
+===========================================  ====================================================
+:class:`Local`                               here (``n_jobs <= 1`` or one task); else on workers
+                                             forked from this process (they inherit ``state``),
+                                             or spawned where :func:`fork_refusal` says no
+:class:`~vecpack.tokenizing.ray.RayExecutor` as a Ray task (retried on node loss), at most a window
+                                             in flight; shared objects through the object store
+===========================================  ====================================================
+
+Who uses which: :func:`vecpack.tokenizing.executors.execute` runs the chunk
+tasks of files and items (here, on this module's :class:`ForkPool` whose
+workers hold the encoder, on the persistent loky pool of
+:mod:`~vecpack.tokenizing.pool`, or on a ``RayExecutor``); the cluster build
+runs its units, scatters and shards on a ``RayExecutor``; a vision build its
+rows and pixels on a :class:`Local`; streaming tokenizes ahead on the loky pool,
+a bounded window of batches.
 
 Two kinds of call fork their workers on Linux, as torch's ``DataLoader`` and HF
 ``datasets.map(num_proc=)`` do by default:
@@ -26,7 +52,7 @@ first waits for this process's own background work that takes such locks
 (:func:`prepare`'s engine build; the packing kernels' load, inside numba's
 compiler lock); the parity check's thread talks to its HF process over
 unbuffered pipes, so a child can drop its copies of them without the lock of a
-buffered file that thread is reading. The children run only the chunk tasks
+buffered file that thread is reading. The children run only the tasks
 (``ds[i]`` or the rows), numpy, the engine and the chunk writer; they never start
 threads of their own (torch is set to one thread, tokenizers' parallelism off,
 fastokens single-threaded, as loky's workers). A child is killed if its parent
@@ -43,6 +69,9 @@ encoders say ``forkable``; a torchtune one is prepared here once, before the for
 
 >>> fork_refusal() in (None, "not Linux", "no fork start method")
 True
+>>> with Local(1) as ex:
+...     ex.run(divmod, [(7, 2), (9, 4)])
+[(3, 1), (2, 1)]
 """
 
 from __future__ import annotations
@@ -54,16 +83,117 @@ import os
 import sys
 import uuid
 import warnings
-from concurrent.futures import wait
+from concurrent.futures import ProcessPoolExecutor, wait
+from concurrent.futures.process import BrokenProcessPool
 
-from vecpack._state import finish_warming
+from vecpack._state import WORKER_STATE, finish_warming
+from vecpack.errors import WorkerDiedError
 from vecpack.options import WORKER_START_ENV, worker_start_method
 from vecpack.tokenizing import pool as _pool
 from vecpack.tokenizing.lane import expect_bytes, preload_lane
 from vecpack.tokenizing.plan import call_engine
 from vecpack.tokenizing.runtime import fast_engine, runtime
 
-__all__ = ["ForkPool", "fork_refusal", "fork_will_wait", "forked_workers", "prepare"]
+__all__ = ["Executor", "ForkPool", "Local", "fork_refusal", "fork_will_wait", "forked_workers",
+           "prepare"]
+
+
+class Executor:
+    """Where a step's tasks run; see the module's contract. A ``with`` block closes it (its workers end)."""
+
+    kind = ""
+
+    def run(self, fn, tasks, *shared, done=None) -> list:
+        """``[fn(*task, *shared) for task in tasks]``, wherever this executor runs them; ``done(i, result)``
+        as each one ends."""
+        raise NotImplementedError
+
+    def close(self) -> None:
+        """Stop this executor's workers (those it started)."""
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def _init_spawned(state) -> None:
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    WORKER_STATE["state"] = state
+
+
+def _init_forked(parent: int, state) -> None:
+    _child_init(parent)
+    WORKER_STATE["state"] = state
+
+
+class Local(Executor):
+    """Tasks here (``n_jobs <= 1``, or one task), else on ``n_jobs`` processes started for this executor.
+
+    On Linux the workers are forked from this process and inherit ``state``
+    (an encoder, a processor: nothing pickled, nothing imported again; the
+    rules of :func:`fork_refusal`); elsewhere, or with
+    ``VECPACK_WORKER_START=spawn``, they are spawned and unpickle ``state``
+    once each. Tasks read it with :func:`vecpack._state.current_state`. One pool serves
+    every :meth:`run` until :meth:`close`; on an error or Ctrl-C the pending
+    tasks are cancelled, and :meth:`close` joins the workers. ``who`` names
+    the workers in the dead-worker message.
+    """
+
+    kind = "local"
+
+    def __init__(self, n_jobs: int, state=None, *, who: str = "vecpack"):
+        self.n_jobs, self.state, self.who = int(n_jobs), state, who
+        self._pool = None
+        self._saved = WORKER_STATE.get("state")
+
+    def _start(self) -> ProcessPoolExecutor:
+        if fork_refusal() is None:
+            with _fork_env():
+                return ProcessPoolExecutor(self.n_jobs, mp_context=multiprocessing.get_context("fork"),
+                                           initializer=_init_forked, initargs=(os.getpid(), self.state))
+        return ProcessPoolExecutor(self.n_jobs, mp_context=multiprocessing.get_context("spawn"),
+                                   initializer=_init_spawned, initargs=(self.state,))
+
+    def run(self, fn, tasks, *shared, done=None) -> list:
+        tasks = list(tasks)
+        out: list = []
+        if self.n_jobs <= 1 or len(tasks) <= 1:
+            WORKER_STATE["state"] = self.state
+            for i, t in enumerate(tasks):
+                out.append(fn(*t, *shared))
+                if done is not None:
+                    done(i, out[-1])
+            return out
+        if self._pool is None:
+            self._pool = self._start()
+        futures = [self._pool.submit(fn, *t, *shared) for t in tasks]
+        try:
+            for i, fut in enumerate(futures):
+                out.append(fut.result())
+                if done is not None:
+                    done(i, out[-1])
+            return out
+        except BrokenProcessPool as e:
+            raise WorkerDiedError(f"a {self.who} worker process died ({e}); out of memory? try fewer n_jobs") from None
+        except BaseException:
+            for fut in futures:
+                fut.cancel()
+            raise
+
+    def map(self, fn, items) -> list:
+        """``[fn(x) for x in items]``, in order: :meth:`run` with one argument a task."""
+        return self.run(fn, [(x,) for x in items])
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
+            self._pool = None
+        if self._saved is None:
+            WORKER_STATE.pop("state", None)
+        else:
+            WORKER_STATE["state"] = self._saved
 
 
 def fork_refusal() -> str | None:
@@ -119,8 +249,6 @@ class ForkPool:
     """
 
     def __init__(self, encoder, n: int):
-        from concurrent.futures import ProcessPoolExecutor
-
         _settle()
         prepare_encoder = getattr(encoder, "prepare", None)
         if prepare_encoder is not None:  # what it would do as it is pickled: once, here
