@@ -80,14 +80,15 @@ import contextlib
 import gc
 import multiprocessing
 import os
+import shutil
 import sys
-import uuid
+import tempfile
 import warnings
+import weakref
 from concurrent.futures import ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
 
 from vecpack._state import WORKER_STATE, finish_warming
-from vecpack.errors import WorkerDiedError
 from vecpack.options import WORKER_START_ENV, worker_start_method
 from vecpack.tokenizing import pool as _pool
 from vecpack.tokenizing.lane import expect_bytes, preload_lane
@@ -118,68 +119,126 @@ class Executor:
         self.close()
 
 
+def _shipped(key: str, path: str, fn, *args):
+    """On a shared pool's worker: the executor's state, unpickled once per process, then ``fn(*args)``."""
+    WORKER_STATE["state"] = _pool.load_encoder(key, path)
+    return fn(*args)
+
+
 def _init_spawned(state) -> None:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    WORKER_STATE["state"] = state
-
-
-def _init_forked(parent: int, state) -> None:
-    _child_init(parent)
     WORKER_STATE["state"] = state
 
 
 class Local(Executor):
     """Tasks here (``n_jobs <= 1``, or one task), else on ``n_jobs`` processes started for this executor.
 
-    On Linux the workers are forked from this process and inherit ``state``
-    (an encoder, a processor: nothing pickled, nothing imported again; the
-    rules of :func:`fork_refusal`); elsewhere, or with
-    ``VECPACK_WORKER_START=spawn``, they are spawned and unpickle ``state``
-    once each. Tasks read it with :func:`vecpack._state.current_state`. One pool serves
-    every :meth:`run` until :meth:`close`; on an error or Ctrl-C the pending
-    tasks are cancelled, and :meth:`close` joins the workers. ``who`` names
-    the workers in the dead-worker message.
+    On Linux the workers are a :class:`ForkPool` and inherit ``state`` (an
+    encoder, a processor: nothing pickled, nothing imported again; the rules of
+    :func:`fork_refusal`); elsewhere, or with ``VECPACK_WORKER_START=spawn``,
+    they are spawned and unpickle ``state`` once each. Either way SIGINT is
+    blocked in them (Ctrl-C reaches this process alone). Tasks read ``state``
+    with :func:`vecpack._state.current_state`. One pool serves every
+    :meth:`run` until :meth:`close`. On a task's error the pending tasks are
+    cancelled (:meth:`close` joins the workers); on a dead worker or Ctrl-C
+    the workers are killed at once. ``who`` names them in the dead-worker
+    message.
+
+    Two other kinds of workers, for the steps that keep them beyond one executor:
+
+    * ``pool=``: a :class:`ForkPool` the caller forked with ``state`` in it
+      (a file or items call's :func:`forked_workers`); the caller stops it.
+    * ``shared=True``: the persistent loky pool of :mod:`~vecpack.tokenizing.pool`
+      (it outlives the call: streaming's batches ahead, the chunks of a call
+      that cannot fork). ``state`` is pickled once into ``directory`` (default:
+      a temporary directory named ``prefix...``, removed by :meth:`close`, when
+      this executor is collected, or at exit) and loaded once per worker.
+
+    :meth:`submit` hands one task to the workers and returns its future: the
+    steps that keep a bounded window of tasks in flight (streaming's) or run
+    tasks here too (the chunk step's driver) submit them one at a time.
     """
 
     kind = "local"
 
-    def __init__(self, n_jobs: int, state=None, *, who: str = "vecpack"):
+    def __init__(self, n_jobs: int, state=None, *, who: str = "vecpack", pool=None, shared: bool = False,
+                 directory: str | None = None, prefix: str = "vecpack-state-"):
         self.n_jobs, self.state, self.who = int(n_jobs), state, who
-        self._pool = None
-        self._saved = WORKER_STATE.get("state")
+        self._pool, self._own = pool, pool is None
+        self.shared, self.directory, self.prefix = shared, directory, prefix
+        self._ship = None        # (key, path) of the pickled state the shared pool's workers load
+        self._remove = None      # the temporary directory's removal (a weakref.finalize)
 
-    def _start(self) -> ProcessPoolExecutor:
+    def _start(self):
+        if self.shared:
+            key, blob = _pool._pickled(self.state)
+            d = self.directory
+            if d is None:
+                d = tempfile.mkdtemp(prefix=self.prefix)
+                # removed by close(), when this object is collected, or at interpreter exit, whichever
+                # comes first: an executor abandoned mid-way may only be collected once module globals
+                # are gone, and then close() has nothing left to do (finalize runs at exit, before teardown)
+                self._remove = weakref.finalize(self, shutil.rmtree, d, ignore_errors=True)
+            path = os.path.join(d, "encoder.pkl")   # (the state a step ships is its encoder)
+            with open(path, "wb") as f:
+                f.write(blob)
+            self._ship = (key, path)
+            return _pool._executor(self.n_jobs)
         if fork_refusal() is None:
-            with _fork_env():
-                return ProcessPoolExecutor(self.n_jobs, mp_context=multiprocessing.get_context("fork"),
-                                           initializer=_init_forked, initargs=(os.getpid(), self.state))
-        return ProcessPoolExecutor(self.n_jobs, mp_context=multiprocessing.get_context("spawn"),
-                                   initializer=_init_spawned, initargs=(self.state,))
+            return ForkPool(self.state, self.n_jobs)
+        with _pool._sigint_blocked():
+            return ProcessPoolExecutor(self.n_jobs, mp_context=multiprocessing.get_context("spawn"),
+                                       initializer=_init_spawned, initargs=(self.state,))
+
+    def start(self) -> None:
+        """Start the workers now (else the first task does), the state shipped to them."""
+        if self._pool is None:
+            self._pool = self._start()
+
+    def submit(self, fn, *args):
+        """``fn(*args)`` on a worker (started on first use); its future."""
+        self.start()
+        if self._ship is not None:
+            return self._pool.submit(_shipped, *self._ship, fn, *args)
+        return self._pool.submit(fn, *args)
+
+    def kill(self) -> None:
+        """Kill the workers now (a task that ignores the abort flag: stuck in native code)."""
+        pool = self._pool
+        if pool is not None:
+            self._pool = None
+            if self.shared:
+                pool.shutdown(wait=True, kill_workers=True)
+            else:
+                _shutdown(getattr(pool, "_ex", pool), wait=True, kill_workers=True)
 
     def run(self, fn, tasks, *shared, done=None) -> list:
         tasks = list(tasks)
         out: list = []
         if self.n_jobs <= 1 or len(tasks) <= 1:
-            WORKER_STATE["state"] = self.state
-            for i, t in enumerate(tasks):
-                out.append(fn(*t, *shared))
-                if done is not None:
-                    done(i, out[-1])
-            return out
-        if self._pool is None:
-            self._pool = self._start()
-        futures = [self._pool.submit(fn, *t, *shared) for t in tasks]
+            saved, WORKER_STATE["state"] = WORKER_STATE.get("state"), self.state
+            try:
+                for i, t in enumerate(tasks):
+                    out.append(fn(*t, *shared))
+                    if done is not None:
+                        done(i, out[-1])
+                return out
+            finally:
+                _restore(saved)
+        futures = [self.submit(fn, *t, *shared) for t in tasks]
         try:
             for i, fut in enumerate(futures):
                 out.append(fut.result())
                 if done is not None:
                     done(i, out[-1])
             return out
-        except BrokenProcessPool as e:
-            raise WorkerDiedError(f"a {self.who} worker process died ({e}); out of memory? try fewer n_jobs") from None
-        except BaseException:
+        except BaseException as e:
             for fut in futures:
                 fut.cancel()
+            if isinstance(e, (BrokenProcessPool, KeyboardInterrupt)):
+                self.kill()
+            if isinstance(e, BrokenProcessPool):
+                raise _pool._died(e, self.who) from None
             raise
 
     def map(self, fn, items) -> list:
@@ -187,13 +246,23 @@ class Local(Executor):
         return self.run(fn, [(x,) for x in items])
 
     def close(self) -> None:
-        if self._pool is not None:
-            self._pool.shutdown(wait=True, cancel_futures=True)
-            self._pool = None
-        if self._saved is None:
-            WORKER_STATE.pop("state", None)
-        else:
-            WORKER_STATE["state"] = self._saved
+        """Join this executor's own workers (the shared pool and a caller's ForkPool stay); remove the
+        shipped state's temporary directory."""
+        if self._pool is not None and self._own and not self.shared:
+            _shutdown(getattr(self._pool, "_ex", self._pool), wait=True)
+        self._pool = None
+        self._ship = None
+        if self._remove is not None:
+            self._remove()   # once: a no-op if it already ran at exit
+            self._remove = None
+
+
+def _restore(saved) -> None:
+    """``WORKER_STATE`` as it was before a run here (or a fork) set it."""
+    if saved is None:
+        WORKER_STATE.pop("state", None)
+    else:
+        WORKER_STATE["state"] = saved
 
 
 def fork_refusal() -> str | None:
@@ -242,10 +311,10 @@ def _fork_env():
 
 
 class ForkPool:
-    """``n`` forked worker processes that already hold ``encoder`` (under :attr:`key`).
-
-    The executor interface that :func:`vecpack.tokenizing.executors.execute`
-    uses: ``submit`` and ``shutdown(wait, kill_workers)``.
+    """``n`` forked worker processes that already hold ``encoder`` (their
+    :func:`~vecpack._state.current_state`): the workers of a :class:`Local`
+    that forks, or those a file or items call forks once for its chunks
+    (:func:`forked_workers`). ``submit`` and ``shutdown(wait, kill_workers)``.
     """
 
     def __init__(self, encoder, n: int):
@@ -253,9 +322,8 @@ class ForkPool:
         prepare_encoder = getattr(encoder, "prepare", None)
         if prepare_encoder is not None:  # what it would do as it is pickled: once, here
             prepare_encoder()
-        self.key = f"fork-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         self.size = n
-        _pool._WORKER_ENCODERS[self.key] = encoder  # what run_chunk finds in the children
+        saved, WORKER_STATE["state"] = WORKER_STATE.get("state"), encoder   # what the tasks find in the children
         # the children's collector never walks (nor writes to, so copies) the inherited heap
         # (Python's advice for fork without exec); left alone if the caller froze objects itself
         freeze = gc.get_freeze_count() == 0
@@ -275,24 +343,29 @@ class ForkPool:
         finally:
             if freeze:
                 gc.unfreeze()  # this process collects as before
-            _pool._WORKER_ENCODERS.pop(self.key, None)
+            _restore(saved)
 
     def submit(self, fn, *args):
         return self._ex.submit(fn, *args)
 
     def shutdown(self, wait: bool = True, kill_workers: bool = False) -> None:
-        if kill_workers:
-            for p in list((self._ex._processes or {}).values()):
-                with contextlib.suppress(Exception):
-                    p.kill()
-            # A worker killed while it wrote a result leaves part of it in the result pipe, and the
-            # executor's reader waits for the rest: forever, since this process holds the pipe's
-            # writing end too (a Ctrl-C left the driver waiting here, about one run in 10 on a busy
-            # machine). Without that end, the reader gets the end of the stream once the workers
-            # are gone: the pool is broken, and it stops.
+        _shutdown(self._ex, wait, kill_workers)
+
+
+def _shutdown(ex: ProcessPoolExecutor, wait: bool = True, kill_workers: bool = False) -> None:
+    """Stop ``ex``: its queued tasks cancelled; with ``kill_workers``, its workers killed first."""
+    if kill_workers:
+        for p in list((ex._processes or {}).values()):
             with contextlib.suppress(Exception):
-                self._ex._result_queue._writer.close()
-        self._ex.shutdown(wait=wait, cancel_futures=True)
+                p.kill()
+        # A worker killed while it wrote a result leaves part of it in the result pipe, and the
+        # executor's reader waits for the rest: forever, since this process holds the pipe's
+        # writing end too (a Ctrl-C left the driver waiting here, about one run in 10 on a busy
+        # machine). Without that end, the reader gets the end of the stream once the workers
+        # are gone: the pool is broken, and it stops.
+        with contextlib.suppress(Exception):
+            ex._result_queue._writer.close()
+    ex.shutdown(wait=wait, cancel_futures=True)
 
 
 @contextlib.contextmanager

@@ -36,6 +36,7 @@ import numpy as np
 from vecpack._text import plural
 from vecpack.inputs.readers import reader
 from vecpack.tokenizing import pool as _pool
+from vecpack.tokenizing.exec import Local
 from vecpack.tokenizing.feed import TaskFeed, failure_order
 from vecpack.tokenizing.merge import ChunkMerger
 from vecpack.tokenizing.rows import tokenize_chunk
@@ -223,14 +224,9 @@ def _execute_pool(run: _Execution, encoder, on_error: str, n_jobs: int, driver: 
     from concurrent.futures.process import BrokenProcessPool  # loky's is a subclass
 
     workers = n_jobs - 1 if driver else n_jobs
-    if forked is not None:
-        key, enc_path, ex = forked.key, "", forked
-    else:
-        key, blob = _pool._pickled(encoder)
-        enc_path = os.path.join(run.out_dir, "encoder.pkl")
-        with open(enc_path, "wb") as f:
-            f.write(blob)
-        ex = _pool._executor(workers)
+    # the encoder's workers: forked with it already in them, or the shared loky pool (it is pickled into out_dir)
+    ex = Local(workers, encoder, pool=forked, shared=forked is None, directory=run.out_dir)
+    ex.start()   # the shared pool (and the encoder shipped to it) now: an encoder that cannot be pickled says so here
     futures: dict = {}
     queue = deque(run.tasks)  # taken, not submitted yet
     last = [time.monotonic()]
@@ -245,8 +241,8 @@ def _execute_pool(run: _Execution, encoder, on_error: str, n_jobs: int, driver: 
             while queue and error is None and (
                     not driver or (sum(not f.done() for f in pending) < workers and _pool.warmed())):
                 task = queue.popleft()
-                fut = ex.submit(_pool.run_chunk, task, key, enc_path, run.out_dir, on_error,
-                                run.progress_path, len(run.slots), run.direct, share)
+                fut = ex.submit(_pool.run_chunk, task, run.out_dir, on_error, run.progress_path, len(run.slots),
+                                run.direct, share)
                 futures[fut] = task
                 pending.add(fut)
 
@@ -309,7 +305,7 @@ def _execute_pool(run: _Execution, encoder, on_error: str, n_jobs: int, driver: 
             _silence_loky_manager()
         _, still = wait(list(futures), timeout=2 if isinstance(exc, KeyboardInterrupt) else 10)
         if still:  # a task ignores the abort flag (stuck in native code): kill the pool
-            ex.shutdown(wait=True, kill_workers=True)
+            ex.kill()
         raise
 
 

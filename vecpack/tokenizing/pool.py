@@ -40,7 +40,7 @@ from concurrent.futures import ThreadPoolExecutor, wait  # its exit hook first (
 
 import numpy as np
 
-from vecpack._state import memo
+from vecpack._state import current_state, memo
 from vecpack.errors import WorkerDiedError
 from vecpack.options import FAST_ENGINES
 from vecpack.tokenizing import parity
@@ -114,9 +114,10 @@ def set_up_for(share: int) -> None:
     expect_bytes(share)
 
 
-def run_chunk(task: ChunkTask, enc_key: str, enc_path: str, out_dir: str, on_error: str,
-              progress_path: str, n_slots: int, direct=None, share: int = 0) -> ChunkMeta:
-    """The function loky workers run: one task, with progress and abort through a shared array."""
+def run_chunk(task: ChunkTask, out_dir: str, on_error: str, progress_path: str, n_slots: int, direct=None,
+              share: int = 0) -> ChunkMeta:
+    """What a worker runs for the chunk step: one task, with the executor's encoder
+    (:func:`~vecpack._state.current_state`), progress and abort through a shared array."""
     _worker_setup(share)
     slots = np.memmap(progress_path, dtype=np.int64, mode="r+", shape=(n_slots,))
     if slots[0]:
@@ -128,7 +129,7 @@ def run_chunk(task: ChunkTask, enc_key: str, enc_path: str, out_dir: str, on_err
         if slots[0]:
             raise Aborted()
 
-    encoder = load_encoder(enc_key, enc_path)
+    encoder = current_state()
     try:
         return tokenize_chunk(task, encoder, out_dir, on_error=on_error, progress=progress,
                               direct=direct)
@@ -514,7 +515,7 @@ def _pickled(encoder) -> tuple[str, bytes]:
 
 
 
-def _died(exc: BaseException) -> BaseException:
+def _died(exc: BaseException, who: str = "tokenizer") -> BaseException:
     from loky.process_executor import TerminatedWorkerError
 
     text = str(exc)
@@ -530,7 +531,7 @@ def _died(exc: BaseException) -> BaseException:
         cause = "it crashed (segmentation fault) inside native code (the tokenizer?)"
     else:
         cause = "it was killed by the operating system, usually for running out of memory"
-    return WorkerDiedError(f"a tokenizer worker process died (exit code {codes}); {cause}. "
+    return WorkerDiedError(f"a {who} worker process died (exit code {codes}); {cause}. "
                            "No partial result was kept.")
 
 
