@@ -47,7 +47,10 @@ from vecpack.cluster.shards import pack_shard, plan_shards, shard_prefix
 from vecpack.cluster.tokenize import locate_example, read_receipts, tokenize_unit, unit_arrays
 from vecpack.cluster.units import UNIT_BYTES, plan_units
 from vecpack.errors import EncoderError, InputError
+from vecpack.inputs.jsonl import buffer_lines
+from vecpack.inputs.records import to_record
 from vecpack.store import objects
+from vecpack.tokenizing.encoder import ChatEncoder
 from vecpack.tokenizing.ray import RayExecutor, init
 from vecpack.tokenizing.spec import default_pad_id
 
@@ -288,10 +291,6 @@ class _Bars:
 
 
 def _encoder(tokenizer, chat, units):
-    from vecpack.inputs.jsonl import buffer_lines
-    from vecpack.inputs.records import to_record
-    from vecpack.tokenizing.encoder import ChatEncoder
-
     rows = []
     first = next((u for u in units if u.kind == "jsonl"), None)
     if first is not None:

@@ -29,6 +29,7 @@ import numpy as np
 
 from vecpack.cluster.units import Unit, lines_before
 from vecpack.errors import InputError
+from vecpack.inputs.compressed import decompress
 from vecpack.inputs.sources import HEAD_BYTES, classify, resolve_sources
 from vecpack.store import objects
 from vecpack.tokenizing.rows import tokenize_chunk
@@ -112,8 +113,6 @@ def _fetch(unit: Unit, scratch: str) -> ChunkTask:
 def _decompressed(unit: Unit, scratch: str) -> ChunkTask:
     """A compressed object fetched whole and decompressed into ``scratch`` by the local reader's codecs; its
     lines are those of the text (as on one machine). Not JSONL inside: an :class:`InputError` saying what to do."""
-    from vecpack.inputs.compressed import decompress
-
     packed, path = os.path.join(scratch, "input.compressed"), os.path.join(scratch, "input.jsonl")
     objects.get_file(unit.url, packed)
     src = resolve_sources(packed)[0]

@@ -30,6 +30,7 @@ import time
 
 from vecpack._text import plural
 from vecpack.chat.formats import MESSAGE_SHAPES
+from vecpack.errors import warn_caller
 from vecpack.inputs.readers import reader, sample_rows
 from vecpack.options import FAST_ENGINES
 from vecpack.tokenizing import executors
@@ -371,8 +372,6 @@ def _tokenize(call: _Call, feed) -> Tokenized:
     if agentic:
         result.stats["agentic"] = agentic
         if agentic.get("reasoning_dropped"):
-            from vecpack.errors import warn_caller
-
             warn_caller(f"vecpack: the chat template did not render {agentic['reasoning_dropped']} of "
                         f"{agentic.get('reasoning', 0)} reasoning traces (it drops reasoning before the last user "
                         "turn, as apply_chat_template does); they are not trained"

@@ -1,25 +1,19 @@
-"""Where the tokenizing tasks run: in this process, on the loky pool, or on Ray; one protocol.
+"""The chunk step: the tokenizing tasks of files and items, on the executor the call names; one protocol.
 
 :func:`execute` runs :class:`~vecpack.tokenizing.tasks.ChunkTask` s with
 :func:`~vecpack.tokenizing.rows.tokenize_chunk` wherever they go, shows one
 progress bar, hands each finished chunk to the merger in any order, and
 turns failures into the same errors on every executor: the first bad row in
 input order (``InputError`` at file:line), an encoder bug
-(``EncoderError``), a dead worker (``WorkerDiedError``).
+(``EncoderError``), a dead worker (``WorkerDiedError``). Where the tasks run
+is the executor interface's (:mod:`vecpack.tokenizing.exec`):
 
-=========  ==============================================  =================================
-executor   runs tasks                                      progress / abort
-=========  ==============================================  =================================
-inline     here, one after the other (``n_jobs=1``, or     a callback per task
-           one task)
-loky       on the persistent pool (:mod:`~vecpack.tokenizing.pool`)  a shared ``int64`` file of slots
-ray        as Ray tasks (:mod:`~vecpack.tokenizing.ray`)   finished tasks; pending ones cancelled
-=========  ==============================================  =================================
-
-An encoder with a ``pool`` (:class:`~vecpack.tokenizing.exec.ForkPool`:
-workers forked with the encoder already in them, for the items of an
-in-memory dataset) runs on that pool instead of loky's, with the same tasks,
-slots and errors.
+* here, one after the other (``n_jobs=1``, or one task); progress by a callback per task;
+* a :class:`~vecpack.tokenizing.exec.Local` on the encoder's ``ForkPool`` (Linux: workers forked
+  with it) or on the shared loky pool (the encoder shipped once); this process works too when the
+  encoder is slow to load elsewhere; progress and abort through a shared ``int64`` file of slots;
+* a :class:`~vecpack.tokenizing.ray.RayExecutor` (``executor="ray"``); progress by finished tasks,
+  pending ones stopped on an error.
 """
 
 from __future__ import annotations
@@ -36,6 +30,7 @@ import numpy as np
 from vecpack._text import plural
 from vecpack.inputs.readers import reader
 from vecpack.tokenizing import pool as _pool
+from vecpack.tokenizing import ray as _ray
 from vecpack.tokenizing.exec import Local
 from vecpack.tokenizing.feed import TaskFeed, failure_order
 from vecpack.tokenizing.merge import ChunkMerger
@@ -81,8 +76,6 @@ def execute(tasks: list[ChunkTask] | TaskFeed, encoder, out_dir: str, *, executo
             feed.all()
         run = _Execution(feed, out_dir, merger, _Bar(feed, progress, desc))
         if executor == "ray":
-            from vecpack.tokenizing import ray as _ray  # lazy: imports ray
-
             _ray.execute(run.tasks, encoder, out_dir, on_error=on_error, done=run.done)
         elif n_jobs <= 1 or (feed.finished and len(feed.tasks) <= 1):
             _execute_inline(run, encoder, on_error)

@@ -42,7 +42,7 @@ import numpy as np
 
 from vecpack._state import current_state, memo
 from vecpack.errors import WorkerDiedError
-from vecpack.options import FAST_ENGINES
+from vecpack.options import FAST_ENGINES, check_n_jobs, usable_cores
 from vecpack.tokenizing import parity
 from vecpack.tokenizing.lane import expect_bytes, preload_lane
 from vecpack.tokenizing.parity import engine_ids
@@ -172,8 +172,6 @@ def _warm(tokenizer_path: str | None = None, modules: tuple = (), share: int = 0
 
 def effective_n_jobs(n_jobs: int | None) -> int:
     """``-1`` -> every usable core; ``-2`` -> all but one; ``None`` -> 1."""
-    from vecpack.options import check_n_jobs, usable_cores
-
     if check_n_jobs(n_jobs) is None:
         return 1
     return max(1, int(n_jobs) if n_jobs > 0 else usable_cores() + 1 + int(n_jobs))
