@@ -42,10 +42,17 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from vecpack._text import plural
-from vecpack.cluster.scatter import piece_url, plan_key, read_scatter_receipts, scatter_unit, unit_entries
-from vecpack.cluster.shards import pack_shard, plan_shards, shard_prefix
-from vecpack.cluster.tokenize import locate_example, read_receipts, tokenize_unit, unit_arrays
-from vecpack.cluster.units import UNIT_BYTES, plan_units
+from vecpack.cluster.shards import (
+    pack_shard,
+    piece_url,
+    plan_key,
+    plan_shards,
+    read_scatter_receipts,
+    scatter_unit,
+    shard_prefix,
+    unit_entries,
+)
+from vecpack.cluster.units import UNIT_BYTES, locate_example, plan_units, read_receipts, tokenize_unit, unit_arrays
 from vecpack.errors import EncoderError, InputError
 from vecpack.inputs.jsonl import buffer_lines
 from vecpack.inputs.records import to_record

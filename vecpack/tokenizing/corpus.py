@@ -38,13 +38,12 @@ from vecpack.tokenizing import pool as _pool
 from vecpack.tokenizing.backend import Pending, fall_back
 from vecpack.tokenizing.encoder import encoder_for, remember
 from vecpack.tokenizing.exec import fork_refusal, fork_will_wait, forked_workers, prepare
-from vecpack.tokenizing.feed import TaskFeed
 from vecpack.tokenizing.lane import expect_bytes
 from vecpack.tokenizing.merge import ChunkMerger
 from vecpack.tokenizing.pairs import PairEncoder
 from vecpack.tokenizing.plan import INLINE_MAX_BYTES, call_engine, inline_is_sooner, short_rows, worth_fastokens
 from vecpack.tokenizing.runtime import built_runtime, forget_runtime, runtime
-from vecpack.tokenizing.tasks import agentic_counts, default_chunk_bytes, plan_chunks, rejected_examples
+from vecpack.tokenizing.tasks import TaskFeed, agentic_counts, default_chunk_bytes, plan_chunks, rejected_examples
 from vecpack.tokenizing.tokenized import Tokenized
 
 __all__ = ["Tokenized", "encoder_class", "tokenize_input", "warm_for", "worker_share"]

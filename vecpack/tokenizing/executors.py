@@ -32,10 +32,9 @@ from vecpack.inputs.readers import reader
 from vecpack.tokenizing import pool as _pool
 from vecpack.tokenizing import ray as _ray
 from vecpack.tokenizing.exec import Local
-from vecpack.tokenizing.feed import TaskFeed, failure_order
 from vecpack.tokenizing.merge import ChunkMerger
 from vecpack.tokenizing.rows import tokenize_chunk
-from vecpack.tokenizing.tasks import ChunkError, ChunkMeta, ChunkTask, located_error
+from vecpack.tokenizing.tasks import ChunkError, ChunkMeta, ChunkTask, TaskFeed, failure_order, located_error
 
 __all__ = ["earlier", "execute"]
 
@@ -51,7 +50,7 @@ def execute(tasks: list[ChunkTask] | TaskFeed, encoder, out_dir: str, *, executo
     the final arrays overlaps the tokenizing). An encoder that is
     ``slow_to_load`` in a new process (it carries a dataset whose classes
     import torch) gets ``n_jobs - 1`` workers, and this process runs tasks too.
-    ``tasks`` may be a :class:`~vecpack.tokenizing.feed.TaskFeed`: its tasks
+    ``tasks`` may be a :class:`~vecpack.tokenizing.tasks.TaskFeed`: its tasks
     are run as they become known (compressed inputs still decompressing);
     Ray waits for all of them.
 
