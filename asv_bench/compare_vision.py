@@ -29,7 +29,7 @@ Disk: the script prints the size of the pixels entry (``vision_pixels-*``).
 With Qwen2-VL's image processor it holds each image as the processor's
 resized uint8 image, one frame: 588 bytes a 14 x 14 patch (3 bytes a resized
 pixel), decoded at batch time to the processor's float32 rows bit for bit
-(``vecpack/vision/codec.py``); the float32 rows it held before (1176 values a
+(``vecpack/vision/pixels.py``); the float32 rows it held before (1176 values a
 patch, the frame twice) took 4704 bytes, 8x more.
 """
 

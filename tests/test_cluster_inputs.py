@@ -11,8 +11,7 @@ import numpy as np
 import pytest
 
 import vecpack
-from vecpack.cluster.tokenize import tokenize_unit, unit_arrays
-from vecpack.cluster.units import plan_units
+from vecpack.cluster.units import plan_units, tokenize_unit, unit_arrays
 from vecpack.errors import InputError
 from vecpack.store import objects
 
@@ -88,7 +87,7 @@ def test_a_bad_row_or_a_corrupt_object_is_located(chat, tmp_path):
         (u,) = plan_units([str(path)])
         err = tokenize_unit(u, encoder, str(tmp_path / "work"), "raise")["error"]
         assert reason in err[0] and (line is None or err[1] == line), (path, err)
-    from vecpack.cluster.tokenize import _where
+    from vecpack.cluster.units import _where
 
     (u,) = plan_units([str(bad)])
     assert _where(u, 7, "x", False)[1] == 8   # the driver's location of local row 7: line 8 of the text

@@ -6,9 +6,8 @@ import pytest
 
 import vecpack
 from vecpack.cluster.reading import ShardedPacked
-from vecpack.cluster.scatter import piece_url, scatter_unit, unit_entries
-from vecpack.cluster.shards import pack_shard, plan_shards, shard_prefix
-from vecpack.cluster.tokenize import unit_arrays
+from vecpack.cluster.shards import pack_shard, piece_url, plan_shards, scatter_unit, shard_prefix, unit_entries
+from vecpack.cluster.units import unit_arrays
 from vecpack.store import objects
 
 

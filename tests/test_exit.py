@@ -220,7 +220,7 @@ def test_after_ctrl_c_only_lokys_manager_thread_is_silenced(monkeypatch):
 def test_forked_item_workers_end_with_ctrl_c_and_with_their_parent(tmp_path):
     """PackedDataset's generic path forks its workers (Linux): Ctrl-C stops them, and a SIGKILLed
     driver takes them along (PR_SET_PDEATHSIG): no orphan reads items on."""
-    from vecpack.tokenizing.forkpool import fork_refusal
+    from vecpack.tokenizing.exec import fork_refusal
 
     if fork_refusal() is not None:
         pytest.skip(f"no forked workers here: {fork_refusal()}")

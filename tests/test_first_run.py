@@ -199,10 +199,10 @@ def test_a_fork_finds_the_engines_libraries_loaded_whole():
     README's command). Checked in a fresh process, where nothing imported them yet."""
     code = """
         import sys
-        from vecpack.tokenizing import forkpool
-        names = forkpool._ENGINE_MODULES
+        from vecpack.tokenizing import exec as vexec
+        names = vexec._ENGINE_MODULES
         print([n in sys.modules for n in names], end=" ")
-        forkpool._settle()
+        vexec._settle()
         print([n in sys.modules for n in names])
     """
     out = _run(code, {})

@@ -16,7 +16,7 @@ import vecpack
 from vecpack._state import start_warming
 from vecpack.errors import WorkerDiedError
 from vecpack.tokenizing import corpus, parity, pool
-from vecpack.tokenizing.forkpool import fork_refusal, forked_workers
+from vecpack.tokenizing.exec import fork_refusal, forked_workers
 from vecpack.tokenizing.parity import engine_ids
 
 pytestmark = pytest.mark.skipif(fork_refusal() not in (None, "VECPACK_WORKER_START=fork"),
@@ -263,10 +263,11 @@ def test_a_build_loads_its_packing_kernels_after_its_workers_fork(sharegpt_file,
     workers are forked (beside them, not before them), unless the fork waits for fastokens' build
     anyway; one that does not fork starts it before its encoder is set up (beside that)."""
     from vecpack.pipeline import route as pipeline
-    from vecpack.tokenizing import forkpool, plan
+    from vecpack.tokenizing import exec as vexec
+    from vecpack.tokenizing import plan
 
     events = []
-    real_init, real_encoder_for = forkpool.ForkPool.__init__, corpus.encoder_for
+    real_init, real_encoder_for = vexec.ForkPool.__init__, corpus.encoder_for
 
     def init(self, *args):
         real_init(self, *args)
@@ -276,7 +277,7 @@ def test_a_build_loads_its_packing_kernels_after_its_workers_fork(sharegpt_file,
         events.append("encoder")
         return real_encoder_for(*args, **kwargs)
 
-    monkeypatch.setattr(forkpool.ForkPool, "__init__", init)
+    monkeypatch.setattr(vexec.ForkPool, "__init__", init)
     monkeypatch.setattr(corpus, "encoder_for", encoder_for)
     monkeypatch.setattr(pipeline, "warm_kernels", lambda *a, **k: events.append("warm"))
     monkeypatch.setattr(corpus, "_chunk_bytes", lambda sources, n_jobs: 50_000)  # several tasks
@@ -291,16 +292,16 @@ def test_a_build_loads_its_packing_kernels_after_its_workers_fork(sharegpt_file,
 def test_a_fork_waits_for_an_engine_still_building():
     from concurrent.futures import Future
 
-    from vecpack.tokenizing import forkpool
+    from vecpack.tokenizing import exec as vexec
 
     fut = Future()
-    forkpool._PREPARING.append(fut)
+    vexec._PREPARING.append(fut)
     try:
-        assert forkpool.fork_will_wait()
+        assert vexec.fork_will_wait()
         fut.set_result(None)
-        assert not forkpool.fork_will_wait()
+        assert not vexec.fork_will_wait()
     finally:
-        forkpool._PREPARING.remove(fut)
+        vexec._PREPARING.remove(fut)
 
 
 def _reply_half_then_wait(signal_file: str) -> None:
@@ -323,7 +324,7 @@ def test_killing_workers_half_way_through_a_reply_does_not_hang_the_stop(tmp_pat
     writing end too. It now gets the end of the stream, and the stop returns."""
     from concurrent.futures.process import BrokenProcessPool
 
-    from vecpack.tokenizing.forkpool import ForkPool
+    from vecpack.tokenizing.exec import ForkPool
 
     fp = ForkPool(object(), 2)
     flag = tmp_path / "half-written"

@@ -167,7 +167,7 @@ def test_a_compressed_jsonl_is_cut_into_ranges_while_it_decompresses(forms, tmp_
 
     from vecpack.inputs import compressed
     from vecpack.inputs.readers import split_source
-    from vecpack.tokenizing.feed import TaskFeed
+    from vecpack.tokenizing.tasks import TaskFeed
 
     raw = forms["plain"][0].read_bytes()
     for isal in (True, False):   # isal's decoder when installed, and zlib's

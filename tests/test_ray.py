@@ -196,3 +196,36 @@ def test_stop_shuts_down_only_the_ray_vecpack_started(monkeypatch):
     theirs.wait = broken_wait   # a wait that fails while stopping: the cancels stand, nothing is raised
     vray.stop(theirs, ["a", "b"], force=False)
     assert theirs.calls == [("cancel", "a", False), ("cancel", "b", False)]
+
+
+def _slow_square(i, scale):
+    import time
+
+    time.sleep(scale * (3 - i % 4))
+    return {"i": i, "sq": i * i} if i != 5 else {"error": f"row {i}"}
+
+
+def _always_dies(i):
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def test_the_ray_executor_keeps_the_contract(ray_cluster):
+    """RayExecutor.run: results in task order through a window, done() per task, a stop_if result stops the
+    run (tasks after it left undone), an error done() raises is the run's, a worker dead on every retry is
+    WorkerDiedError naming the task."""
+    from vecpack.errors import WorkerDiedError
+    from vecpack.tokenizing.ray import RayExecutor
+
+    seen = []
+    out = RayExecutor(window=2).run(_slow_square, [(i,) for i in range(5)], 0.05,
+                                    done=lambda i, r: seen.append(i))
+    assert [r["sq"] for r in out] == [0, 1, 4, 9, 16] and sorted(seen) == [0, 1, 2, 3, 4]
+    out = RayExecutor(window=1).run(_slow_square, [(i,) for i in range(8)], 0.0, stop_if=lambda r: "error" in r)
+    assert out[5] == {"error": "row 5"} and len(out) == 6    # one in flight: nothing after the stop was submitted
+    with pytest.raises(ValueError, match="refused 2"):
+        def refuse(i, r):
+            if i == 2:
+                raise ValueError("refused 2")
+        RayExecutor().run(_slow_square, [(i,) for i in range(4)], 0.0, done=refuse)
+    with pytest.raises(WorkerDiedError, match="2 attempts at task 0"):
+        RayExecutor(max_retries=1).run(_always_dies, [(0,)])

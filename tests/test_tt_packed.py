@@ -23,7 +23,7 @@ from torchtune_helpers import Counting, Mixed, OnlyHere, Repeated, Samples, Slow
 
 from vecpack import PackedDataset  # noqa: E402
 from vecpack.errors import InputError, WorkerDiedError  # noqa: E402
-from vecpack.tokenizing.forkpool import fork_refusal  # noqa: E402
+from vecpack.tokenizing.exec import fork_refusal  # noqa: E402
 from vecpack.torchtune import corpus as tt_corpus  # noqa: E402
 from vecpack.torchtune import packed as tt_packed  # noqa: E402
 from vecpack.torchtune._kernels import fill_pack, split_entries  # noqa: E402
@@ -316,7 +316,7 @@ def test_when_items_are_not_forked(monkeypatch):
     import multiprocessing
     import sys
 
-    from vecpack.tokenizing import forkpool
+    from vecpack.tokenizing import exec as vexec
 
     monkeypatch.setenv("VECPACK_WORKER_START", "spawn")
     assert fork_refusal() == "VECPACK_WORKER_START=spawn"
@@ -324,7 +324,7 @@ def test_when_items_are_not_forked(monkeypatch):
     with pytest.raises(ValueError, match=r"unknown VECPACK_WORKER_START 'thread'.*\['auto', 'fork', 'spawn'\]"):
         packed(Repeated(3, 50), max_seq_len=9, n_jobs=2)
     monkeypatch.delenv("VECPACK_WORKER_START")
-    monkeypatch.setattr(forkpool.sys, "platform", "darwin")
+    monkeypatch.setattr(vexec.sys, "platform", "darwin")
     assert fork_refusal() in ("not Linux", "no fork start method")
     monkeypatch.setenv("VECPACK_WORKER_START", "fork")  # asked for: any platform with fork
     assert fork_refusal() in (None, "no fork start method")

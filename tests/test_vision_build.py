@@ -238,11 +238,11 @@ def test_a_killed_worker_is_worker_died_error_and_the_pool_is_gone():
     import multiprocessing
 
     from vecpack.errors import WorkerDiedError
-    from vecpack.vision.workers import Workers
+    from vecpack.tokenizing.exec import Local
 
     before = set(multiprocessing.active_children())   # (the tokenizer pool of earlier tests may be up)
     with pytest.raises(WorkerDiedError, match="a vision worker process died"):
-        with Workers(None, 2) as w:
+        with Local(2, who="vision") as w:
             w.map(_die, [0, 1, 2])
     assert set(multiprocessing.active_children()) <= before
 

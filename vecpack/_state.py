@@ -54,8 +54,8 @@ import threading
 import time
 from typing import Callable
 
-__all__ = ["Memo", "WAIT", "compile_once", "compile_stats", "finish_warming", "kernel_cache", "memo", "on_reset",
-           "plain", "reset", "runnable", "start_warming"]
+__all__ = ["WAIT", "WORKER_STATE", "Memo", "compile_once", "compile_stats", "current_state", "finish_warming",
+           "kernel_cache", "memo", "on_reset", "plain", "reset", "runnable", "start_warming"]
 
 
 class Memo(collections.OrderedDict):
@@ -77,6 +77,16 @@ class Memo(collections.OrderedDict):
 
     def __repr__(self) -> str:
         return f"Memo({self.name!r}, {len(self)}/{self.limit})"
+
+
+#: What the tasks of a :class:`vecpack.tokenizing.exec.Local` find in their process (its ``state``, under
+#: ``"state"``): set in each worker as it starts, and here while the executor runs tasks inline.
+WORKER_STATE: dict = {}
+
+
+def current_state():
+    """The ``state`` of the local executor running this task (in its worker, or here when it runs inline)."""
+    return WORKER_STATE["state"]
 
 
 _MEMOS: dict[str, Memo] = {}
@@ -132,7 +142,7 @@ def start_warming(fn: Callable[[], None], name: str) -> threading.Thread:
     Such a thread holds numba's compiler lock while it loads; a child forked
     meanwhile would inherit the lock held by a thread it does not have, and
     hang on its first kernel call. So a fork waits for them first
-    (:mod:`vecpack.tokenizing.forkpool`).
+    (:mod:`vecpack.tokenizing.exec`).
 
     Where ``name`` is in ``_AHEAD`` and numba has not cached some of the
     module's ``FIRST_RUN`` and ``LATER`` kernels yet (a machine's first run, or a
@@ -466,7 +476,7 @@ def _start_compiler(module_name: str, names: list, lock=None):
         return None
     code = (f"import importlib, os, sys\nsys.path[:] = sys.argv[1:]\nhasattr(os, 'nice') and os.nice(10)\n"
             f"k = importlib.import_module({module_name!r})\nsig = dict(k.FIRST_RUN[0] + k.FIRST_RUN[1] + k.LATER)\n"
-            f"for n in {names!r}:\n    type(getattr(k, n)).compile(getattr(k, n), sig[n])\n"   # (no _kernel_lock)
+            f"for n in {names!r}:\n    type(getattr(k, n)).compile(getattr(k, n), sig[n])\n"   # (no compile lock)
             f"    try:\n        print(n, flush=True)\n"
             f"    except OSError:\n        pass  # (the run is over: the next one will load them)\n")
     try:

@@ -101,7 +101,7 @@ FAST_ENGINES = ENGINES[:2]
 EXECUTORS = ("loky", "ray")
 #: How a call's tokenizing workers start: ``auto`` forks them from this process on Linux
 #: (they inherit the tokenizer engine, or the dataset of the items path, and every import),
-#: else the persistent pool of spawned loky workers runs them (see :mod:`vecpack.tokenizing.forkpool`).
+#: else the persistent pool of spawned loky workers runs them (see :mod:`vecpack.tokenizing.exec`).
 WORKER_START_METHODS = ("auto", "fork", "spawn")
 #: The environment variable that chooses among :data:`WORKER_START_METHODS`
 #: (``VECPACK_ITEMS_START``, its earlier name, is read when it is unset).

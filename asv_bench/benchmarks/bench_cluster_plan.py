@@ -29,8 +29,7 @@ import time
 
 import numpy as np
 
-from vecpack.cluster.scatter import unit_entries
-from vecpack.cluster.shards import plan_shards
+from vecpack.cluster.shards import plan_shards, unit_entries
 
 from . import lognormal_lengths
 

@@ -4,7 +4,7 @@ Target on the 2-core reference machine (issue 19): ``vecpack.tokenize`` of a
 200k-row ``.jsonl.gz`` runs at >= 0.8x the rate of the plain ``.jsonl``
 (``CompressedRatio``). The driver decompresses in a background thread while
 the workers tokenize each range as soon as its lines are on disk
-(``vecpack.tokenizing.feed``); gzip goes through ``isal`` when installed.
+(``vecpack.tokenizing.tasks``); gzip goes through ``isal`` when installed.
 ``VECPACK_BENCH_ROWS`` sets the rows (e.g. 2000 for a smoke test)::
 
     cd asv_bench && asv run --python=same --quick --bench CompressedRatio   # or, without asv:

@@ -42,12 +42,23 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from vecpack._text import plural
-from vecpack.cluster.scatter import piece_url, plan_key, read_scatter_receipts, scatter_unit, unit_entries
-from vecpack.cluster.shards import pack_shard, plan_shards, shard_prefix
-from vecpack.cluster.tokenize import locate_example, read_receipts, tokenize_unit, unit_arrays
-from vecpack.cluster.units import UNIT_BYTES, plan_units
-from vecpack.errors import EncoderError, InputError, WorkerDiedError
+from vecpack.cluster.shards import (
+    pack_shard,
+    piece_url,
+    plan_key,
+    plan_shards,
+    read_scatter_receipts,
+    scatter_unit,
+    shard_prefix,
+    unit_entries,
+)
+from vecpack.cluster.units import UNIT_BYTES, locate_example, plan_units, read_receipts, tokenize_unit, unit_arrays
+from vecpack.errors import EncoderError, InputError
+from vecpack.inputs.jsonl import buffer_lines
+from vecpack.inputs.records import to_record
 from vecpack.store import objects
+from vecpack.tokenizing.encoder import ChatEncoder
+from vecpack.tokenizing.ray import RayExecutor, init
 from vecpack.tokenizing.spec import default_pad_id
 
 __all__ = ["MANIFEST", "ClusterBuild", "run_on_cluster"]
@@ -94,8 +105,6 @@ def run_on_cluster(request, *, address: str | None = None, unit_bytes: int = UNI
                    max_retries: int = MAX_RETRIES, pack: bool = True) -> ClusterBuild:
     """The cluster route of a build :class:`~vecpack.pipeline.request.Request` (``run.output`` set):
     see :func:`build_on_cluster`."""
-    from vecpack.tokenizing import ray as _ray
-
     t0 = time.perf_counter()
     before = objects.requests()
     output = request.run.output
@@ -111,7 +120,9 @@ def run_on_cluster(request, *, address: str | None = None, unit_bytes: int = UNI
     if encoder is None:
         encoder = _encoder(tokenizer, chat, units)
     work = objects.join(output, "_work", _work_key(encoder, style, column, masking, on_error))
-    ray = _ray.init(address)
+    ray = init(address)
+    cluster = RayExecutor(address, max_retries=max_retries,   # a few tasks per CPU of the cluster in flight
+                          window=max(4, 2 * int(ray.cluster_resources().get("CPU", 1))))
 
     done = {name: v for name, v in read_receipts(work).items() if name in {u.name for u in units}}
     results: dict[int, dict] = {}
@@ -122,15 +133,14 @@ def run_on_cluster(request, *, address: str | None = None, unit_bytes: int = UNI
                                     np.int64)
             results[u.index] = {"attempt": attempt, "lengths": lengths, "counts": receipt["counts"]}
     todo = [u for u in units if u.index not in results]
-    remote = ray.remote(num_cpus=1, max_retries=max_retries, retry_exceptions=False)(tokenize_unit)
-    enc_ref = ray.put(encoder)
     bars = _Bars(request.run.progress)
     bars.stage("cluster: tokenizing", len(units), "unit", done=len(units) - len(todo))
-    error = _collect(ray, ((u, lambda u=u: remote.remote(u, enc_ref, work, on_error)) for u in todo), results,
-                     max_retries, done=bars.done)
+    error = _collect(cluster, tokenize_unit, ((u.index, (u,)) for u in todo), results, encoder, work, on_error,
+                     done=bars.done)
     bars.close()
     if error is not None:
-        u, (reason, line, row, crash) = error
+        i, (reason, line, row, crash) = error
+        u = units[i]
         raise (EncoderError if crash else InputError)(reason, file=u.url, line=line, row=row)
 
     tstats = _tokenize_stats(units, results, encoder)
@@ -149,10 +159,9 @@ def run_on_cluster(request, *, address: str | None = None, unit_bytes: int = UNI
     attempts = [results[u.index]["attempt"] for u in units]
     names = [u.name for u in units]
     key = plan_key(work, names, max_len, strategy, long, shuffle_seed, planned.per_shard)
-    scattered, out.scatters_reused = _scatter(ray, planned, units, attempts, work, key, max_retries, bars)
+    scattered, out.scatters_reused = _scatter(cluster, planned, units, attempts, work, key, bars)
     out.scatters_run = sum(1 for r in scattered.values() if "requests" in r)
     out.requests["scatter"] = _stage_requests(scattered.values())
-    packer = ray.remote(num_cpus=1, max_retries=max_retries, retry_exceptions=False)(pack_shard)
     spans: dict[int, tuple] = {}
 
     def shard_jobs():   # the shards' work made as tasks are submitted, a few at a time
@@ -160,11 +169,11 @@ def run_on_cluster(request, *, address: str | None = None, unit_bytes: int = UNI
             spans[s] = (p0, p1)
             pieces = {int(u): piece_url(work, key, names[u], scattered[int(u)]["attempt"], s)
                       for u in np.unique(w["unit"])}
-            yield s, lambda s=s, w=w, pieces=pieces: packer.remote(s, w, pieces, output)
+            yield s, (s, w, pieces, output)
 
     shards: dict[int, dict] = {}
     bars.stage("cluster: packing", -(-(len(p.pack_offsets) - 1) // planned.per_shard), "shard")
-    _collect(ray, shard_jobs(), shards, max_retries, what="shard", done=bars.done)
+    _collect(cluster, pack_shard, shard_jobs(), shards, what="shard", done=bars.done)
     bars.close()
     out.requests["pack"] = _stage_requests(shards.values())
     stats = dict(p.stats)
@@ -191,7 +200,7 @@ def run_on_cluster(request, *, address: str | None = None, unit_bytes: int = UNI
     return out
 
 
-def _scatter(ray, planned, units, attempts: list[str], work: str, key: str, max_retries: int, bars):
+def _scatter(cluster, planned, units, attempts: list[str], work: str, key: str, bars):
     """Each unit's pieces: ``({unit index: {"attempt", ...}}, units reused)``. Receipts of the same plan
     and the same unit attempt are reused; the other units are scattered on the nodes."""
     found = read_scatter_receipts(work, key)
@@ -200,11 +209,9 @@ def _scatter(ray, planned, units, attempts: list[str], work: str, key: str, max_
         if u.name in found and found[u.name][1].get("unit_attempt") == attempts[u.index]:
             scattered[u.index] = {"attempt": found[u.name][0]}
     reused = len(scattered)
-    remote = ray.remote(num_cpus=1, max_retries=max_retries, retry_exceptions=False)(scatter_unit)
-    jobs = ((units[u], lambda u=u, e=e: remote.remote(u, units[u].name, attempts[u], work, key, e))
-            for u, e in unit_entries(planned) if u not in scattered)
+    jobs = ((u, (u, units[u].name, attempts[u], work, key, e)) for u, e in unit_entries(planned) if u not in scattered)
     bars.stage("cluster: scattering", len(units), "unit", done=reused)
-    _collect(ray, jobs, scattered, max_retries, what="scatter of unit", done=bars.done)
+    _collect(cluster, scatter_unit, jobs, scattered, what="scatter of unit", done=bars.done)
     bars.close()
     return scattered, reused
 
@@ -216,67 +223,26 @@ def _stage_requests(results) -> dict:
     return dict(sorted(total.items()))
 
 
-def _collect(ray, jobs, results: dict, max_retries: int, what: str = "unit", done=None):
-    """Run ``jobs`` (``(item, submit)`` pairs, at most a few per CPU of the cluster in flight at once); fill
-    ``results`` (calling ``done(result)`` for each); return the first located row error in input order (or
-    None). A task that failed otherwise (a store error naming its object, a worker dead on every retry) is
-    raised."""
-    from ray.exceptions import RayTaskError, WorkerCrashedError
+def _collect(cluster, fn, jobs, results: dict, *shared, what: str = "unit", done=None):
+    """Run ``fn(*args, *shared)`` for ``jobs`` (``(key, args)`` pairs, made as they are submitted) on the
+    cluster; fill ``results[key]`` (calling ``done(result)`` for each); return ``(key, error)`` of the
+    located row error that stopped the run (or None). A task that failed otherwise (a store error naming
+    its object, a worker dead on every retry) is raised."""
+    keys: list = []
 
-    from vecpack.tokenizing import ray as _ray
+    def tasks():
+        for key, args in jobs:
+            keys.append(key)
+            yield args
 
-    try:
-        from ray.exceptions import NodeDiedError
-    except ImportError:  # pragma: no cover - older Ray
-        NodeDiedError = WorkerCrashedError
-    window = max(4, 2 * int(ray.cluster_resources().get("CPU", 1)))
-    jobs = iter(jobs)
-    refs: dict = {}
-    pending: list = []
-    first = failure = None
+    def finished(i: int, r: dict) -> None:
+        results[keys[i]] = r
+        if done is not None:
+            done(r)
 
-    def fill():
-        for item, submit in jobs:
-            ref = submit()
-            refs[ref] = item
-            pending.append(ref)
-            if len(pending) >= window:
-                return
-
-    try:
-        fill()
-        while pending:
-            ready, rest = ray.wait(pending, num_returns=1, timeout=1.0)
-            pending[:] = rest
-            for ref in ready:
-                item = refs.pop(ref)
-                key = getattr(item, "index", item)
-                try:
-                    r = ray.get(ref)
-                except RayTaskError as e:
-                    failure = failure or (getattr(e, "cause", None) or e)
-                    continue
-                except (WorkerCrashedError, NodeDiedError) as e:
-                    failure = failure or WorkerDiedError(
-                        f"a Ray worker died on every one of {max_retries + 1} attempts at {what} {key}: {e}")
-                    continue
-                if "error" in r:
-                    if first is None or item.index < first[0].index:
-                        first = (item, r["error"])
-                    continue
-                results[key] = r
-                if done is not None:
-                    done(r)
-            if failure is not None or first is not None:
-                _ray.stop(ray, pending)
-                break
-            fill()
-    except BaseException:
-        _ray.stop(ray, pending)
-        raise
-    if failure is not None:
-        raise failure
-    return first
+    out = cluster.run(fn, tasks(), *shared, done=finished, what=lambda i: f"{what} {keys[i]}",
+                      stop_if=lambda r: "error" in r, force=True)
+    return next(((keys[i], r["error"]) for i, r in enumerate(out) if r is not None and "error" in r), None)
 
 
 def _refuse_unsupported(request) -> None:
@@ -332,10 +298,6 @@ class _Bars:
 
 
 def _encoder(tokenizer, chat, units):
-    from vecpack.inputs.jsonl import buffer_lines
-    from vecpack.inputs.records import to_record
-    from vecpack.tokenizing.encoder import ChatEncoder
-
     rows = []
     first = next((u for u in units if u.kind == "jsonl"), None)
     if first is not None:

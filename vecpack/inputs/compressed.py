@@ -4,7 +4,7 @@ A compressed stream cannot be cut into byte ranges, so an
 :class:`Unpacking` decompresses each compressed source, in a background
 thread, into a plain file of a scratch directory (the tokenizer's chunk
 directory: ``/dev/shm`` when it has room), several files at once (the codecs
-release the GIL). :class:`~vecpack.tokenizing.feed.TaskFeed` hands the
+release the GIL). :class:`~vecpack.tokenizing.tasks.TaskFeed` hands the
 workers each range of a JSONL copy as soon as its lines are on disk, and
 they range-read the copy exactly like any JSONL, JSON or Parquet file. The
 copy's :class:`~vecpack.inputs.sources.InputFile` keeps the compressed file's
@@ -311,7 +311,7 @@ class _CompressedReader(Reader):
     text = True
 
     def ranges(self, src, chunk_bytes):
-        raise RuntimeError(f"{src.name}: compressed inputs are read through vecpack.tokenizing.feed.TaskFeed")
+        raise RuntimeError(f"{src.name}: compressed inputs are read through vecpack.tokenizing.tasks.TaskFeed")
 
     def head(self, src, n):
         data = b""

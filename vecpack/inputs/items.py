@@ -197,7 +197,7 @@ class ItemEncoder:
 
     backend = "items"
     slow_to_load = True  # a worker imports the dataset's classes (torch, torchtune...): this process works too
-    pool = None  # a ForkPool whose workers inherited this encoder (vecpack.tokenizing.forkpool), if any
+    pool = None  # a ForkPool whose workers inherited this encoder (vecpack.tokenizing.exec), if any
 
     def __init__(self, ds, fingerprint: str | None = None):
         self.ds = ds

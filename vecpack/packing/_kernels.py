@@ -616,4 +616,4 @@ def trained_tokens(labels, offsets, doc_index, doc_start, doc_length, ignore_ind
     return total
 
 
-compile_once(globals())   # concurrent first runs compile each kernel once (vecpack/_kernel_lock.py)
+compile_once(globals())   # concurrent first runs compile each kernel once (vecpack/_state.py)

@@ -338,4 +338,4 @@ def ancestor_intervals(seg_start, seg_stop, seg_parent, seg_branch, counts, star
     return at
 
 
-compile_once(globals())   # concurrent first runs compile each kernel once (vecpack/_kernel_lock.py)
+compile_once(globals())   # concurrent first runs compile each kernel once (vecpack/_state.py)

@@ -140,4 +140,4 @@ def check_pair_plan(doc_lengths, pair_index, pair_lens, pack_offsets, max_len, s
     return 0, 0
 
 
-compile_once(globals())   # concurrent first runs compile each kernel once (vecpack/_kernel_lock.py)
+compile_once(globals())   # concurrent first runs compile each kernel once (vecpack/_state.py)

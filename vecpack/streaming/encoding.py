@@ -13,15 +13,13 @@ import collections
 import copy
 import os
 import pathlib
-import shutil
-import tempfile
 import threading
-import weakref
 from concurrent.futures import Future
 from typing import Callable, Iterator
 
 import numpy as np
 
+from vecpack._state import current_state
 from vecpack._version import __version__
 from vecpack.errors import EncoderError
 from vecpack.options import cache_root
@@ -30,6 +28,7 @@ from vecpack.tokenizing import pool as _pool
 from vecpack.tokenizing import runtime as _runtime
 from vecpack.tokenizing.backend import fall_back
 from vecpack.tokenizing.encoder import ChatEncoder
+from vecpack.tokenizing.exec import Local
 from vecpack.tokenizing.pool import tokenizer_dir
 from vecpack.tokenizing.rows import RowFailure, Rows, encode_rows
 from vecpack.tokenizing.spec import Unsupported, stat_key
@@ -43,14 +42,13 @@ def encode_batch(encoder, payloads: list) -> Rows:
     return encode_rows(encoder, enumerate(payloads), on_error="skip")
 
 
-def encode_in_worker(enc_key: str, enc_path: str, payloads: list) -> Rows:
-    """:func:`encode_batch` in a loky worker; the encoder is unpickled once per process."""
-    return encode_batch(_pool.load_encoder(enc_key, enc_path), payloads)
+def encode_in_worker(payloads: list) -> Rows:
+    """:func:`encode_batch` on a worker of the stream's executor, with its encoder (unpickled once per process)."""
+    return encode_batch(current_state(), payloads)
 
 
-def encoder_ready(enc_key: str, enc_path: str) -> int:
-    """Load the encoder in a loky worker ahead of the first batch; returns the worker's pid."""
-    _pool.load_encoder(enc_key, enc_path)
+def encoder_ready() -> int:
+    """On a worker of the stream's executor: its encoder is loaded (ahead of the first batch); the worker's pid."""
     return os.getpid()
 
 
@@ -398,6 +396,9 @@ class EngineStart:
 class Encoding:
     """Tokenizes batches in input order, inline or ahead of the consumer in vecpack's loky pool.
 
+    Ahead is a :class:`~vecpack.tokenizing.exec.Local` executor on the shared
+    pool, with a bounded window (``2 * n_jobs`` batches in flight).
+
     The consumer never idles on a cold pool: until a worker has loaded the
     encoder, and whenever the next batch has not been picked up by a worker
     yet, the consumer encodes it itself.
@@ -414,9 +415,7 @@ class Encoding:
         self.engine_start = start   # the encoder's start in this process (EngineStart), or None
         self.n_jobs = n_jobs
         self.where = where
-        self._ex = None
-        self._enc_file = None       # (key, path) of the pickled encoder the workers load
-        self._remove_dir = None     # its temporary directory's removal (a weakref.finalize)
+        self._ex = None             # the Local executor on the shared pool, once started
         self._pings: list = []
 
     @property
@@ -427,18 +426,8 @@ class Encoding:
     def start(self) -> None:
         """Start tokenizing ahead in the pool (no-op for ``n_jobs=1``), once this process's engine is final."""
         if self._ex is None and self.n_jobs > 1 and (self.engine_start is None or self.engine_start.settled()):
-            key, blob = _pool._pickled(self.encoder)
-            d = tempfile.mkdtemp(prefix="vecpack-stream-")
-            path = os.path.join(d, f"encoder-{key}.pkl")
-            with open(path, "wb") as f:
-                f.write(blob)
-            # removed by close(), when this object is collected, or at interpreter exit, whichever
-            # comes first: a stream abandoned mid-way may only be collected once module globals are
-            # gone, and then close() has nothing left to do (finalize runs at exit, before teardown)
-            self._remove_dir = weakref.finalize(self, shutil.rmtree, d, ignore_errors=True)
-            self._enc_file = (key, path)
-            self._ex = _pool._executor(self.n_jobs)
-            self._pings = [self._ex.submit(encoder_ready, key, path) for _ in range(self.n_jobs)]
+            self._ex = Local(self.n_jobs, self.encoder, shared=True, prefix="vecpack-stream-")
+            self._pings = [self._ex.submit(encoder_ready) for _ in range(self.n_jobs)]
 
     def _ready(self) -> bool:
         return any(p.done() for p in self._pings)
@@ -454,12 +443,11 @@ class Encoding:
         try:
             while True:
                 if self._ex is not None and self._ready():
-                    key, path = self._enc_file
                     while len(pending) < 2 * self.n_jobs:
                         b = next(it, None)
                         if b is None:
                             break
-                        pending.append((b, self._ex.submit(encode_in_worker, key, path, b.payloads)))
+                        pending.append((b, self._ex.submit(encode_in_worker, b.payloads)))
                 if not pending:
                     b = next(it, None)
                     if b is None:
@@ -494,9 +482,8 @@ class Encoding:
         """Encode a list of rows now (for a restore), in parallel when the pool is up."""
         if self._ex is None or len(payloads) < 64 or not self._ready():
             return [self._located(refs, lambda: encode_batch(self.encoder, payloads))]
-        key, path = self._enc_file
         step = max(16, -(-len(payloads) // (2 * self.n_jobs)))
-        futs = [(a, self._ex.submit(encode_in_worker, key, path, payloads[a:a + step]))
+        futs = [(a, self._ex.submit(encode_in_worker, payloads[a:a + step]))
                 for a in range(0, len(payloads), step)]
         return [self._located(refs[a:], lambda f=f, a=a: self._get(f, payloads[a:a + step]))
                 for a, f in futs]
@@ -504,8 +491,6 @@ class Encoding:
     def close(self) -> None:
         for p in self._pings:
             p.cancel()
-        if self._remove_dir is not None:
-            self._remove_dir()   # once: a no-op if it already ran at exit
-            self._remove_dir = None
-        self._enc_file = None
-        self._ex = None  # the pool itself is vecpack.tokenizing.pool's, shared and reused
+        if self._ex is not None:
+            self._ex.close()   # its shipped encoder removed; the pool itself is shared and reused
+        self._ex = None

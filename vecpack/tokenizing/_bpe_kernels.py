@@ -384,4 +384,4 @@ def encode_ranges(buf, starts, stops, cls_table, fold, maxdig, table, tok_bytes,
     return ids[:count].copy(), lengths, ok
 
 
-compile_once(globals())   # concurrent first runs compile each kernel once (vecpack/_kernel_lock.py)
+compile_once(globals())   # concurrent first runs compile each kernel once (vecpack/_state.py)

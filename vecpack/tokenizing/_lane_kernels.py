@@ -532,4 +532,4 @@ def render_rows(buf, rows, layout_of, msg_first, msg_count, m_start, m_stop, m_e
     return ok, t0, t1, p1, ph, flags, q1, o
 
 
-compile_once(globals())   # concurrent first runs compile each kernel once (vecpack/_kernel_lock.py)
+compile_once(globals())   # concurrent first runs compile each kernel once (vecpack/_state.py)

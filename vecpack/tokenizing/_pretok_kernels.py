@@ -207,4 +207,4 @@ def piece_bounds(buf, a, b, cls_table, fold, maxdig):
     return out[:m].copy()
 
 
-compile_once(globals())   # concurrent first runs compile each kernel once (vecpack/_kernel_lock.py)
+compile_once(globals())   # concurrent first runs compile each kernel once (vecpack/_state.py)

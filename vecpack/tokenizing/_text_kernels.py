@@ -136,4 +136,4 @@ def join_texts(out, starts, stops, sep):
     return joined
 
 
-compile_once(globals())   # concurrent first runs compile each kernel once (vecpack/_kernel_lock.py)
+compile_once(globals())   # concurrent first runs compile each kernel once (vecpack/_state.py)

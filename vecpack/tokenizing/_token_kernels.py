@@ -175,4 +175,4 @@ def cut_joined(ids, bytelen, row_bytes, sep, head_of, heads, heads_off):
     return out, lengths, t == ids.shape[0] and o == total
 
 
-compile_once(globals())   # concurrent first runs compile each kernel once (vecpack/_kernel_lock.py)
+compile_once(globals())   # concurrent first runs compile each kernel once (vecpack/_state.py)

@@ -30,20 +30,20 @@ import time
 
 from vecpack._text import plural
 from vecpack.chat.formats import MESSAGE_SHAPES
+from vecpack.errors import warn_caller
 from vecpack.inputs.readers import reader, sample_rows
 from vecpack.options import FAST_ENGINES
 from vecpack.tokenizing import executors
 from vecpack.tokenizing import pool as _pool
 from vecpack.tokenizing.backend import Pending, fall_back
 from vecpack.tokenizing.encoder import encoder_for, remember
-from vecpack.tokenizing.feed import TaskFeed
-from vecpack.tokenizing.forkpool import fork_refusal, fork_will_wait, forked_workers, prepare
+from vecpack.tokenizing.exec import fork_refusal, fork_will_wait, forked_workers, prepare
 from vecpack.tokenizing.lane import expect_bytes
 from vecpack.tokenizing.merge import ChunkMerger
 from vecpack.tokenizing.pairs import PairEncoder
 from vecpack.tokenizing.plan import INLINE_MAX_BYTES, call_engine, inline_is_sooner, short_rows, worth_fastokens
 from vecpack.tokenizing.runtime import built_runtime, forget_runtime, runtime
-from vecpack.tokenizing.tasks import agentic_counts, default_chunk_bytes, plan_chunks, rejected_examples
+from vecpack.tokenizing.tasks import TaskFeed, agentic_counts, default_chunk_bytes, plan_chunks, rejected_examples
 from vecpack.tokenizing.tokenized import Tokenized
 
 __all__ = ["Tokenized", "encoder_class", "tokenize_input", "warm_for", "worker_share"]
@@ -371,8 +371,6 @@ def _tokenize(call: _Call, feed) -> Tokenized:
     if agentic:
         result.stats["agentic"] = agentic
         if agentic.get("reasoning_dropped"):
-            from vecpack.errors import warn_caller
-
             warn_caller(f"vecpack: the chat template did not render {agentic['reasoning_dropped']} of "
                         f"{agentic.get('reasoning', 0)} reasoning traces (it drops reasoning before the last user "
                         "turn, as apply_chat_template does); they are not trained"

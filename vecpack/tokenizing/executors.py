@@ -1,25 +1,19 @@
-"""Where the tokenizing tasks run: in this process, on the loky pool, or on Ray; one protocol.
+"""The chunk step: the tokenizing tasks of files and items, on the executor the call names; one protocol.
 
 :func:`execute` runs :class:`~vecpack.tokenizing.tasks.ChunkTask` s with
 :func:`~vecpack.tokenizing.rows.tokenize_chunk` wherever they go, shows one
 progress bar, hands each finished chunk to the merger in any order, and
 turns failures into the same errors on every executor: the first bad row in
 input order (``InputError`` at file:line), an encoder bug
-(``EncoderError``), a dead worker (``WorkerDiedError``).
+(``EncoderError``), a dead worker (``WorkerDiedError``). Where the tasks run
+is the executor interface's (:mod:`vecpack.tokenizing.exec`):
 
-=========  ==============================================  =================================
-executor   runs tasks                                      progress / abort
-=========  ==============================================  =================================
-inline     here, one after the other (``n_jobs=1``, or     a callback per task
-           one task)
-loky       on the persistent pool (:mod:`~vecpack.tokenizing.pool`)  a shared ``int64`` file of slots
-ray        as Ray tasks (:mod:`~vecpack.tokenizing.ray`)   finished tasks; pending ones cancelled
-=========  ==============================================  =================================
-
-An encoder with a ``pool`` (:class:`~vecpack.tokenizing.forkpool.ForkPool`:
-workers forked with the encoder already in them, for the items of an
-in-memory dataset) runs on that pool instead of loky's, with the same tasks,
-slots and errors.
+* here, one after the other (``n_jobs=1``, or one task); progress by a callback per task;
+* a :class:`~vecpack.tokenizing.exec.Local` on the encoder's ``ForkPool`` (Linux: workers forked
+  with it) or on the shared loky pool (the encoder shipped once); this process works too when the
+  encoder is slow to load elsewhere; progress and abort through a shared ``int64`` file of slots;
+* a :class:`~vecpack.tokenizing.ray.RayExecutor` (``executor="ray"``); progress by finished tasks,
+  pending ones stopped on an error.
 """
 
 from __future__ import annotations
@@ -36,10 +30,11 @@ import numpy as np
 from vecpack._text import plural
 from vecpack.inputs.readers import reader
 from vecpack.tokenizing import pool as _pool
-from vecpack.tokenizing.feed import TaskFeed, failure_order
+from vecpack.tokenizing import ray as _ray
+from vecpack.tokenizing.exec import Local
 from vecpack.tokenizing.merge import ChunkMerger
 from vecpack.tokenizing.rows import tokenize_chunk
-from vecpack.tokenizing.tasks import ChunkError, ChunkMeta, ChunkTask, located_error
+from vecpack.tokenizing.tasks import ChunkError, ChunkMeta, ChunkTask, TaskFeed, failure_order, located_error
 
 __all__ = ["earlier", "execute"]
 
@@ -55,7 +50,7 @@ def execute(tasks: list[ChunkTask] | TaskFeed, encoder, out_dir: str, *, executo
     the final arrays overlaps the tokenizing). An encoder that is
     ``slow_to_load`` in a new process (it carries a dataset whose classes
     import torch) gets ``n_jobs - 1`` workers, and this process runs tasks too.
-    ``tasks`` may be a :class:`~vecpack.tokenizing.feed.TaskFeed`: its tasks
+    ``tasks`` may be a :class:`~vecpack.tokenizing.tasks.TaskFeed`: its tasks
     are run as they become known (compressed inputs still decompressing);
     Ray waits for all of them.
 
@@ -80,8 +75,6 @@ def execute(tasks: list[ChunkTask] | TaskFeed, encoder, out_dir: str, *, executo
             feed.all()
         run = _Execution(feed, out_dir, merger, _Bar(feed, progress, desc))
         if executor == "ray":
-            from vecpack.tokenizing import ray as _ray  # lazy: imports ray
-
             _ray.execute(run.tasks, encoder, out_dir, on_error=on_error, done=run.done)
         elif n_jobs <= 1 or (feed.finished and len(feed.tasks) <= 1):
             _execute_inline(run, encoder, on_error)
@@ -217,20 +210,15 @@ def _execute_pool(run: _Execution, encoder, on_error: str, n_jobs: int, driver: 
                   forked=None, share: int = 0) -> None:
     """The tasks on ``n_jobs`` workers; with ``driver``, on ``n_jobs - 1`` workers and this process.
 
-    ``forked``: a :class:`~vecpack.tokenizing.forkpool.ForkPool` whose workers
+    ``forked``: a :class:`~vecpack.tokenizing.exec.ForkPool` whose workers
     inherited the encoder (nothing is pickled); else the persistent loky pool.
     """
     from concurrent.futures.process import BrokenProcessPool  # loky's is a subclass
 
     workers = n_jobs - 1 if driver else n_jobs
-    if forked is not None:
-        key, enc_path, ex = forked.key, "", forked
-    else:
-        key, blob = _pool._pickled(encoder)
-        enc_path = os.path.join(run.out_dir, "encoder.pkl")
-        with open(enc_path, "wb") as f:
-            f.write(blob)
-        ex = _pool._executor(workers)
+    # the encoder's workers: forked with it already in them, or the shared loky pool (it is pickled into out_dir)
+    ex = Local(workers, encoder, pool=forked, shared=forked is None, directory=run.out_dir)
+    ex.start()   # the shared pool (and the encoder shipped to it) now: an encoder that cannot be pickled says so here
     futures: dict = {}
     queue = deque(run.tasks)  # taken, not submitted yet
     last = [time.monotonic()]
@@ -245,8 +233,8 @@ def _execute_pool(run: _Execution, encoder, on_error: str, n_jobs: int, driver: 
             while queue and error is None and (
                     not driver or (sum(not f.done() for f in pending) < workers and _pool.warmed())):
                 task = queue.popleft()
-                fut = ex.submit(_pool.run_chunk, task, key, enc_path, run.out_dir, on_error,
-                                run.progress_path, len(run.slots), run.direct, share)
+                fut = ex.submit(_pool.run_chunk, task, run.out_dir, on_error, run.progress_path, len(run.slots),
+                                run.direct, share)
                 futures[fut] = task
                 pending.add(fut)
 
@@ -309,7 +297,7 @@ def _execute_pool(run: _Execution, encoder, on_error: str, n_jobs: int, driver: 
             _silence_loky_manager()
         _, still = wait(list(futures), timeout=2 if isinstance(exc, KeyboardInterrupt) else 10)
         if still:  # a task ignores the abort flag (stuck in native code): kill the pool
-            ex.shutdown(wait=True, kill_workers=True)
+            ex.kill()
         raise
 
 

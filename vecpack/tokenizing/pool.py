@@ -1,7 +1,7 @@
 """The persistent loky worker pool: start it early, keep it, stop it; what every worker runs.
 
 On Linux, file calls and the items path fork their workers for the call instead
-(:mod:`vecpack.tokenizing.forkpool`); those run the same :func:`run_chunk` and
+(:mod:`vecpack.tokenizing.exec`); those run the same :func:`run_chunk` and
 :func:`_engine_ids`. This pool serves elsewhere, with ``VECPACK_WORKER_START=spawn``,
 an ``encoder=`` of the caller's own class, and the streaming encoder.
 
@@ -40,9 +40,9 @@ from concurrent.futures import ThreadPoolExecutor, wait  # its exit hook first (
 
 import numpy as np
 
-from vecpack._state import memo
+from vecpack._state import current_state, memo
 from vecpack.errors import WorkerDiedError
-from vecpack.options import FAST_ENGINES
+from vecpack.options import FAST_ENGINES, check_n_jobs, usable_cores
 from vecpack.tokenizing import parity
 from vecpack.tokenizing.lane import expect_bytes, preload_lane
 from vecpack.tokenizing.parity import engine_ids
@@ -114,9 +114,10 @@ def set_up_for(share: int) -> None:
     expect_bytes(share)
 
 
-def run_chunk(task: ChunkTask, enc_key: str, enc_path: str, out_dir: str, on_error: str,
-              progress_path: str, n_slots: int, direct=None, share: int = 0) -> ChunkMeta:
-    """The function loky workers run: one task, with progress and abort through a shared array."""
+def run_chunk(task: ChunkTask, out_dir: str, on_error: str, progress_path: str, n_slots: int, direct=None,
+              share: int = 0) -> ChunkMeta:
+    """What a worker runs for the chunk step: one task, with the executor's encoder
+    (:func:`~vecpack._state.current_state`), progress and abort through a shared array."""
     _worker_setup(share)
     slots = np.memmap(progress_path, dtype=np.int64, mode="r+", shape=(n_slots,))
     if slots[0]:
@@ -128,7 +129,7 @@ def run_chunk(task: ChunkTask, enc_key: str, enc_path: str, out_dir: str, on_err
         if slots[0]:
             raise Aborted()
 
-    encoder = load_encoder(enc_key, enc_path)
+    encoder = current_state()
     try:
         return tokenize_chunk(task, encoder, out_dir, on_error=on_error, progress=progress,
                               direct=direct)
@@ -171,8 +172,6 @@ def _warm(tokenizer_path: str | None = None, modules: tuple = (), share: int = 0
 
 def effective_n_jobs(n_jobs: int | None) -> int:
     """``-1`` -> every usable core; ``-2`` -> all but one; ``None`` -> 1."""
-    from vecpack.options import check_n_jobs, usable_cores
-
     if check_n_jobs(n_jobs) is None:
         return 1
     return max(1, int(n_jobs) if n_jobs > 0 else usable_cores() + 1 + int(n_jobs))
@@ -514,7 +513,7 @@ def _pickled(encoder) -> tuple[str, bytes]:
 
 
 
-def _died(exc: BaseException) -> BaseException:
+def _died(exc: BaseException, who: str = "tokenizer") -> BaseException:
     from loky.process_executor import TerminatedWorkerError
 
     text = str(exc)
@@ -530,7 +529,7 @@ def _died(exc: BaseException) -> BaseException:
         cause = "it crashed (segmentation fault) inside native code (the tokenizer?)"
     else:
         cause = "it was killed by the operating system, usually for running out of memory"
-    return WorkerDiedError(f"a tokenizer worker process died (exit code {codes}); {cause}. "
+    return WorkerDiedError(f"a {who} worker process died (exit code {codes}); {cause}. "
                            "No partial result was kept.")
 
 

@@ -32,10 +32,10 @@ import sys
 import uuid
 
 from vecpack.errors import WorkerDiedError
+from vecpack.tokenizing.exec import Executor
 from vecpack.tokenizing.rows import tokenize_chunk
-from vecpack.tokenizing.tasks import ChunkError
 
-__all__ = ["execute", "init", "stop"]
+__all__ = ["RayExecutor", "execute", "init", "stop"]
 
 MAX_RETRIES = 3
 
@@ -204,7 +204,7 @@ def _run_task(task, encoder, out_dir: str, on_error: str):
 
 def execute(tasks, encoder, out_dir: str, *, on_error: str, done, address: str | None = None,
             num_cpus: int | None = None, max_retries: int = MAX_RETRIES) -> None:
-    """Run every task on Ray, calling ``done(task, meta)`` as each one finishes (any order).
+    """Run every chunk task on Ray, calling ``done(task, meta)`` as each one finishes (any order).
 
     Called by :func:`vecpack.tokenizing.executors.execute`, which locates the
     errors: the first bad record (or encoder bug) in input order comes back as
@@ -220,91 +220,131 @@ def execute(tasks, encoder, out_dir: str, *, on_error: str, done, address: str |
         max_retries: how often Ray re-runs a task whose worker died.
 
     Raises:
-        ChunkError: a bad record or an encoder bug, the first in input order.
+        ChunkError: a bad record or an encoder bug.
         WorkerDiedError: a task failed on every retry because its worker died.
     """
-    ray = init(address, num_cpus=num_cpus)
-    from ray.exceptions import RayTaskError, WorkerCrashedError
+    def finished(i: int, meta) -> None:
+        if isinstance(meta, Unseen) and os.path.isdir(out_dir):   # the driver has it, the node not
+            raise unseen_error(i, tasks[i].shown, out_dir, meta)
+        if meta is None or isinstance(meta, Unseen):   # out_dir vanished under a task, outside a cancel
+            raise RuntimeError(f"the chunk directory {out_dir} was removed while chunk {i} was tokenizing")
+        done(tasks[i], meta)
 
-    try:
-        from ray.exceptions import NodeDiedError
-    except ImportError:  # pragma: no cover - older Ray
-        NodeDiedError = WorkerCrashedError
-
-    remote = ray.remote(num_cpus=1, max_retries=max_retries, retry_exceptions=False)(_run_task)
-    enc_ref = ray.put(encoder)
-    refs = [remote.remote(task, enc_ref, out_dir, on_error) for task in tasks]
-    index = {ref: i for i, ref in enumerate(refs)}
-    pending = list(refs)
-    error = None
-    try:
-        while pending:
-            ready, pending = ray.wait(pending, num_returns=1, timeout=0.5)
-            for ref in ready:
-                i = index[ref]
-                try:
-                    meta = ray.get(ref)
-                except RayTaskError as e:
-                    cause = getattr(e, "cause", None)
-                    if isinstance(cause, ChunkError):
-                        error = _first(error, ((cause.index, cause.local), cause))
-                    else:
-                        error = _first(error, ((len(tasks), 0), cause or e))
-                    continue
-                except (WorkerCrashedError, NodeDiedError) as e:
-                    error = _first(error, ((len(tasks), 0), WorkerDiedError(
-                        f"a Ray worker died on every one of {max_retries + 1} attempts at "
-                        f"chunk {i} of {tasks[i].shown} (likely out of memory on its node): {e}")))
-                    continue
-                if isinstance(meta, Unseen) and os.path.isdir(out_dir):   # the driver has it, the node not
-                    error = _first(error, ((len(tasks), 0), unseen_error(i, tasks[i].shown, out_dir, meta)))
-                elif meta is None or isinstance(meta, Unseen):   # out_dir vanished under a task, outside a cancel
-                    error = _first(error, ((len(tasks), 0), RuntimeError(
-                        f"the chunk directory {out_dir} was removed while chunk {i} was tokenizing")))
-                elif error is None:
-                    done(tasks[i], meta)
-            if error is not None:
-                _cancel(ray, out_dir, pending, force=False)
-                break
-    except BaseException:   # Ctrl-C: stop the running tasks too, before the caller removes out_dir
-        _cancel(ray, out_dir, pending, force=True)
-        raise
-    if error is not None:
-        raise error[1]
-
-
-def _cancel(ray, out_dir: str, pending: list, *, force: bool) -> None:
-    """Stop ``pending`` tasks, so that none reports an error of its own afterwards.
-
-    The run is marked cancelled in ``out_dir`` first: a task that is still
-    running (a force-cancel kills its worker asynchronously) or that Ray
-    retries after the caller has removed ``out_dir`` then returns ``None``
-    instead of failing with ``FileNotFoundError``. Ray would print such a
-    failure ("Unhandled error ...") when the task's reference is dropped,
-    after the interrupt or the run's real error was reported. The tasks that
-    end within a moment are collected here too, their errors dropped.
-    """
-    try:
-        with open(os.path.join(out_dir, CANCELLED), "wb"):
-            pass
-    except OSError:   # out_dir is gone already: the tasks see that as the mark
-        pass
-    stop(ray, pending, force=force)
-    if not ray.is_initialized():   # the local Ray was shut down, its tasks with it: nothing to collect
-        return
-    try:
-        ended, _ = ray.wait(pending, num_returns=len(pending), timeout=1.0) if pending else ([], [])
-        for ref in ended:
-            try:
-                ray.get(ref, timeout=0)
-            except Exception:  # noqa: BLE001 - cancelled, or failed after the cancel: not reported
+    def mark_cancelled() -> None:
+        """A task still running (a force-cancel kills its worker asynchronously) or retried after the
+        caller removed ``out_dir`` then returns None instead of failing with ``FileNotFoundError``."""
+        try:
+            with open(os.path.join(out_dir, CANCELLED), "wb"):
                 pass
-    except Exception:  # noqa: BLE001 - Ray shutting down: nothing left to collect
-        pass
+        except OSError:   # out_dir is gone already: the tasks see that as the mark
+            pass
+
+    RayExecutor(address, num_cpus=num_cpus, max_retries=max_retries).run(
+        _run_task, [(t,) for t in tasks], encoder, out_dir, on_error, done=finished,
+        what=lambda i: f"chunk {i} of {tasks[i].shown} (likely out of memory on its node)",
+        before_stop=mark_cancelled)
 
 
-def _first(current, candidate):
-    """Keep the error that comes first in the input, so messages are deterministic."""
-    if current is None or candidate[0] < current[0]:
-        return candidate
-    return current
+class RayExecutor(Executor):
+    """Steps run as Ray tasks, on the cluster :func:`init` joins (or starts).
+
+    :meth:`run` calls ``fn(*task, *shared)`` as one Ray task per task, at most
+    ``window`` in flight (all at once when None); ``shared`` objects go
+    through the object store once. Ray re-runs a task whose worker or node
+    died ``max_retries`` times; after that the run raises
+    :class:`~vecpack.errors.WorkerDiedError`. The first failure (a task's
+    exception, an error ``done`` raises, a result that ``stop_if`` accepts)
+    stops the run: ``before_stop()`` runs, the pending tasks are stopped
+    (:func:`stop`) and those that end within a moment are collected, so that
+    none reports an error of its own afterwards ("Unhandled error" when its
+    reference is dropped). Ctrl-C stops them (force-killed) too.
+    """
+
+    kind = "ray"
+
+    def __init__(self, address: str | None = None, *, num_cpus: int | None = None,
+                 max_retries: int = MAX_RETRIES, window: int | None = None):
+        self.address, self.num_cpus, self.max_retries, self.window = address, num_cpus, max_retries, window
+
+    def run(self, fn, tasks, *shared, done=None, what=None, stop_if=None, before_stop=None,
+            force: bool = False) -> list:
+        """Results in task order (None for tasks a stop left undone); ``done(i, result)`` as each one ends.
+
+        ``tasks``: argument tuples, in order (an iterable, made as tasks are submitted); ``what(i)``:
+        the task, for the dead-worker message. ``stop_if(result)``: a result that stops the run
+        (a located row error the caller reports); ``done`` is not called for it. ``force``: a
+        failure force-kills the pending tasks' workers (Ctrl-C always does).
+        """
+        ray = init(self.address, num_cpus=self.num_cpus)
+        from ray.exceptions import RayTaskError, WorkerCrashedError
+
+        try:
+            from ray.exceptions import NodeDiedError
+        except ImportError:  # pragma: no cover - older Ray
+            NodeDiedError = WorkerCrashedError
+        remote = ray.remote(num_cpus=1, max_retries=self.max_retries, retry_exceptions=False)(fn)
+        shared = [a if a is None or isinstance(a, (str, int, float)) else ray.put(a) for a in shared]
+        todo = enumerate(tasks)
+        index: dict = {}
+        pending: list = []
+        results: list = []
+        error = stopped = None
+
+        def fill() -> None:
+            for i, args in todo:
+                ref = remote.remote(*args, *shared)
+                index[ref] = i
+                pending.append(ref)
+                results.append(None)
+                if self.window is not None and len(pending) >= self.window:
+                    return
+
+        try:
+            fill()
+            while pending:
+                ready, pending[:] = ray.wait(pending, num_returns=1, timeout=0.5)
+                for ref in ready:
+                    i = index.pop(ref)
+                    try:
+                        r = ray.get(ref)
+                        if stop_if is not None and stop_if(r):
+                            results[i] = stopped = r
+                            continue
+                        results[i] = r
+                        if done is not None:
+                            done(i, r)
+                    except RayTaskError as e:
+                        error = error or (getattr(e, "cause", None) or e)
+                    except (WorkerCrashedError, NodeDiedError) as e:
+                        error = error or WorkerDiedError(
+                            f"a Ray worker died on every one of {self.max_retries + 1} attempts at "
+                            f"{what(i) if what is not None else f'task {i}'}: {e}")
+                    except Exception as e:  # noqa: BLE001 - done() refused the result: the run's error
+                        error = error or e
+                if error is not None or stopped is not None:
+                    self._stop(ray, pending, before_stop, force=force)
+                    break
+                fill()
+        except BaseException:   # Ctrl-C: stop the running tasks too, before the caller removes their output
+            self._stop(ray, pending, before_stop, force=True)
+            raise
+        if error is not None:
+            raise error
+        return results
+
+    @staticmethod
+    def _stop(ray, pending: list, before_stop, *, force: bool) -> None:
+        if before_stop is not None:
+            before_stop()
+        stop(ray, pending, force=force)
+        if not ray.is_initialized():   # the local Ray was shut down, its tasks with it: nothing to collect
+            return
+        try:
+            ended, _ = ray.wait(pending, num_returns=len(pending), timeout=1.0) if pending else ([], [])
+            for ref in ended:
+                try:
+                    ray.get(ref, timeout=0)
+                except Exception:  # noqa: BLE001 - cancelled, or failed after the cancel: not reported
+                    pass
+        except Exception:  # noqa: BLE001 - Ray shutting down: nothing left to collect
+            pass

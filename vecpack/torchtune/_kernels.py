@@ -119,4 +119,4 @@ def fill_pack(tokens, labels, offsets, doc_index, doc_start, doc_length, e0, e1,
     return ns
 
 
-compile_once(globals())   # concurrent first runs compile each kernel once (vecpack/_kernel_lock.py)
+compile_once(globals())   # concurrent first runs compile each kernel once (vecpack/_state.py)

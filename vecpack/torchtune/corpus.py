@@ -12,7 +12,7 @@ bar, ``on_error``, located errors) and, when keyed, through the cache entry
 that :func:`vecpack.build` uses for a corpus (:func:`~vecpack.pipeline.route.corpus_entry`).
 The generic path runs in this process when the items are quick (measured on
 a few of them) or when the dataset cannot be sent to worker processes; on
-Linux its workers are forked (:mod:`vecpack.tokenizing.forkpool`), elsewhere
+Linux its workers are forked (:mod:`vecpack.tokenizing.exec`), elsewhere
 they are loky's, loading the pickled dataset.
 """
 
@@ -33,7 +33,7 @@ from vecpack.pipeline.request import corpus_key, make_request
 from vecpack.pipeline.route import corpus_entry, stores_bits
 from vecpack.pipeline.tokenize import tokenize as _tokenize
 from vecpack.store.cache import Cache
-from vecpack.tokenizing.forkpool import fork_refusal, forked_workers
+from vecpack.tokenizing.exec import fork_refusal, forked_workers
 from vecpack.tokenizing.pool import effective_n_jobs, warm
 from vecpack.tokenizing.spec import default_pad_id
 
@@ -159,7 +159,7 @@ def _workers(items: Items, encoder: ItemEncoder, n_jobs: int,
     ``(1, False, None)`` when reading the items here is cheaper than starting
     workers, or when they cannot be sent. Tasks hold about :data:`TASK_SECONDS`
     of items as the probe timed them (at least 64, and 8 tasks per worker). Forked workers (Linux, see
-    :func:`~vecpack.tokenizing.forkpool.fork_refusal`) inherit the dataset:
+    :func:`~vecpack.tokenizing.exec.fork_refusal`) inherit the dataset:
     nothing is pickled or imported, so they do all the work and this process
     waits. Otherwise loky workers are warmed (importing the dataset's
     modules) while the dataset is pickled, and this process works beside them.

@@ -96,7 +96,7 @@ class TorchtuneEncoder:
         max_seq_len, pad_id, eos_id: the truncation length and the tokenizer's ids.
     """
 
-    forkable = True  # a call may fork its workers with this encoder in them (tokenizing.forkpool)
+    forkable = True  # a call may fork its workers with this encoder in them (tokenizing.exec)
 
     def __init__(self, tokenizer, *, style: str = "sharegpt", column: str | None = None,
                  train_on_input: bool = False, new_system_prompt: str | None = None,

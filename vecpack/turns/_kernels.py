@@ -164,4 +164,4 @@ def build_tries(tokens, trained, doc_offsets, conv_offsets, cap, src, depth, end
     return out, -1
 
 
-compile_once(globals())   # concurrent first runs compile each kernel once (vecpack/_kernel_lock.py)
+compile_once(globals())   # concurrent first runs compile each kernel once (vecpack/_state.py)

@@ -28,12 +28,12 @@ import numpy as np
 from vecpack.options import usable_cores
 from vecpack.store.cache import Cache
 from vecpack.store.hashing import make_key
+from vecpack.tokenizing.exec import Local
 from vecpack.vision.corpus import encode_files, load_or_encode
 from vecpack.vision.encode import VisionEncoder
 from vecpack.vision.packed import PackedVision
 from vecpack.vision.pixels import LazyPixels, mapped_pixels, write_pixels
 from vecpack.vision.processor import load_processor
-from vecpack.vision.workers import Workers
 
 __all__ = ["n_workers", "run_vision"]
 
@@ -64,7 +64,7 @@ def run_vision(request):
     proc = load_processor(processor, lazy=True)  # parts loaded only if something is not cached
     encoder = VisionEncoder(proc, masking=masking, column=column, on_error=on_error)
     hit = None
-    with Workers(encoder, jobs) as workers:
+    with Local(jobs, encoder, who="vision") as workers:
         corpus, corpus_hit = load_or_encode(request, encoder,
                                             lambda: encode_files(files, encoder.loaded(), workers))
         t1 = time.perf_counter()

@@ -49,12 +49,12 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from vecpack._state import current_state
 from vecpack.errors import InputError
 from vecpack.options import key_fields
 from vecpack.store.cache import Cache
 from vecpack.store.hashing import data_fingerprint, file_digests, make_key
 from vecpack.vision.encode import ENCODER_VERSION
-from vecpack.vision.workers import current_encoder
 
 __all__ = ["VISION_CORPUS_FORMAT", "VisionCorpus", "encode_files", "load_or_encode", "plan_tasks"]
 
@@ -157,7 +157,7 @@ def _source(ref, task, position: int) -> list:
 
 def encode_task(task, encoder=None) -> dict:
     """One task's rows encoded: flat tokens/labels, lengths, lines, and per image slot grid/digest/source."""
-    enc = encoder or current_encoder()
+    enc = encoder or current_state()
     fi, f, kind = task[:3]
     base = os.path.dirname(os.path.abspath(f))
     toks, labs, lengths, lines, n_images, grids, digests, sources, rejected = [], [], [], [], [], [], [], [], []
@@ -191,7 +191,7 @@ def _cat(arrays: list, dtype, empty=(0,)) -> np.ndarray:
 
 
 def encode_files(files: list[str], encoder, workers=None) -> VisionCorpus:
-    """Every row of ``files`` encoded on ``workers`` (a :class:`~vecpack.vision.workers.Workers`; inline when
+    """Every row of ``files`` encoded on ``workers`` (a :class:`~vecpack.tokenizing.exec.Local`; inline when
     None) -> :class:`VisionCorpus` (images unique by digest)."""
     files = [os.path.abspath(f) for f in files]
     for f in files:

@@ -48,10 +48,9 @@ import os
 
 import numpy as np
 
-from vecpack._state import memo
+from vecpack._state import current_state, memo
 from vecpack.errors import InputError
 from vecpack.vision.encode import ImageRef, open_image, read_images
-from vecpack.vision.workers import current_encoder
 
 __all__ = ["LazyPixels", "MappedPixels", "PixelCodec", "UINT8_IMAGE_PROCESSORS", "image_codec", "load_image",
            "mapped_pixels", "patch_dim", "pixel_codec", "pixel_rows", "write_pixels"]
@@ -85,7 +84,7 @@ def _row_group(f: str, group: int, mtime_ns: int, size: int) -> list:
 def _preprocess_into(task) -> int:
     """Worker: preprocess images ``[a, b)`` into ``pixels.npy`` (opened in place); returns rows written."""
     path, a, b, sources, offsets, grids, codec = task
-    enc = current_encoder()
+    enc = current_state()
     out = np.load(path, mmap_mode="r+")
     try:
         for k, u in enumerate(range(a, b)):
