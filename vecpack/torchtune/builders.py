@@ -44,8 +44,9 @@ from typing import Any, Callable
 from vecpack.inputs.readers import sample_rows
 from vecpack.inputs.sources import resolve_sources
 from vecpack.options import check_max_len
+from vecpack.tokenizing.backend import torchtune_family
 from vecpack.torchtune.chat import _resolve_data
-from vecpack.torchtune.encoder import TorchtuneEncoder, fast_family
+from vecpack.torchtune.encoder import TorchtuneEncoder
 from vecpack.torchtune.packed import PackedDataset
 
 __all__ = [
@@ -69,7 +70,7 @@ def _pack(tokenizer, *, style: str, options: dict, source: str, split: str, filt
     if max_seq_len is None:
         raise ValueError(_NO_MAX_SEQ_LEN)
     common = dict(max_seq_len=max_seq_len, split_across_pack=split_across_pack, mask_first_label=True, **vp)
-    if fast_family(tokenizer, style) == "torchtune":
+    if torchtune_family(tokenizer, style) == "torchtune":
         return PackedDataset(unpacked(), **common)
 
     kwargs = dict(kwargs)
