@@ -42,7 +42,8 @@ def benchmark(n: int = 5000, name: str = "qwen2.5", repeats: int = 5, kind: str 
     import tiktoken
 
     from vecpack.testing import cached_tokenizer_dir, make_sharegpt, make_short_chats
-    from vecpack.tokenizing.lane import encode_range, lane_for
+    from vecpack.tokenizing.backend import lane_for
+    from vecpack.tokenizing.lane import encode_range
     from vecpack.tokenizing.spec import tiktoken_file
 
     make = {"sharegpt": lambda p: make_sharegpt(p, n, seed=11), "short": lambda p: make_short_chats(p, n, seed=11)}

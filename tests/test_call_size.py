@@ -9,10 +9,10 @@ import pytest
 import vecpack
 from vecpack import _state
 from vecpack.testing import make_short_chats
-from vecpack.tokenizing import corpus, plan
+from vecpack.tokenizing import backend, corpus
 from vecpack.tokenizing import lane as lane_mod
+from vecpack.tokenizing.backend import inline_is_sooner
 from vecpack.tokenizing.encoder import ChatEncoder
-from vecpack.tokenizing.plan import inline_is_sooner
 from vecpack.tokenizing.runtime import built_runtime, runtime
 
 
@@ -27,7 +27,7 @@ def _same(a, b):
 
 
 def test_inline_is_sooner_weighs_what_workers_save_against_their_start():
-    s = plan.POOL_START_S
+    s = backend.POOL_START_S
     assert inline_is_sooner(1.9 * s, 2) and not inline_is_sooner(2.1 * s, 2)   # 2 workers save half
     assert inline_is_sooner(1.4 * s, 3) and not inline_is_sooner(1.4 * s, 4)   # 2/3 and 3/4 of it
     assert inline_is_sooner(100.0, 1)                                         # one job: always here
@@ -56,8 +56,8 @@ def test_a_small_inline_call_builds_no_fastokens_and_leaves_no_tiktoken_behind(r
 
 def test_an_inline_call_large_enough_builds_the_fast_engine(rows_file, qwen_dir, monkeypatch):
     _state.reset()
-    monkeypatch.setattr(plan, "FASTOKENS_WORTH_BYTES", 1)      # every call repays fastokens (or vecpack's BPE)
-    monkeypatch.setattr(plan, "FASTOKENS_WORTH_BYTES_FEW_CORES", 1)
+    monkeypatch.setattr(backend, "FASTOKENS_WORTH_BYTES", 1)      # every call repays fastokens (or vecpack's BPE)
+    monkeypatch.setattr(backend, "FASTOKENS_WORTH_BYTES_FEW_CORES", 1)
     t = vecpack.tokenize(rows_file, qwen_dir, n_jobs=1, progress=False)
     rt = built_runtime(str(qwen_dir), "fastokens")
     assert rt is not None and rt.serving in ("vecpack", "fastokens")   # short chat rows: vecpack's BPE
@@ -73,12 +73,12 @@ def test_a_call_too_small_for_workers_runs_here_with_the_same_arrays(rows_file, 
     _state.reset()
     here = vecpack.tokenize(rows_file, qwen_dir, n_jobs=2, progress=False)
     assert here.stats["n_jobs"] == 1
-    monkeypatch.setattr(plan, "POOL_START_S", 0.0)
+    monkeypatch.setattr(backend, "POOL_START_S", 0.0)
     pooled = vecpack.tokenize(rows_file, qwen_dir, n_jobs=2, progress=False)
     assert pooled.stats["n_jobs"] == 2 and pooled.stats["chunks"] > 1
     assert _same(here, pooled)
     # a chunking the caller gives goes to the workers as asked
-    monkeypatch.setattr(plan, "POOL_START_S", 1e9)
+    monkeypatch.setattr(backend, "POOL_START_S", 1e9)
     asked = vecpack.tokenize(rows_file, qwen_dir, n_jobs=2, chunk_bytes=100_000, progress=False)
     assert asked.stats["n_jobs"] == 2 and _same(here, asked)
     _state.reset()

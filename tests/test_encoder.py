@@ -648,17 +648,17 @@ def test_fastokens_repays_its_build_from_less_input_on_two_cores(monkeypatch):
     """On 2 cores the driver's build of fastokens runs beside work that would take a core from the
     workers: from 8 MB a worker for tool rows (JSON text); plain rows, and any rows with cores to
     spare, from 16 MB."""
-    from vecpack.tokenizing import plan
+    from vecpack.tokenizing import backend
 
     for cores, dense, worth_12mb in ((2, True, True), (1, True, True), (2, False, False), (16, True, False)):
-        monkeypatch.setattr(plan, "usable_cores", lambda cores=cores: cores)
-        assert plan.worth_fastokens(12 << 20, dense) is worth_12mb
-        assert plan.worth_fastokens(20 << 20, dense) and not plan.worth_fastokens(4 << 20, dense)
+        monkeypatch.setattr(backend, "usable_cores", lambda cores=cores: cores)
+        assert backend.worth_fastokens(12 << 20, dense) is worth_12mb
+        assert backend.worth_fastokens(20 << 20, dense) and not backend.worth_fastokens(4 << 20, dense)
 
 
 def test_tool_rows_are_told_from_their_first_rows(tmp_path):
     from vecpack.inputs.sources import resolve_sources
-    from vecpack.tokenizing.corpus import _tool_rows
+    from vecpack.tokenizing.backend import _tool_rows
 
     plain = {"messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello"}]}
     calls = {"messages": [{"role": "user", "content": "Hi"},

@@ -263,8 +263,8 @@ def test_a_build_loads_its_packing_kernels_after_its_workers_fork(sharegpt_file,
     workers are forked (beside them, not before them), unless the fork waits for fastokens' build
     anyway; one that does not fork starts it before its encoder is set up (beside that)."""
     from vecpack.pipeline import route as pipeline
+    from vecpack.tokenizing import backend
     from vecpack.tokenizing import exec as vexec
-    from vecpack.tokenizing import plan
 
     events = []
     real_init, real_encoder_for = vexec.ForkPool.__init__, corpus.encoder_for
@@ -282,7 +282,7 @@ def test_a_build_loads_its_packing_kernels_after_its_workers_fork(sharegpt_file,
     monkeypatch.setattr(pipeline, "warm_kernels", lambda *a, **k: events.append("warm"))
     monkeypatch.setattr(corpus, "_chunk_bytes", lambda sources, n_jobs: 50_000)  # several tasks
     monkeypatch.setattr(corpus, "fork_will_wait", lambda: building)
-    monkeypatch.setattr(plan, "POOL_START_S", 0.0)  # workers cost nothing: this small call forks them
+    monkeypatch.setattr(backend, "POOL_START_S", 0.0)  # workers cost nothing: this small call forks them
     packed = vecpack.build(sharegpt_file, qwen_dir, max_len=512, n_jobs=n_jobs, cache_dir=tmp_path, progress=False)
     assert len(packed) > 0 and packed.build_info.tokenize_stats["chunks"] > 2
     assert events == (["encoder", "fork", "warm"] if n_jobs == 2 and not building else

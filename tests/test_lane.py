@@ -10,8 +10,9 @@ from vecpack.inputs.jsonl import buffer_lines
 from vecpack.testing import make_sharegpt, make_short_chats
 from vecpack.tokenizing import _lane_kernels as K
 from vecpack.tokenizing import _token_kernels as TK
+from vecpack.tokenizing.backend import lane_for
 from vecpack.tokenizing.encoder import ChatEncoder
-from vecpack.tokenizing.lane import byte_array, encode_range, lane_for
+from vecpack.tokenizing.lane import byte_array, encode_range
 from vecpack.tokenizing.rows import RowFailure, encode_rows
 
 FIELDS = ("tokens", "labels", "lengths", "rows")

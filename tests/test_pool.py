@@ -532,12 +532,12 @@ def test_ready_waits_for_the_workers_that_warm_started(qwen_dir):
 def test_only_short_chat_rows_of_the_lanes_styles_are_served_by_vecpacks_bpe(tmp_path):
     """Rows of other styles are encoded text by text, where vecpack's BPE costs more a call than fastokens."""
     from vecpack.testing import make_short_chats
-    from vecpack.tokenizing import corpus
+    from vecpack.tokenizing import backend
 
     files = resolve_sources(make_short_chats(tmp_path / "s.jsonl", 200, seed=1))
     big = 1 << 40
-    assert corpus._row_kinds(files, big, True, "sharegpt") == (False, True)
-    assert corpus._row_kinds(files, big, True, "text") == (False, False)
-    assert corpus._row_kinds(files, big, True, None) == (False, False)        # style unknown
-    assert corpus._row_kinds(files, big, False, "sharegpt") == (False, False)  # loky's workers
-    assert corpus._row_kinds(files, 1 << 20, True, "sharegpt") == (False, False)  # a small call
+    assert backend.row_kinds(files, big, True, "sharegpt") == (False, True)
+    assert backend.row_kinds(files, big, True, "text") == (False, False)
+    assert backend.row_kinds(files, big, True, None) == (False, False)        # style unknown
+    assert backend.row_kinds(files, big, False, "sharegpt") == (False, False)  # loky's workers
+    assert backend.row_kinds(files, 1 << 20, True, "sharegpt") == (False, False)  # a small call

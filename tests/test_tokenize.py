@@ -32,9 +32,9 @@ def ref(sharegpt_file, qwen_dir):
 
 
 def test_matches_apply_chat_template_through_the_pool(sharegpt_file, qwen_dir, hf, ref, monkeypatch):
-    from vecpack.tokenizing import plan
+    from vecpack.tokenizing import backend
 
-    monkeypatch.setattr(plan, "POOL_START_S", 0.0)  # workers cost nothing: a small call uses them too
+    monkeypatch.setattr(backend, "POOL_START_S", 0.0)  # workers cost nothing: a small call uses them too
     t = vecpack.tokenize(sharegpt_file, qwen_dir, n_jobs=2, progress=False)
     assert same(t, ref)
     rows = [json.loads(line) for line in open(sharegpt_file, encoding="utf-8")]

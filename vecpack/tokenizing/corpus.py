@@ -29,19 +29,26 @@ import sys
 import time
 
 from vecpack._text import plural
-from vecpack.chat.formats import MESSAGE_SHAPES
 from vecpack.errors import warn_caller
 from vecpack.inputs.readers import reader, sample_rows
 from vecpack.options import FAST_ENGINES
 from vecpack.tokenizing import executors
 from vecpack.tokenizing import pool as _pool
-from vecpack.tokenizing.backend import Pending, fall_back
+from vecpack.tokenizing.backend import (
+    INLINE_MAX_BYTES,
+    Pending,
+    call_engine,
+    fall_back,
+    inline_is_sooner,
+    route,
+    row_kinds,
+    worth_fastokens,
+)
 from vecpack.tokenizing.encoder import encoder_for, remember
 from vecpack.tokenizing.exec import fork_refusal, fork_will_wait, forked_workers, prepare
 from vecpack.tokenizing.lane import expect_bytes
 from vecpack.tokenizing.merge import ChunkMerger
 from vecpack.tokenizing.pairs import PairEncoder
-from vecpack.tokenizing.plan import INLINE_MAX_BYTES, call_engine, inline_is_sooner, short_rows, worth_fastokens
 from vecpack.tokenizing.runtime import built_runtime, forget_runtime, runtime
 from vecpack.tokenizing.tasks import TaskFeed, agentic_counts, default_chunk_bytes, plan_chunks, rejected_examples
 from vecpack.tokenizing.tokenized import Tokenized
@@ -83,7 +90,8 @@ def warm_for(files, tokenizer, *, n_jobs: int = -1, backend: str = "loky", style
     start and build their engines while the driver reads the inputs. Only
     plain files (compressed ones start the pool themselves, while they are
     decompressed). ``style``: the rows' chat style, where known (it decides, with the
-    rows, whether vecpack's BPE serves: :func:`_row_kinds`). Returns whether the pool was started.
+    rows, whether vecpack's BPE serves: :func:`~vecpack.tokenizing.backend.row_kinds`). Returns whether the
+    pool was started.
     """
     n_jobs = _pool.effective_n_jobs(n_jobs)
     if backend != "loky" or n_jobs < 2 or tokenizer is None:
@@ -94,7 +102,7 @@ def warm_for(files, tokenizer, *, n_jobs: int = -1, backend: str = "loky", style
     if not _many_tasks(sources, _chunk_bytes(sources, n_jobs)):
         return False
     share, forking = worker_share(sources, n_jobs), _forking(backend, n_jobs, None)
-    _start_workers(n_jobs, tokenizer, share, forking, *_row_kinds(sources, share, forking, style))
+    _start_workers(n_jobs, tokenizer, share, forking, *row_kinds(sources, share, forking, style))
     return True
 
 
@@ -112,46 +120,16 @@ def _forking(backend: str, n_jobs: int, encoder) -> bool:
 def _start_workers(n_jobs: int, tokenizer, share: int, forking: bool, dense: bool = False,
                    short: bool = False) -> None:
     """Start what the chunk workers need now: the loky pool, or (forked workers) this process's engine
-    (``dense``: tool rows, :func:`_tool_rows`; ``short``: :func:`~vecpack.tokenizing.plan.short_rows`)."""
+    (``dense``: tool rows, ``short``: :func:`~vecpack.tokenizing.backend.short_rows`)."""
     if forking:
         prepare(tokenizer, share, dense, short)
     else:
         _pool.warm(n_jobs, tokenizer, share=share)
 
 
-def _tool_rows(sources) -> bool:
-    """Whether the inputs' first rows carry tool schemas or calls: JSON text, which tiktoken encodes
-    slower a byte than prose, so fastokens repays its build from less input
-    (:data:`~vecpack.tokenizing.plan.FASTOKENS_WORTH_BYTES_FEW_CORES`)."""
-    for row in sample_rows(sources, 16):
-        if row.get("tools"):
-            return True
-        for v in row.values():
-            if type(v) is list and any(type(m) is dict and (m.get("tool_calls") or m.get("function_call"))
-                                       for m in v):
-                return True
-    return False
-
-
-def _row_kinds(sources, share: int, forking: bool, style: str | None) -> tuple[bool, bool]:
-    """``(dense, short)``: whether a call's inputs hold tool rows (:func:`_tool_rows`) and short chat
-    rows (:func:`~vecpack.tokenizing.plan.short_rows`, of a ``style`` the row lane takes), which
-    decide the engine its forked workers are served with
-    (:func:`~vecpack.tokenizing.plan.call_engine`); read only where they may decide it.
-
-    Rows of other styles (text, prompt-completion) are encoded text by text, where vecpack's BPE
-    costs more per call than fastokens (its set-up per call): they are never ``short``."""
-    if not forking or not worth_fastokens(share, True):
-        return False, False
-    dense = _tool_rows(sources)
-    short = (not dense and style in MESSAGE_SHAPES and all(s.kind == "jsonl" for s in sources)
-             and short_rows([s.name for s in sources]))
-    return dense, short
-
-
 def _serve_here(encoder, sources, call) -> None:
     """Have this process's runtime of a ``"fastokens"`` encoder serve a call whose tasks all run here
-    with the engine the call's whole input repays (:func:`~vecpack.tokenizing.plan.call_engine`, as a
+    with the engine the call's whole input repays (:func:`~vecpack.tokenizing.backend.call_engine`, as a
     worker's share): a small call is served by tiktoken (quick to build) rather than paying
     fastokens' construction (much longer) in every process that tokenizes a few rows. An engine
     this process built already serves on, and the call's bytes are announced to the row lane
@@ -161,8 +139,8 @@ def _serve_here(encoder, sources, call) -> None:
         return
     total = _input_bytes(sources)
     dense, short = call.dense, call.short
-    if not call.forking and worth_fastokens(total, True):  # (_row_kinds read them only for forked workers)
-        dense, short = _row_kinds(sources, total, True, call.inp.chat.style)
+    if not call.forking and worth_fastokens(total, True):  # (row_kinds read them only for forked workers)
+        dense, short = row_kinds(sources, total, True, call.inp.chat.style)
     engine = call_engine(total, dense, short)
     try:
         built = built_runtime(str(encoder.path), "fastokens")
@@ -194,8 +172,8 @@ _cpu_clock = time.thread_time   # their CPU time: this thread's (not the packing
 
 
 def _inline_is_sooner(encoder, sources, call) -> bool:
-    """Whether a call below :data:`~vecpack.tokenizing.plan.INLINE_MAX_BYTES` ends sooner in this
-    process than on its forked workers (:func:`~vecpack.tokenizing.plan.inline_is_sooner`), from its
+    """Whether a call below :data:`~vecpack.tokenizing.backend.INLINE_MAX_BYTES` ends sooner in this
+    process than on its forked workers (:func:`~vecpack.tokenizing.backend.inline_is_sooner`), from its
     own rows: the first ones are encoded here, with the engine an inline call would use, and the
     CPU time per byte of JSON is scaled to the call's input. A row that fails leaves the call to the
     workers, which report it as always."""
@@ -238,8 +216,8 @@ class _Call:
     share: int
     t0: float
     warm: object = None    # background work to start (once) where it delays no fork: see tokenize_input
-    dense: bool = False    # tool rows (_tool_rows): fastokens repays its build from less input
-    short: bool = False    # short rows for forked workers (plan.short_rows): vecpack's BPE serves them
+    dense: bool = False    # tool rows (backend.row_kinds): fastokens repays its build from less input
+    short: bool = False    # short rows for forked workers (backend.short_rows): vecpack's BPE serves them
     scoped: object = None  # (encoder, runtime) made for this call alone (_serve_here): forgotten at its end
 
     @property
@@ -265,7 +243,7 @@ def tokenize_input(inp, tok, run, out_dir=None, warm=None) -> Tokenized:
     chunk_bytes = run.chunk_bytes if run.chunk_bytes is not None else _chunk_bytes(sources, n_jobs)
     call = _Call(inp, tok, run, None if out_dir is None else os.fspath(out_dir), n_jobs, chunk_bytes,
                  _forking(run.executor, n_jobs, tok.encoder), worker_share(sources, n_jobs), t0, warm)
-    call.dense, call.short = _row_kinds(sources, call.share, call.forking, inp.chat.style)
+    call.dense, call.short = row_kinds(sources, call.share, call.forking, inp.chat.style)
     scratch = feed = None
     if any(s.kind == "compressed" for s in sources):
         if call.pool and _many_tasks(sources, chunk_bytes):
@@ -334,7 +312,9 @@ def _tokenize(call: _Call, feed) -> Tokenized:
     if backend == "loky" and workers == 1 and not inline:  # every task here: this process's engine for the
         _serve_here(encoder, sources, call)                 # call's size (an inline call got it when measured)
     with forked(encoder):
-        check = Pending.start(encoder, texts, key, workers, share, call.dense, call.short)
+        way = route(encoder, texts, workers=workers, share=share, dense=call.dense, short=call.short, inline=inline)
+        check = Pending.start(way, encoder, key, lambda sample, serving: _pool.start_check(
+            encoder, sample, workers, share, serving))
         early = check.known()
         if early:  # known before anything ran (the engine cannot be built, or the check cannot run)
             encoder = fall_back(encoder, early)

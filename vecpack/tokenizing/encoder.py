@@ -59,11 +59,20 @@ from vecpack.chat.template import ChatTemplate
 from vecpack.errors import InputError
 from vecpack.options import ENGINES, cache_root, check_choice, check_options
 from vecpack.tokenizing import backend as _backend
+from vecpack.tokenizing import parity
 from vecpack.tokenizing.labels import label_runs, labels_from_parts, part_sizes
-from vecpack.tokenizing.lane import lane_for
 from vecpack.tokenizing.runtime import Runtime, is_nfc, runtime
 from vecpack.tokenizing.sink import _PREFIX_MAX_CHARS, ChunkSink, _with_heads  # noqa: F401  (re-exported)
-from vecpack.tokenizing.spec import MISSING, SPEC_VERSION, materialize, read_dir, read_memo, stat_key, write_memo
+from vecpack.tokenizing.spec import (
+    MISSING,
+    SPEC_VERSION,
+    materialize,
+    read_dir,
+    read_memo,
+    stat_key,
+    tokenizer_dir,
+    write_memo,
+)
 from vecpack.tokenizing.turns import TurnSink
 
 __all__ = ["BACKENDS", "ChatEncoder", "ChunkSink", "encoder_for"]
@@ -95,7 +104,7 @@ class ChatEncoder:
             ran, or when there is nothing to check).
     """
 
-    forkable = True  # a call may fork its workers with this encoder in them (tokenizing.forkpool)
+    forkable = True  # a call may fork its workers with this encoder in them (tokenizing.exec)
 
     def __init__(self, path, *, masking: str = "assistant", style: str = "sharegpt", column: str | None = None,
                  backend: str = "fastokens", backend_reason: str = "", template: ChatTemplate | None = None,
@@ -198,6 +207,9 @@ class ChatEncoder:
 
     #: whether this encoder cannot work without a chat template (a subclass for plain texts may)
     needs_template = True
+    #: the compiled row lane may encode this class's rows (read from the class itself: a subclass
+    #: with rows of its own says so, see :func:`vecpack.tokenizing.backend.row_path`)
+    lane_rows = True
 
     def _conversations(self, rows) -> list:
         """The readable sample rows: message lists, or :class:`~vecpack.chat.conversation.Conversation` s."""
@@ -421,8 +433,9 @@ class ChatEncoder:
 
     def row_lane(self, nbytes: int | None = None):
         """The compiled row lane (:mod:`vecpack.tokenizing.lane`) for a JSONL range of ``nbytes``,
-        or ``None`` where it does not apply (then :meth:`chunk_sink` / :meth:`encode_row`)."""
-        return lane_for(self, nbytes) if type(self) is ChatEncoder and not self.per_turn else None
+        or ``None`` where it does not apply (then :meth:`chunk_sink` / :meth:`encode_row`): as
+        :func:`vecpack.tokenizing.backend.row_path` decides."""
+        return _backend.lane_for(self, nbytes)
 
     def chunk_sink(self) -> "ChunkSink | None":
         """A collector that encodes many rows at once and labels them in one vectorized pass.
@@ -431,11 +444,8 @@ class ChatEncoder:
         style); callers then use :meth:`encode_row` (or :meth:`encode_row_counted`,
         which also gives an agentic row's counts). The result is identical.
         """
-        if self.per_turn and self.template is not None:
-            return TurnSink(self)  # (a row becomes several documents)
-        if self.backend == "tokenizers" or self.template is None:
-            return None
-        return ChunkSink(self)
+        path = _backend.chunk_path(self)   # (the "pairs" of a subclass come from its own chunk_sink)
+        return TurnSink(self) if path == "turns" else ChunkSink(self) if path == "chunk" else None
 
     def _encode_tokenizers(self, parts, train):
         """HF tokenizers' tokens of a row; labels from byte spans, or from HF's offsets."""
@@ -554,8 +564,9 @@ def encoder_for(tokenizer, style: str, column: str | None, masking: str, sources
         enc = encoder_for(tokenizer, style, column, masking, sources, cls=cls, options=options)[1]._per_turn()
         _ENCODERS[key] = (enc, tokenizer)
     if enc is None:
-        if preload:
-            _backend.preload(tokenizer)  # a new encoder wants a parity check: HF loads meanwhile
+        path = tokenizer_dir(tokenizer) if preload else None
+        if path is not None:
+            parity.preload(path)  # a new encoder wants a parity check: HF loads meanwhile
         enc = (cls or ChatEncoder).from_tokenizer(tokenizer, masking=masking, style=style, column=column,
                                                   sample_rows=sample_rows(sources, 64), defer_check=True,
                                                   **options)

@@ -91,9 +91,9 @@ from concurrent.futures.process import BrokenProcessPool
 from vecpack._state import WORKER_STATE, finish_warming
 from vecpack.options import WORKER_START_ENV, worker_start_method
 from vecpack.tokenizing import pool as _pool
+from vecpack.tokenizing.backend import call_engine, fast_engine
 from vecpack.tokenizing.lane import expect_bytes, preload_lane
-from vecpack.tokenizing.plan import call_engine
-from vecpack.tokenizing.runtime import fast_engine, runtime
+from vecpack.tokenizing.runtime import runtime
 
 __all__ = ["Executor", "ForkPool", "Local", "fork_refusal", "fork_will_wait", "forked_workers",
            "prepare"]
@@ -417,7 +417,7 @@ def prepare(tokenizer, share: int, dense: bool = False, short: bool = False):
     """Build here, in the background, the engine that a file call's forked workers will inherit.
 
     Only for a call that gives each worker ``share`` bytes, enough to repay
-    fastokens or vecpack's BPE (:func:`~vecpack.tokenizing.plan.call_engine`, with
+    fastokens or vecpack's BPE (:func:`~vecpack.tokenizing.backend.call_engine`, with
     ``dense`` and ``short`` rows): this process then builds it once (its workers
     would each build one), and the row lane's kernels when the share takes the
     lane. A smaller call's workers build tiktoken (0.09 s) themselves, as loky's

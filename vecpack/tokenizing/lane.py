@@ -17,7 +17,7 @@ Python path keeps one text a row)::
          SLOW ──the Python path (encode_rows), at their places────▶ tokens, labels, or bad rows
 
 Where vecpack's own BPE serves (:mod:`vecpack.tokenizing.bpe`, a call of short rows:
-:func:`~vecpack.tokenizing.pool.call_engine`), there is no join, no ``str`` and no cut:
+:func:`~vecpack.tokenizing.backend.call_engine`), there is no join, no ``str`` and no cut:
 it encodes each row's rendered bytes where they lie in ``render_rows``' output
 (:meth:`~vecpack.tokenizing.runtime.Runtime.encode_ranges`).
 
@@ -28,12 +28,12 @@ every error. :func:`encode_range` equals :func:`~vecpack.tokenizing.rows.encode_
 on the same lines, array for array (tests compare both).
 
 A pool worker takes the lane only while it serves with fastokens (large
-calls, see :data:`~vecpack.tokenizing.runtime.FASTOKENS_WORTH_BYTES`), for
+calls, see :data:`~vecpack.tokenizing.backend.FASTOKENS_WORTH_BYTES`), for
 ranges of 1 MB or more, once it has read 64 MB of JSONL or from the first
 range of a call that gives it 64 MB (:func:`expect_bytes`): loading numba
 (once per worker) then pays off. Labels and the cached
 prefixes' splice are kernels too (:mod:`vecpack.tokenizing._token_kernels`). ``VECPACK_ROW_LANE=0`` turns it
-off (see :func:`lane_for`).
+off (see :func:`vecpack.tokenizing.backend.row_path`, which decides where the lane serves).
 """
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ from vecpack.options import IGNORE_INDEX
 from vecpack.tokenizing.rows import Rows, encode_rows
 
 __all__ = ["LANE_AFTER_BYTES", "LANE_MAX_LINE_BYTES", "LANE_MIN_BYTES", "cut_joined", "encode_range", "expect_bytes",
-           "join_separator", "lane_for", "preload_lane", "splice_heads"]
+           "join_separator", "lane_mode", "lane_of", "preload_lane", "range_repays", "splice_heads"]
 
 _STRIP = {None: 0, str.lstrip: 1, str.rstrip: 2, str.strip: 3}
 
@@ -85,12 +85,12 @@ LANE_MIN_BYTES = 1 << 20
 #: it), unless a call announces that many first (:func:`expect_bytes`).
 LANE_AFTER_BYTES = 64 << 20
 #: The same where vecpack's BPE serves (:meth:`~vecpack.tokenizing.runtime.Runtime.serve`, chosen for
-#: short rows by :func:`~vecpack.tokenizing.plan.call_engine`): numba and its set-up are paid already,
+#: short rows by :func:`~vecpack.tokenizing.backend.call_engine`): numba and its set-up are paid already,
 #: so the lane costs only its kernels' load from numba's cache, which a few thousand short rows repay
 #: (the lane takes a short row in under a third of the Python path's time on that engine, on the
 #: fixture's rows and on rows as varied as real chat alike; figures in docs/benchmarks.md).
 LANE_AFTER_BYTES_BPE = 8 << 20
-_READ = [0]  # JSONL bytes this process has been asked to encode (lane_for's nbytes), or announced
+_READ = [0]  # JSONL bytes this process has been asked to encode (range_repays's nbytes), or announced
 _EXPECTED = [0]  # input bytes the latest call announced for this process (expect_bytes)
 
 
@@ -125,7 +125,7 @@ def preload_lane(bpe: bool = False) -> bool:
     numba's import and its once-per-process set-up are
     paid while the driver is still reading the inputs, not on the first range.
     """
-    if _mode() == "0" or (_mode() != "1" and _READ[0] < LANE_AFTER_BYTES and not _lane_repaid(bpe)):
+    if lane_mode() == "0" or (lane_mode() != "1" and _READ[0] < LANE_AFTER_BYTES and not _lane_repaid(bpe)):
         return False
     from vecpack.tokenizing import _lane_kernels, _token_kernels  # noqa: F401
 
@@ -139,45 +139,30 @@ def preload_lane(bpe: bool = False) -> bool:
 LANE_MAX_LINE_BYTES = 1024
 
 
-def _mode() -> str:
+def lane_mode() -> str:
     """``VECPACK_ROW_LANE``: ``"0"`` (never), ``"1"`` (every range, whatever its size or lines) or ``""``."""
     return os.environ.get("VECPACK_ROW_LANE", "")
 
 
-def lane_for(encoder, nbytes: int | None = None) -> "_Lane | None":
-    """The lane of a :class:`~vecpack.tokenizing.encoder.ChatEncoder` in this process, for a range
-    of ``nbytes``, or ``None`` where it does not apply (use ``encoder.row_lane``).
-
-    ``VECPACK_ROW_LANE``: ``0`` never, ``1`` for every range, unset for
-    ranges of :data:`LANE_MIN_BYTES` or more once the process has read
+def range_repays(nbytes: int, bpe) -> bool:
+    """Count a JSONL range of ``nbytes`` as read by this process; whether the lane's load is repaid
+    for it: a range of :data:`LANE_MIN_BYTES` or more once the process has read
     :data:`LANE_AFTER_BYTES` of JSONL (so a small call never loads numba), or
-    :data:`LANE_AFTER_BYTES_BPE` where vecpack's BPE serves (numba is loaded
-    already); a call's announced bytes count as read (:func:`expect_bytes`).
-    ``nbytes=None`` skips both size rules.
-    """
-    mode = _mode()
-    if mode == "0":
-        return None
-    if mode != "1" and nbytes is not None:
-        _READ[0] += nbytes
-        if nbytes < LANE_MIN_BYTES or (_READ[0] <= LANE_AFTER_BYTES and not _lane_repaid(_serving_bpe(encoder))):
-            return None
-    if (encoder.style not in MESSAGE_SHAPES or encoder.template is None
-            or encoder.template.mode != "compiled"):
-        return None
+    :data:`LANE_AFTER_BYTES_BPE` where vecpack's BPE serves (``bpe()``, asked only then: numba is
+    loaded already); a call's announced bytes count as read (:func:`expect_bytes`).
+    :func:`vecpack.tokenizing.backend.row_path` asks it."""
+    _READ[0] += nbytes
+    return not (nbytes < LANE_MIN_BYTES or (_READ[0] <= LANE_AFTER_BYTES and not _lane_repaid(bpe())))
+
+
+def lane_of(encoder) -> "_Lane":
+    """The lane's tables for ``encoder`` in this process (built once per encoder and runtime), once
+    :func:`vecpack.tokenizing.backend.row_path` has chosen the lane for its range."""
     rt = encoder.runtime
-    if not rt.batch or rt.bytelen is None or rt.dummy:  # its kernel labels from the per-id table only
-        return None
     lane = encoder.__dict__.get("_lane")
     if lane is None or lane.rt is not rt:
         lane = encoder.__dict__["_lane"] = _Lane(encoder)
     return lane
-
-
-def _serving_bpe(encoder) -> bool:
-    """Whether ``encoder``'s runtime in this process serves with vecpack's BPE (the range about to be
-    encoded needs the runtime either way)."""
-    return encoder.runtime.bpe is not None
 
 
 class _Lane:
@@ -225,7 +210,7 @@ class _Lane:
         lane, unless its lines are long (then the Python path, which parses long rows faster)."""
         arr = read_array(path, start, stop, kept=True)  # nothing returned refers to it
         info["newlines"] = lines = int(self.k.count_newlines(arr))
-        if len(arr) > LANE_MAX_LINE_BYTES * (lines + 1) and _mode() != "1":
+        if len(arr) > LANE_MAX_LINE_BYTES * (lines + 1) and lane_mode() != "1":
             return encode_rows(self.enc, buffer_lines(arr.tobytes()), on_error=on_error, progress=progress)
         return encode_range(self, arr, on_error=on_error, progress=progress, newlines=lines)
 

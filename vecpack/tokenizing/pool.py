@@ -44,11 +44,12 @@ from vecpack._state import current_state, memo
 from vecpack.errors import WorkerDiedError
 from vecpack.options import FAST_ENGINES, check_n_jobs, usable_cores
 from vecpack.tokenizing import parity
+from vecpack.tokenizing.backend import fast_engine, worth_fastokens
 from vecpack.tokenizing.lane import expect_bytes, preload_lane
 from vecpack.tokenizing.parity import engine_ids
-from vecpack.tokenizing.plan import worth_fastokens
 from vecpack.tokenizing.rows import tokenize_chunk
-from vecpack.tokenizing.runtime import fast_engine, runtime, warm_start
+from vecpack.tokenizing.runtime import runtime, warm_start
+from vecpack.tokenizing.spec import tokenizer_dir
 from vecpack.tokenizing.tasks import ChunkMeta, ChunkTask
 
 __all__ = ["chunk_dir", "effective_n_jobs", "ready", "shutdown", "start_check", "warm", "warmed"]
@@ -103,7 +104,7 @@ def set_up_for(share: int) -> None:
     """Set this process up for a call that gives it about ``share`` bytes of input.
 
     The one place where a call's size decides what a worker builds: fastokens
-    from :data:`~vecpack.tokenizing.plan.FASTOKENS_WORTH_BYTES` (before
+    from :data:`~vecpack.tokenizing.backend.FASTOKENS_WORTH_BYTES` (before
     that, tiktoken serves: :func:`~vecpack.tokenizing.runtime.warm_start`),
     the compiled row lane from :data:`~vecpack.tokenizing.lane.LANE_AFTER_BYTES`
     (:func:`~vecpack.tokenizing.lane.expect_bytes`). The driver computes ``share``
@@ -334,14 +335,6 @@ def _shutdown_existing() -> None:
             _POOL.lock.release()
 
 
-def tokenizer_dir(tokenizer) -> str | None:
-    """``tokenizer`` as a directory holding ``tokenizer.json``, else None (an object, or no file)."""
-    if not isinstance(tokenizer, (str, os.PathLike)):
-        return None
-    path = os.fspath(tokenizer)
-    return path if os.path.isfile(os.path.join(path, "tokenizer.json")) else None
-
-
 def warm(n_jobs: int, tokenizer=None, modules: tuple = (), share: int = 0):
     """Start ``n_jobs`` worker processes now (returns at once; they start in the background).
 
@@ -408,7 +401,7 @@ def start_check(encoder, texts, n_jobs: int, share: int = 0, serving: str | None
     workers when it has them, ``encoder.pool``); with ``n_jobs == 1``
     (one process, or one chunk tokenized here) it runs here when the result is
     asked for, with this process's engine. ``serving``: the engine that serves the
-    call (:func:`~vecpack.tokenizing.plan.call_engine`), as the verdict names it.
+    call (:func:`~vecpack.tokenizing.backend.call_engine`), as the verdict names it.
     """
     backend = getattr(encoder, "backend", None)
     if texts is None or backend not in FAST_ENGINES:

@@ -25,7 +25,7 @@ A ``"fastokens"`` runtime may serve with vecpack's own BPE instead
 (:meth:`Runtime.serve`, :mod:`vecpack.tokenizing.bpe`): the same tables, built far
 sooner than fastokens, encoding UTF-8 byte ranges where they
 lie; a text it refuses goes to tiktoken's core. A call of short chat rows is served
-so (:func:`vecpack.tokenizing.plan.call_engine`), and its parity check checks it.
+so (:func:`vecpack.tokenizing.backend.call_engine`), and its parity check checks it.
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ from vecpack._state import Memo, memo
 from vecpack.tokenizing.bpe import MAX_DIGITS
 from vecpack.tokenizing.labels import labels_from_parts
 from vecpack.tokenizing.latin import StartCore
-from vecpack.tokenizing.sp import SPACE, sp_labels, sp_spec, token_bytes
+from vecpack.tokenizing.sp import SPACE, sentencepiece_style, sp_labels, sp_spec, token_bytes
 from vecpack.tokenizing.spec import (
     Unsupported,
     file_id,
@@ -55,8 +55,8 @@ from vecpack.tokenizing.spec import (
 )
 
 __all__ = ["DUMMY_PREFIX_LABELS", "LINE_SAFE_PATTERNS",
-           "Runtime", "added_tokens", "built_runtime", "fast_engine", "forget_runtime", "is_nfc",
-           "runtime", "sentencepiece_style", "warm_start"]
+           "Runtime", "added_tokens", "built_runtime", "forget_runtime", "is_nfc",
+           "runtime", "warm_start"]
 
 _PREFIX_CACHE_MAX = 1024        # cached conversation prefixes per process
 #: Pre-tokenizer patterns (tiktoken's form) in which a line break followed by a printable ASCII
@@ -92,62 +92,13 @@ def is_nfc(text: str) -> bool:
     return unicodedata.is_normalized("NFC", text)
 
 
-def fast_engine(path) -> tuple[str, str]:
-    """``(engine, reason)``: the fastest engine that may reproduce the tokenizer at ``path`` exactly.
-
-    ``"fastokens"`` when the tokenizer is a byte-level BPE that tiktoken's tables
-    describe and fastokens is installed, else ``"tiktoken"`` (the reason says
-    why not fastokens), else ``"tokenizers"`` (the reason says why neither).
-    The parity check then confirms the choice on the dataset's own rows.
-    """
-    try:
-        tiktoken_facts(pathlib.Path(path))
-    except Unsupported as e:
-        return _sentencepiece_engine(pathlib.Path(path), str(e))
-    try:
-        import fastokens  # noqa: F401
-    except ImportError:
-        return "tiktoken", "fastokens is not installed"
-    try:
-        tiktoken_file(pathlib.Path(path))
-    except Unsupported as e:
-        return "tiktoken", str(e)
-    return "fastokens", ""
-
-
 #: Whether a SentencePiece tokenizer with a dummy prefix (Mistral v1-v3, Llama 2: each text
 #: between added tokens gets a "▁" that is not in the text) runs on fastokens. Its first token of
 #: each such text covers one byte less than its id spells, which no per-id table says: the
 #: encoder labels it from :meth:`Runtime.labels` (:func:`vecpack.tokenizing.sp.sp_labels`), and
 #: the row lane (per-id table only) leaves it to the chunk path. ``False`` keeps such tokenizers
-#: on HF tokenizers, with this reason.
+#: on HF tokenizers (:func:`vecpack.tokenizing.backend.fast_engine` reads it and says so).
 DUMMY_PREFIX_LABELS = True
-_DUMMY_REASON = ("SentencePiece dummy prefix: fastokens for it is switched off "
-                 "(vecpack.tokenizing.runtime.DUMMY_PREFIX_LABELS = False)")
-
-
-def _sentencepiece_engine(path: pathlib.Path, why_not_tiktoken: str) -> tuple[str, str]:
-    """``("fastokens", "")`` for a SentencePiece-family tokenizer fastokens encodes exactly, else why not."""
-    try:
-        spec = sp_spec(path)
-    except Unsupported as e:
-        return "tokenizers", why_not_tiktoken if "byte_fallback" not in why_not_tiktoken else str(e)
-    try:
-        import fastokens  # noqa: F401
-    except ImportError:
-        return "tokenizers", "fastokens is not installed (the fast engine of SentencePiece-style BPE)"
-    if spec.dummy and not DUMMY_PREFIX_LABELS:
-        return "tokenizers", _DUMMY_REASON
-    return "fastokens", ""
-
-
-def sentencepiece_style(path) -> bool:
-    """Whether the tokenizer at ``path`` is a SentencePiece-family BPE that fastokens encodes exactly."""
-    try:
-        sp_spec(pathlib.Path(path))
-    except Unsupported:
-        return False
-    return True
 
 
 def added_tokens(path) -> dict[str, int]:
@@ -524,7 +475,7 @@ def warm_start(build: bool = False) -> None:
 
     Pool workers call it: a small call then starts at once rather than
     after fastokens' construction. ``build``: this call is large
-    enough to repay that construction (:data:`~vecpack.tokenizing.plan.FASTOKENS_WORTH_BYTES` per
+    enough to repay that construction (:data:`~vecpack.tokenizing.backend.FASTOKENS_WORTH_BYTES` per
     worker), so fastokens is built now (before the call's first chunk: built
     beside tiktoken, it slowed both down more than it saved) and from then on
     as runtimes are made. Both engines are exact on the same tables, and the

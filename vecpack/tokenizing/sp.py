@@ -49,7 +49,7 @@ from vecpack.options import IGNORE_INDEX, cache_root
 from vecpack.tokenizing.labels import _runs_mask, trained_spans
 from vecpack.tokenizing.spec import MISSING, Unsupported, read_memo, stat_key, write_memo
 
-__all__ = ["SPACE", "SPSpec", "sp_labels", "sp_parts", "sp_spec", "token_bytes"]
+__all__ = ["SPACE", "SPSpec", "sentencepiece_style", "sp_labels", "sp_parts", "sp_spec", "token_bytes"]
 
 SPACE = "\u2581"  # "▁": SentencePiece's space
 _BYTE_PIECE = re.compile(r"<0x[0-9A-F]{2}>")
@@ -246,3 +246,12 @@ def sp_labels(ids: np.ndarray, lengths: np.ndarray, sizes, train, spec: SPSpec, 
     hi = ends + (nbytes == 0)
     mask, trained = _runs_mask(hi.searchsorted(s0 + 1), lo.searchsorted(s1), n)
     return np.where(mask, ids, np.int32(IGNORE_INDEX)).astype(np.int32, copy=False), trained
+
+
+def sentencepiece_style(path) -> bool:
+    """Whether the tokenizer at ``path`` is a SentencePiece-family BPE that fastokens encodes exactly."""
+    try:
+        sp_spec(pathlib.Path(path))
+    except Unsupported:
+        return False
+    return True

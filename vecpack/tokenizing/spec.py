@@ -31,7 +31,7 @@ from vecpack.options import cache_root
 
 __all__ = ["SPEC_VERSION", "Unsupported", "byte_lengths", "bytes_to_unicode", "hf_byte_table",
            "default_pad_id", "file_id", "latin_table", "materialize", "read_dir", "stat_key", "tiktoken_facts",
-           "tiktoken_file", "tiktoken_spec", "MISSING", "derived", "read_memo", "write_memo"]
+           "tiktoken_file", "tiktoken_spec", "tokenizer_dir", "MISSING", "derived", "read_memo", "write_memo"]
 
 #: Bump when what is derived from the same files changes (on-disk memos are then ignored).
 #: 2: an assistant header that goes on past the generation prompt is trained (chat.spans._header).
@@ -481,3 +481,11 @@ def _special_id_from_dir(d: pathlib.Path, names: tuple[str, ...]) -> int | None:
         if isinstance(vocab, dict) and tok in vocab:
             return int(vocab[tok])
     return None
+
+
+def tokenizer_dir(tokenizer) -> str | None:
+    """``tokenizer`` as a directory holding ``tokenizer.json``, else None (an object, or no file)."""
+    if not isinstance(tokenizer, (str, os.PathLike)):
+        return None
+    path = os.fspath(tokenizer)
+    return path if os.path.isfile(os.path.join(path, "tokenizer.json")) else None

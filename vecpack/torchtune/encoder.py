@@ -55,10 +55,11 @@ import numpy as np
 from vecpack._state import memo
 from vecpack.errors import InputError
 from vecpack.options import CONVERSATION_STYLES, IGNORE_INDEX, TORCHTUNE_STYLES, check_choice
-from vecpack.torchtune.engines import ENGINES, engine, split_long_runs, tokenizer_state
+from vecpack.tokenizing.backend import Route, torchtune_family, torchtune_route
+from vecpack.torchtune.engines import engine, split_long_runs, tokenizer_state
 from vecpack.torchtune.messages import Msg, check_column_map, row_to_messages
 
-__all__ = ["TorchtuneEncoder", "fast_family", "row_to_messages", "split_long_runs"]
+__all__ = ["TorchtuneEncoder", "row_to_messages", "split_long_runs"]
 
 _FINGERPRINT_VERSION = "vecpack-tt-encoder-1"
 
@@ -126,7 +127,8 @@ class TorchtuneEncoder:
         self.train_on_input = bool(train_on_input)
         self.new_system_prompt = new_system_prompt
         self.max_seq_len = max_seq_len
-        self.family = fast_family(tokenizer, style) if fast else "torchtune"
+        self.family = torchtune_family(tokenizer, style, fast)
+        self._reason = "" if fast else "fast=False"   # why not a fast engine (see route)
         self.prompt_template = getattr(tokenizer, "prompt_template", None) if self.family != "torchtune" else None
         if (self.family in ("qwen2", "qwen2_5") and style != "text"
                 and type(self.prompt_template).__name__ == "ChatMLTemplate"):
@@ -177,7 +179,7 @@ class TorchtuneEncoder:
             if problem:
                 warnings.warn(f"vecpack: tiktoken does not reproduce this Qwen tokenizer ({problem}); "
                               "using torchtune's own (slower) encoder", RuntimeWarning, stacklevel=3)
-                state = None
+                state, self._reason = None, f"tiktoken does not reproduce this Qwen tokenizer ({problem})"
         if state is None:
             snap = tokenizer_state(tok)
             try:
@@ -194,9 +196,17 @@ class TorchtuneEncoder:
         return self
 
     @property
-    def backend(self) -> str:
+    def route(self) -> Route:
+        """The engine this encoder encodes with, and why (:func:`vecpack.tokenizing.backend.torchtune_route`)."""
         self.prepare()
-        return ENGINES[self.family].backend
+        reason = self.__dict__.get("_reason", "")
+        if self.family == "torchtune" and not reason:
+            reason = "no fast engine of vecpack's reimplements this tokenizer for these rows"
+        return torchtune_route(self.family, reason)
+
+    @property
+    def backend(self) -> str:
+        return self.route.engine
 
     # ---- pickling: state only; engines are rebuilt once per process
 
@@ -277,33 +287,11 @@ def _apply_template(template: Callable, msgs: list[Msg]) -> list[Msg]:
                 m.ipython, m.eot) for m in out]
 
 
-def fast_family(tok, style: str = "sharegpt") -> str:
-    """Which engine reimplements ``tok`` for rows of ``style`` (``"torchtune"``: none, use its own code).
-
-    Text completion (``encode``) is reimplemented for Qwen and Llama 3 only.
-    """
-    family = _family(tok)
-    return "torchtune" if style == "text" and family == "mistral" else family
-
-
 def _alpaca_template() -> dict:
     """torchtune's own ``AlpacaToMessages`` prompt templates (read, not copied)."""
     from torchtune.data import AlpacaToMessages
 
     return dict(AlpacaToMessages().template)
-
-
-def _family(tok) -> str:
-    """Which engine reimplements ``tok`` (``"torchtune"``: none, use its own code)."""
-    try:
-        from torchtune.models.llama3._tokenizer import Llama3Tokenizer
-        from torchtune.models.mistral._tokenizer import MistralTokenizer
-        from torchtune.models.qwen2._tokenizer import Qwen2Tokenizer
-        from torchtune.models.qwen2_5._tokenizer import Qwen2_5Tokenizer
-    except ImportError:  # pragma: no cover - depends on torchtune's layout
-        return "torchtune"
-    return {Qwen2_5Tokenizer: "qwen2_5", Qwen2Tokenizer: "qwen2", Llama3Tokenizer: "llama3",
-            MistralTokenizer: "mistral"}.get(type(tok), "torchtune")
 
 
 def _content_digest(tok, family: str) -> bytes:

@@ -7,6 +7,10 @@
   whitespace trimming.
 * Anything else: the tokenizer's own ``tokenize_messages``.
 
+Which family a tokenizer is, and the engine each family encodes with, is decided with the rest of
+vecpack's engine choices (:func:`vecpack.tokenizing.backend.torchtune_family`,
+:data:`~vecpack.tokenizing.backend.TORCHTUNE_ENGINES`); :data:`ENGINES` holds the code of each.
+
 Each engine turns a list of :class:`~vecpack.torchtune.messages.Msg` into
 ``(tokens, labels)`` int32 arrays, truncated at ``max_seq_len`` as torchtune does.
 """
@@ -34,7 +38,6 @@ _MAX_NO_WHITESPACE_CHARS = 25_000
 class _Engine:
     """Per-process encoding machinery, rebuilt from picklable state."""
 
-    backend = ""
 
     def tokenize(self, msgs: list[Msg], max_seq_len: int | None) -> tuple[np.ndarray, np.ndarray]:
         raise NotImplementedError
@@ -66,7 +69,6 @@ class _Engine:
 class QwenEngine(_Engine):
     """torchtune Qwen2 / Qwen2.5 ``tokenize_messages`` over tiktoken."""
 
-    backend = "tiktoken"
 
     def __init__(self, state: dict):
         import tiktoken
@@ -184,7 +186,6 @@ def split_long_runs(text: str, max_run: int = _MAX_NO_WHITESPACE_CHARS) -> list[
 class _Llama3Engine(_Engine):
     """torchtune ``Llama3Tokenizer.tokenize_messages`` (training: end tokens on)."""
 
-    backend = "tiktoken"
 
     def __init__(self, state: dict):
         import tiktoken
@@ -238,7 +239,6 @@ class _Llama3Engine(_Engine):
 class _MistralEngine(_Engine):
     """torchtune ``MistralTokenizer.tokenize_messages`` over sentencepiece."""
 
-    backend = "sentencepiece"
 
     def __init__(self, state: dict):
         from sentencepiece import SentencePieceProcessor
@@ -293,7 +293,6 @@ class _MistralEngine(_Engine):
 class _TorchtuneEngine(_Engine):
     """Any torchtune ``ModelTokenizer``: its own ``tokenize_messages``."""
 
-    backend = "torchtune"
 
     def __init__(self, state: dict):
         self.tok = _rebuild_tokenizer(state["tokenizer"])
@@ -315,6 +314,7 @@ class _TorchtuneEngine(_Engine):
         return np.asarray(tokens, dtype=np.int32), np.asarray(mask, dtype=bool)
 
 
+#: Each family's encoding code (the family of a tokenizer: :func:`vecpack.tokenizing.backend.torchtune_family`).
 ENGINES = {"qwen2": QwenEngine, "qwen2_5": QwenEngine, "llama3": _Llama3Engine,
            "mistral": _MistralEngine, "torchtune": _TorchtuneEngine}
 _ENGINE_CACHE = memo("torchtune engines", 8)

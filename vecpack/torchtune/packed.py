@@ -81,9 +81,10 @@ from vecpack.packing.plan import Plan, _ro
 from vecpack.pipeline.build import jsonable
 from vecpack.store.cache import Cache
 from vecpack.store.hashing import make_key
+from vecpack.tokenizing.backend import torchtune_family
 from vecpack.torchtune.chat import _resolve_data
 from vecpack.torchtune.corpus import Corpus, items_corpus, rows_corpus
-from vecpack.torchtune.encoder import TorchtuneEncoder, fast_family
+from vecpack.torchtune.encoder import TorchtuneEncoder
 from vecpack.torchtune.recognise import items_fingerprint, recognise
 
 __all__ = ["PackedDataset", "alpaca_cleaned_dataset", "alpaca_dataset", "cnn_dailymail_articles_dataset",
@@ -444,7 +445,7 @@ def _pack(tokenizer, *, style: str, options: dict, source: str, split: str, filt
     if max_seq_len is None:
         raise ValueError(_NO_MAX_SEQ_LEN)
     common = dict(max_seq_len=max_seq_len, split_across_pack=split_across_pack, mask_first_label=True, **vp)
-    if fast_family(tokenizer, style) == "torchtune":
+    if torchtune_family(tokenizer, style) == "torchtune":
         return PackedDataset(unpacked(), **common)
 
     kwargs = dict(kwargs)

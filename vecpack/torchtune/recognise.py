@@ -13,7 +13,8 @@ from __future__ import annotations
 import hashlib
 import pickle
 
-from vecpack.torchtune.encoder import _content_digest, fast_family
+from vecpack.tokenizing.backend import torchtune_family
+from vecpack.torchtune.encoder import _content_digest
 
 __all__ = ["items_fingerprint", "recognise"]
 
@@ -96,7 +97,7 @@ def recognise(ds):
         options = dict(style="text", column=ds._column, add_eos=ds.add_eos)
     else:
         return None
-    if options is None or fast_family(tok, options["style"]) == "torchtune":
+    if options is None or torchtune_family(tok, options["style"]) == "torchtune":
         return None
     return tok, options, data
 
