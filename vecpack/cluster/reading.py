@@ -135,7 +135,7 @@ class ShardedPacked:
     def __getitem__(self, i) -> dict:
         """Pack ``i`` as a dict of int32 arrays (``input_ids``, ``labels``, ``position_ids``,
         ``document_ids`` [max_len], ``seq_lens``), as :class:`~vecpack.Packed` gives it."""
-        from vecpack.packing import _kernels
+        from vecpack.packing import _fill_kernels as _kernels  # numba: imported on first use only
 
         i = check_index(i, len(self))
         s = self.shard_of(i)

@@ -66,9 +66,15 @@ _PLAN_ERRORS = {
 
 
 def _kernels():
-    from vecpack.preference import _kernels as k  # numba: imported on first use only
+    from vecpack.packing import _fill_kernels  # numba: imported on first use only
 
-    return k
+    return _fill_kernels
+
+
+def _checks():
+    from vecpack.packing import _kernels  # numba: imported on first use only
+
+    return _kernels
 
 
 @dataclass(frozen=True, eq=False)
@@ -306,7 +312,7 @@ class PackedPairs(PlanViews):
         self._views()
         if validate:
             pair_lengths(np.diff(self.offsets))
-            code, where = _kernels().check_pair_plan(_ro(np.diff(self.offsets)), self._pair_index,
+            code, where = _checks().check_pair_plan(_ro(np.diff(self.offsets)), self._pair_index,
                                                      self._pair_lens, self._pack_offsets, plan.max_len,
                                                      plan.prefix_sharing)
             if code:

@@ -51,7 +51,7 @@ _ARRAYS = ("input_ids", "labels", "position_ids", "end", "document_ids")
 
 
 def _kernels():
-    from vecpack.turns import _kernels as k  # numba: imported on first use only
+    from vecpack.packing import _fill_kernels as k  # numba: imported on first use only
 
     return k
 
