@@ -31,7 +31,7 @@ LAYERS = [
     ("vecpack.inputs", 3), ("vecpack.tokenizing", 3), ("vecpack.chat", 3), ("vecpack.tokenizing.pairs", 3),
     ("vecpack.chat.pairs", 3),
     ("vecpack.pipeline.planners", 4), ("vecpack.mixing", 4), ("vecpack.packing.plan", 4),
-    ("vecpack.preference.packed", 4),
+    ("vecpack.packing.pairs", 4),
     ("vecpack.packing", 5),
     ("vecpack.store", 6),
 ]

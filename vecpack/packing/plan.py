@@ -43,6 +43,8 @@ class _LazyKernels:
 
         for kernels in (_fill_kernels, _kernels):
             self.__dict__.update((k, v) for k, v in vars(kernels).items() if not k.startswith("__"))
+        if name not in self.__dict__:
+            raise AttributeError(f"no packing kernel {name!r}")
         return self.__dict__[name]
 
 
