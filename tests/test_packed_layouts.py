@@ -128,3 +128,46 @@ def test_a_pair_plan_from_a_cache_entry_opens_as_pairs_packs():
     plan = PairPlan(pair_index=p.pair_index, pair_lens=p.pair_lens, pack_offsets=p.pack_offsets, max_len=p.max_len,
                     stats={}, prefix_sharing=False)
     _same(vecpack.Packed(tokens, offsets, plan, validate=False), pp)
+
+
+def test_a_cluster_build_is_a_packed_whose_arrays_live_in_object_storage(tmp_path):
+    """The cluster reader is one more layout: a ``Packed`` of kind ``packed-shards``, items as chat's, rows,
+    pickled without its open shards; it has no plan arrays of its own (no ``seq_lens``, ``pack_offsets``) and
+    is saved where it was built."""
+    import io
+
+    from vecpack.cluster.reading import ShardedPacked, open_packed
+    from vecpack.store import objects
+
+    tokens, offsets, labels = _corpus(3, 40)
+    want = vecpack.pack(tokens, offsets, 64, labels=labels, strategy="greedy")
+    run = str(tmp_path / "run")
+    shards, po = [], want.plan.pack_offsets
+    for s, (a, b) in enumerate([(0, 3), (3, len(want))]):   # two shards, entries back to back as the nodes write
+        entries = [(int(want.plan.doc_index[e]), int(want.plan.doc_start[e]), int(want.plan.doc_length[e]))
+                   for e in range(po[a], po[b])]
+        src = np.concatenate([np.arange(offsets[d] + st, offsets[d] + st + n) for d, st, n in entries])
+        arrays = {"tokens": tokens[src], "labels": labels[src],
+                  "entry_offsets": np.r_[0, np.cumsum([n for _, _, n in entries])].astype(np.int64),
+                  "doc_ids": np.array([d for d, _, _ in entries], np.int64), "pack_offsets": po[a:b + 1] - po[a]}
+        for k, x in arrays.items():
+            buf = io.BytesIO()
+            np.save(buf, x)
+            objects.put(objects.join(run, f"s{s}", f"{k}.npy"), buf.getvalue())
+        shards.append({"path": f"s{s}", "packs": [a, b]})
+    manifest = {"kind": "packed-shards", "max_len": 64, "pad_id": 0, "ignore_index": -100, "num_packs": len(want),
+                "shards": shards, "stats": {"fill": 1.0}, "tokenize_stats": {"rows": 40}}
+    objects.put(objects.join(run, "manifest.json"), json.dumps(manifest).encode())
+    got = open_packed(run, cache_dir=tmp_path / "cache")
+    assert type(got) is vecpack.Packed and got.kind == "packed-shards" and isinstance(got, ShardedPacked)
+    assert not isinstance(want, ShardedPacked) and got.tokenize_stats == {"rows": 40} and got.stats == {"fill": 1.0}
+    for i in range(len(want)):
+        assert {k: v.tolist() for k, v in got[i].items()} == {k: v.tolist() for k, v in want[i].items()}
+    a, b = got.rows(1, len(want)), want.rows(1, len(want))
+    assert {k: v.tolist() for k, v in a.items()} == {k: v.tolist() for k, v in b.items()}
+    assert got.shard_of(2) == 0 and got.shard_of(3) == 1 and len(got._open) == 2
+    assert not hasattr(got, "seq_lens") and not hasattr(got, "pack_offsets") and hasattr(got, "rows")
+    back = pickle.loads(pickle.dumps(got))
+    assert back._open == {} and back[len(want) - 1]["input_ids"].tolist() == want[len(want) - 1]["input_ids"].tolist()
+    with pytest.raises(TypeError, match="a cluster build is saved where it was built"):
+        vecpack.save(got, tmp_path / "copy", progress=False)

@@ -250,7 +250,7 @@ class Packed:
         return self.plan.pack_offsets
 
     def __len__(self) -> int:
-        return self.plan.pack_offsets.shape[0] - 1
+        return len(self.plan)
 
     def __repr__(self) -> str:
         return self.layout.describe(self)
