@@ -1,4 +1,5 @@
-"""Packed sequences: a corpus of flat token arrays laid out by a :class:`~vecpack.packing.plan.Plan`.
+"""The one :class:`Packed` (every kind a layout of it: :mod:`vecpack.packing.layout`) and its chat layout:
+a corpus of flat token arrays laid out by a :class:`~vecpack.packing.plan.Plan`.
 
 One pack of ``max_len = 12`` holding document 7 (5 tokens), document 3
 (4 tokens) and padding (3)::
