@@ -12,14 +12,18 @@ plan's type names its layout, and the layout says everything that differs by kin
                                                     + seq_lens
     vision   vecpack.vision.packed      VisionPlan  input_ids labels position_ids pixel_values     "vision"
                                                     image_grid_thw (or token_type_ids) + seq_lens
+    cluster  vecpack.cluster.reading    ShardPlan   as chat's (its arrays in object storage)      (not saved)
 
-A layout assembles one pack (:meth:`Layout.item`) and, where the kind has them, a batch of
-rows (:meth:`Layout.rows`, the ``[P, max_len]`` arrays); it lists the arrays a saved dataset
+A layout assembles one pack (:meth:`Layout.item`) and, where the kind has them, the
+``[P, max_len]`` arrays of a range of packs (:meth:`Layout.fill`); it lists the arrays a saved dataset
 holds (:meth:`Layout.saved`) and makes the packs of them again (:meth:`Layout.from_saved`):
 :func:`vecpack.save` and :func:`vecpack.load` are one generic writer and reader. Names such
-as ``vecpack.PackedPairs`` are constructors of the one class (:class:`KindOf`).
+as ``vecpack.PackedPairs`` are constructors of the one class (:class:`KindOf`). A layout
+lives with the helpers it needs, at or above this package; importing its module registers it
+(:func:`vecpack.load` imports every one).
 
 >>> import numpy as np, vecpack
+>>> from vecpack.packing import pairs   # registers the pairs layout
 >>> p = vecpack.pack(np.arange(1, 8, dtype=np.int32), np.array([0, 3, 5, 7]), max_len=4, strategy="greedy")
 >>> p.kind, layout_of(p.plan).name, layout_named("pairs").kind
 ('packed', 'Packed', 'pairs')
@@ -73,10 +77,6 @@ class Layout:
         """Packs ``start:stop`` as ``[stop - start, max_len]`` arrays; kinds without such rows raise."""
         raise AttributeError(f"{self.name} packs have no [packs, max_len] arrays: take packs one at a time, "
                              f"packed[i], and batch them with their collate function")
-
-    def rows(self, packed, start: int, stop: int) -> dict:
-        """:meth:`fill` of packs ``start:stop`` and what the kind adds per sequence (``Packed.rows``)."""
-        return self.fill(packed, start, stop)
 
     def member(self, packed, name: str):
         """The kind's own attribute ``name`` of ``packed`` (one of :attr:`members`)."""
