@@ -67,12 +67,15 @@ def test_the_first_pack_plans_while_its_kernels_compile_apart_and_says_so(tmp_pa
                          r"background for the next run \((\d+) run here as plain Python\)", lines[1])
     assert apart and int(apart[1]) == len(kernels) and 3 <= int(apart[2]) <= len(kernels), lines[1]
 
+    from vecpack.packing import _kernels as K
+
+    wanted = {f"{getattr(K, name).__module__.rpartition('.')[2]}.{name}" for name in kernels}  # (fills: _fill_kernels)
     for _ in range(600):  # the processes go on after the run
-        indexes = {p.name.split("-")[0] for p in (tmp_path / "numba").rglob("_kernels.*.nbi")}
-        if indexes >= {f"_kernels.{name}" for name in kernels}:
+        indexes = {p.name.split("-")[0] for p in (tmp_path / "numba").rglob("*_kernels.*.nbi")}
+        if indexes >= wanted:
             break
         time.sleep(0.2)
-    assert indexes >= {f"_kernels.{name}" for name in kernels}
+    assert indexes >= wanted
     second = _run(code, env, str(tmp_path / "b"), str(tmp_path / "c2"))
     assert second.returncode == 0, second.stderr[-3000:]
     assert second.stdout.splitlines()[-1] == "compiled here: []"
@@ -105,13 +108,14 @@ def test_kernels_still_run_where_numba_cannot_write_a_cache(tmp_path):
 def _apart(monkeypatch, set_after: float | None = None) -> threading.Event:
     """Pretend that another process compiles every packing kernel (as on a cold cache) until the event is set."""
     from vecpack import _state
-    from vecpack.packing import _kernels as K
+    from vecpack.packing import _fill_kernels, _kernels
 
     done = threading.Event()
-    for name, value in vars(K).items():
-        if hasattr(value, "py_func"):
-            monkeypatch.setitem(_state._APART, (K.__name__, name), done)
-    monkeypatch.delitem(_state._DECIDED, K.__name__, raising=False)
+    for K in (_kernels, _fill_kernels):
+        for name, value in vars(K).items():
+            if hasattr(value, "py_func"):
+                monkeypatch.setitem(_state._APART, (value.__module__, name), done)
+        monkeypatch.delitem(_state._DECIDED, K.__name__, raising=False)
     monkeypatch.setattr(_state, "_APART_PID", [os.getpid()])
     if set_after is not None:
         threading.Timer(set_after, done.set).start()

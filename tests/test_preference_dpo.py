@@ -136,7 +136,7 @@ def test_streamed_pairs_give_the_unpacked_logps(dpo, qwen_dir):
 def test_prefix_sharing_logps_equal_unpacked(dpo, mask):
     import transformers
 
-    from vecpack.preference.packed import pack_pairs
+    from vecpack.packing.pairs import pack_pairs
 
     pp, model = dpo["packed"], dpo["plain"].eval()
     shared = pack_pairs(pp.tokens, pp.offsets, 1024, strategy="greedy", pad_id=pp.pad_id, prefix_sharing=True)

@@ -10,8 +10,8 @@ import pytest
 
 import vecpack
 from vecpack.errors import InputError
-from vecpack.preference import _kernels
-from vecpack.preference.packed import PackedPairs, pack_pairs, plan_pairs
+from vecpack.packing import _kernels
+from vecpack.packing.pairs import PackedPairs, pack_pairs, plan_pairs
 from vecpack.testing import make_pairs
 
 torch = pytest.importorskip("torch")

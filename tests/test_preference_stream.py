@@ -15,7 +15,7 @@ from test_preference_pack import reference_pack  # noqa: E402
 
 import vecpack  # noqa: E402
 from vecpack.errors import InputError  # noqa: E402
-from vecpack.preference.packed import PairPlan, pair_policy  # noqa: E402
+from vecpack.packing.pairs import PairPlan, pair_policy  # noqa: E402
 from vecpack.testing import make_pairs  # noqa: E402
 
 pytestmark = pytest.mark.filterwarnings("ignore:'set_vital' is deprecated:UserWarning")

@@ -242,7 +242,7 @@ def test_forked_loader_workers_check_for_themselves(rows, fresh, qwen_dir):
 
 
 def test_numpy_layout_is_the_kernels():
-    from vecpack.packing import _kernels
+    from vecpack.packing import _fill_kernels as _kernels
 
     rng = np.random.default_rng(0)
     for _ in range(50):

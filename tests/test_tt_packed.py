@@ -23,10 +23,11 @@ from torchtune_helpers import Counting, Mixed, OnlyHere, Repeated, Samples, Slow
 
 from vecpack import PackedDataset  # noqa: E402
 from vecpack.errors import InputError, WorkerDiedError  # noqa: E402
+from vecpack.packing._fill_kernels import fill_torchtune_pack as fill_pack  # noqa: E402
+from vecpack.packing._kernels import split_entries  # noqa: E402
 from vecpack.tokenizing.exec import fork_refusal  # noqa: E402
 from vecpack.torchtune import corpus as tt_corpus  # noqa: E402
 from vecpack.torchtune import packed as tt_packed  # noqa: E402
-from vecpack.torchtune._kernels import fill_pack, split_entries  # noqa: E402
 
 
 def packed(ds, **kw):

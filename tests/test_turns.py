@@ -14,7 +14,7 @@ import vecpack
 from tests.agentic_data import agentic_rows, write_jsonl
 from tests.test_agentic import hf, reference
 from vecpack.errors import InputError
-from vecpack.turns.packed import lay_out_tries, pack_turns, plan_turns
+from vecpack.packing.turns import PackedTurns, lay_out_tries, pack_turns, plan_turns
 
 # ----------------------------------------------------------------------------- the kernel vs plain Python
 
@@ -299,7 +299,8 @@ def test_per_turn_front_doors_and_refusals(templated, tmp_path, capsys):  # noqa
         vecpack.StreamingPackedDataset(path, d, 4096, style="openai", per_turn=True)
     # saved and loaded (vecpack.save, vecpack pack --per-turn -o): the same packs, without the cache
     for saved in (vecpack.load(vecpack.save(first, tmp_path / "out", progress=False)), _cli_saved(path, d, tmp_path)):
-        assert type(saved).__name__ == "PackedTurns" and len(saved) == len(first) and saved.stats == first.stats
+        assert saved.kind == "turns" and isinstance(saved, PackedTurns) and len(saved) == len(first)
+        assert saved.stats == first.stats
         for i in range(len(first)):
             assert all(np.array_equal(saved[i][k], first[i][k]) for k in first[i])
     with pytest.raises(ValueError, match="per-turn packs are saved to a local directory only"):

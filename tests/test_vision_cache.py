@@ -126,7 +126,7 @@ def test_cache_false_and_a_saved_dataset_without_the_cache_give_the_same_packs(t
     assert np.load(out / "pixels.npy", mmap_mode="r").dtype == np.uint8 and (out / "pixel_table.npy").exists()
     shutil.rmtree(tmp_path / "c")
     loaded = vecpack.load(out)
-    assert type(loaded).__name__ == "PackedVision" and loaded.stats == vecpack.load(out).stats
+    assert loaded.kind == "vision" and loaded.stats == vecpack.load(out).stats
     _same(plain, loaded)
     batch, again = collate_vision([plain[0], plain[-1]]), collate_vision([loaded[0], loaded[-1]])
     assert batch.keys() == again.keys()

@@ -117,8 +117,9 @@ def reset() -> None:
 _WARMING: list[threading.Thread] = []  # background threads that load numba kernels
 
 #: Warm-ups (by name) whose kernels a machine compiles once, ahead and in parallel: the kernel
-#: module whose ``FIRST_RUN`` lists them in two halves (see :func:`start_warming`).
-_AHEAD = {"vecpack-warm-kernels": "vecpack.packing._kernels"}
+#: module whose ``FIRST_RUN`` lists them in two halves (see :func:`start_warming`), then the
+#: other modules whose kernels its lists name (by name, imported into it).
+_AHEAD = {"vecpack-warm-kernels": ("vecpack.packing._kernels", "vecpack.packing._fill_kernels")}
 #: Seconds a compiling process may take before the warm-up compiles its half itself.
 AHEAD_TIMEOUT = 120.0
 _COMPILE = {"kernels": 0, "seconds": 0.0, "waited": 0.0, "apart": 0, "bodies": 0}  # see compile_stats()
@@ -152,8 +153,11 @@ def start_warming(fn: Callable[[], None], name: str) -> threading.Thread:
     outlive this process by a few seconds. Meanwhile :func:`runnable` gives small
     calls those kernels' Python bodies and makes large ones wait for them.
     """
-    module = _AHEAD.get(name)
-    decided = _DECIDED[module] = threading.Event() if module is not None else None
+    modules = _AHEAD.get(name, (None,))
+    module = modules[0]
+    decided = threading.Event() if module is not None else None
+    if decided is not None:
+        _DECIDED.update((m, decided) for m in modules)
 
     def run():
         try:
@@ -366,7 +370,8 @@ def _compile_apart(module_name: str) -> bool:
         with global_compiler_lock:
             if any(type(getattr(kernels, n)._cache).__name__ == "NullCache" for n, _ in wanted):
                 return False  # no disk cache: fn() compiles them here
-            pending = [n for n, _ in wanted if (module_name, n) in _APART and not _APART[(module_name, n)].is_set()]
+            home = {n: getattr(kernels, n).__module__ for n, _ in wanted}  # (a kernel imported from another module)
+            pending = [n for n, _ in wanted if (home[n], n) in _APART and not _APART[(home[n], n)].is_set()]
             missing = [(n, s) for n, s in wanted if n not in pending and not _cached(getattr(kernels, n), s)]
     except Exception:  # noqa: BLE001 - numba without this cache API (or jit disabled): fn() does it all
         return False
@@ -375,7 +380,7 @@ def _compile_apart(module_name: str) -> bool:
     lock = _compile_lock(getattr(kernels, missing[0][0])._cache._cache_path)
     if lock == "busy":  # another run's processes compile them now: this run waits for those (or runs bodies)
         events = {n: threading.Event() for n, _ in missing}
-        _track(module_name, events)
+        _track(home, events)
         threading.Thread(target=_when_unlocked, args=(getattr(kernels, missing[0][0])._cache._cache_path,
                                                       events), daemon=True).start()
         return True
@@ -395,7 +400,7 @@ def _compile_apart(module_name: str) -> bool:
         return bool(pending)  # no process here: fn() compiles them in this thread (or waits for them)
     for names, p in procs:
         events = {n: threading.Event() for n in names}
-        _track(module_name, events)
+        _track(home, events)
         threading.Thread(target=_read_compiled, args=(p, events), daemon=True).start()
     return True
 
@@ -407,10 +412,11 @@ def _cached(kernel, sig) -> bool:
     return cache._index_key(sig, ctx.codegen()) in cache._cache_file._load_index()
 
 
-def _track(module_name: str, events: dict) -> None:
+def _track(home: dict, events: dict) -> None:
+    """Register ``events`` (kernel name -> event) in :data:`_APART`, keyed by each kernel's own module (``home``)."""
     with _LISTEN_LOCK:
         _APART_PID[0] = os.getpid()
-        _APART.update(((module_name, n), e) for n, e in events.items())
+        _APART.update(((home[n], n), e) for n, e in events.items())
         _COMPILE["apart"] += len(events)
 
 

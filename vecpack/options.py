@@ -78,13 +78,13 @@ STRATEGIES = ("bfd", "ffd", "greedy")
 STREAM_STRATEGIES = ("bfd", "greedy")
 #: Documents longer than ``max_len``; the position is the numba kernels' code.
 LONG_POLICIES = ("truncate", "drop", "split", "error")
-#: ``long=`` for preference pairs (a pair is never split; see :mod:`vecpack.preference.packed`).
+#: ``long=`` for preference pairs (a pair is never split; see :mod:`vecpack.packing.pairs`).
 PAIR_LONG_POLICIES = ("truncate", "drop", "error")
 #: ``long=`` for documents with images (never cut inside an image; see :mod:`vecpack.vision.packed`): the
 #: policies of a unit that cannot be split, as for preference pairs.
 VISION_LONG_POLICIES = PAIR_LONG_POLICIES
 #: ``long=`` for per-turn conversations (``per_turn=True``: a conversation's documents are one unit;
-#: ``"truncate"`` keeps its first turns that fit, see :mod:`vecpack.turns.packed`).
+#: ``"truncate"`` keeps its first turns that fit, see :mod:`vecpack.packing.turns`).
 TURN_LONG_POLICIES = PAIR_LONG_POLICIES
 #: The chat styles ``per_turn=True`` takes (conversations with assistant turns).
 PER_TURN_STYLES = CONVERSATION_STYLES

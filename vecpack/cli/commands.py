@@ -251,7 +251,7 @@ def cmd_pack(args) -> int:
         vecpack.save(packed, args.output, progress=_progress(args))
     compiled = compile_since(before)  # numba's first run on this machine: its own line, not in the rate
     elapsed = time.perf_counter() - t0 - compiled["waited"]
-    report = (_pairs_report if _is_pairs(packed) else _turns_report if type(packed).__name__ == "PackedTurns"
+    report = (_pairs_report if _is_pairs(packed) else _turns_report if getattr(packed, "kind", None) == "turns"
               else _pack_report)
     print(compile_time_apart(report(packed, elapsed=elapsed, out=out, args=args), compiled))
     return 0
@@ -358,7 +358,7 @@ def _turns_report(packed, *, elapsed: float, out, args) -> str:
 
 
 def _is_pairs(packed) -> bool:
-    return type(packed).__name__ == "PackedPairs"  # vecpack.preference.packed (not imported here)
+    return getattr(packed, "kind", None) == "pairs"  # a Packed of vecpack.packing.pairs's layout
 
 
 # --------------------------------------------------------------------------- inspect / stats / export

@@ -1,6 +1,6 @@
 """Preference pairs in the CLI's views: the ``stats`` text and plot numbers, one pack's pairs for ``inspect``.
 
-Everything here reads a :class:`~vecpack.preference.packed.PackedPairs` and
+Everything here reads a :class:`~vecpack.packing.pairs.PackedPairs` and
 returns text or numbers; :mod:`vecpack.cli.report` draws the plot. A pack
 of pairs, rendered without color (trained tokens wrapped in ``«…»``)::
 
@@ -39,7 +39,7 @@ def pair_pack_stats(packed) -> dict:
     ``doc_lengths`` are the pairs' lengths as units (``2 * prompt + chosen +
     rejected``, the prompt once with prefix sharing), before truncation.
 
-    >>> from vecpack.preference.packed import pack_pairs
+    >>> from vecpack.packing.pairs import pack_pairs
     >>> s = pair_pack_stats(pack_pairs(np.arange(1, 9, dtype=np.int32), np.array([0, 3, 5, 8]), max_len=12))
     >>> s["doc_lengths"].tolist(), s["pack_fill"].round(3).tolist(), s["num_packs"]
     ([11], [0.917], 1)
@@ -57,9 +57,9 @@ def pair_pack_stats(packed) -> dict:
 
 
 def pairs_text(packed, *, title: str | None = None) -> str:
-    """The ``vecpack stats`` report of preference pairs (a :class:`~vecpack.preference.packed.PackedPairs`).
+    """The ``vecpack stats`` report of preference pairs (a :class:`~vecpack.packing.pairs.PackedPairs`).
 
-    >>> from vecpack.preference.packed import pack_pairs
+    >>> from vecpack.packing.pairs import pack_pairs
     >>> print(pairs_text(pack_pairs(np.arange(1, 9, dtype=np.int32), np.array([0, 3, 5, 8]), max_len=12)))
     1 pair · 2 sequences · 11 tokens (the prompt once per sequence) → 1 pack of 12 · fill 91.7%
     long 'truncate': 0 pairs truncated (0 answer tokens cut) · 0 pairs dropped
@@ -85,7 +85,7 @@ def pairs_text(packed, *, title: str | None = None) -> str:
 
 
 def render_pair_pack(packed, index: int, decoder: TokenDecoder, *, color: bool = False, row_ids=None) -> str:
-    """Pack ``index`` of a :class:`~vecpack.preference.packed.PackedPairs`, pair by pair: the prompt,
+    """Pack ``index`` of a :class:`~vecpack.packing.pairs.PackedPairs`, pair by pair: the prompt,
     the chosen and the rejected answer decoded, trained tokens marked (``«…»``, or green with ``color``).
 
     Args:
@@ -97,7 +97,7 @@ def render_pair_pack(packed, index: int, decoder: TokenDecoder, *, color: bool =
             pair), shown where it differs from the pair number.
 
     >>> import pathlib, tempfile, base64
-    >>> from vecpack.preference.packed import pack_pairs
+    >>> from vecpack.packing.pairs import pack_pairs
     >>> d = pathlib.Path(tempfile.mkdtemp())
     >>> _ = (d / "tokenizer.model").write_text(
     ...     "".join(f"{base64.b64encode(bytes([b])).decode()} {b}\\n" for b in range(256)))

@@ -1,4 +1,5 @@
-"""A cluster build read back: :class:`ShardedPacked`, its shards fetched into the local cache and memory-mapped.
+"""A cluster build read back: a :class:`~vecpack.Packed` whose arrays live in object storage (``ShardedPacked``,
+the layout :class:`ShardLayout`), its shards fetched into the local cache and memory-mapped.
 
 ``vecpack.load("s3://bucket/run")`` opens ``<run>/manifest.json`` (no
 manifest: the run never committed) and returns a :class:`ShardedPacked`. A
@@ -39,20 +40,23 @@ import os
 import shutil
 import threading
 import uuid
+from dataclasses import dataclass
 
 import numpy as np
 
-from vecpack.options import cache_root, check_index
+from vecpack.options import cache_root
+from vecpack.packing.layout import KindOf, Layout, register
+from vecpack.packing.packed import Packed
 from vecpack.store import objects
 
-__all__ = ["ShardedPacked", "open_packed"]
+__all__ = ["SHARDS", "ShardLayout", "ShardPlan", "ShardedPacked", "open_packed"]
 
 _ARRAYS = ("input_ids", "labels", "position_ids", "document_ids")
 _SHARD_ARRAYS = ("tokens", "labels", "entry_offsets", "doc_ids", "pack_offsets")
 
 
 def open_packed(url: str, *, cache_dir=None, pad_id: int | None = None,
-                ignore_index: int | None = None) -> "ShardedPacked":
+                ignore_index: int | None = None) -> Packed:
     """The cluster build at ``url`` (a store URL or a shared path), its shards fetched as they are used."""
     try:
         raw = objects.get(objects.join(url, "manifest.json"))
@@ -68,59 +72,84 @@ def open_packed(url: str, *, cache_dir=None, pad_id: int | None = None,
     return ShardedPacked(url, manifest, cache_dir=cache_dir, pad_id=pad_id, ignore_index=ignore_index)
 
 
-class ShardedPacked:
-    """Packs of a cluster build: ``len()``, ``packed[i]`` (as :class:`~vecpack.Packed`), ``rows``, ``stats``."""
+@dataclass(frozen=True, eq=False)
+class ShardPlan:
+    """A cluster build's manifest as a plan: shard ``s`` holds packs ``first[s]:first[s + 1]``, its arrays (the
+    entries of its packs, their tokens and labels) in object storage under ``url``."""
 
-    def __init__(self, url: str, manifest: dict, *, cache_dir=None, pad_id=None, ignore_index=None):
-        self.url, self.manifest = url, manifest
-        self.max_len = int(manifest["max_len"])
-        self.pad_id = int(manifest["pad_id"]) if pad_id is None else int(pad_id)
-        self.ignore_index = int(manifest["ignore_index"]) if ignore_index is None else int(ignore_index)
-        self.stats = dict(manifest.get("stats") or {})
-        self.tokenize_stats = dict(manifest.get("tokenize_stats") or {})
-        self._shards = manifest["shards"]
-        self._first = np.array([s["packs"][0] for s in self._shards] + [int(manifest["num_packs"])], np.int64)
-        digest = hashlib.sha256(f"{url}\0{raw_id(manifest)}".encode()).hexdigest()[:24]
-        self.local_dir = os.path.join(os.fspath(cache_dir) if cache_dir else str(cache_root()), "remote", digest)
-        self._open: dict[int, dict] = {}
-        self._lock = threading.Lock()
+    url: str
+    manifest: dict
+    first: np.ndarray
+    max_len: int
+    stats: dict
 
-    def __getstate__(self):
-        # a DataLoader worker (hf_dataset, PackStream) gets the manifest, not the open maps or the lock
-        return {k: v for k, v in self.__dict__.items() if k not in ("_open", "_lock")}
-
-    def __setstate__(self, state):
-        self.__dict__.update(state)
-        self._open, self._lock = {}, threading.Lock()
+    @classmethod
+    def of(cls, url: str, manifest: dict) -> ShardPlan:
+        shards = manifest["shards"]
+        first = np.array([s["packs"][0] for s in shards] + [int(manifest["num_packs"])], np.int64)
+        return cls(url, manifest, first, int(manifest["max_len"]), dict(manifest.get("stats") or {}))
 
     def __len__(self) -> int:
-        return int(self._first[-1])
+        return int(self.first[-1])
 
-    def shard_of(self, i: int) -> int:
+
+class ShardLayout(Layout):
+    """Packs of a cluster build: a :class:`~vecpack.Packed` whose arrays live in object storage, a shard
+    fetched into the local cache on first use and memory-mapped. ``packed[i]`` and ``rows`` as the chat
+    layout gives them. Members: ``rows(start, stop)``, ``shard_of(i)``, ``shard(s)``."""
+
+    kind, name, plan_type = "packed-shards", "ShardedPacked", ShardPlan
+    title = "cluster"
+    views = ("_open", "_lock")  # a DataLoader worker (hf_dataset, PackStream) gets the manifest, not the open maps
+    members = frozenset({"rows", "shard_of", "shard", "_fetch"})
+
+    def setup(self, packed, tokens, offsets, labels, validate: bool, *, cache_dir=None) -> None:
+        p = packed.plan
+        packed.url, packed.manifest = p.url, p.manifest
+        packed.tokenize_stats = dict(p.manifest.get("tokenize_stats") or {})
+        packed._shards, packed._first = p.manifest["shards"], p.first
+        digest = hashlib.sha256(f"{p.url}\0{raw_id(p.manifest)}".encode()).hexdigest()[:24]
+        packed.local_dir = os.path.join(os.fspath(cache_dir) if cache_dir else str(cache_root()), "remote", digest)
+        self.make_views(packed)
+
+    def make_views(self, packed) -> None:
+        packed._open, packed._lock = {}, threading.Lock()
+
+    def describe(self, packed) -> str:
+        return (f"ShardedPacked({packed.url!r}, packs={len(packed)}, shards={len(packed._shards)}, "
+                f"max_len={packed.max_len})")
+
+    def member(self, packed, name: str):
+        return getattr(self, name if name.startswith("_") else "_" + name).__get__(packed)
+
+    @staticmethod
+    def _shard_of(packed, i: int) -> int:
         """The shard that holds pack ``i``."""
-        return int(np.searchsorted(self._first, i, side="right") - 1)
+        return int(np.searchsorted(packed._first, i, side="right") - 1)
 
-    def shard(self, s: int) -> dict:
+    @staticmethod
+    def _shard(packed, s: int) -> dict:
         """Shard ``s``'s arrays, memory-mapped from the local cache (fetched first if needed)."""
-        got = self._open.get(s)
+        got = packed._open.get(s)
         if got is None:
-            with self._lock:
-                got = self._open.get(s)
+            with packed._lock:
+                got = packed._open.get(s)
                 if got is None:
-                    path = self._fetch(s)
+                    path = packed._fetch(s)
                     got = {k: np.load(os.path.join(path, f"{k}.npy"), mmap_mode="r") for k in _SHARD_ARRAYS}
-                    self._open[s] = got
+                    packed._open[s] = got
         return got
 
-    def _fetch(self, s: int) -> str:
-        final = os.path.join(self.local_dir, f"{s:06d}")
+    @staticmethod
+    def _fetch(packed, s: int) -> str:
+        final = os.path.join(packed.local_dir, f"{s:06d}")
         if os.path.isdir(final):
             return final
-        os.makedirs(self.local_dir, exist_ok=True)
+        os.makedirs(packed.local_dir, exist_ok=True)
         tmp = f"{final}.incomplete-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         os.mkdir(tmp)
         try:
-            remote = objects.join(self.url, self._shards[s]["path"])
+            remote = objects.join(packed.url, packed._shards[s]["path"])
             for k in _SHARD_ARRAYS:
                 objects.get_file(objects.join(remote, f"{k}.npy"), os.path.join(tmp, f"{k}.npy"))
             try:
@@ -132,34 +161,34 @@ class ShardedPacked:
             shutil.rmtree(tmp, ignore_errors=True)
         return final
 
-    def __getitem__(self, i) -> dict:
+    def item(self, packed, i: int) -> dict:
         """Pack ``i`` as a dict of int32 arrays (``input_ids``, ``labels``, ``position_ids``,
-        ``document_ids`` [max_len], ``seq_lens``), as :class:`~vecpack.Packed` gives it."""
-        from vecpack.packing import _kernels
+        ``document_ids`` [max_len], ``seq_lens``), as the chat layout gives it."""
+        from vecpack.packing import _fill_kernels as kernels  # numba: imported on first use only
 
-        i = check_index(i, len(self))
-        s = self.shard_of(i)
-        a = self.shard(s)
-        p = i - int(self._first[s])
+        s = packed.shard_of(i)
+        a = packed.shard(s)
+        p = i - int(packed._first[s])
         e0, e1 = int(a["pack_offsets"][p]), int(a["pack_offsets"][p + 1])
         t0, t1 = int(a["entry_offsets"][e0]), int(a["entry_offsets"][e1])
         lengths = np.diff(np.asarray(a["entry_offsets"][e0:e1 + 1]))
-        out = {name: np.empty(self.max_len, np.int32) for name in _ARRAYS}
-        _kernels.fill_entries(np.asarray(a["tokens"][t0:t1]), np.asarray(a["labels"][t0:t1]), lengths,
-                              np.asarray(a["doc_ids"][e0:e1]), self.pad_id, self.ignore_index,
-                              out["input_ids"], out["labels"], out["position_ids"], out["document_ids"])
+        out = {name: np.empty(packed.max_len, np.int32) for name in _ARRAYS}
+        kernels.fill_entries(np.asarray(a["tokens"][t0:t1]), np.asarray(a["labels"][t0:t1]), lengths,
+                             np.asarray(a["doc_ids"][e0:e1]), packed.pad_id, packed.ignore_index,
+                             out["input_ids"], out["labels"], out["position_ids"], out["document_ids"])
         out["seq_lens"] = lengths.astype(np.int32)
         return out
 
-    def rows(self, start: int, stop: int) -> dict:
+    @staticmethod
+    def _rows(packed, start: int, stop: int) -> dict:
         """Packs ``start:stop`` as [stop-start, max_len] int32 arrays, with ``seq_lens`` (int32) and
-        ``seq_lens_offsets`` (int64, from 0), as :meth:`vecpack.Packed.rows` gives them."""
-        if not (0 <= start <= stop <= len(self)):
-            raise ValueError(f"rows({start}, {stop}) outside 0..{len(self)}")
-        out = {name: np.empty((stop - start, self.max_len), np.int32) for name in _ARRAYS}
+        ``seq_lens_offsets`` (int64, from 0), as the chat layout's ``rows`` gives them."""
+        if not (0 <= start <= stop <= len(packed)):
+            raise ValueError(f"rows({start}, {stop}) outside 0..{len(packed)}")
+        out = {name: np.empty((stop - start, packed.max_len), np.int32) for name in _ARRAYS}
         seq_lens, offsets = [], [0]
         for k, i in enumerate(range(start, stop)):
-            row = self[i]
+            row = packed[i]
             for name in _ARRAYS:
                 out[name][k] = row[name]
             seq_lens.append(row["seq_lens"])
@@ -168,12 +197,31 @@ class ShardedPacked:
         out["seq_lens_offsets"] = np.asarray(offsets, np.int64)
         return out
 
-    def __iter__(self):
-        for i in range(len(self)):
-            yield self[i]
+    def saved(self, packed) -> tuple[dict, dict]:
+        raise TypeError(f"save: a cluster build is saved where it was built ({packed.url}); open it there with "
+                        f"vecpack.load, or build it on one machine to save a copy")
 
-    def __repr__(self) -> str:
-        return f"ShardedPacked({self.url!r}, packs={len(self)}, shards={len(self._shards)}, max_len={self.max_len})"
+
+SHARDS = register(ShardLayout())
+
+
+class ShardedPacked(metaclass=KindOf):
+    """Packs of a cluster build: a :class:`~vecpack.Packed` of a :class:`ShardPlan` (see :class:`ShardLayout`):
+    ``len()``, ``packed[i]`` (as the chat layout's), ``rows``, ``stats``, ``tokenize_stats``.
+
+    Args:
+        url: the build's store URL or shared path; ``manifest``: its ``manifest.json``, read.
+        cache_dir: where fetched shards go (default: the cache root's ``remote/``).
+        pad_id, ignore_index: override the manifest's.
+    """
+
+    kind = "packed-shards"
+
+    def __new__(cls, url: str, manifest: dict, *, cache_dir=None, pad_id=None, ignore_index=None) -> Packed:
+        return Packed(None, None, ShardPlan.of(url, manifest),
+                      pad_id=int(manifest["pad_id"]) if pad_id is None else int(pad_id),
+                      ignore_index=int(manifest["ignore_index"]) if ignore_index is None else int(ignore_index),
+                      cache_dir=cache_dir)
 
 
 def raw_id(manifest: dict) -> str:

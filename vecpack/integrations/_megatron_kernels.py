@@ -10,7 +10,7 @@ import numpy as np
 from numba import njit, prange
 
 from vecpack._state import kernel_cache
-from vecpack.packing._kernels import _trained
+from vecpack.packing._fill_kernels import _trained
 
 CACHE = kernel_cache()
 

@@ -423,7 +423,7 @@ def collate_preference(packs: Sequence[Mapping[str, Any]], *, ignore_index: int 
         first token is predicted from its prompt's last token) and
         ``prefix_sharing=True``. Pass :func:`model_inputs` of it to the model.
 
-    >>> from vecpack.preference.packed import pack_pairs
+    >>> from vecpack.packing.pairs import pack_pairs
     >>> b = collate_preference([pack_pairs(np.arange(1, 9, dtype=np.int32), np.array([0, 3, 5, 8]), max_len=12)[0]])
     >>> b["cu_seq_lens_q"].tolist(), b["pair_index"].tolist(), b["is_chosen"].tolist()
     ([0, 5, 11], [0, 0], [True, False])
@@ -520,7 +520,7 @@ def collate_turns(packs: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     A token ``j`` may attend key ``i`` iff ``i <= j < end[i]`` (``i`` is ``j`` or an ancestor in its
     trie); ``position_ids`` are the depths, so every token has its solo-run position.
 
-    >>> from vecpack.turns.packed import pack_turns
+    >>> from vecpack.packing.turns import pack_turns
     >>> t = np.array([1, 2, 3, 1, 2, 4, 5], np.int32)                # d1 = 1 2 3, d2 = 1 2 4 5
     >>> pt = pack_turns(t, np.where(np.isin(np.arange(7), [2, 6]), t, -100), [0, 3, 7], [0, 0], max_len=8)
     >>> b = collate_turns([pt[0]])

@@ -11,7 +11,7 @@ from ``seq_lengths``)::
     position_ids  list<int32>  restart at 0 at every document
     seq_lengths   list<int32>  the length of each document in the pack
 
-Packs of preference pairs (a :class:`~vecpack.preference.packed.PackedPairs`)
+Packs of preference pairs (a :class:`~vecpack.packing.pairs.PackedPairs`)
 get the same columns, ``seq_lengths`` being each pair's two sequences, plus
 the pair columns :func:`vecpack.collate_preference` and a DPO loss read::
 
@@ -66,7 +66,7 @@ _BOOL = ("completion_mask", "is_chosen")
 
 
 def _is_pairs(packed) -> bool:
-    return type(packed).__name__ == "PackedPairs"  # vecpack.preference.packed, not imported here
+    return getattr(packed, "kind", None) == "pairs"  # a Packed of vecpack.packing.pairs's layout
 
 
 def _layout(packed) -> tuple[tuple, tuple]:
@@ -201,7 +201,7 @@ def export(packed, dest: str | os.PathLike, format: str = "parquet", *, overwrit
 
     Args:
         packed: a :class:`vecpack.Packed` (e.g. from :func:`vecpack.load`), or
-            a :class:`~vecpack.preference.packed.PackedPairs` (pair columns added).
+            a :class:`~vecpack.packing.pairs.PackedPairs` (pair columns added).
         dest: a file (parquet, jsonl; megatron: ``.npy`` or ``.idx.parquet``) or a directory (hf).
         format: ``"parquet"``, ``"jsonl"``, ``"hf"``, or ``"megatron"``: what
             Megatron-Bridge and NeMo read for packed fine-tuning, plus its metadata

@@ -340,7 +340,7 @@ def tree_batch_block_mask(batch, *, device=None, block_size: int = 128):
     sees itself and its ancestors (:func:`vecpack.integrations.masks.tree_block_mask` of ``batch["end"]``).
 
     >>> import numpy as np
-    >>> from vecpack.preference.packed import pack_pairs
+    >>> from vecpack.packing.pairs import pack_pairs
     >>> pp = pack_pairs(np.arange(1, 9, dtype=np.int32), np.array([0, 3, 5, 8]), max_len=12, prefix_sharing=True)
     >>> from vecpack.integrations.collate import collate_preference
     >>> b = collate_preference([pp[0]])                     # prompt 1 2 3, chosen 4 5, rejected 6 7 8

@@ -98,8 +98,8 @@ class MegatronBlock:
 
 
 def _check_packed(packed) -> None:
-    kind = type(packed).__name__
-    if kind in ("PackedPairs", "PackedTurns", "PackedVision") or not hasattr(packed, "rows"):
+    kind = packed.layout.name if hasattr(packed, "layout") else type(packed).__name__  # (PackedPairs, ...)
+    if getattr(packed, "kind", "packed") != "packed" or not hasattr(packed, "rows"):
         raise TypeError(f"Megatron's packed format holds SFT documents: export a vecpack.Packed, not a {kind}")
 
 

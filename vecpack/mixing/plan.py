@@ -156,16 +156,16 @@ def mix_pair_plan(doc_lengths: list, weights: list, max_len: int, *, strategy: s
 
     The pairs are chosen as :func:`mix_plan` chooses documents, measured by
     the tokens each pair places after the pair ``long`` policy
-    (:func:`vecpack.preference.packed.pair_policy`) or by pairs
-    (``mix_by="rows"``), then packed by :func:`vecpack.preference.packed.plan_pairs`.
+    (:func:`vecpack.packing.pairs.pair_policy`) or by pairs
+    (``mix_by="rows"``), then packed by :func:`vecpack.packing.pairs.plan_pairs`.
 
     Args:
         doc_lengths: per source, its corpus's document lengths (three per pair).
         weights, max_len, strategy, shuffle_seed, mix_*, names, row_ids: as :func:`mix_plan`.
-        long, prefix_sharing: as :func:`~vecpack.preference.packed.plan_pairs`.
+        long, prefix_sharing: as :func:`~vecpack.packing.pairs.plan_pairs`.
 
     Returns:
-        A :class:`~vecpack.preference.packed.PairPlan` whose ``pair_index``
+        A :class:`~vecpack.packing.pairs.PairPlan` whose ``pair_index``
         holds union pair ids (source ``s``'s pair ``j`` is
         ``pair_offsets[s] + j``; a repeated pair appears in several entries),
         with ``stats["mixture"]`` (``pair_offsets`` and one dict per source).
@@ -175,7 +175,7 @@ def mix_pair_plan(doc_lengths: list, weights: list, max_len: int, *, strategy: s
     >>> p.pair_index.tolist(), [s["tokens"] for s in p.stats["mixture"]["sources"]]   # b's pairs are 4..9
     ([4, 0, 5, 1, 6, 7, 2, 8, 3, 9], [24, 24])
     """
-    from vecpack.preference.packed import PairPlan, pair_lengths, pair_policy, plan_pairs
+    from vecpack.packing.pairs import PairPlan, pair_lengths, pair_policy, plan_pairs
 
     max_len = check_max_len(max_len)
     check_options(strategy=strategy, pair_long=long)

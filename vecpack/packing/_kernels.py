@@ -1,9 +1,10 @@
-"""numba kernels for packing. No Python glue here: see plan.py and packed.py.
+"""numba kernels that plan packs. No Python glue here: see plan.py; the packs are laid out by
+:mod:`vecpack.packing._fill_kernels`.
 
 Every kernel is ``@njit(cache=CACHE)`` and works on flat arrays only: lengths and indices are ``int64``, tokens and
-labels ``int32`` (labels may be a bit mask: :func:`_label`). The glue passes inputs as read-only views (see
-:func:`vecpack.packing.plan._ro`) so that each kernel is compiled once, whether its inputs are in-memory or
-memory-mapped.
+labels ``int32`` (labels may be a bit mask: :func:`vecpack.packing._fill_kernels._label`). The glue passes inputs
+as read-only views (see :func:`vecpack.packing.plan._ro`) so that each kernel is compiled once, whether its inputs
+are in-memory or memory-mapped.
 
 Pipeline (lengths -> Plan)::
 
@@ -12,11 +13,8 @@ Pipeline (lengths -> Plan)::
             --assign_ffd / assign_bfd--> placement order + pack of each entry
             --shuffle_ranks + group_entries--> doc_index/doc_start/doc_length, pack_offsets
 
-then (Plan + tokens -> arrays)::
-
-    fill_packs (prange over packs) / fill_pack (one pack)
-        -> input_ids, labels, position_ids, document_ids  [packs, max_len] int32
-    fill_packs_part / fill_pack_part: the same over a corpus in parts (one call per part)
+and the plans' checks (:func:`check_plan`, :func:`check_pair_plan`), torchtune's ``split_across_pack`` cut
+(:func:`split_entries`), and the count of trained tokens (:func:`trained_tokens`).
 
 Complexity: expand O(D); greedy O(E); ffd O(E log P); bfd O(E log max_len) (a counting sort by length, then a segment
 tree over *remaining capacity* whose leaves are capacities 0..max_len; each leaf holds a stack of the packs with that
@@ -24,16 +22,16 @@ capacity, so best fit is "smallest non-empty leaf >= length").
 """
 
 import numpy as np
-from numba import njit, prange, types
-from numba.extending import overload
+from numba import njit, types
 
 from vecpack._state import compile_once, kernel_cache
+from vecpack.packing._fill_kernels import _trained, fill_pack, fill_packs  # noqa: F401 - LATER names these two
 
 CACHE = kernel_cache()  # False where numba cannot write its cache (then compiled per process)
 
 __all__ = ["LONG_DROP", "LONG_ERROR", "LONG_SPLIT", "LONG_TRUNCATE", "assign_bfd", "assign_ffd", "assign_greedy",
-           "check_plan", "expand_entries", "fill_pack", "fill_pack_part", "fill_packs", "fill_packs_part",
-           "group_entries", "shuffle_ranks", "trained_tokens"]
+           "check_pair_plan", "check_plan", "expand_entries", "group_entries", "shuffle_ranks", "split_entries",
+           "trained_tokens"]
 
 _RO64 = types.Array(types.int64, 1, "C", readonly=True)  # plan.py's _ro views
 _RO32 = types.Array(types.int32, 1, "C", readonly=True)
@@ -52,7 +50,8 @@ FIRST_RUN = (
      ("trained_tokens", (_RO8, _RO64, _RO64, _RO64, _RO64, _I64))),
 )
 _ROW, _ROWS = types.Array(types.int32, 1, "C"), types.Array(types.int32, 2, "C")  # filled packs
-#: The fill kernels (packed.py's types), compiled after FIRST_RUN's second half, unwaited for.
+#: The fill kernels (:mod:`vecpack.packing._fill_kernels`, with packed.py's types), compiled after
+#: FIRST_RUN's second half, unwaited for.
 LATER = (("fill_packs", (_RO32, _RO8) + (_RO64,) * 5 + (_I64,) * 3 + (_ROWS,) * 4),
          ("fill_pack", (_RO32, _RO8) + (_RO64,) * 5 + (_I64,) * 3 + (_ROW,) * 4))
 
@@ -67,30 +66,6 @@ ST_ENTRIES = 4        # entries produced
 ST_TOKENS = 5         # tokens placed
 ST_INPUT_TOKENS = 6   # sum of all lengths
 ST_SIZE = 7
-
-
-def _label(tokens, labels, i):
-    """Token ``i``'s label: ``labels[i]``, or from a bit mask (uint8: bit ``i % 8`` of byte ``i // 8`` set: the token,
-    clear: -100); ``_trained``: not ``ignore_index``. Run without the JIT; compiled kernels use the overloads."""
-    return (tokens[i] if (labels[i >> 3] >> (i & 7)) & 1 else np.int32(-100)) if labels.dtype == np.uint8 else labels[i]
-
-
-def _trained(labels, i, ignore_index):
-    return (labels[i >> 3] >> (i & 7)) & 1 != 0 if labels.dtype == np.uint8 else labels[i] != ignore_index
-
-
-@overload(_label, inline="always")
-def _label_typed(tokens, labels, i):
-    if labels.dtype == types.uint8:
-        return lambda tokens, labels, i: tokens[i] if (labels[i >> 3] >> (i & 7)) & 1 else np.int32(-100)
-    return lambda tokens, labels, i: labels[i]
-
-
-@overload(_trained, inline="always")
-def _trained_typed(labels, i, ignore_index):
-    if labels.dtype == types.uint8:
-        return lambda labels, i, ignore_index: (labels[i >> 3] >> (i & 7)) & 1 != 0
-    return lambda labels, i, ignore_index: labels[i] != ignore_index
 
 
 @njit(cache=CACHE, inline='always')
@@ -472,132 +447,91 @@ def check_plan(doc_lengths, doc_index, doc_start, doc_length, pack_offsets, max_
 
 
 @njit(cache=CACHE)
-def _write_entry(tokens, labels, src, n, d32, at, ignore_index, ids, lab, pos, doc):
-    """Write one entry (``tokens[src:src + n]``, document ``d32``) at ``at`` of a pack row."""
-    for j in range(n):
-        ids[at + j] = tokens[src + j]
-        lab[at + j] = _label(tokens, labels, src + j)
-        pos[at + j] = j
-        doc[at + j] = d32
-    lab[at] = ignore_index
+def check_pair_plan(doc_lengths, pair_index, pair_lens, pack_offsets, max_len, shared):
+    """Check a pair plan against a corpus of ``3 * pairs`` documents. Returns ``(code, where)``; 0 is OK.
+
+    1: pack_offsets does not start at 0, decrease or end at len(pair_index)
+    (where = pack); 2: pair_index out of range (entry); 3: a kept prompt is not
+    the whole prompt, or a kept answer is negative or longer than its document
+    (entry); 4: a pack holds more than max_len tokens (pack).
+    """
+    num_pairs = doc_lengths.shape[0] // 3
+    n = pair_index.shape[0]
+    num_packs = pack_offsets.shape[0] - 1
+    if num_packs < 0 or pack_offsets[0] != 0 or pack_offsets[num_packs] != n:
+        return 1, 0
+    for i in range(num_packs):
+        a = pack_offsets[i]
+        b = pack_offsets[i + 1]
+        if b < a:
+            return 1, i
+        used = 0
+        for e in range(a, b):
+            j = pair_index[e]
+            if j < 0 or j >= num_pairs:
+                return 2, e
+            p = pair_lens[e, 0]
+            c = pair_lens[e, 1]
+            r = pair_lens[e, 2]
+            if p != doc_lengths[3 * j] or c < 0 or r < 0 or c > doc_lengths[3 * j + 1] \
+                    or r > doc_lengths[3 * j + 2]:
+                return 3, e
+            used += p + c + r if shared else 2 * p + c + r
+        if used > max_len:
+            return 4, i
+    return 0, 0
 
 
 @njit(cache=CACHE)
-def _pad_tail(at, pad_id, ignore_index, ids, lab, pos, doc):
-    """Padding after the last entry: pad_id, ignore_index, positions from 0, document -1."""
-    for j in range(ids.shape[0] - at):
-        ids[at + j] = pad_id
-        lab[at + j] = ignore_index
-        pos[at + j] = j
-        doc[at + j] = -1
+def split_entries(lengths, max_len):
+    """``split_across_pack=True``: the documents as one stream, cut every ``max_len`` tokens.
 
+    A zero-length document is an entry of length 0 in the pack that is open
+    when it comes: torchtune closes a full pack only when the next token
+    arrives. Documents with no tokens at all give no pack.
 
-@njit(cache=CACHE)
-def _fill_row(tokens, labels, shift, offsets, doc_index, doc_start, doc_length, e0, e1,
-              pad_id, ignore_index, ids, lab, pos, doc):
-    """Write one pack (entries e0:e1) into four 1-D rows of max_len. ``tokens``/``labels`` hold the corpus
-    tokens ``shift:shift + len(tokens)`` (the whole corpus when ``shift`` is 0); entries whose tokens lie
-    elsewhere are skipped, their positions left for the call that holds them (a corpus in parts: the
-    corpora of a mixture)."""
-    at = 0
-    hi = shift + tokens.shape[0]
-    for e in range(e0, e1):
-        d = doc_index[e]
-        n = doc_length[e]
-        src = offsets[d] + doc_start[e]
-        if shift <= src < hi:
-            _write_entry(tokens, labels, src - shift, n, np.int32(d), at, ignore_index,
-                         ids, lab, pos, doc)
-        at += n
-    _pad_tail(at, pad_id, ignore_index, ids, lab, pos, doc)
-
-
-@njit(cache=CACHE)
-def fill_entries(tokens, labels, lengths, doc_ids, pad_id, ignore_index, ids, lab, pos, doc):
-    """One pack whose entries lie back to back in ``tokens``: entry ``e`` has ``lengths[e]``
-    tokens and document id ``doc_ids[e]`` (streaming assembles its packs this way)."""
-    at = 0
-    for e in range(lengths.shape[0]):
-        n = lengths[e]
-        _write_entry(tokens, labels, at, n, np.int32(doc_ids[e]), at, ignore_index, ids, lab, pos, doc)
-        at += n
-    _pad_tail(at, pad_id, ignore_index, ids, lab, pos, doc)
-
-
-@njit(cache=CACHE)
-def fill_pack(tokens, labels, offsets, doc_index, doc_start, doc_length, pack_offsets, p,
-              pad_id, ignore_index, ids, lab, pos, doc):
-    """Fill one pack ``p`` into four 1-D int32 arrays of max_len."""
-    _fill_row(tokens, labels, 0, offsets, doc_index, doc_start, doc_length,
-              pack_offsets[p], pack_offsets[p + 1], pad_id, ignore_index, ids, lab, pos, doc)
-
-
-@njit(cache=CACHE, parallel=True)
-def fill_packs(tokens, labels, offsets, doc_index, doc_start, doc_length, pack_offsets, start,
-               pad_id, ignore_index, ids, lab, pos, doc):
-    """Fill packs ``start:start + ids.shape[0]`` into [n, max_len] int32 arrays, in parallel
-    (:func:`_fill_row` written out: a parallel loop that calls it takes far longer to compile)."""
-    n, m = ids.shape
-    for k in prange(n):
-        p = start + k
-        at = 0
-        for e in range(pack_offsets[p], pack_offsets[p + 1]):
-            d = doc_index[e]
-            length = doc_length[e]
-            src = np.uint64(offsets[d] + doc_start[e])  # unsigned: no negative-index test, a vector loop
-            ua, d32 = np.uint64(at), np.int32(d)
-            for j in range(np.uint64(length)):
-                ids[k, ua + j] = tokens[src + j]
-                lab[k, ua + j] = _label(tokens, labels, src + j)
-                pos[k, ua + j] = j
-                doc[k, ua + j] = d32
-            lab[k, at] = ignore_index
-            at += length
-        ua = np.uint64(at)
-        for j in range(np.uint64(m - at if at < m else 0)):
-            ids[k, ua + j] = pad_id
-            lab[k, ua + j] = ignore_index
-            pos[k, ua + j] = j
-            doc[k, ua + j] = -1
-
-
-@njit(cache=CACHE)
-def fill_pack_part(tokens, labels, shift, offsets, doc_index, doc_start, doc_length, pack_offsets, p,
-                   pad_id, ignore_index, ids, lab, pos, doc):
-    """:func:`fill_pack` for a corpus in parts: writes the entries whose tokens lie in ``tokens`` (corpus
-    tokens ``shift:shift + len(tokens)``) and the padding; one call per part fills the pack."""
-    _fill_row(tokens, labels, shift, offsets, doc_index, doc_start, doc_length,
-              pack_offsets[p], pack_offsets[p + 1], pad_id, ignore_index, ids, lab, pos, doc)
-
-
-@njit(cache=CACHE, parallel=True)
-def fill_packs_part(tokens, labels, shift, offsets, doc_index, doc_start, doc_length, pack_offsets,
-                    start, pad_id, ignore_index, ids, lab, pos, doc):
-    """:func:`fill_packs` for one part of a corpus in parts (see :func:`fill_pack_part`)."""
-    n, m = ids.shape
-    hi = shift + tokens.shape[0]
-    for k in prange(n):
-        p = start + k
-        at = 0
-        for e in range(pack_offsets[p], pack_offsets[p + 1]):
-            d = doc_index[e]
-            length = doc_length[e]
-            src = offsets[d] + doc_start[e]
-            if shift <= src < hi:
-                us, ua, d32 = np.uint64(src - shift), np.uint64(at), np.int32(d)  # as in fill_packs
-                for j in range(np.uint64(length)):
-                    ids[k, ua + j] = tokens[us + j]
-                    lab[k, ua + j] = _label(tokens, labels, us + j)
-                    pos[k, ua + j] = j
-                    doc[k, ua + j] = d32
-                lab[k, at] = ignore_index
-            at += length
-        ua = np.uint64(at)
-        for j in range(np.uint64(m - at if at < m else 0)):
-            ids[k, ua + j] = pad_id
-            lab[k, ua + j] = ignore_index
-            pos[k, ua + j] = j
-            doc[k, ua + j] = -1
+    Returns ``(entry_doc, entry_start, entry_len, pack_offsets)``: entry
+    ``e`` is ``entry_len[e]`` tokens of document ``entry_doc[e]`` from token
+    ``entry_start[e]``; pack ``p`` holds entries
+    ``pack_offsets[p]:pack_offsets[p + 1]``.
+    """
+    n = lengths.shape[0]
+    bound = 0
+    for d in range(n):
+        bound += 1 + (lengths[d] + max_len - 1) // max_len  # a cut document starts mid-pack
+    entry_doc = np.empty(bound, np.int64)
+    entry_start = np.empty(bound, np.int64)
+    entry_len = np.empty(bound, np.int64)
+    cuts = np.empty(bound + 2, np.int64)
+    cuts[0] = 0
+    p = 0
+    used = 0
+    k = 0
+    for d in range(n):
+        length = lengths[d]
+        if length == 0:
+            entry_doc[k] = d
+            entry_start[k] = 0
+            entry_len[k] = 0
+            k += 1
+            continue
+        start = 0
+        while start < length:
+            if used == max_len:  # the next token closes the full pack
+                p += 1
+                cuts[p] = k
+                used = 0
+            take = min(length - start, max_len - used)
+            entry_doc[k] = d
+            entry_start[k] = start
+            entry_len[k] = take
+            k += 1
+            used += take
+            start += take
+    if used == 0:  # no token at all
+        return entry_doc[:0], entry_start[:0], entry_len[:0], cuts[:1].copy()
+    cuts[p + 1] = k
+    return entry_doc[:k], entry_start[:k], entry_len[:k], cuts[:p + 2].copy()
 
 
 @njit(cache=CACHE)

@@ -1,4 +1,5 @@
-"""Packed sequences: a corpus of flat token arrays laid out by a :class:`~vecpack.packing.plan.Plan`.
+"""The one :class:`Packed` (every kind a layout of it: :mod:`vecpack.packing.layout`) and its chat layout:
+a corpus of flat token arrays laid out by a :class:`~vecpack.packing.plan.Plan`.
 
 One pack of ``max_len = 12`` holding document 7 (5 tokens), document 3
 (4 tokens) and padding (3)::
@@ -32,11 +33,13 @@ import numpy as np
 
 from vecpack._state import start_warming
 from vecpack.options import check_index, check_int
+from vecpack.packing.layout import Layout, layout_of, read_only, register
 from vecpack.packing.plan import Plan, _kernel, _ro, plan
 from vecpack.packing.spec import PackSpec
+from vecpack.store.entries import corpus_labels
 from vecpack.tokenizing.tokenized import bits_to_labels
 
-__all__ = ["Packed", "PlanViews", "pack", "warm_kernels"]
+__all__ = ["CHAT", "ChatLayout", "DecodedLabels", "Packed", "pack", "warm_kernels"]
 
 _INT32 = np.iinfo(np.int32)
 _ARRAYS = ("input_ids", "labels", "position_ids", "document_ids")
@@ -137,28 +140,13 @@ def _labels(tokens: np.ndarray, labels: np.ndarray, a: int = 0, b: int | None = 
     return labels[a:b]
 
 
-class PlanViews:
-    """What packs built from a plan (``self.plan``: ``max_len``, ``stats``, ``pack_offsets``) say of it; shared
-    by :class:`Packed`, ``PackedPairs`` and ``PackedTurns``."""
+class Packed:
+    """Packs of ``max_len`` tokens, laid out lazily from a corpus and a plan; the plan's layout says how.
 
-    @property
-    def max_len(self) -> int:
-        return self.plan.max_len
-
-    @property
-    def stats(self) -> dict:
-        return self.plan.stats
-
-    @property
-    def pack_offsets(self) -> np.ndarray:
-        return self.plan.pack_offsets
-
-    def __len__(self) -> int:
-        return self.plan.pack_offsets.shape[0] - 1
-
-
-class Packed(PlanViews):
-    """Packs of ``max_len`` tokens, built lazily from the corpus and a plan.
+    One class for every kind: chat (a :class:`~vecpack.packing.plan.Plan`), preference pairs
+    (:class:`~vecpack.packing.pairs.PairPlan`), per-turn tries (:class:`~vecpack.packing.turns.TurnPlan`)
+    and vision (:class:`~vecpack.vision.packed.VisionPlan`); ``packed.kind`` names it and
+    :mod:`vecpack.packing.layout` lists what differs. What follows is the chat layout's.
 
     ``packed[i]`` builds one pack on its own (cheap, independent of the full
     arrays); ``packed.input_ids`` etc. run the parallel fill once for all packs
@@ -171,7 +159,8 @@ class Packed(PlanViews):
         offsets: int64 [D+1], document ``d`` is ``tokens[offsets[d]:offsets[d+1]]``
             (of the parts' concatenation).
         plan: a :class:`~vecpack.packing.plan.Plan` for these documents (a
-            document may appear in several entries: a mixture's repeats).
+            document may appear in several entries: a mixture's repeats), or
+            another layout's plan.
         labels: int32 [N] aligned with tokens (``ignore_index`` = no loss),
             or a list aligned with the parts; ``None`` means the tokens themselves.
             A part's labels may also be bits, uint8 [ceil(N / 8)] (a cache
@@ -186,8 +175,10 @@ class Packed(PlanViews):
             offset and plan entry). Pass ``False`` only for arrays that were
             checked when they were written, such as a cache entry, so that
             reopening one touches no page it does not need.
+        state: what a layout needs besides the corpus (vision: ``corpus``, ``pixels``).
 
     Attributes:
+        kind: ``"packed"`` (chat), ``"pairs"``, ``"turns"`` or ``"vision"``; ``layout``: its :class:`Layout`.
         tokens, token_labels, offsets, plan: the inputs (``token_labels`` is
             ``tokens`` when no labels were given; for a corpus in parts,
             ``tokens`` and ``token_labels`` are concatenated copies and
@@ -199,172 +190,87 @@ class Packed(PlanViews):
             ``seq_lens_offsets`` (int64 [P+1]) cuts it per pack (CSR).
     """
 
-    def __init__(self, tokens, offsets, plan: Plan, labels=None, pad_id: int = 0,
-                 ignore_index: int = -100, *, arrays: dict | None = None, validate: bool = True):
-        parts = _parts(tokens, labels)
-        num_tokens = sum(t.shape[0] for t, _ in parts)
-        if validate:
-            offsets = _check_offsets(offsets, num_tokens)
-            if len(parts) > 1:
-                _check_part_bounds(offsets, parts)
-        elif not (isinstance(offsets, np.ndarray) and offsets.ndim == 1 and offsets.dtype == np.int64):
-            raise TypeError("validate=False needs offsets as a 1-D int64 array")
-        if not isinstance(plan, Plan):
-            raise TypeError(f"plan must be a vecpack.Plan, got {type(plan).__name__}")
+    def __init__(self, tokens, offsets, plan, labels=None, pad_id: int = 0, ignore_index: int = -100, *,
+                 arrays: dict | None = None, validate: bool = True, **state):
+        layout = layout_of(plan)
         self.pad_id = check_int(pad_id, "pad_id", minimum=_INT32.min, maximum=_INT32.max)
         self.ignore_index = check_int(ignore_index, "ignore_index", minimum=_INT32.min,
                                        maximum=_INT32.max)
-        self.token_parts = tuple(t for t, _ in parts)
-        self.label_parts = tuple(lb for _, lb in parts)
-        self.offsets = offsets
         self.plan = plan
-        self._views()
-        if validate:
-            code, where = _kernel("check_plan", self._doc_index.shape[0])(_ro(np.diff(offsets)), self._doc_index,
-                                              self._doc_start, self._doc_length,
-                                              self._pack_offsets, plan.max_len)
-            if code:
-                raise ValueError("plan does not fit this corpus: "
-                                 + _PLAN_ERRORS[code].format(where))
         self._arrays = None
         self._filled = False  # whether _arrays came from our own fill
+        layout.setup(self, tokens, offsets, labels, validate, **state)
         if arrays is not None:
             self._arrays = self._check_arrays(arrays)
-        self._seq_lens = None
 
-    def _views(self):
-        """Read-only views the kernels take (one numba specialization for every input)."""
-        shifts = np.concatenate([[0], np.cumsum([t.shape[0] for t in self.token_parts])])
-        self._parts = [(_ro(t), _ro(lb), int(shift))
-                       for t, lb, shift in zip(self.token_parts, self.label_parts, shifts)]
-        self._tokens, self._labels = self._parts[0][0], self._parts[0][1]
-        self._offsets = _ro(self.offsets)
-        self._doc_index = _ro(self.plan.doc_index)
-        self._doc_start = _ro(self.plan.doc_start)
-        self._doc_length = _ro(self.plan.doc_length)
-        self._pack_offsets = _ro(self.plan.pack_offsets)
+    @property
+    def layout(self) -> Layout:
+        """How these packs are laid out (:mod:`vecpack.packing.layout`)."""
+        return layout_of(self.plan)
+
+    @property
+    def kind(self) -> str:
+        """``"packed"`` (chat), ``"pairs"``, ``"turns"`` or ``"vision"``: a saved dataset's manifest kind."""
+        return self.layout.kind
+
+    def __getattr__(self, name):
+        # the kind's own attributes (chat's seq_lens, pairs' part_ids, ...); only called for names not found
+        plan = self.__dict__.get("plan")
+        if plan is None or name.startswith("__"):
+            raise AttributeError(name)
+        layout = layout_of(plan)
+        if name not in layout.members:
+            raise AttributeError(f"{layout.name} packs have no attribute {name!r}")
+        return layout.member(self, name)
 
     def __getstate__(self):
         # Views would be pickled as copies: leave them (and the fill, which is
         # recomputed on demand unless it was given) out.
+        views = self.layout.views
         state = {k: v for k, v in self.__dict__.items()
-                 if k not in _VIEWS and not (k == "_arrays" and self._filled)}
+                 if k not in views and not (k == "_arrays" and self._filled)}
         if self._filled:
             state["_arrays"] = None
         return state
 
     def __setstate__(self, state):
         self.__dict__.update(state)
-        self._views()
+        self.layout.make_views(self)
 
-    # -- the corpus -------------------------------------------------------
+    # -- what every layout has ----------------------------------------------
     @property
-    def tokens(self) -> np.ndarray:
-        """int32 [N], all documents' tokens (a corpus in parts is concatenated: a copy)."""
-        return _joined(self.token_parts)
-
-    @property
-    def token_labels(self) -> np.ndarray:
-        """int32 [N], the labels aligned with :attr:`tokens` (the tokens themselves if none were given)."""
-        return _joined(tuple(_labels(t, lb) for t, lb in zip(self.token_parts, self.label_parts)))
-
-    def document(self, d: int) -> tuple[np.ndarray, np.ndarray]:
-        """Document ``d``'s ``(tokens, labels)``, as views (a corpus in parts too)."""
-        a, b = int(self.offsets[d]), int(self.offsets[d + 1])
-        for tokens, labels, shift in self._parts:
-            if shift <= a and b <= shift + tokens.shape[0]:
-                return tokens[a - shift:b - shift], _labels(tokens, labels, a - shift, b - shift)
-        raise IndexError(f"document {d} is not in the corpus")  # pragma: no cover - offsets were checked
-
-    # -- plan views (and PlanViews') ----------------------------------------
-    @property
-    def doc_index(self) -> np.ndarray:
-        return self.plan.doc_index
+    def max_len(self) -> int:
+        return self.plan.max_len
 
     @property
-    def seq_lens(self) -> np.ndarray:
-        if self._seq_lens is None:
-            s = self.plan.doc_length.astype(np.int32)
-            s.flags.writeable = False
-            self._seq_lens = s
-        return self._seq_lens
+    def stats(self) -> dict:
+        return self.plan.stats
 
     @property
-    def seq_lens_offsets(self) -> np.ndarray:
+    def pack_offsets(self) -> np.ndarray:
         return self.plan.pack_offsets
 
+    def __len__(self) -> int:
+        return len(self.plan)
+
     def __repr__(self) -> str:
-        return f"Packed(num_packs={len(self)}, max_len={self.max_len}, fill={self.stats['fill']:.4f})"
+        return self.layout.describe(self)
 
-    # -- one pack ---------------------------------------------------------
     def __getitem__(self, i) -> dict:
-        """Pack ``i`` as a dict of int32 arrays (fresh copies), negative indices allowed."""
-        i = check_index(i, len(self))
-        m = self.max_len
-        out = {name: np.empty(m, np.int32) for name in _ARRAYS}
-        if self._arrays is not None:
-            for name in _ARRAYS:
-                out[name][:] = self._arrays[name][i]
-        elif len(self._parts) == 1:
-            _kernel("fill_pack", 2 * m)(self._tokens, self._labels, self._offsets, self._doc_index,
-                               self._doc_start, self._doc_length, self._pack_offsets, i,
-                               self.pad_id, self.ignore_index, out["input_ids"], out["labels"],
-                               out["position_ids"], out["document_ids"])
-        else:
-            for tokens, labels, shift in self._parts:
-                _kernel("fill_pack_part", 2 * m)(tokens, labels, shift, self._offsets, self._doc_index,
-                                        self._doc_start, self._doc_length, self._pack_offsets, i,
-                                        self.pad_id, self.ignore_index, out["input_ids"], out["labels"],
-                                        out["position_ids"], out["document_ids"])
-        a, b = self.plan.pack_offsets[i], self.plan.pack_offsets[i + 1]
-        out["seq_lens"] = self.plan.doc_length[a:b].astype(np.int32)
-        return out
-
-    def rows(self, start: int, stop: int) -> dict:
-        """Packs ``start:stop`` as [stop-start, max_len] int32 arrays (one parallel fill).
-
-        Also returns ``seq_lens`` (int32) and ``seq_lens_offsets`` (int64,
-        starting at 0) for those packs. For streaming a range without
-        materializing everything.
-        """
-        n = len(self)
-        start = check_int(start, "start", minimum=0, maximum=n)
-        stop = check_int(stop, "stop", minimum=start, maximum=n)
-        if self._arrays is not None:
-            out = {name: np.array(self._arrays[name][start:stop]) for name in _ARRAYS}
-        else:
-            out = self._fill(start, stop)
-        po = self.plan.pack_offsets[start:stop + 1]
-        out["seq_lens"] = self.plan.doc_length[po[0]:po[-1]].astype(np.int32)
-        out["seq_lens_offsets"] = po - po[0]
-        return out
-
-    # -- all packs --------------------------------------------------------
-    def _fill(self, start: int, stop: int) -> dict:
-        shape = (stop - start, self.max_len)
-        out = {name: _empty(shape) for name in _ARRAYS}
-        plain_us = 2 * shape[0] * shape[1]  # (a machine's first run may fill with the kernels' Python bodies)
-        if stop > start and len(self._parts) == 1:
-            _kernel("fill_packs", plain_us)(self._tokens, self._labels, self._offsets, self._doc_index,
-                                            self._doc_start, self._doc_length, self._pack_offsets, start,
-                                            self.pad_id, self.ignore_index, out["input_ids"], out["labels"],
-                                            out["position_ids"], out["document_ids"])
-        elif stop > start:
-            for tokens, labels, shift in self._parts:
-                _kernel("fill_packs_part", plain_us)(tokens, labels, shift, self._offsets, self._doc_index,
-                                                     self._doc_start, self._doc_length, self._pack_offsets, start,
-                                                     self.pad_id, self.ignore_index, out["input_ids"],
-                                                     out["labels"], out["position_ids"], out["document_ids"])
-        return out
+        """Pack ``i`` as a dict of arrays (fresh copies), negative indices allowed."""
+        return self.layout.item(self, check_index(i, len(self)))
 
     def _materialize(self) -> dict:
         if self._arrays is None:
-            arrays = self._fill(0, len(self))
-            for a in arrays.values():
-                a.flags.writeable = False
-            self._arrays = arrays
+            self._arrays = read_only(self.layout.fill(self, 0, len(self)))
             self._filled = True
         return self._arrays
+
+    def _array(self, name: str) -> np.ndarray:
+        arrays = self._materialize()
+        if name not in arrays:
+            raise AttributeError(f"{self.layout.name} packs have no {name}")
+        return arrays[name]
 
     def _check_arrays(self, arrays: dict) -> dict:
         shape = (len(self), self.max_len)
@@ -382,22 +288,191 @@ class Packed(PlanViews):
     @property
     def input_ids(self) -> np.ndarray:
         """[P, max_len] int32 token ids, ``pad_id`` after the last entry."""
-        return self._materialize()["input_ids"]
+        return self._array("input_ids")
 
     @property
     def labels(self) -> np.ndarray:
         """[P, max_len] int32 labels, unshifted; ``ignore_index`` on padding and first tokens."""
-        return self._materialize()["labels"]
+        return self._array("labels")
 
     @property
     def position_ids(self) -> np.ndarray:
         """[P, max_len] int32, 0.. within every entry; padding counts from 0 as one more segment."""
-        return self._materialize()["position_ids"]
+        return self._array("position_ids")
 
     @property
     def document_ids(self) -> np.ndarray:
         """[P, max_len] int32 source document index of each token, -1 on padding."""
-        return self._materialize()["document_ids"]
+        return self._array("document_ids")
+
+
+class ChatLayout(Layout):
+    """Chat (and every single-document kind): entries of documents back to back, a pack's arrays
+    ``input_ids``, ``labels``, ``position_ids``, ``document_ids`` and ``seq_lens``; a corpus may be in
+    parts and its labels bits. Members: ``tokens``, ``token_labels``, ``document(d)``, ``doc_index``,
+    ``seq_lens``, ``seq_lens_offsets``, ``rows(start, stop)``."""
+
+    kind, name, plan_type = "packed", "Packed", Plan
+    title = "chat"
+    views = _VIEWS
+    members = frozenset({"tokens", "token_labels", "document", "doc_index", "seq_lens", "seq_lens_offsets", "rows"})
+    remote = provenance = True
+
+    def setup(self, packed, tokens, offsets, labels, validate: bool, **state) -> None:
+        parts = _parts(tokens, labels)
+        num_tokens = sum(t.shape[0] for t, _ in parts)
+        if validate:
+            offsets = _check_offsets(offsets, num_tokens)
+            if len(parts) > 1:
+                _check_part_bounds(offsets, parts)
+        elif not (isinstance(offsets, np.ndarray) and offsets.ndim == 1 and offsets.dtype == np.int64):
+            raise TypeError("validate=False needs offsets as a 1-D int64 array")
+        packed.token_parts = tuple(t for t, _ in parts)
+        packed.label_parts = tuple(lb for _, lb in parts)
+        packed.offsets = offsets
+        packed._seq_lens = None
+        self.make_views(packed)
+        if validate:
+            code, where = _kernel("check_plan", packed._doc_index.shape[0])(
+                _ro(np.diff(offsets)), packed._doc_index, packed._doc_start, packed._doc_length,
+                packed._pack_offsets, packed.plan.max_len)
+            if code:
+                raise ValueError("plan does not fit this corpus: " + _PLAN_ERRORS[code].format(where))
+
+    def make_views(self, packed) -> None:
+        """Read-only views the kernels take (one numba specialization for every input)."""
+        shifts = np.concatenate([[0], np.cumsum([t.shape[0] for t in packed.token_parts])])
+        packed._parts = [(_ro(t), _ro(lb), int(shift))
+                         for t, lb, shift in zip(packed.token_parts, packed.label_parts, shifts)]
+        packed._tokens, packed._labels = packed._parts[0][0], packed._parts[0][1]
+        packed._offsets = _ro(packed.offsets)
+        packed._doc_index = _ro(packed.plan.doc_index)
+        packed._doc_start = _ro(packed.plan.doc_start)
+        packed._doc_length = _ro(packed.plan.doc_length)
+        packed._pack_offsets = _ro(packed.plan.pack_offsets)
+
+    def member(self, packed, name: str):
+        if name == "tokens":  # int32 [N], all documents' tokens (a corpus in parts is concatenated: a copy)
+            return _joined(packed.token_parts)
+        if name == "token_labels":  # int32 [N], aligned with tokens (the tokens themselves if none were given)
+            return _joined(tuple(_labels(t, lb) for t, lb in zip(packed.token_parts, packed.label_parts)))
+        if name == "seq_lens":
+            if packed._seq_lens is None:
+                s = packed.plan.doc_length.astype(np.int32)
+                s.flags.writeable = False
+                packed._seq_lens = s
+            return packed._seq_lens
+        if name == "seq_lens_offsets":
+            return packed.plan.pack_offsets
+        if name == "doc_index":
+            return packed.plan.doc_index
+        return getattr(self, "_" + name).__get__(packed)  # document, rows: methods of the packs
+
+    @staticmethod
+    def _document(packed, d: int) -> tuple[np.ndarray, np.ndarray]:
+        """Document ``d``'s ``(tokens, labels)``, as views (a corpus in parts too)."""
+        a, b = int(packed.offsets[d]), int(packed.offsets[d + 1])
+        for tokens, labels, shift in packed._parts:
+            if shift <= a and b <= shift + tokens.shape[0]:
+                return tokens[a - shift:b - shift], _labels(tokens, labels, a - shift, b - shift)
+        raise IndexError(f"document {d} is not in the corpus")  # pragma: no cover - offsets were checked
+
+    @staticmethod
+    def _rows(packed, start: int, stop: int) -> dict:
+        """Packs ``start:stop`` as [stop-start, max_len] int32 arrays (one parallel fill).
+
+        Also returns ``seq_lens`` (int32) and ``seq_lens_offsets`` (int64,
+        starting at 0) for those packs. For streaming a range without
+        materializing everything.
+        """
+        n = len(packed)
+        start = check_int(start, "start", minimum=0, maximum=n)
+        stop = check_int(stop, "stop", minimum=start, maximum=n)
+        if packed._arrays is not None:
+            out = {name: np.array(packed._arrays[name][start:stop]) for name in _ARRAYS}
+        else:
+            out = CHAT.fill(packed, start, stop)
+        po = packed.plan.pack_offsets[start:stop + 1]
+        out["seq_lens"] = packed.plan.doc_length[po[0]:po[-1]].astype(np.int32)
+        out["seq_lens_offsets"] = po - po[0]
+        return out
+
+    def item(self, packed, i: int) -> dict:
+        m = packed.max_len
+        out = {name: np.empty(m, np.int32) for name in _ARRAYS}
+        if packed._arrays is not None:
+            for name in _ARRAYS:
+                out[name][:] = packed._arrays[name][i]
+        elif len(packed._parts) == 1:
+            _kernel("fill_pack", 2 * m)(packed._tokens, packed._labels, packed._offsets, packed._doc_index,
+                                        packed._doc_start, packed._doc_length, packed._pack_offsets, i,
+                                        packed.pad_id, packed.ignore_index, out["input_ids"], out["labels"],
+                                        out["position_ids"], out["document_ids"])
+        else:
+            for tokens, labels, shift in packed._parts:
+                _kernel("fill_pack_part", 2 * m)(tokens, labels, shift, packed._offsets, packed._doc_index,
+                                                 packed._doc_start, packed._doc_length, packed._pack_offsets, i,
+                                                 packed.pad_id, packed.ignore_index, out["input_ids"],
+                                                 out["labels"], out["position_ids"], out["document_ids"])
+        a, b = packed.plan.pack_offsets[i], packed.plan.pack_offsets[i + 1]
+        out["seq_lens"] = packed.plan.doc_length[a:b].astype(np.int32)
+        return out
+
+    def fill(self, packed, start: int, stop: int) -> dict:
+        shape = (stop - start, packed.max_len)
+        out = {name: _empty(shape) for name in _ARRAYS}
+        plain_us = 2 * shape[0] * shape[1]  # (a machine's first run may fill with the kernels' Python bodies)
+        if stop > start and len(packed._parts) == 1:
+            _kernel("fill_packs", plain_us)(packed._tokens, packed._labels, packed._offsets, packed._doc_index,
+                                            packed._doc_start, packed._doc_length, packed._pack_offsets, start,
+                                            packed.pad_id, packed.ignore_index, out["input_ids"], out["labels"],
+                                            out["position_ids"], out["document_ids"])
+        elif stop > start:
+            for tokens, labels, shift in packed._parts:
+                _kernel("fill_packs_part", plain_us)(tokens, labels, shift, packed._offsets, packed._doc_index,
+                                                     packed._doc_start, packed._doc_length, packed._pack_offsets,
+                                                     start, packed.pad_id, packed.ignore_index, out["input_ids"],
+                                                     out["labels"], out["position_ids"], out["document_ids"])
+        return out
+
+    def saved(self, packed) -> tuple[dict, dict]:
+        # a corpus in parts (a mixture's corpora) is written part after part, never joined in memory
+        parts = packed.label_parts
+        if len(parts) == 1 and parts[0].dtype == np.uint8:
+            labels = {"trained": parts[0]}
+        else:  # bits decoded block by block as they are written
+            labels = {"labels": tuple(DecodedLabels(t, lb) if lb.dtype == np.uint8 else lb
+                                      for t, lb in zip(packed.token_parts, parts))}
+        plan = packed.plan
+        return {"tokens": packed.token_parts, **labels, "offsets": packed.offsets, "doc_index": plan.doc_index,
+                "doc_start": plan.doc_start, "doc_length": plan.doc_length, "pack_offsets": plan.pack_offsets}, {}
+
+    def from_saved(self, arrays: dict, meta: dict, *, pad_id, ignore_index, verify: bool):
+        p = Plan(doc_index=arrays["doc_index"], doc_start=arrays["doc_start"], doc_length=arrays["doc_length"],
+                 pack_offsets=arrays["pack_offsets"], max_len=int(meta["max_len"]), stats=dict(meta["stats"]))
+        return Packed(arrays["tokens"], arrays["offsets"], p, labels=corpus_labels(arrays),
+                      pad_id=int(meta["pad_id"]) if pad_id is None else pad_id,
+                      ignore_index=int(meta["ignore_index"]) if ignore_index is None else ignore_index,
+                      validate=verify)
+
+
+CHAT = register(ChatLayout())
+
+
+class DecodedLabels:
+    """int32 labels of ``tokens`` from bits, decoded a block at a time (what :func:`vecpack.save` writes)."""
+
+    dtype = np.dtype(np.int32)
+    _BLOCK = 16 << 20  # labels a block (a multiple of 8)
+
+    def __init__(self, tokens: np.ndarray, bits: np.ndarray):
+        self.tokens, self.bits = tokens, bits
+        self.shape, self.nbytes = tokens.shape, tokens.nbytes
+
+    def blocks(self):
+        n = self.shape[0]
+        for a in range(0, n, self._BLOCK):
+            yield bits_to_labels(self.tokens, self.bits, a, min(n, a + self._BLOCK))
 
 
 _MMAP_FROM = 64 << 20  # bytes from which a filled array gets pages of its own (see _empty)

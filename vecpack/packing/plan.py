@@ -33,16 +33,19 @@ LONG_CODES = {name: code for code, name in enumerate(LONG_POLICIES)}
 
 
 class _LazyKernels:
-    """``vecpack.packing._kernels``, imported on first use.
+    """``vecpack.packing._kernels`` (the plans') and ``_fill_kernels`` (the packs'), imported on first use.
 
     Tokenizer workers import vecpack but never pack: they skip numba's ~0.2 s import.
     """
 
     def __getattr__(self, name):
-        from vecpack.packing import _kernels as kernels
+        from vecpack.packing import _fill_kernels, _kernels  # numba: imported on first use only
 
-        self.__dict__.update((k, v) for k, v in vars(kernels).items() if not k.startswith("__"))
-        return getattr(kernels, name)
+        for kernels in (_fill_kernels, _kernels):
+            self.__dict__.update((k, v) for k, v in vars(kernels).items() if not k.startswith("__"))
+        if name not in self.__dict__:
+            raise AttributeError(f"no packing kernel {name!r}")
+        return self.__dict__[name]
 
 
 _kernels = _LazyKernels()

@@ -77,9 +77,9 @@ def build(data_files, tokenizer=None, max_len: int | None = None, *, style: str 
             :func:`vecpack.tokenize` (``n_jobs``, ``progress`` and
             ``backend`` do not change the output, so they are not in the key).
             ``style="preference"`` packs preference pairs, a pair as one unit,
-            and returns a :class:`~vecpack.preference.packed.PackedPairs`
+            and returns a :class:`~vecpack.packing.pairs.PackedPairs`
             (``long``: ``"truncate"`` the answers, ``"drop"`` or ``"error"``;
-            see :mod:`vecpack.preference.packed`).
+            see :mod:`vecpack.packing.pairs`).
         chat_template_kwargs: template variables for every row (TRL's
             ``chat_template_kwargs``, e.g. ``{"enable_thinking": False}``); a row's
             own ``chat_template_kwargs`` column wins over them, key by key.
@@ -90,7 +90,7 @@ def build(data_files, tokenizer=None, max_len: int | None = None, *, style: str 
             conversation before it rendered as the template renders a final turn
             (so Qwen3-style templates keep its reasoning); a conversation's
             documents are packed as one token trie, shared prefixes stored once.
-            Returns a :class:`~vecpack.turns.packed.PackedTurns` (batches:
+            Returns a :class:`~vecpack.packing.turns.PackedTurns` (batches:
             :func:`vecpack.integrations.collate.collate_turns`); ``long``: ``"truncate"``
             keeps a conversation's first turns that fit, ``"drop"`` or ``"error"``.
             See ``docs/agentic.md``.
@@ -107,7 +107,7 @@ def build(data_files, tokenizer=None, max_len: int | None = None, *, style: str 
             result opens from it (:mod:`vecpack.cluster`; ``docs/ray.md``).
         prefix_sharing: with ``style="preference"``, store each pair's prompt
             once (``prompt + chosen + rejected``; see
-            :func:`vecpack.preference.packed.plan_pairs`).
+            :func:`vecpack.packing.pairs.plan_pairs`).
         strategy, long, shuffle_seed, pad_to_multiple_of: as :func:`vecpack.plan`
             (``pad_to_multiple_of``: for context parallelism, e.g.
             ``vecpack.integrations.ranks.pad_multiple(cp_size)``; chat documents only).

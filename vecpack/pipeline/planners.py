@@ -27,13 +27,13 @@ import numpy as np
 from vecpack.mixing.plan import mix_pair_plan, mix_plan, union_offsets
 from vecpack.options import IGNORE_INDEX
 from vecpack.packing.packed import Packed
+from vecpack.packing.pairs import PackedPairs, PairPlan, plan_pairs
 from vecpack.packing.plan import Plan, plan, trained_tokens
+from vecpack.packing.turns import PackedTurns, TurnPlan, plan_turns
 from vecpack.pipeline import info as _mixed
 from vecpack.pipeline.request import mix_key, plan_key
-from vecpack.preference.packed import PackedPairs, PairPlan, plan_pairs
 from vecpack.store.entries import corpus_labels
 from vecpack.tokenizing.tokenized import bits_to_labels
-from vecpack.turns.packed import PackedTurns, TurnPlan, plan_turns
 
 __all__ = ["planner_for", "ChatPlanner", "MixPlanner", "PairMixPlanner", "PairPlanner", "TurnPlanner"]
 

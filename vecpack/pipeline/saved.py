@@ -30,18 +30,18 @@ import numpy as np
 
 from vecpack import options as _options
 from vecpack._version import __version__
+from vecpack.packing import turns as _turns  # noqa: F401 - registers the per-turn layout (vecpack.load finds it)
+from vecpack.packing.layout import layout_named
 from vecpack.packing.packed import Packed
-from vecpack.packing.plan import Plan
+from vecpack.packing.pairs import PairPlan
 from vecpack.pipeline.info import BuildInfo, jsonable, packed_from_entries, packed_from_mixture, row_ids
-from vecpack.preference.packed import PackedPairs, PairPlan
 from vecpack.store import cache as _cache
 from vecpack.store import entries as _entries
 from vecpack.store import objects as _objects
 from vecpack.store.hashing import checksum_algorithm
 from vecpack.store.objects import fsync_path, iso, try_link
-from vecpack.tokenizing.tokenized import bits_to_labels, merge_stats
-from vecpack.turns.saved import turns_arrays, turns_from_saved
-from vecpack.vision.saved import vision_arrays, vision_from_saved
+from vecpack.tokenizing.tokenized import merge_stats
+from vecpack.vision import packed as _vision  # noqa: F401 - registers the vision layout (vecpack.load finds it)
 
 __all__ = ["SAVED_FORMAT", "SAVED_KINDS", "load", "save"]
 
@@ -80,15 +80,13 @@ def save(packed: Packed, out_dir: str | os.PathLike, *, overwrite: bool = True,
     Returns:
         ``out_dir`` as a :class:`pathlib.Path`.
     """
-    pairs = type(packed).__name__ == "PackedPairs"  # vecpack.preference.packed (not imported here)
-    vision = type(packed).__name__ == "PackedVision"  # vecpack.vision.packed (not imported here)
-    turns = type(packed).__name__ == "PackedTurns"  # vecpack.turns.packed (not imported here)
-    if not (isinstance(packed, Packed) or pairs or vision or turns):
-        raise TypeError(f"packed must be a vecpack.Packed, PackedPairs, PackedVision or PackedTurns, got "
+    if not isinstance(packed, Packed):
+        raise TypeError(f"packed must be a vecpack.Packed (of any layout: chat, pairs, turns, vision), got "
                         f"{type(packed).__name__}")
-    if (vision or turns) and _objects.is_url(out_dir):
-        raise ValueError(f"save: {'vision' if vision else 'per-turn'} packs are saved to a local directory only "
-                         f"(not to an object store) for now")
+    layout = packed.layout
+    if not layout.remote and _objects.is_url(out_dir):
+        raise ValueError(f"save: {layout.title} packs are saved to a local directory only (not to an object store) "
+                         f"for now")
     if _objects.is_url(out_dir):
         return _save_to_store(packed, out_dir, overwrite, progress)
     out = pathlib.Path(out_dir)
@@ -113,21 +111,7 @@ def save(packed: Packed, out_dir: str | os.PathLike, *, overwrite: bool = True,
     tmp = out.with_name(f".{out.name}.incomplete-{os.getpid()}-{uuid.uuid4().hex[:8]}")
     tmp.mkdir()
     try:
-        extra = {}
-        if vision:
-
-            arrays, extra = vision_arrays(packed)
-        elif turns:
-
-            arrays, extra = turns_arrays(packed)
-        elif pairs:
-            arrays = {"tokens": packed.tokens, "offsets": packed.offsets, "pair_index": packed.plan.pair_index,
-                      "pair_lens": packed.plan.pair_lens, "pack_offsets": packed.plan.pack_offsets}
-        else:
-            # a corpus in parts (a mixture's corpora) is written part after part, never joined in memory
-            arrays = {"tokens": packed.token_parts, **_labels(packed), "offsets": packed.offsets,
-                      "doc_index": packed.plan.doc_index, "doc_start": packed.plan.doc_start,
-                      "doc_length": packed.plan.doc_length, "pack_offsets": packed.plan.pack_offsets}
+        arrays, extra = layout.saved(packed)
         info = getattr(packed, "build_info", None)
         if info is not None and info.row_ids is not None:
             arrays["row_ids"] = info.row_ids
@@ -141,9 +125,9 @@ def save(packed: Packed, out_dir: str | os.PathLike, *, overwrite: bool = True,
                           **jsonable(info.described)}
         manifest = {
             "layout": _entries.CACHE_LAYOUT_VERSION, "format": SAVED_FORMAT,
-            "kind": "vision" if vision else "turns" if turns else "pairs" if pairs else "packed",
+            "kind": layout.kind,
             "key": None, "meta": {"max_len": packed.max_len, "pad_id": packed.pad_id,
-                                  "ignore_index": getattr(packed, "ignore_index", -100),
+                                  "ignore_index": packed.ignore_index,
                                   "stats": jsonable(dict(packed.stats)), "provenance": provenance, **extra},
             "arrays": records, "checksum_algorithm": checksum_algorithm(),
             "vecpack_version": __version__, "created": iso(now), "created_unix": now,
@@ -202,31 +186,6 @@ def _write_arrays(tmp: pathlib.Path, arrays: dict, progress: bool) -> dict:
     return dict(sorted(records.items()))
 
 
-def _labels(packed: Packed) -> dict:
-    """``{"trained": bits}`` of a corpus in one part whose labels are bits, else ``{"labels": parts}``
-    (bits decoded block by block as they are written)."""
-    parts = packed.label_parts
-    if len(parts) == 1 and parts[0].dtype == np.uint8:
-        return {"trained": parts[0]}
-    return {"labels": tuple(_Decoded(t, lb) if lb.dtype == np.uint8 else lb
-                            for t, lb in zip(packed.token_parts, parts))}
-
-
-class _Decoded:
-    """int32 labels of ``tokens`` from bits, decoded a block at a time (for :func:`_write_npy`)."""
-
-    dtype = np.dtype(np.int32)
-
-    def __init__(self, tokens: np.ndarray, bits: np.ndarray):
-        self.tokens, self.bits = tokens, bits
-        self.shape, self.nbytes = tokens.shape, tokens.nbytes
-
-    def blocks(self):
-        n = self.shape[0]
-        for a in range(0, n, _PIECE // 4):  # a multiple of 8
-            yield bits_to_labels(self.tokens, self.bits, a, min(n, a + _PIECE // 4))
-
-
 def _mapped_file(a) -> pathlib.Path | None:
     """The ``.npy`` file whose whole data ``a`` maps read-only (so that a link to it saves ``a``), or None."""
     if not isinstance(a, np.memmap) or a.mode != "r" or not a.filename or getattr(a, "_mmap", None) is None:
@@ -258,15 +217,15 @@ def _known_record(src: pathlib.Path, dst: pathlib.Path) -> dict | None:
 
 def _write_npy(f, parts: tuple, bar=None) -> None:
     """One ``.npy`` file holding the 1-D ``parts`` back to back (``bar`` advanced by the bytes written)."""
-    if len(parts) == 1 and not isinstance(parts[0], _Decoded) and np.asarray(parts[0]).ndim != 1:
+    if len(parts) == 1 and not hasattr(parts[0], "blocks") and np.asarray(parts[0]).ndim != 1:
         np.lib.format.write_array(f, np.asarray(parts[0]), allow_pickle=False)
         return
-    dtype = parts[0].dtype if isinstance(parts[0], _Decoded) else np.asarray(parts[0]).dtype
+    dtype = parts[0].dtype if hasattr(parts[0], "blocks") else np.asarray(parts[0]).dtype
     n = sum(int(p.shape[0]) for p in parts)
     np.lib.format.write_array_header_1_0(f, {"descr": np.lib.format.dtype_to_descr(dtype), "fortran_order": False,
                                              "shape": (n,)})
     for p in parts:
-        for block in p.blocks() if isinstance(p, _Decoded) else (p,):
+        for block in p.blocks() if hasattr(p, "blocks") else (p,):  # (labels decoded from bits: DecodedLabels)
             data = memoryview(np.ascontiguousarray(block, dtype=dtype)).cast("B")
             for i in range(0, len(data), _PIECE):
                 f.write(data[i:i + _PIECE])
@@ -285,8 +244,8 @@ def load(path: str | os.PathLike, *, verify: bool = False, pad_id: int | None = 
             whose shards are fetched into the local cache as they are used),
             or a ``plan-...`` cache entry (its corpus entry is found next to it),
             or a mixture's ``mix-...`` entry (its sources' corpus entries too).
-            Preference pairs (``style="preference"``) open as a
-            :class:`~vecpack.preference.packed.PackedPairs`.
+            Every layout opens as the :class:`~vecpack.Packed` it was saved as (its
+            ``kind``: chat ``"packed"``, ``"pairs"``, ``"turns"``, ``"vision"``).
         verify: compare checksums (file sizes and ``.npy`` headers are always
             checked).
         pad_id, ignore_index: override the stored values.
@@ -309,29 +268,16 @@ def load(path: str | os.PathLike, *, verify: bool = False, pad_id: int | None = 
     except _entries.CorruptEntry as e:
         raise ValueError(f"load: {str(path)!r} is not a vecpack dataset ({e})") from None
     kind = manifest.get("kind")
-    if kind == "vision":
-
+    if kind in SAVED_KINDS:  # a directory save() wrote: its layout reads it
+        layout = layout_named(kind)
         a, meta = _open_saved(path, manifest, verify)
-        return vision_from_saved(a, meta, pad_id=pad_id, stats=dict(meta["stats"]))
-    if kind == "turns":
-
-        a, meta = _open_saved(path, manifest, verify)
-        return turns_from_saved(a, meta, pad_id=pad_id, ignore_index=ignore_index)
-    if kind == "pairs":
-        return _load_pairs(path, manifest, verify, pad_id, ignore_index)
-    if kind == "packed":
-        a, meta = _open_saved(path, manifest, verify)
-        p = Plan(doc_index=a["doc_index"], doc_start=a["doc_start"], doc_length=a["doc_length"],
-                 pack_offsets=a["pack_offsets"], max_len=int(meta["max_len"]), stats=dict(meta["stats"]))
-        packed = Packed(a["tokens"], a["offsets"], p, labels=_entries.corpus_labels(a),
-                        pad_id=int(meta["pad_id"]) if pad_id is None else pad_id,
-                        ignore_index=int(meta["ignore_index"]) if ignore_index is None else ignore_index,
-                        validate=verify)
-        prov = meta.get("provenance") or {}
-        packed.build_info = BuildInfo(None, prov.get("corpus_key"), prov.get("plan_key"), None, None,
-                                      True, True, dict(prov.get("tokenize_stats") or {}),
-                                      a.get("row_ids"), 0.0,
-                                      {k: prov[k] for k in ("data_files", "tokenizer") if k in prov})
+        packed = layout.from_saved(a, meta, pad_id=pad_id, ignore_index=ignore_index, verify=verify)
+        if layout.provenance:
+            prov = meta.get("provenance") or {}
+            packed.build_info = BuildInfo(None, prov.get("corpus_key"), prov.get("plan_key"), None, None,
+                                          True, True, dict(prov.get("tokenize_stats") or {}),
+                                          a.get("row_ids"), 0.0,
+                                          {k: prov[k] for k in ("data_files", "tokenizer") if k in prov})
         return packed
     if kind == "plan":
         store = _cache.Cache(path.parent)
@@ -347,9 +293,9 @@ def load(path: str | os.PathLike, *, verify: bool = False, pad_id: int | None = 
             p = PairPlan(pair_index=a["pair_index"], pair_lens=a["pair_lens"], pack_offsets=a["pack_offsets"],
                          max_len=int(pentry.meta["inputs"]["max_len"]), stats=dict(pentry.meta.get("stats", {})),
                          prefix_sharing=bool(pentry.meta["inputs"].get("prefix_sharing", False)))
-            packed = PackedPairs(corpus.arrays["tokens"], corpus.arrays["offsets"], p,
-                                 pad_id=int(corpus.meta.get("pad_id", 0)) if pad_id is None else pad_id,
-                                 ignore_index=-100 if ignore_index is None else ignore_index, validate=False)
+            packed = Packed(corpus.arrays["tokens"], corpus.arrays["offsets"], p,
+                            pad_id=int(corpus.meta.get("pad_id", 0)) if pad_id is None else pad_id,
+                            ignore_index=-100 if ignore_index is None else ignore_index, validate=False)
         else:
             packed = packed_from_entries(corpus, pentry, pad_id=pad_id,
                                           ignore_index=-100 if ignore_index is None else ignore_index)
@@ -458,20 +404,3 @@ def _open_saved(path: pathlib.Path, manifest: dict, verify: bool) -> tuple[dict,
     except _entries.CorruptEntry as e:
         raise ValueError(f"load: {str(path)!r} is damaged: {e}") from None
     return _entries.open_arrays(path, manifest["arrays"]), manifest["meta"]
-
-
-def _load_pairs(path: pathlib.Path, manifest: dict, verify: bool, pad_id, ignore_index):
-    """A saved :class:`~vecpack.preference.packed.PackedPairs` (``kind: "pairs"``), memory-mapped."""
-
-    a, meta = _open_saved(path, manifest, verify)
-    p = PairPlan(pair_index=a["pair_index"], pair_lens=a["pair_lens"], pack_offsets=a["pack_offsets"],
-                 max_len=int(meta["max_len"]), stats=dict(meta["stats"]),
-                 prefix_sharing=bool(meta["stats"].get("prefix_sharing", False)))
-    packed = PackedPairs(a["tokens"], a["offsets"], p, pad_id=int(meta["pad_id"]) if pad_id is None else pad_id,
-                         ignore_index=int(meta["ignore_index"]) if ignore_index is None else ignore_index,
-                         validate=verify)
-    prov = meta.get("provenance") or {}
-    packed.build_info = BuildInfo(None, prov.get("corpus_key"), prov.get("plan_key"), None, None, True, True,
-                                  dict(prov.get("tokenize_stats") or {}), a.get("row_ids"), 0.0,
-                                  {k: prov[k] for k in ("data_files", "tokenizer") if k in prov})
-    return packed

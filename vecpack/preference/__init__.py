@@ -12,7 +12,7 @@ The modules, each imported on its own (this package imports nothing heavy):
 * :mod:`vecpack.chat.pairs`: recognise a row's form and read it as a :class:`~vecpack.chat.pairs.Pair`.
 * :mod:`vecpack.tokenizing.pairs`: :class:`~vecpack.tokenizing.pairs.PairEncoder`, token for token TRL's
   ``DPOTrainer`` preparation, on the engines and pool every chat row uses.
-* :mod:`vecpack.preference.packed`: :func:`~vecpack.preference.packed.pack_pairs` -> ``PackedPairs``.
+* :mod:`vecpack.packing.pairs`: :func:`~vecpack.packing.pairs.pack_pairs` -> ``PackedPairs``.
 * :mod:`vecpack.integrations.collate`: :func:`~vecpack.integrations.collate.collate_preference`, its masks.
 * :mod:`vecpack.preference.logps`: :func:`~vecpack.preference.logps.sequence_logps`.
 * :mod:`vecpack.preference.loss`: :func:`~vecpack.preference.loss.dpo_loss` (TRL's default sigmoid loss).

@@ -143,7 +143,7 @@ class StreamingPackedDataset(IterableDataset):
             global row number), ready for :func:`vecpack.collate_preference`.
         prefix_sharing: with ``style="preference"``, lay each pair out as
             ``prompt + chosen + rejected`` (see
-            :func:`vecpack.preference.packed.plan_pairs`).
+            :func:`vecpack.packing.pairs.plan_pairs`).
         buffer_size: documents the packer chooses from (>= 1). 1 is greedy
             packing in input order (torchtune's); 1000 fills >= 0.99 on
             chat data. Above 64 the buffer ramps up: the packer starts

@@ -7,8 +7,8 @@ emitted pack with the packing kernels, so a streamed pack has exactly the
 layout of ``Packed[i]``. Preference pairs (``style="preference"``) are one
 entry each, of ``2 * prompt + chosen + rejected`` tokens (``prompt + chosen +
 rejected`` with prefix sharing), after the pair ``long`` policy of
-:func:`vecpack.preference.packed.pair_policy`; a pack of them is laid out by
-:func:`vecpack.preference.packed.lay_out_pack`, as ``PackedPairs[i]``. Its
+:func:`vecpack.packing.pairs.pair_policy`; a pack of them is laid out by
+:func:`vecpack.packing.pairs.lay_out_pack`, as ``PackedPairs[i]``. Its
 state (:meth:`Run.state_dict`) is the read cursor, the position of every
 buffered document and of the open pack's, the counters, the epoch and the
 packer's ramp (:data:`vecpack.packing.online.RAMP`; a state without one,
@@ -26,7 +26,7 @@ import torch
 from vecpack.errors import InputError
 from vecpack.options import INT32_MAX
 from vecpack.packing.online import RAMP, BufferPacker
-from vecpack.preference.packed import lay_out_pack, pair_policy
+from vecpack.packing.pairs import lay_out_pack, pair_policy
 from vecpack.streaming.encoding import Encoding, documents
 from vecpack.streaming.readers import Layout, Reader, ShuffledReader
 

@@ -165,7 +165,7 @@ class ChatEncoder:
                 text untrained, the rest of its turn trained.
             per_turn: each row becomes one document per trained assistant
                 turn, the conversation up to it rendered as its final turn
-                (:mod:`vecpack.tokenizing.turns`; :mod:`vecpack.turns.packed` packs them).
+                (:mod:`vecpack.tokenizing.turns`; :mod:`vecpack.packing.turns` packs them).
 
         >>> from vecpack.testing import cached_tokenizer_dir
         >>> ChatEncoder.from_tokenizer(cached_tokenizer_dir("qwen2.5"), backend="tokenizers").backend

@@ -100,7 +100,13 @@ LAYOUT_FORMAT = 1
 
 
 def _kernels():
-    from vecpack.torchtune import _kernels as k
+    from vecpack.packing import _kernels as k  # numba: imported on first use only
+
+    return k
+
+
+def _fill():
+    from vecpack.packing import _fill_kernels as k  # numba: imported on first use only
 
     return k
 
@@ -112,8 +118,8 @@ def warm_layout():
             plan, _ = layout(np.array([2, 3], np.int64), 4, split=split)
         out = [np.empty(4, np.int64) for _ in range(3)] + [np.empty(3, np.int64)]
         one = np.ones(5, np.int32)
-        _kernels().fill_pack(_ro(one), _ro(one), _ro(np.array([0, 2, 5], np.int64)), _ro(plan.doc_index),
-                             _ro(plan.doc_start), _ro(plan.doc_length), 0, 2, 4, 0, IGNORE_INDEX, False, *out)
+        _fill().fill_torchtune_pack(_ro(one), _ro(one), _ro(np.array([0, 2, 5], np.int64)), _ro(plan.doc_index),
+                                    _ro(plan.doc_start), _ro(plan.doc_length), 0, 2, 4, 0, IGNORE_INDEX, False, *out)
 
     return start_warming(run, "vecpack-warm-layout")
 
@@ -418,9 +424,9 @@ class PackedDataset(_TorchtunePackedDataset):
         m = self.max_seq_len
         ids, lab, pos = np.empty(m, np.int64), np.empty(m, np.int64), np.empty(m, np.int64)
         seq = np.empty(e1 - e0 + 1, np.int64)
-        ns = _kernels().fill_pack(self._tokens, self._labels, self._offsets, self._doc_index, self._doc_start,
-                                  self._doc_length, e0, e1, m, self.padding_idx, IGNORE_INDEX,
-                                  self.mask_first_label, ids, lab, pos, seq)
+        ns = _fill().fill_torchtune_pack(self._tokens, self._labels, self._offsets, self._doc_index,
+                                         self._doc_start, self._doc_length, e0, e1, m, self.padding_idx, IGNORE_INDEX,
+                                         self.mask_first_label, ids, lab, pos, seq)
         return {"tokens": torch.from_numpy(ids), "labels": torch.from_numpy(lab),
                 "input_pos": torch.from_numpy(pos), "seq_lens": torch.from_numpy(seq[:ns])}
 

@@ -10,7 +10,7 @@
 The modules, each imported on its own (this package imports nothing heavy):
 
 * :mod:`vecpack.tokenizing.turns`: :func:`~vecpack.tokenizing.turns.turn_conversations`, the sink that expands rows.
-* :mod:`vecpack.turns.packed`: :func:`~vecpack.turns.packed.plan_turns` -> ``PackedTurns``.
+* :mod:`vecpack.packing.turns`: :func:`~vecpack.packing.turns.plan_turns` -> ``PackedTurns``.
 * :mod:`vecpack.integrations.collate`: :func:`~vecpack.integrations.collate.collate_turns`, its masks, ``model_inputs``.
 
 See ``docs/agentic.md`` ("Per-turn inference rows").

@@ -1,4 +1,4 @@
-"""Packs of vision-language documents: images never cut, each pack's pixels and grids in document order.
+"""The layout of vision-language packs: images never cut, each pack's pixels and grids in document order.
 
 A document longer than ``max_len`` is cut only at a text boundary: never
 inside an image's ``<|vision_start|> ... <|vision_end|>`` span (the cut moves
@@ -18,6 +18,17 @@ images, in document order, and ``seq_lens``. For a 1-D RoPE model (LLaVA-style)
 memory-mapped cache entry (or preprocessed at that moment, lazily): only the
 current packs' pixels are in memory.
 
+A saved dataset (``kind: "vision"``) holds the encoded corpus (ids, labels,
+offsets, each document's images, grids), the plan, and the pixels as the cache
+entry holds them: ``pixels.npy`` (uint8 with ``pixel_table.npy``, or float32)
+and ``pixel_offsets.npy``, hard-linked from the cache where the filesystem
+allows it. Loading needs neither the processor nor the images nor the cache:
+its packs equal the saved ones, array for array. Packs built with
+``pixels="lazy"`` hold no pixels and are refused.
+
+The layout lives here, above :mod:`vecpack.packing`, with the corpus and pixel stores it reads
+(:mod:`vecpack.vision.corpus`, :mod:`vecpack.vision.pixels`, which reach the processor's workers).
+
 >>> tokens = np.array([7, 1, 9, 9, 2, 7, 7, 7], dtype=np.int32)   # 1 = vision start, 9 = image, 2 = end
 >>> text_cut(tokens, 4, image_token_id=9)   # a cut at 4 would split the image span [1, 5): back to 1
 1
@@ -25,16 +36,28 @@ current packs' pixels are in memory.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 from vecpack.errors import InputError
 from vecpack.options import VISION_LONG_POLICIES, check_choice, check_max_len
-from vecpack.packing.plan import plan
+from vecpack.packing.layout import KindOf, Layout, register
+from vecpack.packing.packed import Packed
+from vecpack.packing.plan import Plan, plan
+from vecpack.vision.corpus import VisionCorpus
+from vecpack.vision.pixels import MappedPixels, mapped_pixels
 from vecpack.vision.processor import pack_positions
 
-__all__ = ["PackedVision", "image_spans", "text_cut"]
+__all__ = ["VISION", "VISION_SAVED_FORMAT", "PackedVision", "VisionLayout", "VisionPlan", "image_spans", "text_cut"]
 
 IGNORE = -100
+#: Layout of a saved ``kind: "vision"`` dataset's arrays and meta.
+VISION_SAVED_FORMAT = 1
+
+_CORPUS = ("tokens", "labels", "offsets", "image_offsets", "image_index", "grids", "lines", "doc_file")
+_PLAN = ("doc_index", "doc_start", "doc_length", "pack_offsets")
+_PROCESSOR = ("image_token_id", "merge", "pad_id", "mrope", "pixel_shape", "bidirectional", "image_processor")
 
 
 def image_spans(tokens: np.ndarray, image_token_id: int) -> tuple[np.ndarray, np.ndarray]:
@@ -53,8 +76,20 @@ def text_cut(tokens: np.ndarray, limit: int, *, image_token_id: int) -> int:
     return int(starts[inside][0]) if inside.any() else limit
 
 
-class PackedVision:
-    """Packed vision-language documents (see the module docstring).
+@dataclass(frozen=True, eq=False)
+class VisionPlan(Plan):
+    """A :class:`~vecpack.packing.plan.Plan` of vision documents (whole images; ``stats`` counts them too)."""
+
+    @classmethod
+    def of(cls, p: Plan, stats: dict | None = None) -> VisionPlan:
+        """``p``'s entries as a vision plan, with ``stats`` (default: ``p``'s)."""
+        return cls(doc_index=p.doc_index, doc_start=p.doc_start, doc_length=p.doc_length,
+                   pack_offsets=p.pack_offsets, max_len=p.max_len, stats=dict(stats or p.stats))
+
+
+class PackedVision(metaclass=KindOf):
+    """Packed vision-language documents: a :class:`~vecpack.Packed` of a :class:`VisionPlan` (see the module
+    docstring and :class:`VisionLayout`).
 
     Args:
         corpus: a :class:`~vecpack.vision.corpus.VisionCorpus` (tokens, labels, offsets, images per document).
@@ -66,76 +101,92 @@ class PackedVision:
         pad_id: the padding id (default: the processor's).
     """
 
-    def __init__(self, corpus, pixels, max_len: int, *, strategy: str = "bfd", long: str = "truncate",
-                 shuffle_seed: int | None = 0, pad_id: int | None = None):
+    kind = "vision"
+
+    def __new__(cls, corpus, pixels, max_len: int, *, strategy: str = "bfd", long: str = "truncate",
+                shuffle_seed: int | None = 0, pad_id: int | None = None) -> Packed:
         check_max_len(max_len)
         check_choice(long, "long policy for documents with images", VISION_LONG_POLICIES,
                      "a document with images is never split")
-        self.corpus = corpus
-        self.pixels = pixels
-        self.max_len = int(max_len)
-        self.image_token_id = corpus.image_token_id
-        self.merge = corpus.merge
-        self.pad_id = corpus.pad_id if pad_id is None else int(pad_id)
-        lengths, dropped, truncated = self._lengths(long)
-        self.plan = plan(lengths, self.max_len, strategy=strategy, long="error", shuffle_seed=shuffle_seed)
-        stats = dict(self.plan.stats)
+        max_len = int(max_len)
+        lengths, dropped, truncated = _lengths(corpus, max_len, long)
+        p = plan(lengths, max_len, strategy=strategy, long="error", shuffle_seed=shuffle_seed)
+        stats = dict(p.stats)
         stats.update(dropped=len(dropped), dropped_documents=dropped, truncated=truncated,
-                     images=int(sum(self._images_kept(d, n) for d, n in zip(self.plan.doc_index,
-                                                                              self.plan.doc_length))))
+                     images=int(sum(_images_kept(corpus, d, n) for d, n in zip(p.doc_index, p.doc_length))))
         stats["empty"] = int(stats.get("empty", 0)) - len(dropped)
-        self.stats = stats
+        return cls.from_plan(corpus, pixels, p, pad_id=corpus.pad_id if pad_id is None else int(pad_id), stats=stats)
 
-    @classmethod
-    def from_plan(cls, corpus, pixels, plan, *, pad_id: int, stats: dict | None = None) -> PackedVision:
+    @staticmethod
+    def from_plan(corpus, pixels, plan, *, pad_id: int, stats: dict | None = None) -> Packed:
         """Packs of a plan made before (a saved dataset's): nothing is planned or checked again."""
-        self = cls.__new__(cls)
-        self.corpus, self.pixels, self.plan, self.max_len = corpus, pixels, plan, int(plan.max_len)
-        self.image_token_id, self.merge, self.pad_id = corpus.image_token_id, corpus.merge, int(pad_id)
-        self.stats = dict(stats or plan.stats)
-        return self
+        return Packed(corpus.tokens, corpus.offsets, VisionPlan.of(plan, stats), labels=corpus.labels,
+                      pad_id=int(pad_id), validate=False, corpus=corpus, pixels=pixels)
 
-    def _lengths(self, long: str) -> tuple[np.ndarray, list, int]:
-        c = self.corpus
-        lengths = np.diff(c.offsets).astype(np.int64)
-        dropped, truncated = [], 0
-        for d in np.flatnonzero(lengths > self.max_len):
-            if long == "error":
-                raise InputError(f"document of {lengths[d]} tokens is longer than max_len={self.max_len}; "
-                                 "pass long='truncate' or 'drop', or a larger max_len", **c.where(d))
-            a = c.offsets[d]
-            cut = text_cut(c.tokens[a:c.offsets[d + 1]], self.max_len, image_token_id=self.image_token_id)
-            trained = bool((c.labels[a + 1:a + cut] != IGNORE).any())
-            if long == "drop" or cut == 0 or not trained:
-                lengths[d] = 0
-                dropped.append(int(d))
-            else:
-                lengths[d] = cut
-                truncated += 1
-        return lengths, dropped, truncated
 
-    def _images_kept(self, d: int, n: int) -> int:
-        """Images of document ``d`` whose tokens lie in its first ``n`` tokens (never a part of one)."""
-        c = self.corpus
+def _lengths(c, max_len: int, long: str) -> tuple[np.ndarray, list, int]:
+    lengths = np.diff(c.offsets).astype(np.int64)
+    dropped, truncated = [], 0
+    for d in np.flatnonzero(lengths > max_len):
+        if long == "error":
+            raise InputError(f"document of {lengths[d]} tokens is longer than max_len={max_len}; "
+                             "pass long='truncate' or 'drop', or a larger max_len", **c.where(d))
         a = c.offsets[d]
-        seen = int((c.tokens[a:a + n] == self.image_token_id).sum())
-        ends = np.cumsum(np.prod(c.grids[c.doc_images(d)], axis=1) // (self.merge * self.merge))
-        kept = int(np.searchsorted(ends, seen, side="right"))
-        if seen != (ends[kept - 1] if kept else 0):  # text_cut keeps images whole
-            raise RuntimeError(f"document {d}: an image cut at {n} tokens")
-        return kept
+        cut = text_cut(c.tokens[a:c.offsets[d + 1]], max_len, image_token_id=c.image_token_id)
+        trained = bool((c.labels[a + 1:a + cut] != IGNORE).any())
+        if long == "drop" or cut == 0 or not trained:
+            lengths[d] = 0
+            dropped.append(int(d))
+        else:
+            lengths[d] = cut
+            truncated += 1
+    return lengths, dropped, truncated
 
-    def __len__(self) -> int:
-        return len(self.plan)
 
-    def __getitem__(self, i: int) -> dict:
-        if not -len(self) <= i < len(self):
-            raise IndexError(f"pack index {i} out of range for {len(self)} packs")
-        i %= len(self)
-        c, p = self.corpus, self.plan
+def _images_kept(c, d: int, n: int) -> int:
+    """Images of document ``d`` whose tokens lie in its first ``n`` tokens (never a part of one)."""
+    a = c.offsets[d]
+    seen = int((c.tokens[a:a + n] == c.image_token_id).sum())
+    ends = np.cumsum(np.prod(c.grids[c.doc_images(d)], axis=1) // (c.merge * c.merge))
+    kept = int(np.searchsorted(ends, seen, side="right"))
+    if seen != (ends[kept - 1] if kept else 0):  # text_cut keeps images whole
+        raise RuntimeError(f"document {d}: an image cut at {n} tokens")
+    return kept
+
+
+class VisionLayout(Layout):
+    """Vision packs: a pack is ``input_ids``, ``labels``, ``position_ids`` and the pixels and grids of its
+    documents' images (see the module docstring), assembled from the corpus (``packed.corpus``) and the pixel
+    store (``packed.pixels``); no ``[P, max_len]`` rows. Members: ``image_tokens(i)``."""
+
+    kind, name, plan_type = "vision", "PackedVision", VisionPlan
+    title = "vision"
+    members = frozenset({"image_tokens"})
+
+    def setup(self, packed, tokens, offsets, labels, validate: bool, *, corpus=None, pixels=None) -> None:
+        if corpus is None or pixels is None:
+            raise TypeError("vision packs need corpus= (a VisionCorpus) and pixels= (its pixel store); "
+                            "make them with vecpack.build(processor=...) or PackedVision(corpus, pixels, max_len)")
+        packed.corpus, packed.pixels = corpus, pixels
+        packed.image_token_id, packed.merge = corpus.image_token_id, corpus.merge
+
+    def describe(self, packed) -> str:
+        return (f"PackedVision(num_packs={len(packed)}, images={packed.stats.get('images')}, "
+                f"max_len={packed.max_len})")
+
+    def member(self, packed, name: str):
+        return self._image_tokens.__get__(packed)
+
+    @staticmethod
+    def _image_tokens(packed, i: int) -> int:
+        """Placeholder tokens in pack ``i`` (equal to ``sum(grid.prod() // merge**2)`` of its images)."""
+        return int((packed[i]["input_ids"] == packed.image_token_id).sum())
+
+    def item(self, packed, i: int) -> dict:
+        c, p = packed.corpus, packed.plan
         e0, e1 = int(p.pack_offsets[i]), int(p.pack_offsets[i + 1])
-        T = self.max_len
-        ids = np.full(T, self.pad_id, dtype=np.int64)
+        T = packed.max_len
+        ids = np.full(T, packed.pad_id, dtype=np.int64)
         labels = np.full(T, IGNORE, dtype=np.int64)
         bounds = [0]
         grids, images_in = [], []
@@ -146,7 +197,7 @@ class PackedVision:
             labels[s:s + n] = c.labels[a:a + n]
             labels[s] = IGNORE
             bounds.append(s + n)
-            k = self._images_kept(d, n)
+            k = _images_kept(c, d, n)
             images = c.doc_images(d)[:k]
             grids.append(c.grids[images])
             images_in.append(images)
@@ -155,18 +206,47 @@ class PackedVision:
             bounds.append(T)
             grids.append(np.zeros((0, 3), dtype=np.int64))
         out = {"input_ids": ids, "labels": labels, "seq_lens": seq_lens.astype(np.int32)}
-        pixels = self.pixels.pack_rows(np.concatenate(images_in) if images_in else np.zeros(0, np.int64))
+        pixels = packed.pixels.pack_rows(np.concatenate(images_in) if images_in else np.zeros(0, np.int64))
         if c.mrope:
-            out["position_ids"] = pack_positions(ids, np.asarray(bounds), grids, self.image_token_id, self.merge)
+            out["position_ids"] = pack_positions(ids, np.asarray(bounds), grids, packed.image_token_id, packed.merge)
             out["image_grid_thw"] = np.concatenate(grids).astype(np.int64)
             out["pixel_values"] = pixels
         else:  # 1-D RoPE: positions restart at every document (and the padding)
             out["position_ids"] = np.arange(T) - np.repeat(np.asarray(bounds[:-1]), np.diff(bounds))
             out["pixel_values"] = pixels.reshape(-1, *c.pixel_shape)
             if c.bidirectional:  # Gemma 3: collate_vision's BlockMask reads the image blocks from it
-                out["token_type_ids"] = (ids == self.image_token_id).astype(np.int64)
+                out["token_type_ids"] = (ids == packed.image_token_id).astype(np.int64)
         return out
 
-    def image_tokens(self, i: int) -> int:
-        """Placeholder tokens in pack ``i`` (equal to ``sum(grid.prod() // merge**2)`` of its images)."""
-        return int((self[i]["input_ids"] == self.image_token_id).sum())
+    def saved(self, packed) -> tuple[dict, dict]:
+        store = packed.pixels
+        if not isinstance(store, MappedPixels):
+            raise ValueError("save: these vision packs preprocess their pixels at batch time (pixels='lazy') and "
+                             "hold none to save; build with pixels='cache' (the default) to save them")
+        c = packed.corpus
+        arrays = {name: getattr(c, name) for name in _CORPUS}
+        arrays.update({name: getattr(packed.plan, name) for name in _PLAN})
+        arrays.update(pixels=store.pixels, pixel_offsets=store.offsets)
+        if store.codec is not None:
+            arrays["pixel_table"] = store.codec.table
+        proc = {name: getattr(c, name) for name in _PROCESSOR}
+        proc["pixel_shape"] = None if proc["pixel_shape"] is None else [int(v) for v in proc["pixel_shape"]]
+        meta = {"vision_format": VISION_SAVED_FORMAT, "processor": proc, "files": list(c.files),
+                "temporal": 1 if store.codec is None else store.codec.temporal}
+        return arrays, meta
+
+    def from_saved(self, arrays: dict, meta: dict, *, pad_id, ignore_index, verify: bool):
+        if meta.get("vision_format") != VISION_SAVED_FORMAT:
+            raise ValueError(f"load: a saved vision dataset of format {meta.get('vision_format')!r}; this vecpack "
+                             f"reads format {VISION_SAVED_FORMAT}: build it again")
+        p = dict(meta["processor"])
+        shape = p.pop("pixel_shape")
+        corpus = VisionCorpus(**{name: arrays[name] for name in _CORPUS}, digests=[], sources=[],
+                              files=list(meta["files"]), pixel_shape=None if shape is None else tuple(shape), **p)
+        stats = dict(meta["stats"])
+        plan_ = Plan(**{name: arrays[name] for name in _PLAN}, max_len=int(meta["max_len"]), stats=stats)
+        return PackedVision.from_plan(corpus, mapped_pixels(arrays, meta), plan_,
+                                      pad_id=int(meta["pad_id"]) if pad_id is None else int(pad_id), stats=stats)
+
+
+VISION = register(VisionLayout())

@@ -1,4 +1,4 @@
-"""Preference pairs packed pair by pair: :func:`plan_pairs`, :class:`PackedPairs`, :func:`pack_pairs`.
+"""The layout of preference pairs, packed pair by pair: :func:`plan_pairs`, ``PackedPairs``, :func:`pack_pairs`.
 
 A tokenized preference corpus holds three documents per pair (prompt, chosen,
 rejected; see :mod:`vecpack.tokenizing.pairs`). A pair is one unit: both of
@@ -50,11 +50,13 @@ from dataclasses import dataclass
 import numpy as np
 
 from vecpack.errors import InputError
-from vecpack.options import check_index, check_int, check_max_len, check_options
-from vecpack.packing.packed import PlanViews, _check_offsets, _check_tokens
+from vecpack.options import check_int, check_max_len, check_options
+from vecpack.packing.layout import KindOf, Layout, register
+from vecpack.packing.packed import Packed, _check_offsets, _check_tokens
 from vecpack.packing.plan import _ro, plan
 
-__all__ = ["PairPlan", "PackedPairs", "lay_out_pack", "pack_pairs", "pair_policy", "pair_sequences", "plan_pairs"]
+__all__ = ["PAIRS", "PairLayout", "PairPlan", "PackedPairs", "lay_out_pack", "pack_pairs", "pair_lengths",
+           "pair_policy", "pair_sequences", "plan_pairs"]
 
 _ARRAYS = ("input_ids", "labels", "position_ids", "document_ids", "part_ids")
 _PLAN_ERRORS = {
@@ -66,9 +68,15 @@ _PLAN_ERRORS = {
 
 
 def _kernels():
-    from vecpack.preference import _kernels as k  # numba: imported on first use only
+    from vecpack.packing import _fill_kernels  # numba: imported on first use only
 
-    return k
+    return _fill_kernels
+
+
+def _checks():
+    from vecpack.packing import _kernels  # numba: imported on first use only
+
+    return _kernels
 
 
 @dataclass(frozen=True, eq=False)
@@ -274,7 +282,7 @@ def plan_pairs(doc_lengths, max_len: int, *, strategy: str = "bfd", long: str = 
                     max_len=max_len, stats=stats, prefix_sharing=bool(prefix_sharing))
 
 
-class PackedPairs(PlanViews):
+class PairLayout(Layout):
     """Packs of preference pairs, laid out lazily from the corpus and a :class:`PairPlan`.
 
     ``pp[i]`` fills one pack; ``pp.input_ids`` etc. fill every pack once, in
@@ -284,7 +292,97 @@ class PackedPairs(PlanViews):
     -1 on padding), ``part_ids`` (0 prompt, 1 chosen, 2 rejected, -1 padding),
     and per sequence ``seq_lens``, ``seq_pairs`` (the pair) and ``seq_parts``
     (1 chosen, 2 rejected). :func:`vecpack.integrations.collate.collate_preference`
-    makes batches of them.
+    makes batches of them. Members: ``part_ids``, ``rows(start, stop)``, ``_sequences(a, b)``.
+    """
+
+    kind, name, plan_type = "pairs", "PackedPairs", PairPlan
+    title = "preference-pair"
+    views = ("_tokens", "_offsets", "_pair_index", "_pair_lens", "_pack_offsets")
+    members = frozenset({"part_ids", "rows", "_sequences"})
+    remote = provenance = True
+
+    def setup(self, packed, tokens, offsets, labels, validate: bool, **state) -> None:
+        packed.tokens = _check_tokens(tokens, "tokens")
+        packed.offsets = _check_offsets(offsets, packed.tokens.shape[0]) if validate else offsets
+        self.make_views(packed)
+        if validate:
+            pair_lengths(np.diff(packed.offsets))
+            code, where = _checks().check_pair_plan(_ro(np.diff(packed.offsets)), packed._pair_index,
+                                                    packed._pair_lens, packed._pack_offsets, packed.plan.max_len,
+                                                    packed.plan.prefix_sharing)
+            if code:
+                raise ValueError("plan does not fit this corpus: " + _PLAN_ERRORS[code].format(where))
+
+    def make_views(self, packed) -> None:
+        packed._tokens = _ro(packed.tokens)
+        packed._offsets = _ro(np.asarray(packed.offsets, np.int64))
+        packed._pair_index = _ro(np.asarray(packed.plan.pair_index, np.int64))
+        packed._pair_lens = _ro(np.asarray(packed.plan.pair_lens, np.int64))
+        packed._pack_offsets = _ro(np.asarray(packed.plan.pack_offsets, np.int64))
+
+    def describe(self, packed) -> str:
+        return (f"PackedPairs(num_packs={len(packed)}, pairs={packed.plan.pair_index.shape[0]}, "
+                f"max_len={packed.max_len}, fill={packed.stats['fill']:.4f})")
+
+    def member(self, packed, name: str):
+        if name == "part_ids":  # [P, max_len] int32: 0 prompt, 1 chosen, 2 rejected, -1 padding
+            return packed._array("part_ids")
+        return getattr(self, name if name.startswith("_") else "_" + name).__get__(packed)
+
+    @staticmethod
+    def _sequences(packed, a: int, b: int) -> dict:
+        """``seq_lens``, ``seq_pairs``, ``seq_parts`` of entries ``a:b`` (two sequences per pair; export reads them)."""
+        p = packed.plan
+        return pair_sequences(p.pair_index[a:b], p.pair_lens[a:b], p.prefix_sharing)
+
+    @staticmethod
+    def _rows(packed, start: int, stop: int) -> dict:
+        """Packs ``start:stop`` as ``[stop - start, max_len]`` int32 arrays (one parallel fill)."""
+        return PAIRS.fill(packed, start, stop)
+
+    def item(self, packed, i: int) -> dict:
+        if packed._arrays is not None:
+            out = {name: np.array(packed._arrays[name][i]) for name in _ARRAYS}
+        else:
+            out = {name: np.empty(packed.max_len, np.int32) for name in _ARRAYS}
+            _kernels().fill_pair_pack(packed._tokens, packed._offsets, packed._pair_index, packed._pair_lens,
+                                      packed._pack_offsets, i, packed.plan.prefix_sharing, packed.pad_id,
+                                      packed.ignore_index, *(out[name] for name in _ARRAYS))
+        out.update(self._sequences(packed, int(packed.pack_offsets[i]), int(packed.pack_offsets[i + 1])))
+        return out
+
+    def fill(self, packed, start: int, stop: int) -> dict:
+        n = len(packed)
+        start = check_int(start, "start", minimum=0, maximum=n)
+        stop = check_int(stop, "stop", minimum=start, maximum=n)
+        out = {name: np.empty((stop - start, packed.max_len), np.int32) for name in _ARRAYS}
+        if stop > start:
+            _kernels().fill_pair_packs(packed._tokens, packed._offsets, packed._pair_index, packed._pair_lens,
+                                       packed._pack_offsets, start, packed.plan.prefix_sharing,
+                                       packed.pad_id, packed.ignore_index,
+                                       *(out[name] for name in _ARRAYS))
+        return out
+
+    def saved(self, packed) -> tuple[dict, dict]:
+        p = packed.plan
+        return {"tokens": packed.tokens, "offsets": packed.offsets, "pair_index": p.pair_index,
+                "pair_lens": p.pair_lens, "pack_offsets": p.pack_offsets}, {}
+
+    def from_saved(self, arrays: dict, meta: dict, *, pad_id, ignore_index, verify: bool):
+        p = PairPlan(pair_index=arrays["pair_index"], pair_lens=arrays["pair_lens"],
+                     pack_offsets=arrays["pack_offsets"], max_len=int(meta["max_len"]), stats=dict(meta["stats"]),
+                     prefix_sharing=bool(meta["stats"].get("prefix_sharing", False)))
+        return Packed(arrays["tokens"], arrays["offsets"], p,
+                      pad_id=int(meta["pad_id"]) if pad_id is None else pad_id,
+                      ignore_index=int(meta["ignore_index"]) if ignore_index is None else ignore_index,
+                      validate=verify)
+
+
+PAIRS = register(PairLayout())
+
+
+class PackedPairs(metaclass=KindOf):
+    """Packs of preference pairs: a :class:`~vecpack.Packed` of a :class:`PairPlan` (see :class:`PairLayout`).
 
     Args:
         tokens: int32 [N], the corpus (three documents per pair).
@@ -294,111 +392,18 @@ class PackedPairs(PlanViews):
         validate: check the plan against the corpus.
     """
 
-    def __init__(self, tokens, offsets, plan: PairPlan, pad_id: int = 0, ignore_index: int = -100, *,
-                 validate: bool = True):
-        self.tokens = _check_tokens(tokens, "tokens")
-        self.offsets = _check_offsets(offsets, self.tokens.shape[0]) if validate else offsets
+    kind = "pairs"
+
+    def __new__(cls, tokens, offsets, plan: PairPlan, pad_id: int = 0, ignore_index: int = -100, *,
+                validate: bool = True) -> Packed:
         if not isinstance(plan, PairPlan):
             raise TypeError(f"plan must be a PairPlan, got {type(plan).__name__}")
-        self.plan = plan
-        self.pad_id = check_int(pad_id, "pad_id", minimum=-2**31, maximum=2**31 - 1)
-        self.ignore_index = check_int(ignore_index, "ignore_index", minimum=-2**31, maximum=2**31 - 1)
-        self._views()
-        if validate:
-            pair_lengths(np.diff(self.offsets))
-            code, where = _kernels().check_pair_plan(_ro(np.diff(self.offsets)), self._pair_index,
-                                                     self._pair_lens, self._pack_offsets, plan.max_len,
-                                                     plan.prefix_sharing)
-            if code:
-                raise ValueError("plan does not fit this corpus: " + _PLAN_ERRORS[code].format(where))
-        self._arrays = None
-
-    def _views(self):
-        self._tokens = _ro(self.tokens)
-        self._offsets = _ro(np.asarray(self.offsets, np.int64))
-        self._pair_index = _ro(np.asarray(self.plan.pair_index, np.int64))
-        self._pair_lens = _ro(np.asarray(self.plan.pair_lens, np.int64))
-        self._pack_offsets = _ro(np.asarray(self.plan.pack_offsets, np.int64))
-
-    def __getstate__(self):
-        return {k: v for k, v in self.__dict__.items() if not k.startswith("_") or k == "_arrays"} | {
-            "_arrays": None}
-
-    def __setstate__(self, state):
-        self.__dict__.update(state)
-        self._views()
-
-    def __repr__(self) -> str:
-        return (f"PackedPairs(num_packs={len(self)}, pairs={self.plan.pair_index.shape[0]}, "
-                f"max_len={self.max_len}, fill={self.stats['fill']:.4f})")
-
-    def _sequences(self, a: int, b: int) -> dict:
-        """``seq_lens``, ``seq_pairs``, ``seq_parts`` of entries ``a:b`` (two sequences per pair)."""
-        return pair_sequences(self.plan.pair_index[a:b], self.plan.pair_lens[a:b], self.plan.prefix_sharing)
-
-    def __getitem__(self, i) -> dict:
-        """Pack ``i`` (negative indices allowed) as a dict of fresh int32 arrays."""
-        i = check_index(i, len(self))
-        if self._arrays is not None:
-            out = {name: np.array(self._arrays[name][i]) for name in _ARRAYS}
-        else:
-            out = {name: np.empty(self.max_len, np.int32) for name in _ARRAYS}
-            _kernels().fill_pair_pack(self._tokens, self._offsets, self._pair_index, self._pair_lens,
-                                      self._pack_offsets, i, self.plan.prefix_sharing, self.pad_id, self.ignore_index,
-                                      *(out[name] for name in _ARRAYS))
-        out.update(self._sequences(int(self.pack_offsets[i]), int(self.pack_offsets[i + 1])))
-        return out
-
-    def rows(self, start: int, stop: int) -> dict:
-        """Packs ``start:stop`` as ``[stop - start, max_len]`` int32 arrays (one parallel fill)."""
-        n = len(self)
-        start = check_int(start, "start", minimum=0, maximum=n)
-        stop = check_int(stop, "stop", minimum=start, maximum=n)
-        out = {name: np.empty((stop - start, self.max_len), np.int32) for name in _ARRAYS}
-        if stop > start:
-            _kernels().fill_pair_packs(self._tokens, self._offsets, self._pair_index, self._pair_lens,
-                                       self._pack_offsets, start, self.plan.prefix_sharing,
-                                       self.pad_id, self.ignore_index,
-                                       *(out[name] for name in _ARRAYS))
-        return out
-
-    def _materialize(self) -> dict:
-        if self._arrays is None:
-            arrays = self.rows(0, len(self))
-            for a in arrays.values():
-                a.flags.writeable = False
-            self._arrays = arrays
-        return self._arrays
-
-    @property
-    def input_ids(self) -> np.ndarray:
-        """[P, max_len] int32 token ids."""
-        return self._materialize()["input_ids"]
-
-    @property
-    def labels(self) -> np.ndarray:
-        """[P, max_len] int32: answer tokens, ``ignore_index`` on prompts, first tokens and padding."""
-        return self._materialize()["labels"]
-
-    @property
-    def position_ids(self) -> np.ndarray:
-        """[P, max_len] int32, from 0 in every sequence."""
-        return self._materialize()["position_ids"]
-
-    @property
-    def document_ids(self) -> np.ndarray:
-        """[P, max_len] int32 pair index of each token, -1 on padding."""
-        return self._materialize()["document_ids"]
-
-    @property
-    def part_ids(self) -> np.ndarray:
-        """[P, max_len] int32: 0 prompt, 1 chosen, 2 rejected, -1 padding."""
-        return self._materialize()["part_ids"]
+        return Packed(tokens, offsets, plan, pad_id=pad_id, ignore_index=ignore_index, validate=validate)
 
 
 def pack_pairs(tokens, offsets, max_len: int, *, strategy: str = "bfd", long: str = "truncate",
                pad_id: int = 0, ignore_index: int = -100, shuffle_seed: int | None = 0,
-               row_ids=None, prefix_sharing: bool = False) -> PackedPairs:
+               row_ids=None, prefix_sharing: bool = False) -> Packed:
     """Pack a tokenized preference corpus (three documents per pair), a pair as one unit.
 
     Args:
@@ -408,10 +413,10 @@ def pack_pairs(tokens, offsets, max_len: int, *, strategy: str = "bfd", long: st
         row_ids: the input row of every document (errors name it).
 
     Returns:
-        :class:`PackedPairs`.
+        A :class:`~vecpack.Packed` of kind ``"pairs"`` (``PackedPairs``).
     """
     tokens = _check_tokens(tokens, "tokens")
     offsets = _check_offsets(offsets, tokens.shape[0])
     p = plan_pairs(np.diff(offsets), max_len, strategy=strategy, long=long, shuffle_seed=shuffle_seed,
                    row_ids=row_ids, prefix_sharing=prefix_sharing)
-    return PackedPairs(tokens, offsets, p, pad_id=pad_id, ignore_index=ignore_index)
+    return Packed(tokens, offsets, p, pad_id=pad_id, ignore_index=ignore_index)

@@ -1,11 +1,12 @@
-"""Per-turn conversations packed as token tries: :func:`plan_turns`, :class:`PackedTurns`, :func:`pack_turns`.
+"""The layout of per-turn conversations, packed as token tries: :func:`plan_turns`, ``PackedTurns``,
+:func:`pack_turns`.
 
 With ``per_turn=True`` a conversation becomes one document per trained
 assistant turn (:mod:`vecpack.tokenizing.turns`): document ``i`` is the
 conversation up to turn ``t_i``, rendered as the template renders a final
 turn, with only that turn trained. The corpus holds them back to back, each
 with its conversation's row in ``row_ids``. Here a conversation's documents
-become one unit, their token trie (:mod:`vecpack.turns._kernels`): each shared
+become one unit, their token trie (:func:`vecpack.packing._fill_kernels.build_tries`): each shared
 prefix token stored once, depth first, with its depth as its position and
 the end of its subtree as its mask::
 
@@ -41,17 +42,21 @@ from dataclasses import dataclass
 import numpy as np
 
 from vecpack.errors import InputError
-from vecpack.options import IGNORE_INDEX, check_index, check_max_len, check_options
-from vecpack.packing.packed import PlanViews
+from vecpack.options import IGNORE_INDEX, check_max_len, check_options
+from vecpack.packing.layout import KindOf, Layout, register
+from vecpack.packing.packed import Packed
 from vecpack.packing.plan import _ro, plan
 
-__all__ = ["TurnPlan", "PackedTurns", "conversation_offsets", "lay_out_tries", "pack_turns", "plan_turns"]
+__all__ = ["TURNS", "TURNS_SAVED_FORMAT", "PackedTurns", "TurnLayout", "TurnPlan", "conversation_offsets",
+           "lay_out_tries", "pack_turns", "plan_turns"]
 
 _ARRAYS = ("input_ids", "labels", "position_ids", "end", "document_ids")
+#: Layout of a saved ``kind: "turns"`` dataset's arrays and meta.
+TURNS_SAVED_FORMAT = 1
 
 
 def _kernels():
-    from vecpack.turns import _kernels as k  # numba: imported on first use only
+    from vecpack.packing import _fill_kernels as k  # numba: imported on first use only
 
     return k
 
@@ -206,7 +211,7 @@ def plan_turns(tokens, labels, offsets, row_ids, max_len: int, *, strategy: str 
     return TurnPlan(**arrays, unit_index=placed, pack_offsets=p.pack_offsets, max_len=max_len, stats=stats)
 
 
-class PackedTurns(PlanViews):
+class TurnLayout(Layout):
     """Packs of per-turn tries, laid out lazily from the corpus and a :class:`TurnPlan`.
 
     ``pt[i]`` is a dict of int32 ``[max_len]`` arrays: ``input_ids``,
@@ -216,50 +221,81 @@ class PackedTurns(PlanViews):
     ``i <= j < end[i]``; padding attends to itself), ``document_ids`` (the
     conversation, -1 on padding), and ``seq_lens`` (each unit's tokens).
     :func:`vecpack.integrations.collate.collate_turns` makes batches of them.
+
+    Saved (``kind: "turns"``): the corpus (``tokens``, ``offsets``) and the plan's
+    arrays (each conversation's trie, which pack holds it); loading needs neither
+    the tokenizer nor the data nor the cache.
     """
 
-    def __init__(self, tokens, offsets, plan: TurnPlan, *, pad_id: int = 0, ignore_index: int = IGNORE_INDEX):
-        self.tokens = np.asarray(tokens)
-        self.offsets = np.asarray(offsets, np.int64)
-        self.plan = plan
-        self.pad_id, self.ignore_index = int(pad_id), int(ignore_index)
+    kind, name, plan_type = "turns", "PackedTurns", TurnPlan
+    title = "per-turn"
 
-    def __repr__(self) -> str:
-        s = self.stats["per_turn"]
-        return (f"PackedTurns(num_packs={len(self)}, conversations={s['conversations']}, "
-                f"stored_tokens={s['stored_tokens']}, expanded_tokens={s['expanded_tokens']}, max_len={self.max_len})")
+    def setup(self, packed, tokens, offsets, labels, validate: bool, **state) -> None:
+        packed.tokens = np.asarray(tokens)
+        packed.offsets = np.asarray(offsets, np.int64)
 
-    def __getitem__(self, i) -> dict:
-        """Pack ``i`` (negative indices allowed) as a dict of fresh int32 arrays."""
-        i = check_index(i, len(self))
-        p, m = self.plan, self.max_len
+    def describe(self, packed) -> str:
+        s = packed.stats["per_turn"]
+        return (f"PackedTurns(num_packs={len(packed)}, conversations={s['conversations']}, "
+                f"stored_tokens={s['stored_tokens']}, expanded_tokens={s['expanded_tokens']}, "
+                f"max_len={packed.max_len})")
+
+    def item(self, packed, i: int) -> dict:
+        p, m = packed.plan, packed.max_len
         units = p.unit_index[p.pack_offsets[i]:p.pack_offsets[i + 1]]
         first, lens = p.unit_offsets[units], p.unit_offsets[units + 1] - p.unit_offsets[units]
         at = np.cumsum(lens) - lens  # each unit's start in the pack
         n = int(lens.sum())
         idx = np.repeat(first - at, lens) + np.arange(n)
         out = {name: np.empty(m, np.int32) for name in _ARRAYS}
-        ids = self.tokens[p.src[idx]]
+        ids = packed.tokens[p.src[idx]]
         out["input_ids"][:n] = ids
-        out["labels"][:n] = np.where(p.label[idx].astype(bool) & (p.depth[idx] > 0), ids, self.ignore_index)
+        out["labels"][:n] = np.where(p.label[idx].astype(bool) & (p.depth[idx] > 0), ids, packed.ignore_index)
         out["position_ids"][:n] = p.depth[idx]
         out["end"][:n] = p.end[idx] + np.repeat(at, lens)
         out["document_ids"][:n] = np.repeat(units, lens)
-        out["input_ids"][n:] = self.pad_id
-        out["labels"][n:] = self.ignore_index
+        out["input_ids"][n:] = packed.pad_id
+        out["labels"][n:] = packed.ignore_index
         out["position_ids"][n:] = np.arange(m - n)
         out["end"][n:] = np.arange(n + 1, m + 1)
         out["document_ids"][n:] = -1
         out["seq_lens"] = lens.astype(np.int32)
         return out
 
+    def saved(self, packed) -> tuple[dict, dict]:
+        arrays = {"tokens": packed.tokens, "offsets": packed.offsets}
+        arrays.update({name: getattr(packed.plan, name) for name in TurnPlan.ARRAYS})
+        return arrays, {"turns_format": TURNS_SAVED_FORMAT}
+
+    def from_saved(self, arrays: dict, meta: dict, *, pad_id, ignore_index, verify: bool):
+        if meta.get("turns_format") != TURNS_SAVED_FORMAT:
+            raise ValueError(f"load: a saved per-turn dataset of format {meta.get('turns_format')!r}; this vecpack "
+                             f"reads format {TURNS_SAVED_FORMAT}: build it again")
+        p = TurnPlan(**{name: arrays[name] for name in TurnPlan.ARRAYS}, max_len=int(meta["max_len"]),
+                     stats=dict(meta["stats"]))
+        return Packed(arrays["tokens"], arrays["offsets"], p,
+                      pad_id=int(meta["pad_id"]) if pad_id is None else int(pad_id),
+                      ignore_index=int(meta["ignore_index"]) if ignore_index is None else int(ignore_index))
+
+
+TURNS = register(TurnLayout())
+
+
+class PackedTurns(metaclass=KindOf):
+    """Packs of per-turn tries: a :class:`~vecpack.Packed` of a :class:`TurnPlan` (see :class:`TurnLayout`)."""
+
+    kind = "turns"
+
+    def __new__(cls, tokens, offsets, plan: TurnPlan, *, pad_id: int = 0, ignore_index: int = IGNORE_INDEX) -> Packed:
+        return Packed(tokens, offsets, plan, pad_id=pad_id, ignore_index=ignore_index)
+
 
 def pack_turns(tokens, labels, offsets, row_ids, max_len: int, *, strategy: str = "bfd", long: str = "truncate",
-               pad_id: int = 0, ignore_index: int = IGNORE_INDEX, shuffle_seed: int | None = 0) -> PackedTurns:
+               pad_id: int = 0, ignore_index: int = IGNORE_INDEX, shuffle_seed: int | None = 0) -> Packed:
     """Pack a per-turn corpus (:func:`vecpack.tokenize` with ``per_turn=True``): one trie per conversation.
 
     Args: as :func:`plan_turns`; ``pad_id``: padding's id.
     """
     p = plan_turns(tokens, labels, offsets, row_ids, max_len, strategy=strategy, long=long,
                    shuffle_seed=shuffle_seed, ignore_index=ignore_index)
-    return PackedTurns(tokens, offsets, p, pad_id=pad_id, ignore_index=ignore_index)
+    return Packed(tokens, offsets, p, pad_id=pad_id, ignore_index=ignore_index)
