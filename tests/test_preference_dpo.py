@@ -18,8 +18,11 @@ pytest.importorskip("trl")
 from helpers import flex_eager_attention  # noqa: E402
 
 from vecpack.integrations.collate import collate_preference, model_inputs  # noqa: E402
-from vecpack.preference.logps import sequence_logps  # noqa: E402
-from vecpack.preference.loss import dpo_loss, pair_logps  # noqa: E402
+from vecpack.integrations.loss import (  # noqa: E402
+    dpo_loss,
+    pair_logps,
+    sequence_logps,  # noqa: E402
+)
 
 BETA = 0.5
 

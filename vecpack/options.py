@@ -62,7 +62,7 @@ __all__ = ["CHAT_STYLES", "CONVERSATION_STYLES", "ENGINES", "EXECUTORS", "EXPORT
 
 #: Row formats of chat data (see :mod:`vecpack.chat.formats`).
 CHAT_STYLES = ("sharegpt", "openai", "alpaca", "text")
-#: Every ``style=`` a front door takes: the chat formats, and preference pairs (:mod:`vecpack.preference`).
+#: Every ``style=`` a front door takes: the chat formats, and preference pairs (:mod:`vecpack.packing.pairs`).
 STYLES = (*CHAT_STYLES, "preference")
 #: Styles of a list of turns (torchtune's ``conversation_style``).
 CONVERSATION_STYLES = ("sharegpt", "openai")

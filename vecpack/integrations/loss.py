@@ -22,17 +22,48 @@ model sees it). Off by default; opt in with :class:`DocumentMeanLoss`, or call
 >>> w, n = document_weights(labels, position_ids)
 >>> [round(x, 3) for x in w[0].tolist()], n           # aligned with labels[:, 1:]
 ([0.333, 0.333, 0.333, 0.0, 1.0], 2)
+
+The DPO loss on packed pairs: :func:`dpo_loss` (TRL's default ``loss_type="sigmoid"``).
+
+``loss = mean over pairs of -logsigmoid(beta * ((chosen - ref_chosen) - (rejected - ref_rejected)))``
+with per-sequence summed completion log-probabilities
+(:func:`~vecpack.integrations.loss.sequence_logps`), as TRL 1.16's
+``DPOTrainer`` computes it (``beta`` 0.1, ``label_smoothing`` 0); the metrics
+are the ones it logs.
+
+>>> import torch
+>>> batch = {"pair_index": torch.tensor([0, 0]), "is_chosen": torch.tensor([True, False]),
+...          "pair_ids": torch.tensor([7])}
+>>> loss, metrics = dpo_loss(torch.tensor([-1.0, -2.0]), torch.tensor([-1.0, -2.0]), batch)
+>>> round(loss.item(), 6), metrics["rewards/accuracies"]
+(0.693147, 0.0)
+
+Per-sequence log-probabilities of the completion tokens: :func:`sequence_logps`.
+
+What TRL's ``DPOTrainer`` sums for each row (``log_probs.sum(1)`` of its
+fused head): ``logp(seq) = sum over completion tokens t (t not the sequence's
+first) of log softmax(logits[t - 1])[input_ids[t]]``, here for every sequence
+of a packed batch at once, with no Python loop over sequences.
+
+>>> import torch
+>>> batch = {"input_ids": torch.tensor([[0, 1, 1, 0, 1]]), "completion_mask": torch.tensor([[0, 1, 1, 0, 1]]) > 0,
+...          "seq_idx": torch.tensor([[0, 0, 0, 1, 1]]), "is_chosen": torch.tensor([True, False])}
+>>> logits = torch.zeros(1, 5, 2)                         # uniform over 2 tokens: log(1/2) per token
+>>> sequence_logps(logits, batch)
+tensor([-1.3863, -0.6931], dtype=torch.float64)
 """
 
 from __future__ import annotations
 
 import sys
+from collections.abc import Mapping
+from typing import Any
 
 import torch
 
 from vecpack.options import IGNORE_INDEX
 
-__all__ = ["DocumentMeanLoss", "document_mean_loss", "document_weights"]
+__all__ = ["DocumentMeanLoss", "document_mean_loss", "document_weights", "dpo_loss", "pair_logps", "sequence_logps"]
 
 
 def document_weights(labels: torch.Tensor, position_ids: torch.Tensor, *,
@@ -132,3 +163,84 @@ class DocumentMeanLoss:
         if self.args.average_tokens_across_devices and num_items_in_batch is not None:
             loss = loss * self.accelerator.num_processes  # DDP averages gradients; the count was global
         return (loss, outputs) if return_outputs else loss
+
+
+def pair_logps(logps: torch.Tensor, batch: Mapping[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-sequence values -> ``(chosen [N], rejected [N])`` in batch-pair order (differentiable, no loop)."""
+    index = batch["pair_index"].to(logps.device)
+    chosen = batch["is_chosen"].to(logps.device)
+    n = batch["pair_ids"].shape[0]
+    zeros = logps.new_zeros(n)
+    return zeros.index_add(0, index[chosen], logps[chosen]), zeros.index_add(0, index[~chosen], logps[~chosen])
+
+
+def dpo_loss(policy_logps: torch.Tensor, ref_logps: torch.Tensor, batch: Mapping[str, Any], *,
+             beta: float = 0.1) -> tuple[torch.Tensor, dict[str, float]]:
+    """TRL's sigmoid DPO loss over the pairs of a packed batch.
+
+    Args:
+        policy_logps: ``[S]`` per-sequence log-probabilities of the policy
+            (:func:`~vecpack.integrations.loss.sequence_logps`).
+        ref_logps: ``[S]`` the reference model's (no gradient needed).
+        batch: the :func:`~vecpack.integrations.collate.collate_preference` batch.
+        beta: DPO's temperature (TRL's default 0.1).
+
+    Returns:
+        ``(loss, metrics)``: the mean loss over the batch's pairs, and
+        ``rewards/chosen``, ``rewards/rejected``, ``rewards/accuracies``,
+        ``rewards/margins``, ``logps/chosen``, ``logps/rejected`` (means, as
+        TRL logs them).
+    """
+    chosen, rejected = pair_logps(policy_logps, batch)
+    ref_chosen, ref_rejected = pair_logps(ref_logps.detach().to(policy_logps), batch)
+    chosen_ratio = chosen - ref_chosen
+    rejected_ratio = rejected - ref_rejected
+    loss = -torch.nn.functional.logsigmoid(beta * (chosen_ratio - rejected_ratio)).mean()
+    with torch.no_grad():
+        r_c, r_r = beta * chosen_ratio, beta * rejected_ratio
+        metrics = {"rewards/chosen": r_c.mean().item(), "rewards/rejected": r_r.mean().item(),
+                   "rewards/accuracies": (r_c > r_r).float().mean().item(),
+                   "rewards/margins": (r_c - r_r).mean().item(),
+                   "logps/chosen": chosen.mean().item(), "logps/rejected": rejected.mean().item()}
+    return loss, metrics
+
+
+def sequence_logps(logits: torch.Tensor, batch: Mapping[str, Any], *, average: bool = False) -> torch.Tensor:
+    """Summed log-probabilities of each sequence's completion tokens, from one packed forward.
+
+    Args:
+        logits: ``[1, T, V]`` or ``[T, V]``, the model's output on
+            :func:`~vecpack.integrations.collate.model_inputs` of ``batch``.
+        batch: a :func:`~vecpack.integrations.collate.collate_preference` batch
+            (``input_ids``, ``completion_mask``, ``seq_idx``, ``is_chosen``, and
+            ``logit_index`` for prefix-shared packs).
+        average: divide each sum by its number of scored tokens (TRL's
+            ``ipo`` / ``sigmoid_norm`` losses use the per-token average).
+
+    Returns:
+        float64 ``[S]``, one value per sequence, differentiable (float32
+        token log-probabilities, summed in float64 so that a long answer's
+        sum is still exact to 1e-5).
+    """
+    if logits.dim() == 3:
+        if logits.shape[0] != 1:
+            raise ValueError(f"logits must be [1, T, V] (one packed row), got {tuple(logits.shape)}")
+        logits = logits[0]
+    ids = batch["input_ids"].reshape(-1).to(logits.device)
+    if logits.shape[0] != ids.shape[0]:
+        raise ValueError(f"logits cover {logits.shape[0]} tokens but the batch holds {ids.shape[0]}")
+    scored = batch["completion_mask"].reshape(-1).to(logits.device).nonzero().squeeze(1)
+    seq = batch["seq_idx"].reshape(-1).to(device=logits.device, dtype=torch.long)[scored]
+    num_seqs = batch["is_chosen"].shape[0]
+    # the token at t is predicted by the logits at t - 1 (a sequence's first token is never scored), or,
+    # with prefix sharing, at logit_index[t] (a rejected answer's first token: its prompt's last token)
+    index = batch.get("logit_index")
+    rows = scored - 1 if index is None else index.reshape(-1).to(logits.device)[scored]
+    token_logps = -torch.nn.functional.cross_entropy(logits[rows].float(), ids[scored], reduction="none")
+    # summed in float64: a sum of hundreds of float32 log-probs keeps 1e-5 absolute accuracy
+    sums = torch.zeros(num_seqs, dtype=torch.float64, device=logits.device).index_add(0, seq, token_logps.double())
+    if average:
+        counts = torch.zeros(num_seqs, dtype=torch.float64, device=logits.device).index_add(
+            0, seq, torch.ones_like(token_logps, dtype=torch.float64))
+        sums = sums / counts.clamp(min=1)
+    return sums

@@ -261,7 +261,7 @@ def flex_image_block_mask(seq_idx: torch.Tensor, blocks: torch.Tensor, *, slidin
 # token and every token laid out after it that continues it) ends at ``end[i]``. Query ``j`` may attend key
 # ``i`` iff ``i <= j < end[i]``: ``i`` is ``j`` itself or one of its ancestors. Preference pairs with prefix
 # sharing (a prompt, its chosen answer, its rejected answer) and per-turn conversations
-# (:mod:`vecpack.turns`) are both such trees; plain packing is the tree where every token's subtree ends at
+# (:mod:`vecpack.packing.turns`) are both such trees; plain packing is the tree where every token's subtree ends at
 # its document's end.
 
 

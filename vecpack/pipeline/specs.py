@@ -44,7 +44,7 @@ class ChatSpec:
             as canonical JSON text; a row's own ``chat_template_kwargs`` win over them.
         train_reasoning: False keeps each assistant message's reasoning out of the loss.
         per_turn: one document per trained assistant turn, the conversation up to it rendered as its
-            final turn (its reasoning kept), packed as one token trie per conversation (:mod:`vecpack.turns`).
+            final turn (its reasoning kept), packed as one token trie per conversation (:mod:`vecpack.packing.turns`).
     """
 
     style: str = "sharegpt"
