@@ -13,8 +13,7 @@ from hypothesis import strategies as st
 
 import vecpack
 from vecpack.errors import InputError
-from vecpack.mixing.plan import mix_plan, union_offsets
-from vecpack.mixing.select import Source, as_sources, select
+from vecpack.packing.mix import Source, as_sources, mix_plan, select, union_offsets
 
 measures_st = st.lists(st.lists(st.integers(0, 40), min_size=0, max_size=30), min_size=1, max_size=4)
 

@@ -128,7 +128,7 @@ def test_stream_pair_errors(pairs, qwen_dir, tmp_path):
 def test_pairs_mix_with_pairs_by_weight(pairs, qwen_dir, tmp_path):
     """Two pair sets (conversational and standard), 70/30 by placed tokens: pairs whole, the packs laid out as
     the plain-Python layout draws them over the sources' corpora; a mixture that repeats pairs still collates."""
-    from vecpack.mixing.plan import mix_pair_plan
+    from vecpack.packing.mix import mix_pair_plan
 
     path, t = pairs
     other = make_pairs(tmp_path / "standard.jsonl", 30, seed=8, median_user=40, median_assistant=60, form="standard")

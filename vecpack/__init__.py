@@ -28,7 +28,7 @@ _LAZY = {
     "Packed": "vecpack.packing.packed",
     "Plan": "vecpack.packing.plan",
     "RolloutPack": "vecpack.packing.tree",
-    "Source": "vecpack.mixing.select",
+    "Source": "vecpack.packing.mix",
     "build": "vecpack.pipeline.build",
     "build_on_cluster": "vecpack.pipeline.build",
     "load": "vecpack.pipeline.saved",

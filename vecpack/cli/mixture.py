@@ -1,6 +1,6 @@
 """The mixture in the reports: a table of the sources (``pack``, ``stats``), a plot panel, a pack's sources.
 
-Everything reads ``packed.stats["mixture"]`` (see :func:`vecpack.mixing.plan.mix_plan`)::
+Everything reads ``packed.stats["mixture"]`` (see :func:`vecpack.packing.mix.mix_plan`)::
 
     mixture by tokens, as large as possible without repeating a document (seed 0)
       source           style     documents   used  repeated  sub-sampled     tokens  asked  achieved

@@ -1,4 +1,6 @@
-"""Per-document loss weights: every document counts equally, however many tokens it trains.
+"""Losses on packs: per-document loss weights, and DPO's sequence log-probabilities and loss on packed pairs.
+
+Per-document loss weights: every document counts equally, however many tokens it trains.
 
 Packing changes nothing in the usual loss: transformers and TRL average over
 the trained tokens of the whole optimizer step, packed or not. Some users want

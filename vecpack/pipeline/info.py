@@ -15,7 +15,7 @@ A mixture through the cache: one corpus entry per source, one ``mix-`` entry for
 
 Each source's corpus entry is exactly the one a single-input ``vecpack.build``
 of that source makes (same key), so changing the weights or any ``mix_*``
-option only re-plans: :func:`vecpack.mixing.plan.mix_plan` over the corpora's
+option only re-plans: :func:`vecpack.packing.mix.mix_plan` over the corpora's
 lengths, in milliseconds to a second. :func:`vecpack.build` runs the steps;
 this module holds what it and :func:`vecpack.load` share.
 """
@@ -28,8 +28,8 @@ import pathlib
 
 import numpy as np
 
-from vecpack.mixing.plan import union_offsets
 from vecpack.options import IGNORE_INDEX
+from vecpack.packing.mix import union_offsets
 from vecpack.packing.packed import Packed
 from vecpack.packing.plan import Plan, trained_tokens
 from vecpack.store.entries import corpus_labels

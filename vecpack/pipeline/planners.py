@@ -24,8 +24,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from vecpack.mixing.plan import mix_pair_plan, mix_plan, union_offsets
 from vecpack.options import IGNORE_INDEX
+from vecpack.packing.mix import mix_pair_plan, mix_plan, union_offsets
 from vecpack.packing.packed import Packed
 from vecpack.packing.pairs import PackedPairs, PairPlan, plan_pairs
 from vecpack.packing.plan import Plan, plan, trained_tokens

@@ -53,8 +53,8 @@ from typing import Any
 from vecpack.cluster.units import expand_inputs
 from vecpack.inputs.readers import sample_rows
 from vecpack.inputs.sources import InputFile, resolve_sources
-from vecpack.mixing.select import as_sources, data_name, is_mixture, own_options
 from vecpack.options import check_per_turn_call, key_fields
+from vecpack.packing.mix import as_sources, data_name, is_mixture, own_options
 from vecpack.pipeline.specs import ChatSpec, MixSpec, PackSpec, RunSpec, TokenizerSpec
 from vecpack.store import hashing
 from vecpack.store.hashing import CORPUS_FORMAT, data_fingerprint, describe, tokenizer_fingerprint
@@ -134,7 +134,7 @@ def resolve_inputs(data_files, weights, chat: ChatSpec, *, encoder=None, streami
 
     A plain path, glob, list of paths or dataset is one input; a list holding
     :class:`vecpack.Source` entries, or any ``weights``, is a mixture of one
-    input per entry (see :mod:`vecpack.mixing.select`). ``streaming``: a
+    input per entry (see :mod:`vecpack.packing.mix`). ``streaming``: a
     ``datasets.IterableDataset`` is one input too (one file of kind ``"iterable"``); ``cluster``: the
     call runs on a Ray cluster (``backend="ray"``, ``output=``), so object-store URLs are listed here
     (files of kind ``"url"``); elsewhere a URL is an :class:`~vecpack.errors.InputError` saying so.

@@ -12,7 +12,7 @@ import os
 
 import numpy as np
 
-from vecpack.mixing.plan import union_offsets
+from vecpack.packing.mix import union_offsets
 from vecpack.pipeline.request import make_request
 from vecpack.tokenizing.corpus import tokenize_input
 from vecpack.tokenizing.tokenized import Tokenized, merge_stats

@@ -1,1 +1,0 @@
-"""Mixtures: several sources by weight, chosen as whole documents, packed together."""
