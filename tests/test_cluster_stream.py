@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import vecpack
-from vecpack.cluster.stream import PackStream, merge_states
+from vecpack.cluster.reading import PackStream, merge_states
 
 
 def _packed(n_docs=400, seed=0):

@@ -24,8 +24,7 @@ import vecpack
 from vecpack.integrations.collate import collate_flash
 from vecpack.integrations.ranks import collate_cp, cp_index, llama3_cu_seqlens, pad_multiple
 from vecpack.packing.plan import plan
-from vecpack.pipeline.request import plan_key
-from vecpack.pipeline.specs import PackSpec
+from vecpack.pipeline.request import PackSpec, plan_key
 
 transformers = pytest.importorskip("transformers")
 

@@ -11,8 +11,18 @@ import pytest
 
 import vecpack
 from vecpack.options import ROLES, role
-from vecpack.pipeline.request import Request, corpus_key, make_request, mix_key, plan_key
-from vecpack.pipeline.specs import ChatSpec, MixSpec, PackSpec, RunSpec, TokenizerSpec
+from vecpack.pipeline.request import (
+    ChatSpec,
+    MixSpec,
+    PackSpec,
+    Request,
+    RunSpec,
+    TokenizerSpec,
+    corpus_key,
+    make_request,
+    mix_key,
+    plan_key,
+)
 from vecpack.testing import make_sharegpt
 
 REPO = pathlib.Path(__file__).resolve().parents[1]

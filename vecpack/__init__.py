@@ -54,7 +54,7 @@ _LAZY = {
     "hf_dataset": "vecpack.integrations.hf",
     "pack_pairs": "vecpack.packing.pairs",
     "sequence_logps": "vecpack.integrations.loss",
-    "tokenize": "vecpack.pipeline.tokenize",
+    "tokenize": "vecpack.pipeline.build",
     "BalancedSampler": "vecpack.integrations.ranks",
     "BalancedSteps": "vecpack.packing.balance",
     "attention_coefficient": "vecpack.packing.balance",

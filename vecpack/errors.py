@@ -6,6 +6,8 @@ file can be found with ``sed -n LINEp``.
 
 >>> str(InputError("missing column 'conversations'", file="train.jsonl", line=7))
 "train.jsonl:7: missing column 'conversations'"
+
+Text every layer prints: one rule for counts, so a report reads the same from any layer.
 """
 
 from __future__ import annotations
@@ -104,3 +106,17 @@ def warn_caller(message: str, category=RuntimeWarning) -> None:
     while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(here):
         level, frame = level + 1, frame.f_back
     warnings.warn(message, category, stacklevel=level)
+
+
+def plural(count: float, one: str, many: str | None = None, *, rate: bool = False) -> str:
+    """``count`` with its noun, singular for exactly one: every count vecpack prints goes through this.
+
+    ``rate=True`` formats a rate (no decimals).
+
+    >>> plural(1, "pack"), plural(2000, "pack"), plural(1, "entry", "entries")
+    ('1 pack', '2,000 packs', '1 entry')
+    >>> plural(0.6, "row/s", "rows/s", rate=True)
+    '1 row/s'
+    """
+    text = f"{count:,.0f}" if rate else f"{count:,}"
+    return f"{text} {one if text == '1' else (many or one + 's')}"

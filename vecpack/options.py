@@ -18,7 +18,7 @@ ValueError: max_len must be >= 1, got 0
 
 What each field of a request does to the output: one rule, read by the cache key and its test.
 
-Every field of a spec (:mod:`vecpack.pipeline.specs`) has one of three roles,
+Every field of a spec (:mod:`vecpack.pipeline.request`) has one of three roles,
 stated on the type where the field is declared:
 
 * ``"key"`` (the default): it changes what is stored, so it is in the cache key;

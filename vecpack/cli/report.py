@@ -41,8 +41,8 @@ from collections.abc import Sequence
 import numpy as np
 
 from vecpack._state import compile_stats
-from vecpack._text import plural
 from vecpack.cli.mixture import mixture_lines, plot_mixture, short_name, source_of
+from vecpack.errors import plural
 from vecpack.tokenizing.spec import bytes_to_unicode
 
 __all__ = [

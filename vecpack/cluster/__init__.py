@@ -7,8 +7,7 @@ last; :func:`open_packed` (``vecpack.load(url)``) reads the shards back, and
 :class:`PackStream` streams a rank's share with an exact, elastic resume.
 """
 
-from vecpack.cluster.reading import ShardedPacked, open_packed
+from vecpack.cluster.reading import PackStream, ShardedPacked, open_packed
 from vecpack.cluster.run import ClusterBuild
-from vecpack.cluster.stream import PackStream
 
 __all__ = ["ClusterBuild", "PackStream", "ShardedPacked", "open_packed"]

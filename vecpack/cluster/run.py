@@ -41,7 +41,6 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from vecpack._text import plural
 from vecpack.cluster.shards import (
     pack_shard,
     piece_url,
@@ -53,7 +52,7 @@ from vecpack.cluster.shards import (
     unit_entries,
 )
 from vecpack.cluster.units import UNIT_BYTES, locate_example, plan_units, read_receipts, tokenize_unit, unit_arrays
-from vecpack.errors import EncoderError, InputError
+from vecpack.errors import EncoderError, InputError, plural
 from vecpack.inputs.jsonl import buffer_lines
 from vecpack.inputs.records import to_record
 from vecpack.store import objects

@@ -52,8 +52,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from vecpack.integrations import _megatron_kernels as _kernels
 from vecpack.options import check_int, check_pad_multiple
+from vecpack.packing import _fill_kernels as _kernels
 from vecpack.packing.plan import _ro
 
 __all__ = ["MegatronBlock", "check_dest", "default_metadata_path", "megatron_blocks", "megatron_metadata",

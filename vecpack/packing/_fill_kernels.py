@@ -1,6 +1,7 @@
 """numba kernels that lay packs out, for every layout of :class:`vecpack.Packed`. No Python glue here: the
 layouts are in :mod:`vecpack.packing.packed` (chat), :mod:`vecpack.packing.pairs`, :mod:`vecpack.packing.turns`,
-and torchtune's in :mod:`vecpack.torchtune.packed`; the plans' kernels are in :mod:`vecpack.packing._kernels`.
+torchtune's in :mod:`vecpack.torchtune.packed`, Megatron's files in :mod:`vecpack.integrations.megatron`
+(:func:`fill_megatron`); the plans' kernels are in :mod:`vecpack.packing._kernels`.
 
 Inputs are read-only views (:func:`vecpack.packing.plan._ro`): tokens and labels ``int32`` (labels may be a bit
 mask: :func:`_label`), indices ``int64``; outputs are ``int32`` rows of ``max_len`` (torchtune's ``int64``).
@@ -56,7 +57,7 @@ from vecpack._state import compile_once, kernel_cache
 CACHE = kernel_cache()  # False where numba cannot write its cache (then compiled per process)
 
 __all__ = ["build_tries", "fill_entries", "fill_pack", "fill_pack_part", "fill_packs", "fill_packs_part",
-           "fill_pair_pack", "fill_pair_packs", "fill_torchtune_pack"]
+           "fill_pair_pack", "fill_pair_packs", "fill_torchtune_pack", "fill_megatron"]
 
 
 def _label(tokens, labels, i):
@@ -469,6 +470,38 @@ def fill_torchtune_pack(tokens, labels, offsets, doc_index, doc_start, doc_lengt
         seq[ns] = max_len - at
         ns += 1
     return ns
+
+
+@njit(cache=CACHE, parallel=True, nogil=True)
+def fill_megatron(tokens, labels, offsets, doc_index, doc_start, doc_length, pack_offsets, p0, num_packs,
+                  out_start, stored, pad_id, ignore_index, ids, mask):
+    """Write packs ``p0 .. p0 + num_packs - 1`` in Megatron's layout, in parallel over packs.
+
+    Entry ``e`` (``i = e - pack_offsets[p0]``) is stored at ``ids[out_start[i]:out_start[i] + stored[i]]``:
+    its ``n = doc_length[e]`` tokens, then ``pad_id``. ``mask[out_start[i] + j]`` is whether token
+    ``j + 1`` of the entry carries a loss (label not ``ignore_index``, or its bit set), for ``j < n - 1``;
+    False after.
+    """
+    e0 = pack_offsets[p0]
+    pad = np.int32(pad_id)
+    for k in prange(num_packs):
+        p = p0 + k
+        for e in range(pack_offsets[p], pack_offsets[p + 1]):
+            i = e - e0
+            # unsigned offsets: no negative-index test, so the copies vectorise (as the fill kernels do)
+            o = np.uint64(out_start[i])
+            n = np.uint64(doc_length[e])
+            s = np.uint64(stored[i])
+            src = np.uint64(offsets[doc_index[e]] + doc_start[e])
+            for j in range(n):
+                ids[o + j] = tokens[src + j]
+            for j in range(n, s):
+                ids[o + j] = pad
+            last = n - np.uint64(1) if n > 0 else np.uint64(0)
+            for j in range(last):
+                mask[o + j] = _trained(labels, src + j + np.uint64(1), ignore_index)
+            for j in range(last, s):
+                mask[o + j] = False
 
 
 compile_once(globals())   # concurrent first runs compile each kernel once (vecpack/_state.py)

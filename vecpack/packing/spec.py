@@ -1,6 +1,6 @@
 """``PackSpec``: how documents become packs, validated once by :mod:`vecpack.options`.
 
-The pack part of a request (:mod:`vecpack.pipeline.specs`), and what
+The pack part of a request (:mod:`vecpack.pipeline.request`), and what
 :func:`vecpack.pack` validates its keywords with. Each field's role (in the
 cache key, or applied on read) is declared next to it (:mod:`vecpack.options`).
 

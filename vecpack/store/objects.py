@@ -33,7 +33,7 @@ gzipped on the way (pyarrow's streams would, by the name, unless told not to).
 b'as is'
 >>> _ = open(join(root, "a", "y.jsonl.gz"), "wb").write(gzip.compress(b"{}"))
 >>> get_file(join(root, "a", "y.jsonl.gz"), join(root, "copy")); open(join(root, "copy"), "rb").read(2)
-b'\x1f\x8b'
+b'\\x1f\\x8b'
 
 Every call is counted by kind in this process (:func:`requests`): a task
 reports what it asked of the store as the difference of two snapshots

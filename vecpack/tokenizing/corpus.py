@@ -28,8 +28,7 @@ import shutil
 import sys
 import time
 
-from vecpack._text import plural
-from vecpack.errors import warn_caller
+from vecpack.errors import plural, warn_caller
 from vecpack.inputs.readers import reader, sample_rows
 from vecpack.options import FAST_ENGINES
 from vecpack.tokenizing import executors
@@ -231,7 +230,7 @@ class _Call:
 
 
 def tokenize_input(inp, tok, run, out_dir=None, warm=None) -> Tokenized:
-    """Tokenize one resolved input (its files, its :class:`~vecpack.pipeline.specs.ChatSpec`) with
+    """Tokenize one resolved input (its files, its :class:`~vecpack.pipeline.request.ChatSpec`) with
     ``tok`` as ``run`` says; ``out_dir``: write the arrays there, memory-mapped.
 
     ``warm()``: background work that a fork must wait for (the packing kernels' load,

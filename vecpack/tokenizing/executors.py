@@ -27,7 +27,7 @@ from concurrent.futures import FIRST_COMPLETED, wait
 
 import numpy as np
 
-from vecpack._text import plural
+from vecpack.errors import plural
 from vecpack.inputs.readers import reader
 from vecpack.tokenizing import pool as _pool
 from vecpack.tokenizing import ray as _ray

@@ -29,9 +29,9 @@ import numpy as np
 from vecpack._state import memo
 from vecpack.inputs.items import BYTES_PER_ITEM, DatasetNotShippable, ItemEncoder, Items
 from vecpack.options import worker_start_method
+from vecpack.pipeline.build import tokenize as _tokenize
 from vecpack.pipeline.request import corpus_key, make_request
 from vecpack.pipeline.route import corpus_entry, stores_bits
-from vecpack.pipeline.tokenize import tokenize as _tokenize
 from vecpack.store.cache import Cache
 from vecpack.tokenizing.exec import fork_refusal, forked_workers
 from vecpack.tokenizing.pool import effective_n_jobs, warm
