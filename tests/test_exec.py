@@ -97,3 +97,45 @@ def test_the_workers_are_forked_where_fork_is_allowed(monkeypatch):
 def test_the_interface_is_abstract():
     with pytest.raises(NotImplementedError):
         Executor().run(abs, [(1,)])
+
+
+def _pid_then_sleep(i, marks):
+    open(os.path.join(marks, str(os.getpid())), "w").close()
+    time.sleep(600)
+    return i
+
+
+@pytest.mark.parametrize("start", ["fork", "spawn"])
+def test_ctrl_c_stops_the_run_and_leaves_no_worker(tmp_path, start):
+    """Ctrl-C to the process group (as a terminal sends it) mid-run: the driver raises KeyboardInterrupt (one
+    traceback, its own), and its workers, in the middle of long tasks, are killed at once, not waited for."""
+    from helpers import python_child
+
+    if start == "fork" and fork_refusal() is not None:
+        pytest.skip(f"no fork here: {fork_refusal()}")
+    marks = tmp_path / "pids"
+    marks.mkdir()
+    proc = python_child(f"""
+        import os
+        os.environ["VECPACK_WORKER_START"] = {start!r}
+        from test_exec import _pid_then_sleep
+        from vecpack.tokenizing.exec import Local
+        with Local(2) as ex:
+            ex.run(_pid_then_sleep, [(i,) for i in range(4)], {str(marks)!r})
+    """, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 120
+        while len(os.listdir(marks)) < 2:
+            assert proc.poll() is None, proc.communicate()[1]
+            assert time.monotonic() < deadline, "the workers never started"
+            time.sleep(0.05)
+        os.killpg(proc.pid, signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode != 0 and "KeyboardInterrupt" in err, err
+    assert err.count("Traceback") == 1, err          # the driver's alone
+    for pid in map(int, os.listdir(marks)):
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
