@@ -496,7 +496,11 @@ def pathological_conversations(text: str) -> dict[str, list[dict]]:
     }
 
 
-# SentencePiece-family fixture tokenizers (Mistral v3, Gemma-like) live in vecpack.testing_sp; varied rows
+# SentencePiece-family fixture tokenizers (Mistral v3, Gemma-like) live in vecpack.testing_varied; varied rows
 # (seed-shaped chats with names, numbers and dates; tool conversations) in vecpack.testing_varied
-from vecpack.testing_sp import make_gemma_like_tokenizer, make_mistral_sp_tokenizer  # noqa: E402, F401
-from vecpack.testing_varied import make_varied_chats, tool_conversations  # noqa: E402, F401
+from vecpack.testing_varied import (  # noqa: E402, F401  # noqa: E402, F401
+    make_gemma_like_tokenizer,
+    make_mistral_sp_tokenizer,
+    make_varied_chats,
+    tool_conversations,
+)

@@ -413,7 +413,7 @@ def route(encoder, texts=None, *, workers: int = 1, share: int = 0, dense: bool 
     serving = engine
     if engine == "fastokens":
         serving = call_engine(share, dense, short) if workers > 1 else _serving(encoder, pending is not None)
-        if serving == "vecpack":  # built here before the fork (forkpool.prepare): what the workers serve
+        if serving == "vecpack":  # built here before the fork (exec.prepare): what the workers serve
             serving = _serving(encoder, pending is not None)  # (fastokens where vecpack's BPE does not take it)
     if hasattr(encoder, "per_turn"):   # a chat encoder: the lane for its large ranges where it may take them
         why = _lane_rows(encoder) or _lane_template(encoder) or ("" if engine in FAST_ENGINES else "HF tokenizers")
