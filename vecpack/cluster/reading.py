@@ -66,10 +66,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from vecpack._lazy import lazy_module
 from vecpack.options import cache_root
 from vecpack.packing.layout import KindOf, Layout, register
 from vecpack.packing.packed import Packed
 from vecpack.store import objects
+
+# numba's kernels load on first use (docs/architecture.md, "Deferred imports")
+_fill_kernels = lazy_module("vecpack.packing._fill_kernels")
 
 __all__ = ["PackStream", "SHARDS", "ShardLayout", "ShardPlan", "ShardedPacked", "merge_states", "open_packed"]
 
@@ -187,8 +191,6 @@ class ShardLayout(Layout):
     def item(self, packed, i: int) -> dict:
         """Pack ``i`` as a dict of int32 arrays (``input_ids``, ``labels``, ``position_ids``,
         ``document_ids`` [max_len], ``seq_lens``), as the chat layout gives it."""
-        from vecpack.packing import _fill_kernels as kernels  # numba: imported on first use only
-
         s = packed.shard_of(i)
         a = packed.shard(s)
         p = i - int(packed._first[s])
@@ -196,7 +198,7 @@ class ShardLayout(Layout):
         t0, t1 = int(a["entry_offsets"][e0]), int(a["entry_offsets"][e1])
         lengths = np.diff(np.asarray(a["entry_offsets"][e0:e1 + 1]))
         out = {name: np.empty(packed.max_len, np.int32) for name in _ARRAYS}
-        kernels.fill_entries(np.asarray(a["tokens"][t0:t1]), np.asarray(a["labels"][t0:t1]), lengths,
+        _fill_kernels.fill_entries(np.asarray(a["tokens"][t0:t1]), np.asarray(a["labels"][t0:t1]), lengths,
                              np.asarray(a["doc_ids"][e0:e1]), packed.pad_id, packed.ignore_index,
                              out["input_ids"], out["labels"], out["position_ids"], out["document_ids"])
         out["seq_lens"] = lengths.astype(np.int32)

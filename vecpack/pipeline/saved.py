@@ -29,6 +29,7 @@ import uuid
 import numpy as np
 
 from vecpack import options as _options
+from vecpack._lazy import lazy_module
 from vecpack._version import __version__
 from vecpack.packing import turns as _turns  # noqa: F401 - registers the per-turn layout (vecpack.load finds it)
 from vecpack.packing.layout import layout_named
@@ -42,6 +43,9 @@ from vecpack.store.hashing import checksum_algorithm
 from vecpack.store.objects import fsync_path, iso, try_link
 from vecpack.tokenizing.tokenized import merge_stats
 from vecpack.vision import packed as _vision  # noqa: F401 - registers the vision layout (vecpack.load finds it)
+
+# the cluster's modules load for a cluster build's output only (docs/architecture.md, "Deferred imports")
+_cluster_reading = lazy_module("vecpack.cluster.reading")
 
 __all__ = ["SAVED_FORMAT", "SAVED_KINDS", "load", "save"]
 
@@ -257,9 +261,7 @@ def load(path: str | os.PathLike, *, verify: bool = False, pad_id: int | None = 
     if _objects.is_url(path) and _remote_kind(path) in ("packed", "pairs"):  # save(packed, url)
         path = _fetch_saved(path)
     elif _objects.is_url(path) or _sharded(path):  # a cluster build (vecpack.cluster), on a store or a shared path
-        from vecpack.cluster.reading import open_packed
-
-        return open_packed(os.fspath(path), pad_id=pad_id, ignore_index=ignore_index)
+        return _cluster_reading.open_packed(os.fspath(path), pad_id=pad_id, ignore_index=ignore_index)
     path = pathlib.Path(path)
     if not path.exists():
         raise FileNotFoundError(f"load: no such dataset: {str(path)!r}")

@@ -100,6 +100,7 @@ from vecpack.streaming.readers import Layout, default_shard
 from vecpack.streaming.run import STAT_KEYS, STATE_VERSION, Run, with_fill
 from vecpack.tokenizing.corpus import encoder_class
 from vecpack.tokenizing.encoder import encoder_for, remember
+from vecpack.tokenizing.pool import effective_n_jobs
 from vecpack.tokenizing.spec import default_pad_id
 
 __all__ = ["StreamingPackedDataset"]
@@ -401,8 +402,6 @@ class StreamingPackedDataset(IterableDataset):
         return Run if self._mix is None else MixRun
 
     def _n_jobs(self) -> int:
-        from vecpack.tokenizing.pool import effective_n_jobs
-
         if self.n_jobs is None:
             return 1 if torch.utils.data.get_worker_info() is not None else effective_n_jobs(-1)
         return effective_n_jobs(self.n_jobs)

@@ -67,6 +67,7 @@ from vecpack.packing.balance import balance_items, check_state, document_costs, 
 from vecpack.streaming.encoding import Encoding, documents
 from vecpack.streaming.readers import F, Layout, Reader, ShuffledReader, default_shard
 from vecpack.streaming.run import _F, _LEN, Run, rows_of, with_fill
+from vecpack.tokenizing.encoder import encoder_for
 
 __all__ = ["BalancedStream", "MixRun", "SOURCE_STATS", "Schedule", "StreamSource", "mixture_stats"]
 
@@ -241,8 +242,6 @@ def mixture_stats(stats: dict, names: list, weights: list, mix_by: str, per_sour
 
 def stream_sources(request, *, seed: int | None) -> list:
     """The :class:`StreamSource` of each input of a mixture request (inputs resolved there; encoders built here)."""
-    from vecpack.tokenizing.encoder import encoder_for
-
     out, base = [], 0
     if request.pairs:
         raise ValueError("StreamingPackedDataset does not stream mixtures of preference pairs yet; stream "

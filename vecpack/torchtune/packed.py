@@ -72,6 +72,7 @@ import numpy as np
 import torch
 from torchtune.datasets import PackedDataset as _TorchtunePackedDataset
 
+from vecpack._lazy import lazy_module
 from vecpack._state import start_warming
 from vecpack.errors import InputError
 from vecpack.inputs.readers import sample_rows
@@ -87,6 +88,10 @@ from vecpack.torchtune.corpus import Corpus, items_corpus, rows_corpus
 from vecpack.torchtune.encoder import TorchtuneEncoder
 from vecpack.torchtune.recognise import items_fingerprint, recognise
 
+# numba's kernels load on first use (docs/architecture.md, "Deferred imports")
+_kernels = lazy_module("vecpack.packing._kernels")
+_fill_kernels = lazy_module("vecpack.packing._fill_kernels")
+
 __all__ = ["PackedDataset", "alpaca_cleaned_dataset", "alpaca_dataset", "cnn_dailymail_articles_dataset",
            "grammar_dataset", "instruct_dataset", "layout", "samsum_dataset", "slimorca_dataset",
            "text_completion_dataset", "warm_layout", "wikitext_dataset"]
@@ -99,18 +104,6 @@ _PLAN_ARRAYS = ("doc_index", "doc_start", "doc_length", "pack_offsets")
 LAYOUT_FORMAT = 1
 
 
-def _kernels():
-    from vecpack.packing import _kernels as k  # numba: imported on first use only
-
-    return k
-
-
-def _fill():
-    from vecpack.packing import _fill_kernels as k  # numba: imported on first use only
-
-    return k
-
-
 def warm_layout():
     """Load (or compile) the layout kernels in a daemon thread, while the items are being made."""
     def run():
@@ -118,7 +111,7 @@ def warm_layout():
             plan, _ = layout(np.array([2, 3], np.int64), 4, split=split)
         out = [np.empty(4, np.int64) for _ in range(3)] + [np.empty(3, np.int64)]
         one = np.ones(5, np.int32)
-        _fill().fill_torchtune_pack(_ro(one), _ro(one), _ro(np.array([0, 2, 5], np.int64)), _ro(plan.doc_index),
+        _fill_kernels.fill_torchtune_pack(_ro(one), _ro(one), _ro(np.array([0, 2, 5], np.int64)), _ro(plan.doc_index),
                                     _ro(plan.doc_start), _ro(plan.doc_length), 0, 2, 4, 0, IGNORE_INDEX, False, *out)
 
     return start_warming(run, "vecpack-warm-layout")
@@ -137,11 +130,9 @@ def _too_long_message(length: int, max_seq_len: int) -> str:
 
 
 def _greedy(lengths: np.ndarray, max_len: int) -> np.ndarray:
-    from vecpack.packing import _kernels as pk
-
     if not lengths.any():  # no token at all: torchtune keeps no pack
         return np.zeros(1, np.int64)
-    return pk.assign_greedy(_ro(lengths), max_len)
+    return _kernels.assign_greedy(_ro(lengths), max_len)
 
 
 def _first_too_long(lengths: np.ndarray, max_len: int) -> int | None:
@@ -187,7 +178,7 @@ def layout(lengths, max_len: int, *, split: bool = False, max_packs: int | None 
     n = lengths.shape[0]
     too_long = None
     if split:
-        doc_index, doc_start, doc_length, cuts = _kernels().split_entries(_ro(lengths), max_len)
+        doc_index, doc_start, doc_length, cuts = _kernels.split_entries(_ro(lengths), max_len)
     else:
         read = lengths
         t = _first_too_long(lengths, max_len)
@@ -424,7 +415,7 @@ class PackedDataset(_TorchtunePackedDataset):
         m = self.max_seq_len
         ids, lab, pos = np.empty(m, np.int64), np.empty(m, np.int64), np.empty(m, np.int64)
         seq = np.empty(e1 - e0 + 1, np.int64)
-        ns = _fill().fill_torchtune_pack(self._tokens, self._labels, self._offsets, self._doc_index,
+        ns = _fill_kernels.fill_torchtune_pack(self._tokens, self._labels, self._offsets, self._doc_index,
                                          self._doc_start, self._doc_length, e0, e1, m, self.padding_idx, IGNORE_INDEX,
                                          self.mask_first_label, ids, lab, pos, seq)
         return {"tokens": torch.from_numpy(ids), "labels": torch.from_numpy(lab),
