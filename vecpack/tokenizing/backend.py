@@ -98,6 +98,9 @@ class Route:
         path_reason: why that path and not the lane.
         where: ``"inline"`` (every task in this process) or ``"workers"``.
         pending: the rendered sample rows the parity check still has to compare (None: nothing pending).
+        template: how rows are rendered: ``"compiled"`` (the template's probed layouts, its spans),
+            ``"jinja"`` (Jinja itself, row by row), or ``""`` (no chat template: plain texts, torchtune's).
+            :class:`~vecpack.chat.template.ChatTemplate` decides it when it is built; the route reports it.
     """
 
     engine: str
@@ -107,6 +110,7 @@ class Route:
     path_reason: str
     where: str
     pending: tuple | None = None
+    template: str = ""
 
 
 # --------------------------------------------------------------------------- the engine of a tokenizer
@@ -408,6 +412,10 @@ def route(encoder, texts=None, *, workers: int = 1, share: int = 0, dense: bool 
     and rows call for (:func:`call_engine`), this process with its own runtime's: a sample that passed
     with one engine has not passed with another. Nothing is built here that the call would not build.
     """
+    where = "inline" if inline or workers <= 1 else "workers"
+    own = getattr(encoder, "route", None)
+    if isinstance(own, Route):  # an encoder whose route comes from this module's tables (torchtune's)
+        return dataclasses.replace(own, where=where)
     engine = getattr(encoder, "backend", type(encoder).__name__)
     pending = tuple(texts) if texts is not None and engine in FAST_ENGINES else None
     serving = engine
@@ -420,8 +428,9 @@ def route(encoder, texts=None, *, workers: int = 1, share: int = 0, dense: bool 
         path = chunk_path(encoder) if why else "lane"
     else:
         path, why = "row", "not a chat encoder"
-    return Route(engine, getattr(encoder, "backend_reason", ""), serving, path, why,
-                 "inline" if inline or workers <= 1 else "workers", pending)
+    template = getattr(getattr(encoder, "template", None), "mode", "")
+    return Route(engine, getattr(encoder, "backend_reason", ""), serving, path, why, where, pending,
+                 template if isinstance(template, str) else "")
 
 
 def _digest(key, texts) -> bytes:

@@ -7,7 +7,7 @@ builds from the tiktoken ranks at once and encodes byte ranges where they
 lie: faster than fastokens on short chat rows, slower on code-heavy ones
 (``asv_bench/bench_bpe.py``; figures in ``docs/benchmarks.md``). It serves the
 row lane when a call is made of such rows
-(:func:`vecpack.tokenizing.runtime.call_engine`)::
+(:func:`vecpack.tokenizing.backend.call_engine`)::
 
     rendered rows' bytes ──encode_ranges──▶ ids, lengths, ok (per range)
                                               └── ok False ──▶ tiktoken's core, on the decoded text

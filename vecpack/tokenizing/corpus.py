@@ -330,6 +330,7 @@ def _tokenize(call: _Call, feed) -> Tokenized:
         with forked(encoder):
             result, metas = _run(tasks, encoder, out_dir, estimate, chunk_bytes, Pending(), run)
     seconds = time.perf_counter() - call.t0
+    way = route(encoder, workers=workers, share=share, dense=call.dense, short=call.short, inline=inline)  # as it ran
     if feed is not None:
         tasks = feed.tasks
     result.stats = {
@@ -339,8 +340,8 @@ def _tokenize(call: _Call, feed) -> Tokenized:
         "trainable_tokens": sum(m.trainable for m in metas),
         "rejected": sum(m.rejected for m in metas),
         "rejected_examples": rejected_examples(metas, tasks),
-        "backend": getattr(encoder, "backend", type(encoder).__name__),
-        "backend_reason": getattr(encoder, "backend_reason", ""),
+        "backend": way.engine,
+        "backend_reason": way.reason,
         "seconds": seconds,
         "n_jobs": n_jobs if backend == "loky" else None,
         "chunks": len(tasks),
