@@ -85,6 +85,8 @@ def test_one_class_whose_kind_the_plan_gives():
     assert isinstance(k["turns"], PackedTurns) and not isinstance("packs", PackedPairs)
     with pytest.raises(TypeError, match="plan must be a PairPlan"):
         PackedPairs(tokens, offsets, k["chat"].plan)
+    with pytest.raises(TypeError, match=r"unexpected keyword arguments \['validat'\] \(packs of a Plan take none"):
+        vecpack.Packed(tokens, offsets, k["chat"].plan, validat=False)   # a layout's state is named, never dropped
     assert repr(k["pairs"]).startswith("PackedPairs(num_packs=") and repr(k["turns"]).startswith("PackedTurns(")
 
 

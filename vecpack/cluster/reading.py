@@ -129,6 +129,7 @@ class ShardLayout(Layout):
     title = "cluster"
     views = ("_open", "_lock")  # a DataLoader worker (hf_dataset, PackStream) gets the manifest, not the open maps
     members = frozenset({"rows", "shard_of", "shard", "_fetch"})
+    state = ("cache_dir",)
 
     def setup(self, packed, tokens, offsets, labels, validate: bool, *, cache_dir=None) -> None:
         p = packed.plan

@@ -49,6 +49,7 @@ class Layout:
         plan_type: the plan class whose packs this layout lays out.
         views: names of attributes made again after unpickling (read-only views the kernels take).
         members: names of the kind's own attributes (:meth:`member` gives them).
+        state: the keyword arguments :class:`~vecpack.Packed` takes for this layout besides the corpus.
         remote: whether :func:`vecpack.save` may write the packs to an object store.
         provenance: whether :func:`vecpack.load` gives the loaded packs a ``build_info``.
     """
@@ -59,6 +60,7 @@ class Layout:
     plan_type: type = object
     views: tuple = ()
     members: frozenset = frozenset()
+    state: tuple = ()
     remote = False
     provenance = False
 

@@ -193,6 +193,10 @@ class Packed:
     def __init__(self, tokens, offsets, plan, labels=None, pad_id: int = 0, ignore_index: int = -100, *,
                  arrays: dict | None = None, validate: bool = True, **state):
         layout = layout_of(plan)
+        unknown = sorted(set(state) - set(layout.state))
+        if unknown:
+            raise TypeError(f"Packed() got unexpected keyword arguments {unknown} (packs of a "
+                            f"{type(plan).__name__} take {sorted(layout.state) or 'none besides the corpus'})")
         self.pad_id = check_int(pad_id, "pad_id", minimum=_INT32.min, maximum=_INT32.max)
         self.ignore_index = check_int(ignore_index, "ignore_index", minimum=_INT32.min,
                                        maximum=_INT32.max)

@@ -162,6 +162,7 @@ class VisionLayout(Layout):
     kind, name, plan_type = "vision", "PackedVision", VisionPlan
     title = "vision"
     members = frozenset({"image_tokens"})
+    state = ("corpus", "pixels")
 
     def setup(self, packed, tokens, offsets, labels, validate: bool, *, corpus=None, pixels=None) -> None:
         if corpus is None or pixels is None:
