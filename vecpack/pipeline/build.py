@@ -53,7 +53,6 @@ from vecpack.packing.packed import Packed
 from vecpack.pipeline.info import BuildInfo, jsonable, packed_from_entries
 from vecpack.pipeline.request import checkpoint_processor, make_request
 from vecpack.pipeline.route import EARLY_START_BYTES, corpus_entry, run_build, stores_bits
-from vecpack.tokenizing.corpus import tokenize_input
 from vecpack.tokenizing.tokenized import Tokenized, merge_stats
 
 __all__ = ["BuildInfo", "EARLY_START_BYTES", "build", "build_on_cluster", "build_vision", "corpus_entry", "jsonable",
@@ -63,6 +62,8 @@ __all__ = ["BuildInfo", "EARLY_START_BYTES", "build", "build_on_cluster", "build
 # The cluster's modules load on the cluster's route only: a local build never imports them (start-up).
 _cluster_run = lazy_module("vecpack.cluster.run")
 _cluster_units = lazy_module("vecpack.cluster.units")
+# The tokenizing stage loads when something is tokenized: a build that hits the cache loads no tokenizer code.
+_tokenizing = lazy_module("vecpack.tokenizing.corpus")
 
 
 def build(data_files, tokenizer=None, max_len: int | None = None, *, style: str = "sharegpt",
@@ -337,13 +338,13 @@ def tokenize_request(request, out_dir=None) -> Tokenized:
     """The tokenize stage of a :class:`~vecpack.pipeline.request.Request`: every input, in order."""
     if request.mixture:
         return _tokenize_inputs(request, out_dir)
-    return tokenize_input(request.inputs[0], request.tokenizer, request.run, out_dir)
+    return _tokenizing.tokenize_input(request.inputs[0], request.tokenizer, request.run, out_dir)
 
 
 def _tokenize_inputs(request, out_dir) -> Tokenized:
     """The tokenize stage of a mixture's inputs: each with its own chat options, then concatenated
     (the documents of input 1 first); ``stats["sources"]`` says where each input's documents start."""
-    parts = [tokenize_input(inp, request.tokenizer, request.run) for inp in request.inputs]
+    parts = [_tokenizing.tokenize_input(inp, request.tokenizer, request.run) for inp in request.inputs]
     rows = np.cumsum([0] + [int(t.stats["rows"]) for t in parts])
     arrays = {"tokens": np.concatenate([t.tokens for t in parts]),
               "labels": np.concatenate([t.labels for t in parts]),

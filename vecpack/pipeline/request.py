@@ -64,7 +64,7 @@ import os
 import pathlib
 from typing import Any
 
-from vecpack.cluster.units import expand_inputs
+from vecpack._lazy import lazy_module
 from vecpack.inputs.readers import sample_rows
 from vecpack.inputs.sources import InputFile, resolve_sources
 from vecpack.options import (
@@ -82,6 +82,9 @@ from vecpack.packing.spec import PackSpec
 from vecpack.store import hashing
 from vecpack.store.hashing import CORPUS_FORMAT, data_fingerprint, describe, tokenizer_fingerprint
 from vecpack.store.objects import is_url
+
+# the cluster's modules load on its route only: a local build never imports them (docs/architecture.md)
+_cluster_units = lazy_module("vecpack.cluster.units")
 
 __all__ = ["ChatSpec", "Input", "KINDS", "MIX_FORMAT", "MixSpec", "PAIR_PLAN_FORMAT", "PLAN_FORMAT",
            "PREPROCESSOR_CONFIG", "PackSpec", "Request", "RunSpec", "TokenizerSpec", "WHERE", "checkpoint_processor",
@@ -166,7 +169,7 @@ def resolve_inputs(data_files, weights, chat: ChatSpec, *, encoder=None, streami
         if streaming and _is_iterable(data_files):
             files = (InputFile("<IterableDataset>", "iterable", 0),)
         elif cluster and _urls(data_files):  # an object store: listed here, read by the cluster's nodes
-            files = tuple(InputFile(url, "url", 0) for url in expand_inputs(data_files))
+            files = tuple(InputFile(url, "url", 0) for url in _cluster_units.expand_inputs(data_files))
         else:
             files = tuple(resolve_sources(data_files))
         return (Input(data_name(data_files), data_files, files, chat),), False
