@@ -60,6 +60,7 @@ import re
 
 from vecpack.chat.conversation import REASONING_KEYS
 from vecpack.chat.layout import MarkedObject, marking
+from vecpack.chat.segments import segmented_parts
 from vecpack.chat.structure import compiled_parts
 from vecpack.errors import InputError
 
@@ -465,8 +466,12 @@ def conversation_parts(template, conv, *, compiled: bool = True) -> tuple[list[s
     """
     _check_tools(template, conv)
     messages, kwargs = conv.messages, conv.kwargs
-    got = compiled_parts(template, conv, lambda c: conversation_parts(template, c, compiled=False)) if compiled \
-        else None
+    got = None
+    if compiled:
+        def cut(c):
+            return conversation_parts(template, c, compiled=False)
+
+        got = segmented_parts(template, conv, cut) or compiled_parts(template, conv, cut)
     if got is not None:  # the structure's compiled layout (vecpack.chat.structure)
         return got[0], got[1], _info(conv, got[0])
     masking = template.masking
