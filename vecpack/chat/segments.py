@@ -184,8 +184,37 @@ class _Piece:
     __slots__ = ("parts", "train", "fills")
 
     def __init__(self, parts, train, fills):
-        self.parts, self.train = parts, train
-        self.fills = [(p, i, _Dumps(fn) if type(fn) is dict else fn) for p, i, fn in fills]
+        slots = {p: (i, fn) for p, i, fn in fills}
+        self.parts, self.train, self.fills = [], [], []
+        literal = False  # whether the last part is a literal
+        for pos, (part, t) in enumerate(zip(parts, train)):
+            if pos in slots:
+                i, fn = slots[pos]
+                self.fills.append((len(self.parts), i, _encoder(fn) if type(fn) is dict else fn))
+                self.parts.append("")
+                self.train.append(t)
+                literal = False
+            elif not part and not t:
+                continue  # (an empty untrained literal)
+            elif literal and part and self.train[-1] == t:
+                self.parts[-1] += part  # literals side by side, trained alike: one part
+            else:
+                self.parts.append(part)
+                self.train.append(t)
+                literal = True
+
+
+_ENCODERS: dict = {}
+
+
+def _encoder(options: dict) -> _Dumps:
+    """One :class:`~vecpack.chat.structure._Dumps` per set of ``tojson`` options (a shared schema's JSON is
+    kept per encoder: every piece that writes schemas reuses it)."""
+    key = json.dumps(options, sort_keys=True, default=repr)
+    got = _ENCODERS.get(key)
+    if got is None:
+        got = _ENCODERS[key] = _Dumps(options)
+    return got
 
 
 def _trained(template, conv, roles) -> list[bool]:
