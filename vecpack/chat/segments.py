@@ -376,6 +376,8 @@ def segmented_parts(template, conv, cut):
             pieces = None
         if pieces is None:  # a kind is refused at its second failed row (the first may fail for another)
             failed = template.__dict__.setdefault("_pieces_failed", {})
+            if len(failed) >= _MAX_KINDS:
+                failed.clear()
             for j, k in enumerate(keys):
                 if got[j] is False:
                     failed[k] = failed.get(k, 0) + 1
