@@ -43,6 +43,7 @@ def test_message_local_templates_are_read_as_such(source):
     "{% for m in messages %}{{ m.content }}{% endfor %}{{ messages[-1].role }}",          # messages after the loop
     "{% for m in messages %}a{% endfor %}{% for m in messages %}b{% endfor %}",           # two loops
     "{% for m in messages %}{{ loop.nextitem }}{% endfor %}",
+    "{% for m in messages %}{% if m.role == 'x' %}{% break %}{% endif %}{{ m.content }}{% endfor %}",  # an early end
 ])
 def test_templates_that_read_across_messages_are_refused(source):
     assert _local_loop(source, ENV) is None

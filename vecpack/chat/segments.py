@@ -21,7 +21,7 @@ before it, ``messages`` read only as ``messages[0]``; inside it, only
 ``loop.last``, ``loop.index0 == 0`` / ``loop.index == 1`` and parity; after it,
 no ``messages``; no ``namespace`` (state carried across messages), no
 variable set before the loop read inside or after it, no ``tools`` inside it,
-no macro that reads ``messages``, ``tools`` or such a variable, no include
+no ``{% break %}``, no macro that reads ``messages``, ``tools`` or such a variable, no include
 or import. Qwen2.5's own template is such a template; Qwen3's
 (``last_query_index`` in a namespace) and Llama 3's (``messages[1:]``) are
 not, and keep :mod:`vecpack.chat.structure`'s per-row layouts.
@@ -80,7 +80,7 @@ def _local_loop(source: str, env):
     loop = top[k]
     if loop.recursive or loop.test is not None or loop.else_ or not isinstance(loop.target, nodes.Name):
         return None
-    if any(tree.find_all((nodes.NSRef, nodes.Include, nodes.Import, nodes.FromImport, nodes.Extends))):
+    if any(tree.find_all((nodes.NSRef, nodes.Include, nodes.Import, nodes.FromImport, nodes.Extends, nodes.Break))):
         return None
     head_names = {n.name for node in top[:k] for n in node.find_all(nodes.Name) if n.ctx in ("store", "param")}
 
