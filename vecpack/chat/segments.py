@@ -228,7 +228,10 @@ def _trained(template, conv, roles) -> list[bool]:
 
 
 def _kinds(conv, used):
-    """``(leaves, offsets, head key, message keys, tail key)`` of a row (see the module doc)."""
+    """``(leaves, offsets, local keys, options, schemas' keys, n)`` of a row: its texts and objects in
+    :func:`~vecpack.chat.structure.shape`'s order (each message's, then the tool schemas), where each
+    message's leaves start, each message's own structure, the template options as JSON, the top-level
+    keys of each tool schema, the number of messages."""
     messages = conv.messages
     n = len(messages)
     leaves: list = []
@@ -250,6 +253,7 @@ def _kinds(conv, used):
 
 
 def _keys(template, conv, used):
+    """``(keys, leaves, offsets)``: the kind of each piece of the row (head, one per message, tail)."""
     leaves, offsets, local, baked, schemas, n = _kinds(conv, used)
     roles = [m["role"] for m in conv.messages]
     trained = _trained(template, conv, roles)

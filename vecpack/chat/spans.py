@@ -49,7 +49,7 @@ turn stay trained, so the model still learns to open and close the block).
 >>> conv = read_conversation({"messages": [{"role": "user", "content": "Hi"},
 ...     {"role": "assistant", "content": "", "tool_calls": [{"function": {"name": "f", "arguments": {}}}]},
 ...     {"role": "tool", "content": "42"}, {"role": "assistant", "content": "It is 42."}]}, "openai")
->>> [(p, t) for p, t in zip(*conversation_parts(t, conv)[:2]) if t]
+>>> [(p, t) for p, t in zip(*conversation_parts(t, conv, compiled=False)[:2]) if t]  # (Jinja's render, cut)
 [('[f]</s>', True), ('It is 42.</s>', True)]
 """
 
