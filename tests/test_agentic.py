@@ -177,7 +177,9 @@ def test_compiled_structures_equal_transformers(templated, base, name, engine):
         if gen:
             assert trained(labels) == list(ref["assistant_masks"])
     compiled = [v for v in enc.template.__dict__.get("_structures", {}).values() if type(v) is _Structure]
-    assert len(compiled) >= 5 and all(v.verified for v in compiled)
+    pieces = [v for v in enc.template.__dict__.get("_pieces", {}).values() if v is not None]  # chat.segments
+    assert all(v.verified for v in compiled)
+    assert len(pieces) >= 5 if name.startswith("qwen2_5") else len(compiled) >= 5  # (qwen2_5's: message-local)
 
 
 def test_a_rows_key_and_leaves_are_its_layouts():

@@ -54,7 +54,7 @@ import json
 
 from vecpack.chat.formats import DEFAULT_COLUMNS, MESSAGE_SHAPES, OPENAI_ROLES, _openai_content, to_messages
 from vecpack.errors import InputError
-from vecpack.inputs.records import loads_text
+from vecpack.inputs.records import read_text
 from vecpack.options import CONVERSATION_STYLES
 
 __all__ = ["Conversation", "REASONING_KEYS", "TextCompletion", "is_plain", "read_conversation", "read_row",
@@ -237,10 +237,12 @@ def _tools_of_text(text: str) -> list:
     if tools is not None:
         return tools
     try:
-        tools = loads_text(text)
+        tools, keyed = read_text(text)
     except ValueError as e:
         raise InputError(f"'tools' is a string but not JSON: {e}") from None
     _check_tools(tools)
+    if keyed and _dumps is not None:
+        tools = _shared_schemas(tools)
     h = hash(text)
     if h not in _SEEN_TOOL_TEXTS:
         if len(_SEEN_TOOL_TEXTS) >= _MAX_SEEN_TOOL_TEXTS:
@@ -249,11 +251,47 @@ def _tools_of_text(text: str) -> list:
         return tools
     if len(_TOOL_TEXTS) >= _MAX_TOOL_TEXTS:
         _TOOL_TEXTS.clear()
+        kept = [SHARED_SCHEMAS[id(s)] for s in _SCHEMAS.values() if id(s) in SHARED_SCHEMAS]
         SHARED_SCHEMAS.clear()
+        for entry in kept:  # (the schemas read before stay shared, their JSON kept)
+            SHARED_SCHEMAS[id(entry[0])] = entry
     _TOOL_TEXTS[text] = tools
     for schema in tools:
-        SHARED_SCHEMAS[id(schema)] = (schema, {})
+        SHARED_SCHEMAS.setdefault(id(schema), (schema, {}))
     return tools
+
+
+#: ``orjson.dumps`` of a schema read from a ``tools`` text -> the first such schema (``_MAX_SCHEMAS`` at most):
+#: rows whose tool lists differ but share schemas (1-4 of a dozen tools a row) share those schemas, and
+#: :data:`SHARED_SCHEMAS` their JSON. Only for texts orjson read (its values have one ``orjson.dumps`` each).
+_SCHEMAS: dict = {}
+_MAX_SCHEMAS = 1024
+try:
+    from orjson import dumps as _dumps
+except ImportError:  # pragma: no cover - orjson is a dependency
+    _dumps = None
+
+
+def _shared_schemas(tools: list) -> list:
+    """``tools`` with each schema read before (equal JSON) replaced by the first one read (a new list).
+
+    >>> a = _shared_schemas([{"name": "f", "x": 1.0}]); b = _shared_schemas([{"name": "g"}, {"name": "f", "x": 1.0}])
+    >>> b[1] is a[0], _shared_schemas([{"name": "f", "x": 1}])[0] is a[0]
+    (True, False)
+    """
+    out = []
+    for schema in tools:
+        key = _dumps(schema)
+        first = _SCHEMAS.get(key)
+        if first is None:
+            if len(_SCHEMAS) >= _MAX_SCHEMAS:
+                for old in _SCHEMAS.values():
+                    SHARED_SCHEMAS.pop(id(old), None)
+                _SCHEMAS.clear()
+            first = _SCHEMAS[key] = schema
+            SHARED_SCHEMAS[id(schema)] = (schema, {})
+        out.append(first)
+    return out
 
 
 def _text(i: int, role: str, content) -> str:

@@ -49,7 +49,7 @@ turn stay trained, so the model still learns to open and close the block).
 >>> conv = read_conversation({"messages": [{"role": "user", "content": "Hi"},
 ...     {"role": "assistant", "content": "", "tool_calls": [{"function": {"name": "f", "arguments": {}}}]},
 ...     {"role": "tool", "content": "42"}, {"role": "assistant", "content": "It is 42."}]}, "openai")
->>> [(p, t) for p, t in zip(*conversation_parts(t, conv)[:2]) if t]
+>>> [(p, t) for p, t in zip(*conversation_parts(t, conv, compiled=False)[:2]) if t]  # (Jinja's render, cut)
 [('[f]</s>', True), ('It is 42.</s>', True)]
 """
 
@@ -60,6 +60,7 @@ import re
 
 from vecpack.chat.conversation import REASONING_KEYS
 from vecpack.chat.layout import MarkedObject, marking
+from vecpack.chat.segments import segmented_parts
 from vecpack.chat.structure import compiled_parts
 from vecpack.errors import InputError
 
@@ -465,8 +466,12 @@ def conversation_parts(template, conv, *, compiled: bool = True) -> tuple[list[s
     """
     _check_tools(template, conv)
     messages, kwargs = conv.messages, conv.kwargs
-    got = compiled_parts(template, conv, lambda c: conversation_parts(template, c, compiled=False)) if compiled \
-        else None
+    got = None
+    if compiled:
+        def cut(c):
+            return conversation_parts(template, c, compiled=False)
+
+        got = segmented_parts(template, conv, cut) or compiled_parts(template, conv, cut)
     if got is not None:  # the structure's compiled layout (vecpack.chat.structure)
         return got[0], got[1], _info(conv, got[0])
     masking = template.masking
