@@ -50,8 +50,12 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from vecpack._lazy import lazy_module
 from vecpack.options import check_choice, check_int, check_seed
 from vecpack.packing.plan import Plan, _kernel, _ro, plan
+
+# numba's kernels load on first use: a process that never packs skips numba's import (docs/architecture.md)
+_bk = lazy_module("vecpack.packing._balance_kernels")
 
 __all__ = ["COSTS", "Balanced", "BalancedSteps", "attention_coefficient", "balance", "balance_items",
            "document_costs", "epoch_seed", "pack_costs"]
@@ -63,16 +67,6 @@ COSTS = ("tokens", "square", "attention")
 DEFAULT_HIDDEN = 4096
 
 
-class _LazyBalanceKernels:
-    """``vecpack.packing._balance_kernels``, imported on first use (numba's import stays off ``import vecpack``)."""
-
-    def __getattr__(self, name):
-        from vecpack.packing import _balance_kernels as kernels  # (numba: imported on first use, as plan.py does)
-
-        return getattr(kernels, name)
-
-
-_bk = _LazyBalanceKernels()
 
 
 def attention_coefficient(config=None, *, hidden_size: int | None = None, num_layers: int | None = None,

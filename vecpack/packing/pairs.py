@@ -49,11 +49,16 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from vecpack._lazy import lazy_module
 from vecpack.errors import InputError
 from vecpack.options import check_int, check_max_len, check_options
 from vecpack.packing.layout import KindOf, Layout, register
 from vecpack.packing.packed import Packed, _check_offsets, _check_tokens
 from vecpack.packing.plan import _ro, plan
+
+# numba's kernels load on first use: a process that never packs skips numba's import (docs/architecture.md)
+_fill_kernels = lazy_module("vecpack.packing._fill_kernels")
+_plan_kernels = lazy_module("vecpack.packing._kernels")
 
 __all__ = ["PAIRS", "PairLayout", "PairPlan", "PackedPairs", "lay_out_pack", "pack_pairs", "pair_lengths",
            "pair_policy", "pair_sequences", "plan_pairs"]
@@ -65,18 +70,6 @@ _PLAN_ERRORS = {
     3: "a kept prompt must be the whole prompt and kept answers within their documents (entry {})",
     4: "pack {} holds more than max_len tokens",
 }
-
-
-def _kernels():
-    from vecpack.packing import _fill_kernels  # numba: imported on first use only
-
-    return _fill_kernels
-
-
-def _checks():
-    from vecpack.packing import _kernels  # numba: imported on first use only
-
-    return _kernels
 
 
 @dataclass(frozen=True, eq=False)
@@ -187,7 +180,7 @@ def lay_out_pack(tokens, doc_lengths, pair_ids, max_len: int, *, long: str = "tr
     pair_lens = _ro(np.stack([lens[:, 0], keep_c, keep_r], axis=1))
     n = lens.shape[0]
     out = {name: np.empty(max_len, np.int32) for name in _ARRAYS}
-    _kernels().fill_pair_pack(_ro(_check_tokens(tokens, "tokens")), _ro(offsets), _ro(np.arange(n, dtype=np.int64)),
+    _fill_kernels.fill_pair_pack(_ro(_check_tokens(tokens, "tokens")), _ro(offsets), _ro(np.arange(n, dtype=np.int64)),
                               pair_lens, _ro(np.array([0, n], np.int64)), 0, bool(prefix_sharing),
                               pad_id, ignore_index, *(out[name] for name in _ARRAYS))
     ids = np.asarray(pair_ids, np.int64)
@@ -307,7 +300,7 @@ class PairLayout(Layout):
         self.make_views(packed)
         if validate:
             pair_lengths(np.diff(packed.offsets))
-            code, where = _checks().check_pair_plan(_ro(np.diff(packed.offsets)), packed._pair_index,
+            code, where = _plan_kernels.check_pair_plan(_ro(np.diff(packed.offsets)), packed._pair_index,
                                                     packed._pair_lens, packed._pack_offsets, packed.plan.max_len,
                                                     packed.plan.prefix_sharing)
             if code:
@@ -345,7 +338,7 @@ class PairLayout(Layout):
             out = {name: np.array(packed._arrays[name][i]) for name in _ARRAYS}
         else:
             out = {name: np.empty(packed.max_len, np.int32) for name in _ARRAYS}
-            _kernels().fill_pair_pack(packed._tokens, packed._offsets, packed._pair_index, packed._pair_lens,
+            _fill_kernels.fill_pair_pack(packed._tokens, packed._offsets, packed._pair_index, packed._pair_lens,
                                       packed._pack_offsets, i, packed.plan.prefix_sharing, packed.pad_id,
                                       packed.ignore_index, *(out[name] for name in _ARRAYS))
         out.update(self._sequences(packed, int(packed.pack_offsets[i]), int(packed.pack_offsets[i + 1])))
@@ -357,7 +350,7 @@ class PairLayout(Layout):
         stop = check_int(stop, "stop", minimum=start, maximum=n)
         out = {name: np.empty((stop - start, packed.max_len), np.int32) for name in _ARRAYS}
         if stop > start:
-            _kernels().fill_pair_packs(packed._tokens, packed._offsets, packed._pair_index, packed._pair_lens,
+            _fill_kernels.fill_pair_packs(packed._tokens, packed._offsets, packed._pair_index, packed._pair_lens,
                                        packed._pack_offsets, start, packed.plan.prefix_sharing,
                                        packed.pad_id, packed.ignore_index,
                                        *(out[name] for name in _ARRAYS))

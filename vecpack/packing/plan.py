@@ -22,9 +22,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from vecpack._lazy import lazy_module
 from vecpack._state import runnable
 from vecpack.errors import InputError
 from vecpack.options import LONG_POLICIES, check_max_len, check_options, check_pad_multiple
+
+# numba's kernels load on first use: a process that never packs skips numba's import (docs/architecture.md)
+_fill_kernels = lazy_module("vecpack.packing._fill_kernels")
+_plan_kernels = lazy_module("vecpack.packing._kernels")
 
 __all__ = ["LONG_CODES", "Plan", "plan", "trained_tokens"]
 
@@ -39,13 +44,12 @@ class _LazyKernels:
     """
 
     def __getattr__(self, name):
-        from vecpack.packing import _fill_kernels, _kernels  # numba: imported on first use only
-
-        for kernels in (_fill_kernels, _kernels):
-            self.__dict__.update((k, v) for k, v in vars(kernels).items() if not k.startswith("__"))
-        if name not in self.__dict__:
-            raise AttributeError(f"no packing kernel {name!r}")
-        return self.__dict__[name]
+        for kernels in (_fill_kernels, _plan_kernels):
+            value = getattr(kernels, name, None)
+            if value is not None:
+                self.__dict__[name] = value
+                return value
+        raise AttributeError(f"no packing kernel {name!r}")
 
 
 _kernels = _LazyKernels()

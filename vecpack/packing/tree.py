@@ -50,10 +50,14 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from vecpack._lazy import lazy_module
 from vecpack.errors import InputError
 from vecpack.options import check_choice, check_int, check_max_len, check_options
 from vecpack.packing.balance import balance_items
 from vecpack.packing.plan import _ro, plan
+
+# numba's kernels load on first use: a process that never packs skips numba's import (docs/architecture.md)
+_tree_kernels = lazy_module("vecpack.packing._tree_kernels")
 
 __all__ = ["TREE_LONG", "RolloutPack", "pack_rollouts", "tree_costs"]
 
@@ -61,12 +65,6 @@ __all__ = ["TREE_LONG", "RolloutPack", "pack_rollouts", "tree_costs"]
 TREE_LONG = ("split", "whole", "error")
 _INT32 = np.iinfo(np.int32)
 _MAX_NOTES = 8
-
-
-def _kernels():
-    from vecpack.packing import _tree_kernels as k  # numba: imported on first use only
-
-    return k
 
 
 @dataclass(frozen=True, eq=False)
@@ -144,7 +142,7 @@ class RolloutPack:
             flat slots (``row * max_len + column``), root first. A query at slot ``j`` of segment
             ``k`` attends every range whole except the last (its own), which it attends up to ``j``.
         """
-        k = _kernels()
+        k = _tree_kernels
         s = self.seg_start.shape[0]
         counts = np.empty(s, np.int64)
         empty = np.empty(0, np.int64)
@@ -330,7 +328,7 @@ def pack_rollouts(tokens, offsets, max_len: int, *, group_ids=None, prompt_lens=
         raise InputError(f"rollout {r} is {int(lengths[r])} tokens ({part}), longer than max_len={max_len} "
                          f"({int(too_long.sum())} such rollouts); a rollout must fit one row: raise max_len",
                          row=r)
-    k = _kernels()
+    k = _tree_kernels
     if loss_mask is None:
         mask = np.ones(tok.shape[0], bool)
     else:

@@ -41,11 +41,15 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from vecpack._lazy import lazy_module
 from vecpack.errors import InputError
 from vecpack.options import IGNORE_INDEX, check_max_len, check_options
 from vecpack.packing.layout import KindOf, Layout, register
 from vecpack.packing.packed import Packed
 from vecpack.packing.plan import _ro, plan
+
+# numba's kernels load on first use: a process that never packs skips numba's import (docs/architecture.md)
+_fill_kernels = lazy_module("vecpack.packing._fill_kernels")
 
 __all__ = ["TURNS", "TURNS_SAVED_FORMAT", "PackedTurns", "TurnLayout", "TurnPlan", "conversation_offsets",
            "lay_out_tries", "pack_turns", "plan_turns"]
@@ -53,12 +57,6 @@ __all__ = ["TURNS", "TURNS_SAVED_FORMAT", "PackedTurns", "TurnLayout", "TurnPlan
 _ARRAYS = ("input_ids", "labels", "position_ids", "end", "document_ids")
 #: Layout of a saved ``kind: "turns"`` dataset's arrays and meta.
 TURNS_SAVED_FORMAT = 1
-
-
-def _kernels():
-    from vecpack.packing import _fill_kernels as k  # numba: imported on first use only
-
-    return k
 
 
 def conversation_offsets(row_ids) -> np.ndarray:
@@ -125,7 +123,7 @@ def lay_out_tries(tokens, labels, offsets, row_ids, *, cap: int = -1, ignore_ind
     n, c = tokens.shape[0], conv.shape[0] - 1
     out = {"src": np.empty(n, np.int64), "depth": np.empty(n, np.int32), "end": np.empty(n, np.int32),
            "label": np.empty(n, np.uint8), "unit_offsets": np.empty(c + 1, np.int64), "kept": np.empty(c, np.int64)}
-    done, bad = _kernels().build_tries(tokens, trained, offsets, conv, int(cap), out["src"], out["depth"],
+    done, bad = _fill_kernels.build_tries(tokens, trained, offsets, conv, int(cap), out["src"], out["depth"],
                                        out["end"], out["label"], out["unit_offsets"], out["kept"])
     if bad >= 0:
         raise InputError(

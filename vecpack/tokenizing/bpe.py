@@ -41,9 +41,14 @@ from typing import NamedTuple
 
 import numpy as np
 
+from vecpack._lazy import lazy_module
 from vecpack.options import cache_root
 from vecpack.tokenizing.latin import RANGES
 from vecpack.tokenizing.spec import MISSING, Unsupported, derived, read_memo, write_memo
+
+# numba's kernels load on first use (docs/architecture.md, "Deferred imports")
+_bpe_kernels = lazy_module("vecpack.tokenizing._bpe_kernels")
+_pretok_kernels = lazy_module("vecpack.tokenizing._pretok_kernels")
 
 __all__ = ["MAX_DIGITS", "BpeTables", "build_tables", "class_table", "encode_ranges", "encode_texts", "supports",
            "tables", "utf8_ranges"]
@@ -98,7 +103,7 @@ def _derive_classes() -> np.ndarray:
     """
     import regex
 
-    from vecpack.tokenizing import _pretok_kernels as K
+    K = _pretok_kernels
 
     size = RANGES[-1][1] + 1
     out = np.zeros((2, size), np.uint8)
@@ -143,8 +148,7 @@ def build_tables(ranks: dict[bytes, int], added: dict[str, int], pattern: str) -
         Unsupported: a pattern the kernels do not implement, a vocabulary too large for the
             table's packing, or one in which some single byte is no token.
     """
-    from vecpack.tokenizing import _bpe_kernels as K
-
+    K = _bpe_kernels
     if not supports(pattern):
         raise Unsupported("vecpack's BPE kernels implement the Qwen2-3 and Llama 3 pre-tokenizer patterns only")
     n = len(ranks)
@@ -219,8 +223,7 @@ def encode_ranges(buf: np.ndarray, starts: np.ndarray, stops: np.ndarray, t: Bpe
     >>> ids.tolist(), lengths.tolist()
     ([7, 8, 13048, 13048], [3, 1])
     """
-    from vecpack.tokenizing import _bpe_kernels as K
-
+    K = _bpe_kernels
     head_of, head_ids, head_off = heads if heads is not None else (_NO_HEADS[0].repeat(len(starts)), *_NO_HEADS[1:])
     starts, stops = starts.astype(np.int64, copy=False), stops.astype(np.int64, copy=False)
     need = int((stops - starts).sum()) + 1

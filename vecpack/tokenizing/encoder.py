@@ -57,6 +57,7 @@ from vecpack._state import memo
 from vecpack.chat.conversation import TextCompletion, read_row
 from vecpack.chat.template import ChatTemplate
 from vecpack.errors import InputError
+from vecpack.inputs.readers import sample_rows
 from vecpack.options import ENGINES, cache_root, check_choice, check_options
 from vecpack.tokenizing import backend as _backend
 from vecpack.tokenizing import parity
@@ -548,8 +549,6 @@ def encoder_for(tokenizer, style: str, column: str | None, masking: str, sources
     check's HF process now, as a new encoder will want a check (a stream whose tokenizer was checked
     before passes False).
     """
-    from vecpack.inputs.readers import sample_rows
-
     options = dict(options or {})
     per_turn = bool(options.pop("per_turn", False))
     preload = bool(options.pop("preload", True))

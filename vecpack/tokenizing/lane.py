@@ -38,16 +38,23 @@ off (see :func:`vecpack.tokenizing.backend.row_path`, which decides where the la
 
 from __future__ import annotations
 
+import importlib
 import os
 import threading
 from typing import NamedTuple
 
 import numpy as np
 
+from vecpack._lazy import lazy_module
 from vecpack.chat.formats import DEFAULT_COLUMNS, MESSAGE_SHAPES
+from vecpack.chat.layout import _Layout
 from vecpack.inputs.jsonl import buffer_lines, ends_early
 from vecpack.options import IGNORE_INDEX
 from vecpack.tokenizing.rows import Rows, encode_rows
+
+# numba's kernels load on the lane's first range, not before (docs/architecture.md, "Deferred imports")
+_lane_kernels = lazy_module("vecpack.tokenizing._lane_kernels")
+_token_kernels = lazy_module("vecpack.tokenizing._token_kernels")
 
 __all__ = ["LANE_AFTER_BYTES", "LANE_MAX_LINE_BYTES", "LANE_MIN_BYTES", "cut_joined", "encode_range", "expect_bytes",
            "join_separator", "lane_mode", "lane_of", "preload_lane", "range_repays", "splice_heads"]
@@ -127,8 +134,7 @@ def preload_lane(bpe: bool = False) -> bool:
     """
     if lane_mode() == "0" or (lane_mode() != "1" and _READ[0] < LANE_AFTER_BYTES and not _lane_repaid(bpe)):
         return False
-    from vecpack.tokenizing import _lane_kernels, _token_kernels  # noqa: F401
-
+    importlib.import_module(_token_kernels._name)  # loaded here too (both modules' numba set-up)
     _lane_kernels.count_newlines(byte_array(b"{}\n"))  # numba's set-up and one kernel
     return True
 
@@ -193,15 +199,11 @@ class _Lane:
     @property
     def k(self):
         """The kernels module (numba): loaded on the lane's first range, not before."""
-        from vecpack.tokenizing import _lane_kernels
-
         return _lane_kernels
 
     @property
     def tk(self):
         """The kernels over token ids (numba): loaded on the lane's first range, as :attr:`k`."""
-        from vecpack.tokenizing import _token_kernels
-
         return _token_kernels
 
     def encode_file(self, path: str, start: int, stop: int, info: dict, *, on_error: str = "raise",
@@ -219,7 +221,6 @@ class _Lane:
         hit = self.layouts.get(codes, False)
         if hit is not False:
             return hit
-        from vecpack.chat.layout import _Layout
 
         roles = tuple(self.canonical[c] for c in codes)
         layout = self.template.layout(roles)

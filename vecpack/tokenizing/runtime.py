@@ -40,7 +40,8 @@ import unicodedata
 import numpy as np
 
 from vecpack._state import Memo, memo
-from vecpack.tokenizing.bpe import MAX_DIGITS
+from vecpack.tokenizing import bpe
+from vecpack.tokenizing.bpe import MAX_DIGITS, encode_ranges, encode_texts, utf8_ranges
 from vecpack.tokenizing.labels import labels_from_parts
 from vecpack.tokenizing.latin import StartCore
 from vecpack.tokenizing.sp import SPACE, sentencepiece_style, sp_labels, sp_spec, token_bytes
@@ -281,8 +282,6 @@ class Runtime:
         if self.backend != "fastokens" or self.pattern is None:
             return self.serving
         if engine == "vecpack" and self.bpe is None:
-            from vecpack.tokenizing import bpe
-
             try:
                 tables = bpe.tables(self.path)
             except Unsupported:
@@ -328,8 +327,6 @@ class Runtime:
         pre-token and no added token spans a cut (``tests/test_pieces.py`` checks it).
         """
         if self.bpe is not None and (allowed is None or allowed is self.allowed):
-            from vecpack.tokenizing.bpe import encode_texts
-
             ids, _, ok = encode_texts([text], self.bpe)
             if ok[0]:
                 return ids
@@ -376,8 +373,6 @@ class Runtime:
         """``(ids int32, offsets int64 [len(texts) + 1])`` of many texts in one call (fastokens, or
         vecpack's BPE), each of which :meth:`exact` accepts."""
         if self.bpe is not None:
-            from vecpack.tokenizing.bpe import utf8_ranges
-
             ids, lengths = self.encode_ranges(*utf8_ranges(texts))
             offsets = np.zeros(len(texts) + 1, np.int64)
             np.cumsum(lengths, out=offsets[1:])
@@ -391,8 +386,6 @@ class Runtime:
         one :meth:`exact` accepts) while vecpack's BPE serves (:meth:`serve`): encoded where they lie;
         a text it refuses (another script, a pre-token of over 512 bytes) by tiktoken's core.
         ``heads``: cached prefixes' ids in front (:func:`vecpack.tokenizing.bpe.encode_ranges`)."""
-        from vecpack.tokenizing.bpe import encode_ranges
-
         ids, lengths, ok = encode_ranges(buf, starts, stops, self.bpe, heads=heads)
         if ok.all():
             return ids, lengths

@@ -28,6 +28,7 @@ import numpy as np
 from vecpack._state import memo
 from vecpack.inputs.records import _orjson_loads
 from vecpack.options import cache_root
+from vecpack.tokenizing.latin import latin_ranks
 
 __all__ = ["SPEC_VERSION", "Unsupported", "byte_lengths", "bytes_to_unicode", "hf_byte_table",
            "default_pad_id", "file_id", "latin_table", "materialize", "read_dir", "stat_key", "tiktoken_facts",
@@ -330,8 +331,6 @@ def latin_table(path: pathlib.Path) -> dict[bytes, int]:
     Raises:
         Unsupported: as :func:`tiktoken_spec`.
     """
-    from vecpack.tokenizing.latin import latin_ranks
-
     return derived(pathlib.Path(path), "latin", lambda spec: latin_ranks(spec[1]))
 
 
