@@ -56,6 +56,8 @@ import json
 import re
 from datetime import datetime
 
+from vecpack._lazy import lazy_module
+from vecpack.chat.conversation import Conversation  # the blocks' spans, as transformers finds them
 from vecpack.chat.layout import (
     _MARKING,
     _SENTINEL,
@@ -66,9 +68,13 @@ from vecpack.chat.layout import (
     object_marker,
     transform_at,
 )
+from vecpack.chat.spans import conversation_parts
 from vecpack.chat.structure import _Dumps
 from vecpack.errors import InputError
 from vecpack.options import MASKINGS, check_choice
+
+# jinja2 loads when a template is compiled: a build that hits the cache loads none (docs/architecture.md)
+_sandbox = lazy_module("vecpack.chat.sandbox")
 
 __all__ = ["MASKINGS", "ChatTemplate", "compile_jinja"]
 
@@ -168,9 +174,7 @@ def compile_jinja(source: str, *, fast: bool = True):
         def fromkeys(self, *args, **kwargs):
             return dict.fromkeys(*args, **kwargs)
 
-    from vecpack.chat.sandbox import FastSandbox
-
-    env = (FastSandbox if fast else ImmutableSandboxedEnvironment)(trim_blocks=True, lstrip_blocks=True,
+    env = (_sandbox.FastSandbox if fast else ImmutableSandboxedEnvironment)(trim_blocks=True, lstrip_blocks=True,
                                                                   extensions=[Generation, loopcontrols])
     if fast:
         env.direct_calls = frozenset({Generation._render})
@@ -341,8 +345,6 @@ class ChatTemplate:
     def conversation_parts(self, conv) -> tuple[list[str], list[bool], dict]:
         """A :class:`~vecpack.chat.conversation.Conversation` (tools, calls, reasoning...) as
         ``(texts, trainable, info)``: see :func:`vecpack.chat.spans.conversation_parts`."""
-        from vecpack.chat.spans import conversation_parts
-
         return conversation_parts(self, conv)
 
     def segments(self, messages: list[dict]) -> list[tuple[str, bool]]:
@@ -376,9 +378,6 @@ class ChatTemplate:
         if self.mode == "compiled" and type(layout) is _Layout and not self._tripped_contents(contents):
             return layout.fill(contents), layout.train, layout.n_cacheable, layout
         if self.has_generation and self.masking != "all" and not add_generation_prompt:
-            from vecpack.chat.conversation import Conversation  # the blocks' spans, as transformers finds them
-            from vecpack.chat.spans import conversation_parts
-
             messages = [{"role": r, "content": c} for r, c in zip(roles, contents)]
             parts, train, _ = conversation_parts(self, Conversation(messages))
             return parts, train, 0, None

@@ -24,9 +24,8 @@ from __future__ import annotations
 import numpy as np
 
 from vecpack.errors import InputError
-from vecpack.inputs.arrow_rows import to_rows
 from vecpack.inputs.base import Reader
-from vecpack.inputs.parquet import iter_rows, scan_batches
+from vecpack.inputs.parquet import iter_rows, scan_batches, to_rows
 
 __all__ = ["READER", "batches"]
 

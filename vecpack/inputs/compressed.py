@@ -45,7 +45,7 @@ from dataclasses import replace
 from vecpack.errors import InputError
 from vecpack.inputs import arrow, json_array, jsonl, parquet
 from vecpack.inputs.base import Reader
-from vecpack.inputs.sources import _file_source
+from vecpack.inputs.sources import _file_source, _sniff, sniff_codec
 from vecpack.options import cache_root
 
 __all__ = ["READER", "Unpacking", "clear_copies", "decompress", "open_codec"]
@@ -204,8 +204,6 @@ class Unpacking:
 
     def sniff(self) -> str:
         """The kind of the text from its first 4 KiB (once :attr:`head` has them, or the text ended)."""
-        from vecpack.inputs.sources import _sniff, sniff_codec
-
         codec = sniff_codec(self.head)
         if codec is not None:
             raise InputError(f"{self.src.codec} data that holds {codec} data: decompress it once first",

@@ -27,6 +27,7 @@ import numpy as np
 
 from vecpack.errors import InputError
 from vecpack.inputs.base import Reader
+from vecpack.inputs.jsonl import count_newlines
 from vecpack.inputs.records import BOM, BadRecord, json_type, to_record
 
 __all__ = ["READER"]
@@ -159,8 +160,6 @@ def _local_spans(buf: bytes) -> list[tuple[int, int]]:
 
 
 def _count_newlines(path: str, stop: int) -> int:
-    from vecpack.inputs.jsonl import count_newlines
-
     return count_newlines(path, stop)
 
 

@@ -95,6 +95,7 @@ import numpy as np
 from vecpack._lazy import lazy_module
 from vecpack.errors import InputError
 from vecpack.options import check_max_len, check_mix, check_options, check_weight, check_weights
+from vecpack.packing.pairs import PairPlan, pair_lengths, pair_policy, plan_pairs
 from vecpack.packing.plan import Plan, plan
 
 __all__ = ["Selection", "Source", "as_sources", "choose", "data_name", "interleave", "is_mixture", "mix_pair_plan",
@@ -243,8 +244,6 @@ def mix_pair_plan(doc_lengths: list, weights: list, max_len: int, *, strategy: s
     >>> p.pair_index.tolist(), [s["tokens"] for s in p.stats["mixture"]["sources"]]   # b's pairs are 4..9
     ([4, 0, 5, 1, 6, 7, 2, 8, 3, 9], [24, 24])
     """
-    from vecpack.packing.pairs import PairPlan, pair_lengths, pair_policy, plan_pairs
-
     max_len = check_max_len(max_len)
     check_options(strategy=strategy, pair_long=long)
     mix = check_mix(mix_by, mix_total, mix_seed, mix_repeat)
