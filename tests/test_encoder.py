@@ -527,7 +527,7 @@ def test_chunk_sink_equals_row_by_row(qwen_dir, masking):
                                                max_size=12))
 def test_runs_mask_equals_marking_each_run(n, raw):
     """The chunk labeller's mask: ordered runs (overlapping or touching) vs marking them one by one."""
-    from vecpack.tokenizing.labels import _runs_mask
+    from vecpack.tokenizing.tokenized import _runs_mask
 
     runs = sorted((min(a, n - 1), min(a + k, n)) for a, k in raw)
     first = np.array([a for a, _ in runs], dtype=np.int64)

@@ -269,7 +269,7 @@ def test_utf8_validation_equals_python():
 def test_label_tokens_equals_labels_from_parts(seed):
     """The lane's one-pass labels against the vectorised reference: empty pieces and tokens of
     zero bytes, runs that touch, rows that start trained, masking "all" and tokens that do not spell."""
-    from vecpack.tokenizing.labels import labels_from_parts
+    from vecpack.tokenizing.tokenized import labels_from_parts
 
     rng = np.random.default_rng(seed)
     bytelen = rng.integers(0 if seed % 4 == 0 else 1, 5, 50).astype(np.int32)

@@ -15,7 +15,7 @@ from vecpack.chat.conversation import read_conversation
 from vecpack.chat.template import ChatTemplate
 from vecpack.errors import InputError
 from vecpack.testing import tool_conversations
-from vecpack.tokenizing.labels import labels_from_parts
+from vecpack.tokenizing.tokenized import labels_from_parts
 
 pytest.importorskip("trl")
 

@@ -23,10 +23,10 @@ from tokenizers import Tokenizer  # noqa: E402
 
 from vecpack.testing import make_gemma_like_tokenizer, make_mistral_sp_tokenizer  # noqa: E402
 from vecpack.tokenizing.backend import fast_engine  # noqa: E402
-from vecpack.tokenizing.labels import labels_from_parts, part_sizes  # noqa: E402
 from vecpack.tokenizing.runtime import Runtime  # noqa: E402
 from vecpack.tokenizing.sp import SPACE, sp_labels, sp_parts, token_bytes  # noqa: E402
 from vecpack.tokenizing.spec import Unsupported  # noqa: E402
+from vecpack.tokenizing.tokenized import labels_from_parts, part_sizes  # noqa: E402
 
 
 @pytest.fixture(scope="module")

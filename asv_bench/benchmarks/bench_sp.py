@@ -101,9 +101,9 @@ def measure(cache, vocabulary: str) -> dict:
 
     from vecpack.chat.formats import to_messages
     from vecpack.tokenizing.encoder import ChatEncoder
-    from vecpack.tokenizing.labels import part_sizes
     from vecpack.tokenizing.runtime import Runtime
     from vecpack.tokenizing.sp import sp_labels
+    from vecpack.tokenizing.tokenized import part_sizes
 
     dirs, rows_file = cache
     rows = [json.loads(line) for line in open(rows_file, encoding="utf-8")]

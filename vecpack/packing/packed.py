@@ -34,8 +34,7 @@ import numpy as np
 from vecpack._state import start_warming
 from vecpack.options import check_index, check_int
 from vecpack.packing.layout import Layout, layout_of, read_only, register
-from vecpack.packing.plan import Plan, _kernel, _ro, plan
-from vecpack.packing.spec import PackSpec
+from vecpack.packing.plan import PackSpec, Plan, _kernel, _ro, plan
 from vecpack.store.entries import corpus_labels
 from vecpack.tokenizing.tokenized import bits_to_labels
 

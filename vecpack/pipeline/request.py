@@ -78,7 +78,7 @@ from vecpack.options import (
     neutral,
 )
 from vecpack.packing.mix import as_sources, data_name, is_mixture, own_options
-from vecpack.packing.spec import PackSpec
+from vecpack.packing.plan import PackSpec
 from vecpack.store import hashing
 from vecpack.store.hashing import CORPUS_FORMAT, data_fingerprint, describe, tokenizer_fingerprint
 from vecpack.store.objects import is_url

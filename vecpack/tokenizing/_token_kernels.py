@@ -2,7 +2,7 @@
 
 Each is the one-pass form of a vectorised NumPy function that stays the reference
 (and serves the Python path, which does not load numba): ``label_tokens`` of
-:func:`~vecpack.tokenizing.labels.labels_from_parts`, ``splice_heads`` of
+:func:`~vecpack.tokenizing.tokenized.labels_from_parts`, ``splice_heads`` of
 :func:`~vecpack.tokenizing.lane.splice_heads`, ``cut_joined`` of
 :func:`~vecpack.tokenizing.lane.cut_joined`. ``tests/test_lane.py`` compares each
 with its reference.
@@ -19,7 +19,7 @@ CACHE = kernel_cache()  # False where numba cannot write its cache (then compile
 @njit(cache=CACHE)
 def label_tokens(ids, bytelen, sizes, train, part_lo, part_hi, masking_all, ignore_index):
     """``(labels, mask, trained, ok)`` of rows' tokens that spell their pieces: the rule and result of
-    :func:`~vecpack.tokenizing.labels.labels_from_parts` in one pass, without its temporaries, and
+    :func:`~vecpack.tokenizing.tokenized.labels_from_parts` in one pass, without its temporaries, and
     ``mask``, whether each token is trained (its label is itself, else ``ignore_index``).
 
     Row ``r``'s pieces are ``sizes[part_lo[r]:part_hi[r]]`` (UTF-8 bytes) and ``train[...]``;

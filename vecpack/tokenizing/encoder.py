@@ -29,7 +29,7 @@ one of its bytes lies in a trainable piece of the rendered text (the rule
 transformers uses for ``return_assistant_tokens_mask``). Byte positions come
 from a per-id byte-length table and a cumulative sum. So a token that
 straddles a boundary, like ``"\\n\\n"`` made of the template's ``"\\n"`` and a
-reply's leading ``"\\n"``, is trained (:mod:`vecpack.tokenizing.labels`).
+reply's leading ``"\\n"``, is trained (:mod:`vecpack.tokenizing.tokenized`).
 
 A conversation prefix that holds only template text and the system prompt
 (the same in many rows) is tokenized once per process and reused.
@@ -61,7 +61,6 @@ from vecpack.inputs.readers import sample_rows
 from vecpack.options import ENGINES, cache_root, check_choice, check_options
 from vecpack.tokenizing import backend as _backend
 from vecpack.tokenizing import parity
-from vecpack.tokenizing.labels import label_runs, labels_from_parts, part_sizes
 from vecpack.tokenizing.runtime import Runtime, is_nfc, runtime
 from vecpack.tokenizing.sink import _PREFIX_MAX_CHARS, ChunkSink, _with_heads  # noqa: F401  (re-exported)
 from vecpack.tokenizing.spec import (
@@ -74,6 +73,7 @@ from vecpack.tokenizing.spec import (
     tokenizer_dir,
     write_memo,
 )
+from vecpack.tokenizing.tokenized import label_runs, labels_from_parts, part_sizes
 from vecpack.tokenizing.turns import TurnSink
 
 __all__ = ["BACKENDS", "ChatEncoder", "ChunkSink", "encoder_for"]

@@ -42,7 +42,6 @@ import numpy as np
 from vecpack._state import Memo, memo
 from vecpack.tokenizing import bpe
 from vecpack.tokenizing.bpe import MAX_DIGITS, encode_ranges, encode_texts, utf8_ranges
-from vecpack.tokenizing.labels import labels_from_parts
 from vecpack.tokenizing.latin import StartCore
 from vecpack.tokenizing.sp import SPACE, sentencepiece_style, sp_labels, sp_spec, token_bytes
 from vecpack.tokenizing.spec import (
@@ -54,6 +53,7 @@ from vecpack.tokenizing.spec import (
     tiktoken_file,
     tiktoken_spec,
 )
+from vecpack.tokenizing.tokenized import labels_from_parts
 
 __all__ = ["DUMMY_PREFIX_LABELS", "LINE_SAFE_PATTERNS",
            "Runtime", "added_tokens", "built_runtime", "forget_runtime", "is_nfc",
@@ -229,7 +229,7 @@ class Runtime:
 
         ``lengths[i]``: text i's number of tokens; ``sizes`` / ``train``: every
         text's pieces in order. A token is trained when one of its bytes lies
-        in a trained piece: :func:`~vecpack.tokenizing.labels.labels_from_parts`
+        in a trained piece: :func:`~vecpack.tokenizing.tokenized.labels_from_parts`
         over the per-id table, or, with a dummy prefix (:attr:`dummy`),
         :func:`~vecpack.tokenizing.sp.sp_labels` (each text's first token minded; ``empty_runs``: theirs).
         None when the tokens do not cover ``sum(sizes)`` bytes.

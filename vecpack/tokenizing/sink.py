@@ -15,9 +15,9 @@ import numpy as np
 
 from vecpack.chat.conversation import TextCompletion, read_row
 from vecpack.errors import InputError
-from vecpack.tokenizing.labels import part_sizes
 from vecpack.tokenizing.lane import splice_heads
 from vecpack.tokenizing.tasks import add_counts
+from vecpack.tokenizing.tokenized import part_sizes
 
 __all__ = ["ChunkSink"]
 

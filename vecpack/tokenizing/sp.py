@@ -46,8 +46,8 @@ import numpy as np
 
 from vecpack._state import memo
 from vecpack.options import IGNORE_INDEX, cache_root
-from vecpack.tokenizing.labels import _runs_mask, trained_spans
 from vecpack.tokenizing.spec import MISSING, Unsupported, read_memo, stat_key, write_memo
+from vecpack.tokenizing.tokenized import _runs_mask, trained_spans
 
 __all__ = ["SPACE", "SPSpec", "sentencepiece_style", "sp_labels", "sp_parts", "sp_spec", "token_bytes"]
 
@@ -217,14 +217,14 @@ def sp_labels(ids: np.ndarray, lengths: np.ndarray, sizes, train, spec: SPSpec, 
               masking_all: bool = False, empty_runs: bool = False) -> tuple[np.ndarray, int] | None:
     """``(labels, trained)`` of texts whose ids lie back to back, as HF's offsets rule makes them.
 
-    The labels rule of :func:`~vecpack.tokenizing.labels.labels_from_parts` (a
+    The labels rule of :func:`~vecpack.tokenizing.tokenized.labels_from_parts` (a
     token is trained when one of its bytes lies in a trainable piece), with
     each token's bytes from :func:`token_bytes`, except that a first token that
     is the dummy ``"▁"`` alone covers its text's first byte (where HF's
     offsets put it), beside the token after it. ``sizes`` / ``train``: every
     text's pieces in order. None when the tokens do not cover exactly
     ``sum(sizes)`` bytes (the caller labels otherwise). No Python per text or token.
-    ``empty_runs``: as in :func:`~vecpack.tokenizing.labels.labels_from_parts`.
+    ``empty_runs``: as in :func:`~vecpack.tokenizing.tokenized.labels_from_parts`.
     """
     n = len(ids)
     sizes = np.asarray(sizes, dtype=np.int64)
