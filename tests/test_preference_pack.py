@@ -289,7 +289,7 @@ def test_prefix_sharing_through_build_and_the_cli(pairs_corpus, qwen_dir, cache_
 
 def test_shared_batches_read_the_tree_mask_as_plain_python_draws_it():
     """A prefix-shared batch's ``end`` (the tree mask of :mod:`vecpack.integrations.masks`, shared with
-    :mod:`vecpack.turns`): a token sees the earlier tokens of its own pair's prompt and of its own answer,
+    :mod:`vecpack.packing.turns`): a token sees the earlier tokens of its own pair's prompt and of its own answer,
     nothing else, even when a pack appears twice in one batch (a mixture repeats pairs) so that two
     copies of one pair sit side by side with the same ``document_ids``."""
     from vecpack.integrations.collate import collate_preference
