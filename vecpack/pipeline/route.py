@@ -45,7 +45,7 @@ logger = logging.getLogger("vecpack")
 # a text build no vision stack, a local build no cluster code.
 _tokenizing = lazy_module("vecpack.tokenizing.corpus")
 _merge = lazy_module("vecpack.tokenizing.merge")
-_vision = lazy_module("vecpack.vision.packed")
+_vision_route = lazy_module("vecpack.vision.packed")
 _cluster_run = lazy_module("vecpack.cluster.run")
 _cluster_reading = lazy_module("vecpack.cluster.reading")
 
@@ -104,7 +104,7 @@ def _local(request, t0: float):
 
 def _vision(request, t0: float):
     """Documents with images: :mod:`vecpack.vision.packed`'s route (rows and pixels encoded on every core)."""
-    return _vision.run_vision(request)
+    return _vision_route.run_vision(request)
 
 
 # --------------------------------------------------------------------------- the corpus stage
