@@ -4,7 +4,7 @@ import os
 import pathlib
 
 import pytest
-from tiers import is_slow
+from tiers import group_of, heavy_first, is_slow
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
@@ -76,10 +76,27 @@ def fresh_state():
     _state.reset()
 
 
-# The modules that start a Ray cluster or an S3 endpoint for their tests (a module fixture each): under
-# ``pytest -n 2 --dist loadgroup`` (the README's test command) they run on one xdist worker, so that each
-# fixture starts once, not once per worker, and two Ray clusters never share the 2 cores.
-_ONE_WORKER = {"test_cluster", "test_cluster_inputs", "test_cluster_store", "test_ray"}
+@pytest.hookimpl(optionalhook=True)   # (pytest-xdist's hook: no error where it is not installed)
+def pytest_xdist_make_scheduler(config, log):
+    """``--dist loadgroup`` with the groups of :data:`tiers.GROUPS`.
+
+    pytest-xdist groups the tests marked ``xdist_group`` by a suffix it appends to their node ids in the
+    workers (``nodeid@group``); pytest 9 builds a node id from its parts and drops the suffix, so a mark
+    groups nothing there (the Ray and S3 modules, once marked "ray", ran on both workers, each starting its
+    own cluster and server). The controller's scheduler reads the module from the node id instead (a
+    suffix, where one still arrives, is kept)."""
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadGroupScheduling
+
+    class ModuleGroups(LoadGroupScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            scope = super()._split_scope(nodeid)
+            if scope != nodeid:   # an xdist_group suffix
+                return scope
+            return group_of(nodeid)
+
+    return ModuleGroups(config, log)
 
 
 def pytest_configure(config):
@@ -101,8 +118,8 @@ def pytest_configure(config):
 
 
 def pytest_collection_modifyitems(config, items):
+    """Mark the slow tests, then order the run (:func:`tiers.heavy_first`)."""
     for item in items:
-        if item.path.stem in _ONE_WORKER:   # (doctest items have no .module)
-            item.add_marker(pytest.mark.xdist_group("ray"))
         if is_slow(item):
             item.add_marker(pytest.mark.slow)
+    items[:] = heavy_first(items)

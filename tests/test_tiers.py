@@ -8,7 +8,7 @@ import ast
 
 import pytest
 from helpers import TESTS
-from tiers import SLOW_MODULES, SLOW_TESTS, TRAINING, is_slow, trains
+from tiers import GROUPS, SLOW_MODULES, SLOW_TESTS, TRAINING, group_of, heavy_first, is_slow, trains
 
 
 def _test_names(module: str) -> set[str]:
@@ -18,7 +18,7 @@ def _test_names(module: str) -> set[str]:
 
 
 def test_every_module_named_exists():
-    named = set(SLOW_MODULES) | set(SLOW_TESTS) | set(TRAINING)
+    named = set(SLOW_MODULES) | set(SLOW_TESTS) | set(TRAINING) | set(GROUPS)
     assert not [m for m in named if not (TESTS / f"{m}.py").exists()]
 
 
@@ -42,6 +42,9 @@ class _Item:
 
     def get_closest_marker(self, name):
         return name if name in self._markers else None
+
+    def __repr__(self):
+        return f"{self.path.stem}::{self.name}"
 
 
 def test_the_rules():
@@ -72,3 +75,21 @@ def _mode(model):
 def test_training_is_found_in_a_tests_code():
     assert trains(_loop) and trains(_trainer)
     assert not trains(_mode) and not trains(None)
+
+
+def test_a_modules_tests_run_in_one_unit_where_it_has_a_group():
+    assert group_of("tests/test_ray.py::test_ray_bad_row_is_located") == "ray"
+    assert group_of("tests/test_cluster_store.py::test_errors_name_the_object") == "ray"
+    assert group_of("tests/test_vision_trainer.py::test_x[a-b]") == "vision"
+    assert group_of("tests/test_encoder.py::test_parity_on_generated_rows[qwen_dir-x]") == "test_encoder"
+    for nodeid in ["tests/test_pack.py::test_x", "vecpack/chat/spans.py::vecpack.chat.spans.f",
+                   "tests/test_raytracing.py::test_x"]:
+        assert group_of(nodeid) == nodeid   # a unit of its own
+
+
+def test_heavy_modules_run_first_and_each_modules_tests_stay_together():
+    items = [_Item("test_agentic", "a1"), _Item("test_agentic", "a2", ["slow"]), _Item("test_pack", "p1"),
+             _Item("test_trainers", "t1", ["slow"]), _Item("test_pack", "p2"), _Item("test_trainers", "t2")]
+    order = [repr(i) for i in heavy_first(items)]
+    assert order == ["test_trainers::t1", "test_trainers::t2", "test_agentic::a1", "test_agentic::a2",
+                     "test_pack::p1", "test_pack::p2"]

@@ -239,6 +239,30 @@ SLOW_TESTS = {
 }
 
 
+# Modules that run on one xdist worker under ``pytest -n 2 --dist loadgroup`` (the README's test command), each
+# family as one unit of work, so that what they build once per process is built once, not once per worker:
+# - "ray": a Ray cluster or an S3 endpoint (a module fixture each), which two workers would start twice, two
+#   Ray clusters sharing the 2 cores;
+# - "vision": the processors, tiny models and transformers' vision modules their fixtures load;
+# - the modules whose module fixtures or memos (transformers' tokenizers and reference ids, HF packs) each of
+#   their tests reads: test_encoder, test_agentic, test_streaming_start, test_tokenize, test_sp_engine.
+# The groups go first (xdist sends the largest first); the other tests, one unit each, fill both workers
+# to the end (:func:`heavy_first`).
+GROUPS = {
+    **dict.fromkeys(["test_cluster", "test_cluster_inputs", "test_cluster_store", "test_ray"], "ray"),
+    **dict.fromkeys(["test_vision", "test_vision_build", "test_vision_cache", "test_vision_checks", "test_vision_cli",
+                     "test_vision_codec", "test_vision_dir", "test_vision_gemma3", "test_vision_trainer"], "vision"),
+    **{m: m for m in ["test_encoder", "test_agentic", "test_streaming_start", "test_tokenize", "test_sp_engine"]},
+}
+
+
+def group_of(nodeid: str) -> str:
+    """The unit of work ``--dist loadgroup`` schedules a test as: its module's group in :data:`GROUPS`, or the
+    test alone (its node id)."""
+    stem = nodeid.split("::", 1)[0].rsplit("/", 1)[-1].removesuffix(".py")
+    return GROUPS.get(stem, nodeid)
+
+
 # A test whose own code runs a training loop: a trainer's ``train()`` or an optimizer's ``step()`` (so that a
 # training test added later is slow without being listed).
 TRAINS = re.compile(r"\btrainer\.train\(|\b(?:opt|optim|optimizer)\w*\.step\(\)")
@@ -261,3 +285,25 @@ def is_slow(item) -> bool:
     if getattr(item, "originalname", item.name) in names or item.name in names:
         return True
     return trains(getattr(item, "function", None))
+
+
+def heavy_first(items) -> list:
+    """``items`` (collected tests) in the order the suite runs them: the modules that are slow as a whole
+    (:data:`SLOW_MODULES`), then the other modules with a slow test, then the rest (the ``vecpack/``
+    doctests among them); collection order within each, every module's tests kept together (so that its
+    module fixtures are built once per worker).
+
+    Under ``--dist loadgroup`` each test is a unit of its own (but an ``xdist_group``, sent first) and a
+    worker that runs out takes the next unit in this order: the longest tests start early, and the many
+    short ones left at the end keep both workers busy until the last (in collection order, the training
+    modules, ``test_tune_run``, ``test_trainers``, ``test_vision_trainer``, came last and one worker ran them
+    alone for the last minutes)."""
+
+    def rank(item) -> int:
+        stem = item.path.stem
+        if stem in SLOW_MODULES:
+            return 0
+        return 1 if stem in slow_modules else 2
+
+    slow_modules = {item.path.stem for item in items if item.get_closest_marker("slow")}
+    return sorted(items, key=rank)   # (stable: collection order within a rank)
