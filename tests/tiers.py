@@ -244,15 +244,18 @@ SLOW_TESTS = {
 # - "ray": a Ray cluster or an S3 endpoint (a module fixture each), which two workers would start twice, two
 #   Ray clusters sharing the 2 cores;
 # - "vision": the processors, tiny models and transformers' vision modules their fixtures load;
-# - the modules whose module fixtures or memos (transformers' tokenizers and reference ids, HF packs) each of
-#   their tests reads: test_encoder, test_agentic, test_streaming_start, test_tokenize, test_sp_engine.
+# - the modules whose module fixtures or memos each of their tests reads: transformers' tokenizers and
+#   reference ids, HF packs, a CLI run, TRL's DPO run and preparation, a trained sentencepiece model, tiny
+#   models, 22k rows.
 # The groups go first (xdist sends the largest first); the other tests, one unit each, fill both workers
 # to the end (:func:`heavy_first`).
 GROUPS = {
     **dict.fromkeys(["test_cluster", "test_cluster_inputs", "test_cluster_store", "test_ray"], "ray"),
     **dict.fromkeys(["test_vision", "test_vision_build", "test_vision_cache", "test_vision_checks", "test_vision_cli",
                      "test_vision_codec", "test_vision_dir", "test_vision_gemma3", "test_vision_trainer"], "vision"),
-    **{m: m for m in ["test_encoder", "test_agentic", "test_streaming_start", "test_tokenize", "test_sp_engine"]},
+    **{m: m for m in ["test_encoder", "test_agentic", "test_streaming_start", "test_tokenize", "test_sp_engine",
+                      "test_cli", "test_preference_dpo", "test_preference_tokens", "test_torchtune", "test_template",
+                      "test_mix_stream", "test_leakage"]},
 }
 
 
