@@ -4,7 +4,7 @@ import os
 import pathlib
 
 import pytest
-from tiers import group_of, heavy_first, is_slow
+from tiers import heavy_first, is_slow, scheduler_class
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
@@ -78,25 +78,10 @@ def fresh_state():
 
 @pytest.hookimpl(optionalhook=True)   # (pytest-xdist's hook: no error where it is not installed)
 def pytest_xdist_make_scheduler(config, log):
-    """``--dist loadgroup`` with the groups of :data:`tiers.GROUPS`.
-
-    pytest-xdist groups the tests marked ``xdist_group`` by a suffix it appends to their node ids in the
-    workers (``nodeid@group``); pytest 9 builds a node id from its parts and drops the suffix, so a mark
-    groups nothing there (the Ray and S3 modules, once marked "ray", ran on both workers, each starting its
-    own cluster and server). The controller's scheduler reads the module from the node id instead (a
-    suffix, where one still arrives, is kept)."""
+    """``--dist loadgroup`` with the groups of :data:`tiers.GROUPS` (:func:`tiers.scheduler_class`)."""
     if config.getvalue("dist") != "loadgroup":
         return None
-    from xdist.scheduler import LoadGroupScheduling
-
-    class ModuleGroups(LoadGroupScheduling):
-        def _split_scope(self, nodeid: str) -> str:
-            scope = super()._split_scope(nodeid)
-            if scope != nodeid:   # an xdist_group suffix
-                return scope
-            return group_of(nodeid)
-
-    return ModuleGroups(config, log)
+    return scheduler_class()(config, log)
 
 
 def pytest_configure(config):

@@ -266,6 +266,47 @@ def group_of(nodeid: str) -> str:
     return GROUPS.get(stem, nodeid)
 
 
+def scheduler_class():
+    """``--dist loadgroup``'s scheduler with the groups of :func:`group_of`, and a crashed worker's replacement.
+
+    pytest-xdist groups the tests marked ``xdist_group`` by a suffix it appends to their node ids in the
+    workers (``nodeid@group``); pytest 9 builds a node id from its parts and drops the suffix, so a mark
+    groups nothing there (the Ray and S3 modules, once marked "ray", ran on both workers, each starting its
+    own cluster and server). This scheduler reads the module from the node id instead (a suffix, where one
+    still arrives, is kept).
+
+    A worker that dies (a segfault, the kernel's OOM killer) is replaced; xdist 3.8's loadgroup then stopped
+    the whole run with ``INTERNALERROR KeyError: <WorkerController gwN>`` (pytest-xdist issues 1189 and
+    1362: the dead worker's collection still counts, so the replacement is given work before it has
+    collected) or hung (issue 1323: units already run are queued again). Here the dead worker's collection is
+    forgotten, only the tests it had not run are queued again, and the one it died in is reported (by xdist)
+    as crashed, not run a second time."""
+    from xdist.scheduler import LoadGroupScheduling
+
+    class Groups(LoadGroupScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            scope = super()._split_scope(nodeid)
+            return scope if scope != nodeid else group_of(nodeid)
+
+        def remove_node(self, node):
+            self.registered_collections.pop(node, None)
+            workload = self.assigned_work.pop(node)
+            left = {scope: unit for scope, unit in workload.items() if not all(unit.values())}
+            if not left:
+                return None
+            crashed = next(nodeid for unit in left.values() for nodeid, done in unit.items() if not done)
+            for unit in left.values():
+                if crashed in unit:
+                    unit[crashed] = True
+            left = {scope: unit for scope, unit in left.items() if not all(unit.values())}
+            self.workqueue.update(left)
+            for other in self.assigned_work:
+                self._reschedule(other)
+            return crashed
+
+    return Groups
+
+
 # A test whose own code runs a training loop: a trainer's ``train()`` or an optimizer's ``step()`` (so that a
 # training test added later is slow without being listed).
 TRAINS = re.compile(r"\btrainer\.train\(|\b(?:opt|optim|optimizer)\w*\.step\(\)")
