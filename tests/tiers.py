@@ -246,7 +246,7 @@ SLOW_TESTS = {
 # - "vision": the processors, tiny models and transformers' vision modules their fixtures load;
 # - the modules whose module fixtures or memos each of their tests reads: transformers' tokenizers and
 #   reference ids, HF packs, a CLI run, TRL's DPO run and preparation, a trained sentencepiece model, tiny
-#   models, 22k rows.
+#   models, 22k rows, vecpack's BPE tables of two tokenizers.
 # The groups go first (xdist sends the largest first); the other tests, one unit each, fill both workers
 # to the end (:func:`heavy_first`).
 GROUPS = {
@@ -255,7 +255,7 @@ GROUPS = {
                      "test_vision_codec", "test_vision_dir", "test_vision_gemma3", "test_vision_trainer"], "vision"),
     **{m: m for m in ["test_encoder", "test_agentic", "test_streaming_start", "test_tokenize", "test_sp_engine",
                       "test_cli", "test_preference_dpo", "test_preference_tokens", "test_torchtune", "test_template",
-                      "test_mix_stream", "test_leakage"]},
+                      "test_mix_stream", "test_leakage", "test_one_render", "test_bpe"]},
 }
 
 
