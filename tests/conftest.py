@@ -4,7 +4,7 @@ import os
 import pathlib
 
 import pytest
-from tiers import is_slow
+from tiers import heavy_first, is_slow, scheduler_class
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
@@ -76,10 +76,12 @@ def fresh_state():
     _state.reset()
 
 
-# The modules that start a Ray cluster or an S3 endpoint for their tests (a module fixture each): under
-# ``pytest -n 2 --dist loadgroup`` (the README's test command) they run on one xdist worker, so that each
-# fixture starts once, not once per worker, and two Ray clusters never share the 2 cores.
-_ONE_WORKER = {"test_cluster", "test_cluster_inputs", "test_cluster_store", "test_ray"}
+@pytest.hookimpl(optionalhook=True)   # (pytest-xdist's hook: no error where it is not installed)
+def pytest_xdist_make_scheduler(config, log):
+    """``--dist loadgroup`` with the groups of :data:`tiers.GROUPS` (:func:`tiers.scheduler_class`)."""
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    return scheduler_class()(config, log)
 
 
 def pytest_configure(config):
@@ -101,8 +103,8 @@ def pytest_configure(config):
 
 
 def pytest_collection_modifyitems(config, items):
+    """Mark the slow tests, then order the run (:func:`tiers.heavy_first`)."""
     for item in items:
-        if item.path.stem in _ONE_WORKER:   # (doctest items have no .module)
-            item.add_marker(pytest.mark.xdist_group("ray"))
         if is_slow(item):
             item.add_marker(pytest.mark.slow)
+    items[:] = heavy_first(items)

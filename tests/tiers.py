@@ -239,6 +239,74 @@ SLOW_TESTS = {
 }
 
 
+# Modules that run on one xdist worker under ``pytest -n 2 --dist loadgroup`` (the README's test command), each
+# family as one unit of work, so that what they build once per process is built once, not once per worker:
+# - "ray": a Ray cluster or an S3 endpoint (a module fixture each), which two workers would start twice, two
+#   Ray clusters sharing the 2 cores;
+# - "vision": the processors, tiny models and transformers' vision modules their fixtures load;
+# - the modules whose module fixtures or memos each of their tests reads: transformers' tokenizers and
+#   reference ids, HF packs, a CLI run, TRL's DPO run and preparation, a trained sentencepiece model, tiny
+#   models, 22k rows, vecpack's BPE tables of two tokenizers.
+# The groups go first (xdist sends the largest first); the other tests, one unit each, fill both workers
+# to the end (:func:`heavy_first`).
+GROUPS = {
+    **dict.fromkeys(["test_cluster", "test_cluster_inputs", "test_cluster_store", "test_ray"], "ray"),
+    **dict.fromkeys(["test_vision", "test_vision_build", "test_vision_cache", "test_vision_checks", "test_vision_cli",
+                     "test_vision_codec", "test_vision_dir", "test_vision_gemma3", "test_vision_trainer"], "vision"),
+    **{m: m for m in ["test_encoder", "test_agentic", "test_streaming_start", "test_tokenize", "test_sp_engine",
+                      "test_cli", "test_preference_dpo", "test_preference_tokens", "test_torchtune", "test_template",
+                      "test_mix_stream", "test_leakage", "test_one_render", "test_bpe"]},
+}
+
+
+def group_of(nodeid: str) -> str:
+    """The unit of work ``--dist loadgroup`` schedules a test as: its module's group in :data:`GROUPS`, or the
+    test alone (its node id)."""
+    stem = nodeid.split("::", 1)[0].rsplit("/", 1)[-1].removesuffix(".py")
+    return GROUPS.get(stem, nodeid)
+
+
+def scheduler_class():
+    """``--dist loadgroup``'s scheduler with the groups of :func:`group_of`, and a crashed worker's replacement.
+
+    pytest-xdist groups the tests marked ``xdist_group`` by a suffix it appends to their node ids in the
+    workers (``nodeid@group``); pytest 9 builds a node id from its parts and drops the suffix, so a mark
+    groups nothing there (the Ray and S3 modules, once marked "ray", ran on both workers, each starting its
+    own cluster and server). This scheduler reads the module from the node id instead (a suffix, where one
+    still arrives, is kept).
+
+    A worker that dies (a segfault, the kernel's OOM killer) is replaced; xdist 3.8's loadgroup then stopped
+    the whole run with ``INTERNALERROR KeyError: <WorkerController gwN>`` (pytest-xdist issues 1189 and
+    1362: the dead worker's collection still counts, so the replacement is given work before it has
+    collected) or hung (issue 1323: units already run are queued again). Here the dead worker's collection is
+    forgotten, only the tests it had not run are queued again, and the one it died in is reported (by xdist)
+    as crashed, not run a second time."""
+    from xdist.scheduler import LoadGroupScheduling
+
+    class Groups(LoadGroupScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            scope = super()._split_scope(nodeid)
+            return scope if scope != nodeid else group_of(nodeid)
+
+        def remove_node(self, node):
+            self.registered_collections.pop(node, None)
+            workload = self.assigned_work.pop(node)
+            left = {scope: unit for scope, unit in workload.items() if not all(unit.values())}
+            if not left:
+                return None
+            crashed = next(nodeid for unit in left.values() for nodeid, done in unit.items() if not done)
+            for unit in left.values():
+                if crashed in unit:
+                    unit[crashed] = True
+            left = {scope: unit for scope, unit in left.items() if not all(unit.values())}
+            self.workqueue.update(left)
+            for other in self.assigned_work:
+                self._reschedule(other)
+            return crashed
+
+    return Groups
+
+
 # A test whose own code runs a training loop: a trainer's ``train()`` or an optimizer's ``step()`` (so that a
 # training test added later is slow without being listed).
 TRAINS = re.compile(r"\btrainer\.train\(|\b(?:opt|optim|optimizer)\w*\.step\(\)")
@@ -261,3 +329,25 @@ def is_slow(item) -> bool:
     if getattr(item, "originalname", item.name) in names or item.name in names:
         return True
     return trains(getattr(item, "function", None))
+
+
+def heavy_first(items) -> list:
+    """``items`` (collected tests) in the order the suite runs them: the modules that are slow as a whole
+    (:data:`SLOW_MODULES`), then the other modules with a slow test, then the rest (the ``vecpack/``
+    doctests among them); collection order within each, every module's tests kept together (so that its
+    module fixtures are built once per worker).
+
+    Under ``--dist loadgroup`` each test is a unit of its own (but an ``xdist_group``, sent first) and a
+    worker that runs out takes the next unit in this order: the longest tests start early, and the many
+    short ones left at the end keep both workers busy until the last (in collection order, the training
+    modules, ``test_tune_run``, ``test_trainers``, ``test_vision_trainer``, came last and one worker ran them
+    alone for the last minutes)."""
+
+    def rank(item) -> int:
+        stem = item.path.stem
+        if stem in SLOW_MODULES:
+            return 0
+        return 1 if stem in slow_modules else 2
+
+    slow_modules = {item.path.stem for item in items if item.get_closest_marker("slow")}
+    return sorted(items, key=rank)   # (stable: collection order within a rank)
