@@ -155,3 +155,6 @@ def test_the_scheduler_groups_by_module_and_replaces_a_crashed_worker():
                 sched.mark_test_complete(node, i)
     after = sorted(i for batch in b.sent[before:] + c.sent for i in batch)
     assert after == [2, 3, 6, 7, 8, 9]   # what gw0 had not run, once: not test_0 (done) nor test_1 (crashed)
+    for node in (b, c):   # the workers that finish leave the run finished
+        assert sched.remove_node(node) is None
+    assert sched.tests_finished

@@ -278,9 +278,9 @@ def scheduler_class():
     A worker that dies (a segfault, the kernel's OOM killer) is replaced; xdist 3.8's loadgroup then stopped
     the whole run with ``INTERNALERROR KeyError: <WorkerController gwN>`` (pytest-xdist issues 1189 and
     1362: the dead worker's collection still counts, so the replacement is given work before it has
-    collected) or hung (issue 1323: units already run are queued again). Here the dead worker's collection is
-    forgotten, only the tests it had not run are queued again, and the one it died in is reported (by xdist)
-    as crashed, not run a second time."""
+    collected) or hung (issue 1323: units already run are queued again). Here a worker that died with tests
+    left has its collection forgotten, only the tests it had not run are queued again, and the one it died in
+    is reported (by xdist) as crashed, not run a second time."""
     from xdist.scheduler import LoadGroupScheduling
 
     class Groups(LoadGroupScheduling):
@@ -289,11 +289,11 @@ def scheduler_class():
             return scope if scope != nodeid else group_of(nodeid)
 
         def remove_node(self, node):
-            self.registered_collections.pop(node, None)
             workload = self.assigned_work.pop(node)
             left = {scope: unit for scope, unit in workload.items() if not all(unit.values())}
-            if not left:
+            if not left:   # (a worker that finished: its collection still counts, or the run never ends)
                 return None
+            self.registered_collections.pop(node, None)
             crashed = next(nodeid for unit in left.values() for nodeid, done in unit.items() if not done)
             for unit in left.values():
                 if crashed in unit:
