@@ -233,10 +233,14 @@ class Local(Executor):
                     done(i, out[-1])
             return out
         except BaseException as e:
-            for fut in futures:
-                fut.cancel()
             if isinstance(e, (BrokenProcessPool, KeyboardInterrupt)):
+                # the broken pool fails its pending futures itself: cancelling them too races its manager
+                # thread (Python 3.11's terminate_broken sets an exception on a cancelled future there and
+                # prints an InvalidStateError traceback beside the driver's)
                 self.kill()
+            else:
+                for fut in futures:
+                    fut.cancel()
             if isinstance(e, BrokenProcessPool):
                 raise _pool._died(e, self.who) from None
             raise
@@ -353,7 +357,8 @@ class ForkPool:
 
 
 def _shutdown(ex: ProcessPoolExecutor, wait: bool = True, kill_workers: bool = False) -> None:
-    """Stop ``ex``: its queued tasks cancelled; with ``kill_workers``, its workers killed first."""
+    """Stop ``ex``: its queued tasks cancelled; with ``kill_workers``, its workers killed first and its queued
+    tasks failed by the broken pool itself (not cancelled here as well: that races its manager thread)."""
     if kill_workers:
         for p in list((ex._processes or {}).values()):
             with contextlib.suppress(Exception):
@@ -365,7 +370,7 @@ def _shutdown(ex: ProcessPoolExecutor, wait: bool = True, kill_workers: bool = F
         # are gone: the pool is broken, and it stops.
         with contextlib.suppress(Exception):
             ex._result_queue._writer.close()
-    ex.shutdown(wait=wait, cancel_futures=True)
+    ex.shutdown(wait=wait, cancel_futures=not kill_workers)
 
 
 @contextlib.contextmanager
