@@ -145,7 +145,7 @@ def _schema(name: str, keys) -> dict:
 
 def heterogeneous_rows(n: int, seed: int = 0, *, as_text: bool = False) -> list[dict]:
     """Tool rows whose arguments and schemas differ from row to row (keys a struct column unifies),
-    written so that a unified struct can give them back (see ``vecpack.inputs.parquet``): keys in one
+    written so that a unified struct can give them back (see ``vecpack.inputs.columnar``): keys in one
     order (row 0 has every key, so the union keeps it), no JSON null inside arguments or schemas,
     integers where integers. ``as_text``: arguments and
     tools as JSON text (the form TRL advises for Arrow and Parquet)."""

@@ -26,7 +26,7 @@ def test_arrow_rows_restore_unified_structs_and_json():
     decoded; columns without nested nulls come back untouched."""
     import pyarrow as pa
 
-    from vecpack.inputs.parquet import to_rows
+    from vecpack.inputs.columnar import to_rows
 
     rows = [{"m": [{"role": "a", "args": {"x": 1, "y": [1, 2]}}], "tools": None},
             {"m": [{"role": "b", "args": {"z": "q"}, "extra": "e"}], "tools": "t"}]
@@ -118,7 +118,7 @@ def test_unified_struct_limits_are_as_documented():
     """What a unified struct cannot give back: a JSON null inside it reads as a missing key (JSON text keeps it)."""
     import pyarrow as pa
 
-    from vecpack.inputs.parquet import to_rows
+    from vecpack.inputs.columnar import to_rows
 
     rows = [{"a": {"x": None, "y": 1}}, {"a": {"y": 2}}]
     assert to_rows(pa.Table.from_pylist(rows)) == [{"a": {"y": 1}}, {"a": {"y": 2}}]

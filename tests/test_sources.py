@@ -9,11 +9,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from vecpack.errors import InputError
+from vecpack.inputs import base as records_mod
+from vecpack.inputs import columnar as parquet
 from vecpack.inputs import jsonl as jsonl_reader
-from vecpack.inputs import readers, table
-from vecpack.inputs import records as records_mod
+from vecpack.inputs import readers
+from vecpack.inputs.base import BadRecord
 from vecpack.inputs.readers import locate, read_records, split_source
-from vecpack.inputs.records import BadRecord
 from vecpack.inputs.sources import resolve_sources
 
 ROWS = [{"conversations": [{"from": "human", "value": f"q{i} \"quoted\" [x], {{y}} \\ é"},
@@ -208,7 +209,7 @@ def test_hf_dataset_rows(tmp_path):
     assert records(src, 500) == ROWS
     # only the range's rows travel to the worker
     start, stop, _ = split_source(src, 500)[1]
-    payload = table.READER.task_payload(src, start, stop)
+    payload = parquet.TABLE_READER.task_payload(src, start, stop)
     assert len(payload) < src.table.nbytes / 2
     assert [r for _, r in read_records("<Dataset>", start, stop, kind="dataset",
                                        payload=payload)] == ROWS[start:stop]
@@ -258,8 +259,8 @@ def test_jsonl_lines_parse_exactly_as_the_json_module_does(tmp_path, monkeypatch
                   st.sampled_from(["\n", "\r\n"]), st.booleans())
 def test_jsonl_lines_are_read_like_split_lines(lines, eol, trailing):
     """The line reader (views, no per-line copies) against splitting the bytes."""
+    from vecpack.inputs.base import _parse_line
     from vecpack.inputs.jsonl import _read_jsonl
-    from vecpack.inputs.records import _parse_line
 
     data = eol.join(lines).encode() + (eol.encode() if trailing and lines else b"")
     want = []

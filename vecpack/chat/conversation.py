@@ -54,7 +54,7 @@ import json
 
 from vecpack.chat.formats import DEFAULT_COLUMNS, MESSAGE_SHAPES, OPENAI_ROLES, _openai_content, to_messages
 from vecpack.errors import InputError
-from vecpack.inputs.records import read_text
+from vecpack.inputs.base import read_text
 from vecpack.options import CONVERSATION_STYLES
 
 __all__ = ["Conversation", "REASONING_KEYS", "TextCompletion", "is_plain", "read_conversation", "read_row",

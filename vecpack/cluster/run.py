@@ -53,8 +53,8 @@ from vecpack.cluster.shards import (
 )
 from vecpack.cluster.units import UNIT_BYTES, locate_example, plan_units, read_receipts, tokenize_unit, unit_arrays
 from vecpack.errors import EncoderError, InputError, plural
+from vecpack.inputs.base import to_record
 from vecpack.inputs.jsonl import buffer_lines
-from vecpack.inputs.records import to_record
 from vecpack.store import objects
 from vecpack.tokenizing.encoder import ChatEncoder
 from vecpack.tokenizing.ray import RayExecutor, init

@@ -28,8 +28,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from vecpack.errors import InputError
+from vecpack.inputs.base import BOM
 from vecpack.inputs.items import Items
-from vecpack.inputs.records import BOM
 
 __all__ = ["CODECS", "HEAD_BYTES", "InputFile", "classify", "resolve_sources", "sniff_codec"]
 #: magic bytes -> codec of the compressed inputs (read by :mod:`vecpack.inputs.compressed`)

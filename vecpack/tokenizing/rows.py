@@ -36,8 +36,8 @@ from typing import Any, Iterable
 import numpy as np
 
 from vecpack.errors import InputError
+from vecpack.inputs.base import BadRecord, to_record
 from vecpack.inputs.readers import reader
-from vecpack.inputs.records import BadRecord, to_record
 from vecpack.options import IGNORE_INDEX
 from vecpack.tokenizing.tasks import MAX_EXAMPLES, ChunkError, ChunkMeta, ChunkTask, add_counts
 

@@ -26,7 +26,7 @@ import pathlib
 import numpy as np
 
 from vecpack._state import memo
-from vecpack.inputs.records import _orjson_loads
+from vecpack.inputs.base import _orjson_loads
 from vecpack.options import cache_root
 from vecpack.tokenizing.latin import latin_ranks
 

@@ -1,10 +1,11 @@
-"""Parquet files, read in ranges of whole row groups.
+"""Columnar inputs: Parquet files, Arrow IPC files and in-memory ``datasets.Dataset`` tables.
 
-A range is ``[first group, stop group)``; rows are located by their 0-based
-row in the file. Streaming addresses a row by that row number, and its
+**Parquet** (``READER``): read in ranges of whole row groups. A range is
+``[first group, stop group)``; rows are located by their 0-based row in the file.
+Streaming addresses a row by that row number, and its
 shuffle units are the row groups.
 
-Arrow rows back to the rows that were written: what Parquet, Arrow IPC and ``datasets`` hand over, restored.
+**Arrow rows** back to the rows that were written: what Parquet, Arrow IPC and ``datasets`` hand over, restored.
 
 Arrow gives every row of a column one type. Rows whose nested objects differ
 (tool-call arguments and tool schemas that differ from row to row) get a
@@ -34,6 +35,33 @@ comes back from Arrow as it was written, at Arrow's speed.
 [{'args': {'a': 1, 'b': None}, 'n': None}, {'args': {'a': None, 'b': 'x'}, 'n': 2}]
 >>> to_rows(t)
 [{'args': {'a': 1}, 'n': None}, {'args': {'b': 'x'}, 'n': 2}]
+
+**In-memory tables** (``TABLE_READER``): a ``datasets.Dataset`` (its Arrow table), read in ranges of rows.
+
+Only a task's own rows travel to a worker, as Arrow IPC bytes
+(:meth:`task_payload`); errors name ``<Dataset>`` and the 0-based row.
+Streaming addresses a row by its index, in shuffle units of 64 rows.
+
+**Arrow IPC files** (``ARROW_READER``: ``.arrow``, and the shards of a ``datasets.save_to_disk`` directory), in
+ranges of record batches.
+
+The file is memory-mapped, so a worker reads only its own batches (no
+copy); both IPC formats are read: the *file* format (``ARROW1`` magic,
+Feather v2) and the *stream* format that ``datasets`` writes. A range is
+``[first row, stop row)`` (across batches); rows are located by their
+0-based row in the file. Streaming addresses a row by that row number; its shuffle units are
+the record batches.
+
+>>> import tempfile, os, pyarrow as pa
+>>> p = os.path.join(tempfile.mkdtemp(), "data.arrow")
+>>> with pa.ipc.new_stream(p, pa.schema([("text", pa.string())])) as w:
+...     w.write_table(pa.table({"text": ["a", "b", "c"]}), max_chunksize=2)
+>>> from vecpack.inputs.sources import resolve_sources
+>>> src = resolve_sources(p)[0]
+>>> src.kind, ARROW_READER.ranges(src, 1)
+('arrow', [(0, 1, 0), (1, 2, 1), (2, 3, 2)])
+>>> list(ARROW_READER.payloads(p, 1, 3))
+[(0, {'text': 'b'}), (1, {'text': 'c'})]
 """
 
 from __future__ import annotations
@@ -42,9 +70,10 @@ import json
 
 import numpy as np
 
+from vecpack.errors import InputError
 from vecpack.inputs.base import Reader
 
-__all__ = ["READER", "iter_rows", "scan_batches", "to_rows"]
+__all__ = ["ARROW_READER", "READER", "TABLE_READER", "batches", "iter_rows", "scan_batches", "to_rows"]
 
 
 def iter_rows(table):
@@ -250,3 +279,140 @@ def to_rows(data) -> list[dict]:
             if value is not None:
                 row[name] = fix(value)
     return rows
+
+
+_UNIT_ROWS = 64
+
+
+class _TableReader(Reader):
+    kind = "dataset"
+
+    def ranges(self, src, chunk_bytes):
+        t = src.table
+        row_bytes = max(1, t.nbytes // max(1, t.num_rows))
+        step = max(1, chunk_bytes // row_bytes)
+        return [(a, min(a + step, t.num_rows), a) for a in range(0, t.num_rows, step)]
+
+    def task_payload(self, src, start, stop):
+        import pyarrow as pa
+
+        part = src.table.slice(start, stop - start)
+        sink = pa.BufferOutputStream()
+        with pa.ipc.new_stream(sink, part.schema) as w:
+            w.write_table(part)
+        return sink.getvalue().to_pybytes()
+
+    def payloads(self, name, start, stop, *, info=None, carried=None):
+        import pyarrow as pa
+
+        if carried is None:
+            raise ValueError("a dataset range needs its payload (the rows, as Arrow IPC bytes)")
+        return iter_rows(pa.ipc.open_stream(pa.py_buffer(carried)).read_all())
+
+    def head(self, src, n):
+        return (r for _, r in iter_rows(src.table.slice(0, n)))
+
+    def known_rows(self, name, start, stop):
+        return stop - start
+
+    def output_estimate(self, src):
+        return int(src.table.nbytes)
+
+    # streaming: a row's position is its index
+    def scan(self, src, cursor, row, shard=0, nshards=1):
+        pos = int(cursor[0])
+        batches = src.table.slice(pos).to_batches(max_chunksize=4096)
+        return (yield from scan_batches(batches, pos, row, shard, nshards))
+
+    def fetch(self, src, positions):
+        return to_rows(src.table.take(np.asarray(positions, np.int64)))
+
+    def units(self, src):
+        n = int(src.size)
+        sizes = np.minimum(_UNIT_ROWS, n - _UNIT_ROWS * np.arange(-(-n // _UNIT_ROWS), dtype=np.int64))
+        return sizes, None
+
+    def read_unit(self, src, index, unit, n, rows_in):
+        pos = unit * _UNIT_ROWS + rows_in
+        return to_rows(src.table.take(pos)), pos, np.full(len(rows_in), -1, np.int64)
+
+
+TABLE_READER = _TableReader()
+
+
+def batches(path: str) -> list:
+    """The record batches of an Arrow IPC file (file or stream format), memory-mapped."""
+    import pyarrow as pa
+
+    try:
+        source = pa.memory_map(path, "r")
+        if source.read(6) == b"ARROW1":
+            f = pa.ipc.open_file(source)
+            return [f.get_batch(i) for i in range(f.num_record_batches)]
+        source.seek(0)
+        return list(pa.ipc.open_stream(source))
+    except pa.ArrowInvalid as e:
+        raise InputError(f"not a readable Arrow IPC file ({e})", file=path) from None
+
+
+def _rows(batch_list) -> np.ndarray:
+    return np.cumsum([0] + [b.num_rows for b in batch_list]).astype(np.int64)
+
+
+class _ArrowReader(Reader):
+    kind = "arrow"
+
+    def ranges(self, src, chunk_bytes):
+        bs = batches(src.name)
+        rows = sum(b.num_rows for b in bs)
+        step = max(1, chunk_bytes // max(1, sum(b.nbytes for b in bs) // max(1, rows)))
+        return [(a, min(a + step, rows), a) for a in range(0, rows, step)]
+
+    def payloads(self, name, start, stop, *, info=None, carried=None):
+        import pyarrow as pa
+
+        bs = batches(name)
+        starts = _rows(bs)
+        first = int(np.searchsorted(starts, start, side="right")) - 1
+        last = int(np.searchsorted(starts, stop, side="left"))
+        part = pa.Table.from_batches(bs[first:last], schema=bs[0].schema) if bs else None
+        if part is None:
+            return iter(())
+        return iter_rows(part.slice(start - int(starts[first]), stop - start))
+
+    def head(self, src, n):
+        bs = batches(src.name)
+        return iter(to_rows(bs[0].slice(0, n))) if bs else iter(())
+
+    def known_rows(self, name, start, stop):
+        return stop - start
+
+    def output_estimate(self, src):
+        return sum(b.nbytes for b in batches(src.name))
+
+    # streaming: a row's position is its row number in the file
+    def scan(self, src, cursor, row, shard=0, nshards=1):
+        bs = batches(src.name)
+        starts = _rows(bs)
+        pos = int(cursor[0])
+        if pos >= starts[-1]:
+            return row
+        b = int(np.searchsorted(starts, pos, side="right")) - 1
+        first = [bs[b].slice(pos - int(starts[b]))] + bs[b + 1:]
+        return (yield from scan_batches(first, pos, row, shard, nshards))
+
+    def fetch(self, src, positions):
+        import pyarrow as pa
+
+        return to_rows(pa.Table.from_batches(batches(src.name)).take(np.asarray(positions, np.int64)))
+
+    def units(self, src):
+        bs = batches(src.name)
+        return np.asarray([b.num_rows for b in bs], np.int64), _rows(bs)
+
+    def read_unit(self, src, index, unit, n, rows_in):
+        payloads = to_rows(batches(src.name)[unit].take(rows_in))
+        return payloads, int(index[unit]) + rows_in, np.full(len(rows_in), -1, np.int64)
+
+
+ARROW_READER = _ArrowReader()
