@@ -109,7 +109,7 @@ def slow_scatter(delay: float, trace: str | None = None, hold: str | None = None
     not silently, if the node is never lost)."""
 
     def scatter(*args):
-        from vecpack.cluster.shards import scatter_unit
+        from vecpack.cluster.units import scatter_unit
 
         node = os.path.basename(os.path.dirname(os.environ.get("TMPDIR", "/none/x")))
         if trace:

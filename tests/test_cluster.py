@@ -25,7 +25,7 @@ import vecpack  # noqa: E402
 from vecpack import build_on_cluster  # noqa: E402
 from vecpack.cluster import PackStream, open_packed  # noqa: E402
 from vecpack.cluster import run as cluster_run  # noqa: E402
-from vecpack.cluster import shards as cluster_shards  # noqa: E402
+from vecpack.cluster import units as cluster_shards  # noqa: E402
 from vecpack.store import objects  # noqa: E402
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
@@ -159,7 +159,7 @@ def _killed_driver(nodes, out: str, body: str, stage: str) -> set:
         "import sys, ray; sys.path.insert(0, %r)\n"
         "import s3_helpers\n"
         "from ray import cloudpickle; cloudpickle.register_pickle_by_value(s3_helpers)\n"
-        "import vecpack.cluster.shards; vecpack.cluster.shards._SHARD_TOKENS = %d\n"
+        "import vecpack.cluster.units; vecpack.cluster.units._SHARD_TOKENS = %d\n"
         "ray.init(address=%r, include_dashboard=False, log_to_driver=False)\n"
     ) % (os.path.dirname(__file__), SHARD_TOKENS, nodes.cluster.address) + body
     child = subprocess.Popen([sys.executable, "-c", script], env=dict(os.environ), start_new_session=True,

@@ -6,8 +6,15 @@ import pytest
 
 import vecpack
 from vecpack.cluster.reading import ShardedPacked
-from vecpack.cluster.shards import pack_shard, piece_url, plan_shards, scatter_unit, shard_prefix, unit_entries
-from vecpack.cluster.units import unit_arrays
+from vecpack.cluster.units import (
+    pack_shard,
+    piece_url,
+    plan_shards,
+    scatter_unit,
+    shard_prefix,
+    unit_arrays,
+    unit_entries,
+)
 from vecpack.store import objects
 
 

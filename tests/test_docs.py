@@ -12,7 +12,7 @@ import sys
 import pytest
 from helpers import REPO
 
-from vecpack.cli.parser import build_parser
+from vecpack.cli.run import build_parser
 
 DOCS = sorted((REPO / "docs").glob("*.md")) + [REPO / "README.md"]
 FLAG = re.compile(r"(?<![\w-])--[a-z][a-z0-9-]*")

@@ -1,4 +1,4 @@
-"""Issue 52: Megatron-Bridge's packed fine-tuning format (vecpack.integrations.megatron, export --format megatron).
+"""Issue 52: Megatron-Bridge's packed fine-tuning format (vecpack.integrations.export, export --format megatron).
 
 Megatron-Bridge (0.4+) needs Python 3.12 and cannot be installed here, so its
 reading code is re-implemented below, following it step by step (NVIDIA-NeMo/
@@ -28,8 +28,7 @@ import numpy as np
 import pytest
 
 import vecpack
-from vecpack.integrations.export import export
-from vecpack.integrations.megatron import megatron_blocks, megatron_metadata
+from vecpack.integrations.export import export, megatron_blocks, megatron_metadata
 
 EOS = 0          # the pad / EOS id: never a token of the documents below
 MAX_LEN = 96

@@ -10,9 +10,8 @@ from hypothesis import strategies as st
 
 from vecpack.errors import InputError
 from vecpack.inputs import base as records_mod
-from vecpack.inputs import columnar as parquet
+from vecpack.inputs import columnar, readers
 from vecpack.inputs import jsonl as jsonl_reader
-from vecpack.inputs import readers
 from vecpack.inputs.base import BadRecord
 from vecpack.inputs.readers import locate, read_records, split_source
 from vecpack.inputs.sources import resolve_sources
@@ -209,7 +208,7 @@ def test_hf_dataset_rows(tmp_path):
     assert records(src, 500) == ROWS
     # only the range's rows travel to the worker
     start, stop, _ = split_source(src, 500)[1]
-    payload = parquet.TABLE_READER.task_payload(src, start, stop)
+    payload = columnar.TABLE_READER.task_payload(src, start, stop)
     assert len(payload) < src.table.nbytes / 2
     assert [r for _, r in read_records("<Dataset>", start, stop, kind="dataset",
                                        payload=payload)] == ROWS[start:stop]

@@ -194,7 +194,7 @@ def test_items_travel_with_torchtune_tokenizers(qwen):
     """torchtune's Qwen tokenizer holds an lru_cache bound to itself: neither pickle nor cloudpickle sends it."""
     import pickle
 
-    from vecpack.inputs.items import ItemEncoder
+    from vecpack.inputs.sources import ItemEncoder
 
     with pytest.raises(pickle.PicklingError, match="lru_cache"):
         pickle.dumps(qwen)

@@ -26,7 +26,7 @@ from vecpack.errors import InputError, WorkerDiedError  # noqa: E402
 from vecpack.packing._fill_kernels import fill_torchtune_pack as fill_pack  # noqa: E402
 from vecpack.packing._kernels import split_entries  # noqa: E402
 from vecpack.tokenizing.exec import fork_refusal  # noqa: E402
-from vecpack.torchtune import corpus as tt_corpus  # noqa: E402
+from vecpack.torchtune import chat as tt_corpus  # noqa: E402
 from vecpack.torchtune import packed as tt_packed  # noqa: E402
 
 
@@ -248,7 +248,7 @@ def test_fill_kernel_matches_reference():
 @pytest.fixture
 def pool_always(monkeypatch):
     """Send items to the worker pool however quick they are, and only there (this process idle)."""
-    from vecpack.inputs.items import ItemEncoder
+    from vecpack.inputs.sources import ItemEncoder
 
     monkeypatch.setattr(tt_corpus, "POOL_WORTH_SECONDS", 0.0)
     monkeypatch.setattr(ItemEncoder, "slow_to_load", False)

@@ -1,4 +1,4 @@
-"""The cluster driver's planning (``vecpack.cluster.shards.plan_shards``): time and memory from lengths alone.
+"""The cluster driver's planning (``vecpack.cluster.units.plan_shards``): time and memory from lengths alone.
 
 The driver of ``build_on_cluster`` holds only the documents' lengths (int64,
 one array per unit, as the units report them) and plans every pack from them:
@@ -29,7 +29,7 @@ import time
 
 import numpy as np
 
-from vecpack.cluster.shards import plan_shards, unit_entries
+from vecpack.cluster.units import plan_shards, unit_entries
 
 from . import lognormal_lengths
 

@@ -6,7 +6,7 @@
 * :mod:`~vecpack.cli.report`: what ``pack`` and ``stats`` print and draw.
 """
 
-from vecpack.cli.parser import build_parser as build_parser
+from vecpack.cli.run import build_parser as build_parser
 from vecpack.cli.run import main as main
 
 __all__ = ["build_parser", "main"]

@@ -18,7 +18,6 @@ from vecpack._lazy import lazy_module
 from vecpack._state import compile_stats
 from vecpack.cli.mixture import mixture_lines
 from vecpack.cli.pairs import pair_pack_stats, pairs_text, render_pair_pack
-from vecpack.cli.parser import PROG, UsageError
 from vecpack.cli.report import (
     TokenDecoder,
     compile_since,
@@ -31,6 +30,7 @@ from vecpack.cli.report import (
     render_pack,
     stats_text,
 )
+from vecpack.cli.run import PROG, UsageError
 from vecpack.inputs.compressed import clear_copies
 from vecpack.options import check_tokenizer_dir
 from vecpack.pipeline.request import make_request

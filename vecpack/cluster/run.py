@@ -41,17 +41,22 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from vecpack.cluster.shards import (
+from vecpack.cluster.units import (
+    UNIT_BYTES,
+    locate_example,
     pack_shard,
     piece_url,
     plan_key,
     plan_shards,
+    plan_units,
+    read_receipts,
     read_scatter_receipts,
     scatter_unit,
     shard_prefix,
+    tokenize_unit,
+    unit_arrays,
     unit_entries,
 )
-from vecpack.cluster.units import UNIT_BYTES, locate_example, plan_units, read_receipts, tokenize_unit, unit_arrays
 from vecpack.errors import EncoderError, InputError, plural
 from vecpack.inputs.base import to_record
 from vecpack.inputs.jsonl import buffer_lines

@@ -1,7 +1,7 @@
 """The protocol every input format implements: cut into ranges, read rows, say where a row is.
 
 One :class:`Reader` per format (:mod:`vecpack.inputs.jsonl`, :mod:`vecpack.inputs.columnar`,
-:mod:`vecpack.inputs.compressed`, :mod:`vecpack.inputs.items`). Everything that reads input goes through it: the
+:mod:`vecpack.inputs.compressed`, :mod:`vecpack.inputs.sources`). Everything that reads input goes through it: the
 worker pool and Ray (ranges of a source), streaming (rows from a position,
 rows by position, shuffle units) and the error messages (file:line or row)::
 

@@ -1,6 +1,6 @@
 """Columnar inputs: Parquet files, Arrow IPC files and in-memory ``datasets.Dataset`` tables.
 
-**Parquet** (``READER``): read in ranges of whole row groups. A range is
+**Parquet** (``PARQUET_READER``): read in ranges of whole row groups. A range is
 ``[first group, stop group)``; rows are located by their 0-based row in the file.
 Streaming addresses a row by that row number, and its
 shuffle units are the row groups.
@@ -73,7 +73,7 @@ import numpy as np
 from vecpack.errors import InputError
 from vecpack.inputs.base import Reader
 
-__all__ = ["ARROW_READER", "READER", "TABLE_READER", "batches", "iter_rows", "scan_batches", "to_rows"]
+__all__ = ["ARROW_READER", "PARQUET_READER", "TABLE_READER", "batches", "iter_rows", "scan_batches", "to_rows"]
 
 
 def iter_rows(table):
@@ -201,7 +201,7 @@ class _ParquetReader(Reader):
         return payloads, int(index["starts"][unit]) + rows_in, np.full(len(rows_in), -1, np.int64)
 
 
-READER = _ParquetReader()
+PARQUET_READER = _ParquetReader()
 
 
 def _is_json(t) -> bool:

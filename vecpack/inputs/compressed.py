@@ -43,8 +43,7 @@ import zlib
 from dataclasses import replace
 
 from vecpack.errors import InputError
-from vecpack.inputs import columnar as parquet
-from vecpack.inputs import jsonl
+from vecpack.inputs import columnar, jsonl
 from vecpack.inputs.base import Reader
 from vecpack.inputs.sources import _file_source, _sniff, sniff_codec
 from vecpack.options import cache_root
@@ -351,4 +350,4 @@ class _CompressedReader(Reader):
 READER = _CompressedReader()
 
 #: what a compressed file may hold, by kind
-_INNER = {r.kind: r for r in (jsonl.READER, jsonl.JSON_ARRAY_READER, parquet.READER, parquet.ARROW_READER)}
+_INNER = {r.kind: r for r in (jsonl.READER, jsonl.JSON_ARRAY_READER, columnar.PARQUET_READER, columnar.ARROW_READER)}

@@ -28,17 +28,16 @@ from __future__ import annotations
 
 from typing import Any, Iterator
 
-from vecpack.inputs import columnar as parquet
-from vecpack.inputs import compressed, items, jsonl
+from vecpack.inputs import columnar, compressed, jsonl, sources
 from vecpack.inputs.base import Reader, to_record
 from vecpack.inputs.sources import InputFile
 
 __all__ = ["READERS", "locate", "read_records", "reader", "sample_rows", "split_source"]
 
 #: ``InputFile.kind`` -> its reader.
-READERS: dict[str, Reader] = {r.kind: r for r in (jsonl.READER, jsonl.JSON_ARRAY_READER, parquet.READER,
-                                                  parquet.ARROW_READER, parquet.TABLE_READER, compressed.READER,
-                                                  items.READER)}
+READERS: dict[str, Reader] = {r.kind: r for r in (jsonl.READER, jsonl.JSON_ARRAY_READER, columnar.PARQUET_READER,
+                                                  columnar.ARROW_READER, columnar.TABLE_READER, compressed.READER,
+                                                  sources.ITEMS_READER)}
 
 
 def reader(kind: str) -> Reader:

@@ -1,6 +1,6 @@
 """numba kernels that lay packs out, for every layout of :class:`vecpack.Packed`. No Python glue here: the
 layouts are in :mod:`vecpack.packing.packed` (chat), :mod:`vecpack.packing.pairs`, :mod:`vecpack.packing.turns`,
-torchtune's in :mod:`vecpack.torchtune.packed`, Megatron's files in :mod:`vecpack.integrations.megatron`
+torchtune's in :mod:`vecpack.torchtune.packed`, Megatron's files in :mod:`vecpack.integrations.export`
 (:func:`fill_megatron`); the plans' kernels are in :mod:`vecpack.packing._kernels`.
 
 Inputs are read-only views (:func:`vecpack.packing.plan._ro`): tokens and labels ``int32`` (labels may be a bit

@@ -83,10 +83,8 @@ from vecpack.pipeline.build import jsonable
 from vecpack.store.cache import Cache
 from vecpack.store.hashing import make_key
 from vecpack.tokenizing.backend import torchtune_family
-from vecpack.torchtune.chat import _resolve_data
-from vecpack.torchtune.corpus import Corpus, items_corpus, rows_corpus
-from vecpack.torchtune.encoder import TorchtuneEncoder
-from vecpack.torchtune.recognise import items_fingerprint, recognise
+from vecpack.torchtune.chat import Corpus, _resolve_data, items_corpus, rows_corpus
+from vecpack.torchtune.encoder import TorchtuneEncoder, items_fingerprint, recognise
 
 # numba's kernels load on first use (docs/architecture.md, "Deferred imports")
 _kernels = lazy_module("vecpack.packing._kernels")
