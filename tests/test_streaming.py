@@ -303,7 +303,7 @@ def _reference_rows(data: bytes) -> list:
 
 def test_jsonl_index_matches_a_line_by_line_read(tmp_path, monkeypatch):
     from vecpack.inputs import jsonl as streaming
-    from vecpack.streaming import readers
+    from vecpack.inputs import readers
 
     rng = random.Random(0)
     lines = [b'{"t": %d}' % i + b"x" * rng.randrange(0, 300) for i in range(700)]
@@ -324,7 +324,7 @@ def test_jsonl_index_matches_a_line_by_line_read(tmp_path, monkeypatch):
         assert [(int(p), int(q) + 1) for p, q in zip(pos, line)] == ref[::64]
     # the seeded reader gives every row once, with its byte offset and line number
     ds = make_ds(str(path), on_error="skip", seed=5, batch_rows=16)
-    reader = readers.ShuffledReader(ds._srcs, readers.Layout(ds._srcs), 0, 1, 16, 5, 0)
+    reader = readers.ShuffledShardReader(ds._srcs, readers.Layout(ds._srcs), 0, 1, 16, 5, 0)
     refs = np.concatenate([b.refs for b in reader.batches([0, 0])])
     assert sorted((int(p), int(q)) for p, q in refs[:, 1:3]) == ref
     assert sorted(refs[:, 3].tolist()) == list(range(701)) and refs[:, 3].tolist() != list(range(701))

@@ -90,13 +90,12 @@ import torch
 from torch.utils.data import IterableDataset
 
 from vecpack import options
-from vecpack.inputs.readers import reader
+from vecpack.inputs.readers import Layout, default_shard, reader
 from vecpack.inputs.sources import resolve_sources
 from vecpack.options import STREAM_STRATEGIES, check_choice, check_int, check_seed
 from vecpack.pipeline.request import make_request
 from vecpack.streaming.encoding import EngineStart, checked_before
 from vecpack.streaming.mix import SOURCE_STATS, BalancedStream, MixRun, mixture_stats, stream_sources
-from vecpack.streaming.readers import Layout, default_shard
 from vecpack.streaming.run import STAT_KEYS, STATE_VERSION, Run, with_fill
 from vecpack.tokenizing.corpus import encoder_class
 from vecpack.tokenizing.encoder import encoder_for, remember

@@ -61,11 +61,10 @@ import numpy as np
 from torch.utils.data import IterableDataset
 
 from vecpack.errors import InputError
-from vecpack.inputs.readers import reader
+from vecpack.inputs.readers import F, Layout, ShardReader, ShuffledShardReader, default_shard, reader
 from vecpack.options import check_int, check_seed
 from vecpack.packing.balance import balance_items, check_state, document_costs, epoch_seed
 from vecpack.streaming.encoding import Encoding, documents
-from vecpack.streaming.readers import F, Layout, Reader, ShuffledReader, default_shard
 from vecpack.streaming.run import _F, _LEN, Run, rows_of, with_fill
 from vecpack.tokenizing.encoder import encoder_for
 
@@ -104,12 +103,12 @@ class StreamSource:
         self.file_base = file_base
         self.layout = None if seed is None else Layout(srcs)
 
-    def reader(self, shard: int, nshards: int, batch_rows: int, epoch: int) -> Reader:
+    def reader(self, shard: int, nshards: int, batch_rows: int, epoch: int) -> ShardReader:
         if self.seed is None:
-            return Reader(self.srcs, shard, nshards, batch_rows)
+            return ShardReader(self.srcs, shard, nshards, batch_rows)
         if not self.layout.fresh(self.srcs):
             self.layout = Layout(self.srcs)
-        return ShuffledReader(self.srcs, self.layout, shard, nshards, batch_rows, self.seed, epoch)
+        return ShuffledShardReader(self.srcs, self.layout, shard, nshards, batch_rows, self.seed, epoch)
 
 
 def _placed(n: int, max_len: int, long: str) -> int:

@@ -1,6 +1,6 @@
 """One pass of a :class:`~vecpack.streaming.dataset.StreamingPackedDataset` over its shard.
 
-:class:`Run` reads batches (:mod:`~vecpack.streaming.readers`), has them
+:class:`Run` reads batches (:mod:`~vecpack.inputs.readers`), has them
 tokenized (:mod:`~vecpack.streaming.encoding`), applies the ``long`` policy,
 feeds the online packer (:mod:`vecpack.packing.online`) and lays out each
 emitted pack with the packing kernels, so a streamed pack has exactly the
@@ -24,11 +24,11 @@ import numpy as np
 import torch
 
 from vecpack.errors import InputError
+from vecpack.inputs.readers import Layout, ShardReader, ShuffledShardReader
 from vecpack.options import INT32_MAX
 from vecpack.packing.online import RAMP, BufferPacker
 from vecpack.packing.pairs import lay_out_pack, pair_policy
 from vecpack.streaming.encoding import Encoding, documents
-from vecpack.streaming.readers import Layout, Reader, ShuffledReader
 
 __all__ = ["STATE_VERSION", "STAT_KEYS", "Run", "lay_out", "rows_of", "with_fill"]
 
@@ -86,7 +86,7 @@ def _docs_from_state(d: dict, rows: np.ndarray) -> list:
     return [(tokens[off[j]:off[j + 1]], labels[off[j]:off[j + 1]]) for j in idx]
 
 
-def rows_of(enc: Encoding, reader: Reader, cursor, anchor, per_row: int = 1) -> Iterator:
+def rows_of(enc: Encoding, reader: ShardReader, cursor, anchor, per_row: int = 1) -> Iterator:
     """``(batch, k, doc or None, reason)`` for every row the reader yields from ``cursor``, encoded
     (``per_row``: documents a row becomes, see :func:`~vecpack.streaming.encoding.documents`)."""
     for batch, rows in enc.map(reader.batches(cursor, anchor)):
@@ -235,11 +235,11 @@ class Run:
         """Make the reader and the encoding of the pass (``self._reader``, ``self._encodings``)."""
         ds = self.ds
         if ds.seed is None:
-            reader = Reader(ds._srcs, self.shard, self.nshards, ds.batch_rows, ds._stream)
+            reader = ShardReader(ds._srcs, self.shard, self.nshards, ds.batch_rows, ds._stream)
         else:
             if not ds._layout.fresh(ds._srcs):
                 ds._layout = Layout(ds._srcs)
-            reader = ShuffledReader(ds._srcs, ds._layout, self.shard, self.nshards, ds.batch_rows,
+            reader = ShuffledShardReader(ds._srcs, ds._layout, self.shard, self.nshards, ds.batch_rows,
                                     ds.seed, self.epoch)
         self._reader = reader
         self._encodings = [Encoding(ds.encoder, ds._n_jobs(), reader.where, ds._engine_start())]
