@@ -16,18 +16,18 @@ import time
 import vecpack
 from vecpack._lazy import lazy_module
 from vecpack._state import compile_stats
-from vecpack.cli.mixture import mixture_lines
-from vecpack.cli.pairs import pair_pack_stats, pairs_text, render_pair_pack
+from vecpack.cli.render import TokenDecoder, render_pack, render_pair_pack
 from vecpack.cli.report import (
-    TokenDecoder,
     compile_since,
     compile_time_apart,
     format_bytes,
     format_duration,
+    mixture_lines,
     pack_stats,
+    pair_pack_stats,
+    pairs_text,
     plot_stats,
     plural,
-    render_pack,
     stats_text,
 )
 from vecpack.cli.run import PROG, UsageError

@@ -1,4 +1,4 @@
-"""Human-readable views of a packed dataset: summary, statistics, one pack, a plot.
+"""Human-readable numbers of a packed dataset: summary, statistics, plots, mixtures and pairs.
 
 Everything here reads a :class:`vecpack.Packed` and returns text (or writes a
 PNG); nothing changes the data. The CLI prints these; they work the same in a
@@ -15,23 +15,36 @@ notebook:
   0-1  █   1
   2-4  ███ 3
 
-A pack, rendered without color (documents open with ``⟦doc N⟧``; the tokens
-that carry a loss are wrapped in ``«…»``)::
+One pack as text is :mod:`vecpack.cli.render`.
 
-    pack 0 of 125 · 3 documents · 2,011/2,048 tokens (98.2%) · 1,093 trained
-    ⟦doc 17 · 845 tokens⟧
-    <|im_start|>user
-    Qual é o prazo?<|im_end|>
-    <|im_start|>assistant
-    «O recurso inominado tem prazo de dez dias úteis.<|im_end|>»
-    ⟦doc 4 · 1,166 tokens⟧
-    ...
-    ⟦padding · 37 tokens⟧
+**Pairs.** Preference pairs in the ``stats`` text and the plot's numbers: a pair is the unit.
+
+**Mixtures.** The mixture in the reports: a table of the sources (``pack``, ``stats``), a plot panel, a pack's sources.
+
+Everything reads ``packed.stats["mixture"]`` (see :func:`vecpack.packing.mix.mix_plan`)::
+
+    mixture by tokens, as large as possible without repeating a document (seed 0)
+      source           style     documents   used  repeated  sub-sampled     tokens  asked  achieved
+      1 support.jsonl  sharegpt      9,000  6,112         0        2,888  4,212,907  60.0%     60.0%
+      2 code.parquet   openai        3,000  3,000         0            0  2,106,377  30.0%     30.0%
+      3 web.jsonl      text          5,000  1,870         0        3,130    702,140  10.0%     10.0%
+
+>>> stats = {"mixture": {"mix_by": "rows", "mix_total": None, "mix_seed": 0, "doc_offsets": [0, 2, 5],
+...     "sources": [{"name": "source 1 ('a.jsonl')", "documents": 2, "unique": 2, "repeated": 0, "sub_sampled": 0,
+...                  "tokens": 10, "share_asked": 0.5, "share": 0.5},
+...                 {"name": "source 2 ('b.jsonl')", "documents": 3, "unique": 2, "repeated": 0, "sub_sampled": 1,
+...                  "tokens": 8, "share_asked": 0.5, "share": 0.5}]}}
+>>> print("\\n".join(mixture_lines(stats)))
+mixture by rows, as large as possible without repeating a document (seed 0)
+  source     documents  used  repeated  sub-sampled  tokens  asked  achieved
+  1 a.jsonl          2     2         0            0      10  50.0%     50.0%
+  2 b.jsonl          3     2         0            1       8  50.0%     50.0%
+>>> source_of(stats, 3)
+1
 """
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import pathlib
@@ -41,25 +54,14 @@ from collections.abc import Sequence
 import numpy as np
 
 from vecpack._state import compile_stats
-from vecpack.cli.mixture import mixture_lines, plot_mixture, short_name, source_of
 from vecpack.errors import plural
-from vecpack.tokenizing.spec import bytes_to_unicode
 
-__all__ = [
-    "TokenDecoder",
-    "compile_since",
-    "compile_time_apart",
-    "format_bytes",
-    "format_duration",
-    "histogram",
-    "pack_stats",
-    "plot_stats",
-    "plural",
-    "render_pack",
-    "stats_text",
-]
+__all__ = ["compile_since", "compile_time_apart", "format_bytes", "format_duration", "histogram", "mixture_lines",
+           "pack_stats", "pair_pack_stats", "pairs_text", "plot_mixture", "plot_stats", "plural", "short_name",
+           "source_of", "stats_text"]
 
-# ANSI styles for render_pack(color=True).
+
+# ANSI styles for vecpack.cli.render (color=True).
 _RESET = "\x1b[0m"
 _DOC = "\x1b[1;30;46m"      # bold, black on cyan: a document boundary
 _PAD = "\x1b[2;37m"         # dim: padding
@@ -305,7 +307,7 @@ def plot_stats(packed, path: str | os.PathLike, *, title: str | None = None, dpi
     spread of 0-40 wasted tokens). Counts are on log axes; labels sit beside
     the lines they name, never over the bars. Needs matplotlib
     (``pip install "vecpack[plot]"``). ``stats`` and ``unit`` draw other
-    units than documents (preference pairs: :func:`vecpack.cli.pairs.pair_pack_stats`, ``"pair"``).
+    units than documents (preference pairs: :func:`vecpack.cli.report.pair_pack_stats`, ``"pair"``).
     """
     try:
         import matplotlib
@@ -379,197 +381,129 @@ def plot_stats(packed, path: str | os.PathLike, *, title: str | None = None, dpi
     return path
 
 
-# --------------------------------------------------------------------------- one pack
+def _units(packed) -> tuple[np.ndarray, np.ndarray]:
+    """``(every pair's full unit length, each pack's placed tokens)``, int64."""
+    copies = 1 if packed.plan.prefix_sharing else 2
+    lens = np.diff(np.asarray(packed.offsets, np.int64)).reshape(-1, 3)
+    full = copies * lens[:, 0] + lens[:, 1] + lens[:, 2]
+    kept = np.asarray(packed.plan.pair_lens, np.int64)
+    placed = np.concatenate([[0], np.cumsum(copies * kept[:, 0] + kept[:, 1] + kept[:, 2])])
+    po = np.asarray(packed.pack_offsets, np.int64)
+    return full, placed[po[1:]] - placed[po[:-1]]
 
 
-class TokenDecoder:
-    """Token ids -> text, from a tokenizer directory, without transformers.
+def pair_pack_stats(packed) -> dict:
+    """The numbers :func:`vecpack.cli.report.plot_stats` draws, for pairs (a pair is the unit).
 
-    Byte-level BPE tokenizers (``tokenizer.json`` with a ByteLevel decoder, or
-    a tiktoken ``tokenizer.model``) decode each token to its exact bytes, so
-    a run of tokens decodes the same as the whole sequence; other
-    ``tokenizer.json`` models fall back to ``tokenizers``' decoder.
+    ``doc_lengths`` are the pairs' lengths as units (``2 * prompt + chosen +
+    rejected``, the prompt once with prefix sharing), before truncation.
 
-    >>> import tempfile, pathlib, base64
-    >>> d = pathlib.Path(tempfile.mkdtemp())
-    >>> _ = (d / "tokenizer.model").write_text(
-    ...     "".join(f"{base64.b64encode(bytes([b])).decode()} {b}\\n" for b in range(256)))
-    >>> TokenDecoder(d).decode([104, 105])
-    'hi'
+    >>> from vecpack.packing.pairs import pack_pairs
+    >>> s = pair_pack_stats(pack_pairs(np.arange(1, 9, dtype=np.int32), np.array([0, 3, 5, 8]), max_len=12))
+    >>> s["doc_lengths"].tolist(), s["pack_fill"].round(3).tolist(), s["num_packs"]
+    ([11], [0.917], 1)
     """
-
-    def __init__(self, path: str | os.PathLike):
-        path = pathlib.Path(path)
-        self.path = path
-        self._pieces: list[bytes | None] | None = None
-        self._tk = None
-        if (path / "tokenizer.json").is_file():
-            self._load_tokenizer_json(path / "tokenizer.json")
-        elif (path / "tokenizer.model").is_file():
-            self._load_tiktoken(path / "tokenizer.model")
-        else:
-            raise FileNotFoundError(f"{path}: no tokenizer.json or tokenizer.model in this directory")
-
-    def _load_tokenizer_json(self, file: pathlib.Path) -> None:
-        from tokenizers import Tokenizer
-
-        self._tk = Tokenizer.from_file(str(file))
-        spec = json.loads(file.read_text(encoding="utf-8"))
-        decoder = spec.get("decoder") or {}
-        kinds = {decoder.get("type")} | {d.get("type") for d in decoder.get("decoders", []) or []}
-        if "ByteLevel" not in kinds:
-            return
-        u2b = {u: b for b, u in bytes_to_unicode().items()}
-        size = self._tk.get_vocab_size(with_added_tokens=True)
-        pieces: list[bytes | None] = [None] * size
-        for piece, idx in self._tk.get_vocab(with_added_tokens=False).items():
-            try:
-                pieces[idx] = bytes(u2b[c] for c in piece)
-            except KeyError:
-                pieces[idx] = piece.encode("utf-8")
-        for tok in spec.get("added_tokens", []):
-            if 0 <= tok["id"] < size:
-                pieces[tok["id"]] = tok["content"].encode("utf-8")
-        self._pieces = pieces
-
-    def _load_tiktoken(self, file: pathlib.Path) -> None:
-        import base64
-
-        ranks = {}
-        for line in file.read_bytes().splitlines():
-            if line.strip():
-                tok, rank = line.split()
-                ranks[int(rank)] = base64.b64decode(tok)
-        pieces: list[bytes | None] = [None] * (max(ranks) + 1 if ranks else 0)
-        for rank, tok in ranks.items():
-            pieces[rank] = tok
-        config = file.parent / "tokenizer_config.json"
-        if config.is_file():  # special tokens of a Llama 3-style directory
-            for idx, tok in json.loads(config.read_text("utf-8")).get("added_tokens_decoder", {}).items():
-                idx = int(idx)
-                pieces.extend([None] * (idx + 1 - len(pieces)))
-                pieces[idx] = tok["content"].encode("utf-8")
-        self._pieces = pieces
-
-    def decode(self, ids) -> str:
-        """Decode ``ids`` to text (invalid UTF-8 becomes U+FFFD; unknown ids ``<|id|>``)."""
-        ids = [int(i) for i in ids]
-        if self._pieces is None:
-            return self._tk.decode(ids, skip_special_tokens=False)
-        n = len(self._pieces)
-        out = bytearray()
-        for i in ids:
-            piece = self._pieces[i] if 0 <= i < n else None
-            out += piece if piece is not None else f"<|{i}|>".encode()
-        return out.decode("utf-8", errors="replace")
+    full, pack_tokens = _units(packed)
+    num_packs = len(pack_tokens)
+    pack_fill = pack_tokens / float(packed.max_len) if num_packs else np.zeros(0)
+    st = packed.stats
+    return {"num_documents": int(full.shape[0]), "num_packs": num_packs, "max_len": int(packed.max_len),
+            "num_tokens": int(pack_tokens.sum()), "source_tokens": int(full.sum()),
+            "fill": float(pack_fill.mean()) if num_packs else 0.0,
+            "fill_min": float(pack_fill.min()) if num_packs else 0.0,
+            "doc_lengths": full, "pack_fill": pack_fill,
+            "truncated": int(st.get("truncated", 0)), "dropped": int(st.get("dropped", 0)), "split": 0}
 
 
-def _runs(mask: np.ndarray):
-    """``(start, stop, value)`` for each run of equal values in a boolean array."""
-    if not len(mask):
-        return
-    change = np.flatnonzero(mask[1:] != mask[:-1]) + 1
-    bounds = np.concatenate([[0], change, [len(mask)]])
-    for a, b in zip(bounds[:-1], bounds[1:]):
-        yield int(a), int(b), bool(mask[a])
+def pairs_text(packed, *, title: str | None = None) -> str:
+    """The ``vecpack stats`` report of preference pairs (a :class:`~vecpack.packing.pairs.PackedPairs`).
 
-
-def decode_spans(ids, is_trained, decoder: TokenDecoder, *, color: bool = False) -> str:
-    """``ids`` decoded, the trained runs in green (``color``) or wrapped in ``«…»``, the rest dimmed or plain."""
-    out = []
-    for a, b, t in _runs(np.asarray(is_trained, bool)):
-        text = decoder.decode(ids[a:b])
-        if color:
-            out.append(f"{_TRAINED if t else _CONTEXT}{text}{_RESET}")
-        else:
-            out.append(f"«{text}»" if t else text)
-    return "".join(out)
-
-
-#: what marks a tool call (followed by its JSON object), a tool result and a reasoning trace in the text of the
-#: common chat templates (Hermes / Qwen, Mistral, Llama 3.x); Llama 3.1's bare JSON calls carry no mark, and a
-#: Mistral turn's parallel calls count once
-_AGENTIC_MARKS = (("tool call", re.compile(r'(?:<tool_call>|\[TOOL_CALLS\]\[?|<\|python_tag\|>)\s*\{"name": "')),
-                  ("tool result", re.compile(r"<tool_response>|\[TOOL_RESULTS\]|<\|start_header_id\|>ipython")),
-                  ("reasoning", re.compile(r"<think>\s*[^<\s]")))
-
-
-def agentic_marks(text: str) -> list[str]:
-    """What a document holds of tool calls, tool results and (non-empty) reasoning traces, as counted
-    from the marks the common templates write (``[]`` for a plain conversation).
-
-    >>> agentic_marks('<think>hm</think><tool_call>{"name": "f"}</tool_call><tool_response>1</tool_response>')
-    ['1 tool call', '1 tool result', '1 reasoning']
+    >>> from vecpack.packing.pairs import pack_pairs
+    >>> print(pairs_text(pack_pairs(np.arange(1, 9, dtype=np.int32), np.array([0, 3, 5, 8]), max_len=12)))
+    1 pair · 2 sequences · 11 tokens (the prompt once per sequence) → 1 pack of 12 · fill 91.7%
+    long 'truncate': 0 pairs truncated (0 answer tokens cut) · 0 pairs dropped
+    trained tokens 5 · prompt tokens 6 (each prompt twice; prefix sharing would save 27.3%)
     """
-    out = []
-    for what, mark in _AGENTIC_MARKS:
-        n = sum(1 for _ in mark.finditer(text))
-        if n:
-            out.append(plural(n, what))
-    return out
+    s = packed.stats
+    lens = np.diff(np.asarray(packed.offsets, np.int64)).reshape(-1, 3)
+    placed = lens[np.asarray(packed.plan.pair_index)]
+    lines = [title] if title else []
+    lines.append(f"{plural(s['num_pairs'], 'pair')} · {plural(s['num_sequences'], 'sequence')} · "
+                 f"{plural(s['input_tokens'], 'token')} (the prompt once per sequence) → "
+                 f"{plural(s['num_packs'], 'pack')} of {s['max_len']:,} · fill {_pct(s['fill'])}")
+    lines.append(f"long {s['long']!r}: {plural(s['truncated'], 'pair')} truncated "
+                 f"({plural(s['truncated_tokens'], 'answer token')} cut) · {plural(s['dropped'], 'pair')} dropped")
+    saved = int(placed[:, 0].sum())
+    if s.get("prefix_sharing"):
+        lines.append(f"trained tokens {s['trained_tokens']:,} · prefix sharing: each prompt stored once, "
+                     f"{saved:,} tokens saved ({_pct(saved / max(s['num_tokens'] + saved, 1))})")
+    else:
+        lines.append(f"trained tokens {s['trained_tokens']:,} · prompt tokens {2 * saved:,} (each prompt "
+                     f"twice; prefix sharing would save {_pct(saved / max(s['num_tokens'], 1))})")
+    return "\n".join(lines)
 
 
-def render_pack(packed, index: int, decoder: TokenDecoder, *, color: bool = False,
-                row_ids=None) -> str:
-    """Pack ``index`` decoded, with document boundaries and trained spans marked; a document's header
-    counts its tool calls, tool results and reasoning traces (:func:`agentic_marks`).
+def short_name(name: str) -> str:
+    """``"source 2 ('/data/b.jsonl')"`` -> ``"b.jsonl"``."""
+    m = re.match(r"source \d+ \('(.*)'\)$", name)
+    path = m.group(1) if m else name
+    return path.rstrip("/").rsplit("/", 1)[-1] or path
 
-    Args:
-        packed: the packed dataset.
-        index: which pack (negative counts from the end).
-        decoder: turns token ids into text.
-        color: ANSI colors (a terminal) instead of ``⟦doc N⟧`` / ``«…»`` markers.
-        row_ids: optional int64 [D], the input row of each document, shown
-            next to the document number where they differ (rows were
-            rejected before it; in a mixture, the row in its source, which
-            is named too).
-    """
-    num_packs = len(packed)
-    if not num_packs:
-        raise IndexError("the dataset has no packs")
-    if not -num_packs <= index < num_packs:
-        raise IndexError(f"--pack {index} is out of range: the dataset has {plural(num_packs, 'pack')} "
-                         f"(0 to {num_packs - 1:,})")
-    index %= num_packs
-    item = packed[index]
-    input_ids = np.asarray(item["input_ids"])
-    labels = np.asarray(item["labels"])
-    seq_lens = np.asarray(item["seq_lens"], dtype=np.int64)
-    e0, e1 = int(packed.pack_offsets[index]), int(packed.pack_offsets[index + 1])
-    plan = packed.plan
-    doc_index = np.asarray(plan.doc_index[e0:e1])
-    doc_start = np.asarray(plan.doc_start[e0:e1])
-    doc_full = np.diff(np.asarray(packed.offsets, dtype=np.int64))
-    used = int(seq_lens.sum())
-    trained = int(np.count_nonzero(labels[:used] != packed.ignore_index))
 
-    def style(text: str, code: str) -> str:
-        return f"{code}{text}{_RESET}" if color else text
+def _amount(n: int) -> str:
+    return f"{n:,}" if n < 10_000_000 else f"{n / 1e6:,.1f}M"
 
-    out = [f"pack {index:,} of {num_packs:,} · {plural(len(seq_lens), 'document')} · "
-           f"{used:,}/{packed.max_len:,} tokens ({_pct(used / packed.max_len)}) · {trained:,} trained"]
-    pos = 0
-    for k, length in enumerate(seq_lens):
-        length = int(length)
-        doc = int(doc_index[k])
-        header = [f"doc {doc:,}"]
-        src = source_of(packed.stats, doc)
-        if src is not None:
-            header.append(f"source {src + 1} ({short_name(packed.stats['mixture']['sources'][src]['name'])})")
-        if row_ids is not None and int(row_ids[doc]) != doc:  # rows were rejected before it
-            header.append(f"row {int(row_ids[doc]):,}")
-        header.append(f"{length:,} tokens")
-        start = int(doc_start[k])
-        if start or length < doc_full[doc]:
-            header.append(f"tokens {start:,}-{start + length - 1:,} of {int(doc_full[doc]):,}")
-        ids = input_ids[pos:pos + length]
-        header.extend(agentic_marks(decoder.decode(ids.tolist())))
-        out.append(style("⟦" + " · ".join(header) + "⟧", _DOC) + "\n")
-        out.append(decode_spans(ids, labels[pos:pos + length] != packed.ignore_index, decoder, color=color))
-        if not out[-1].endswith("\n") and not out[-1].endswith("\n" + _RESET):
-            out.append("\n")
-        pos += length
-    if pos < packed.max_len:
-        out.append(style(f"⟦padding · {packed.max_len - pos:,} tokens⟧", _PAD) + "\n")
-    head, body = out[0], "".join(out[1:])
-    return head + "\n" + body.rstrip("\n")
+
+def mixture_lines(stats: dict, indent: str = "  ") -> list[str]:
+    """The mixture table of a packed dataset's stats (no lines when it is not a mixture)."""
+    mix = (stats or {}).get("mixture")
+    if not mix or not mix.get("sources"):
+        return []
+    total = mix.get("mix_total")
+    size = ("as large as possible without repeating a document" if total is None
+            else f"mix_total {total:,} {mix['mix_by']}")
+    head = [f"mixture by {mix['mix_by']}, {size} (seed {mix.get('mix_seed', 0)})"]
+    rows = [["source"] + (["style"] if any(s.get("style") for s in mix["sources"]) else [])
+            + ["documents", "used", "repeated", "sub-sampled", "tokens", "asked", "achieved"]]
+    for i, s in enumerate(mix["sources"]):
+        rows.append([f"{i + 1} {short_name(s['name'])}"] + ([s.get("style") or ""] if len(rows[0]) == 9 else [])
+                    + [f"{s['documents']:,}", f"{s['unique']:,}", f"{s['repeated']:,}", f"{s['sub_sampled']:,}",
+                       _amount(s["tokens"]), f"{100 * s['share_asked']:.1f}%", f"{100 * s['share']:.1f}%"])
+    left = 2 if len(rows[0]) == 9 else 1
+    widths = [max(len(r[c]) for r in rows) for c in range(len(rows[0]))]
+    for r in rows:
+        cells = [v.ljust(w) if c < left else v.rjust(w) for c, (v, w) in enumerate(zip(r, widths))]
+        head.append(indent + "  ".join(cells).rstrip())
+    return head
+
+
+def source_of(stats: dict, doc: int) -> int | None:
+    """The 0-based source of union document ``doc`` of a mixture (None for a single input)."""
+    mix = (stats or {}).get("mixture")
+    if not mix:
+        return None
+    return int(np.searchsorted(np.asarray(mix["doc_offsets"]), doc, side="right") - 1)
+
+
+def plot_mixture(ax, stats: dict) -> None:
+    """One panel: each source's share asked and achieved (bars), with its documents used and repeated."""
+    mix = stats["mixture"]
+    sources = mix["sources"]
+    y = np.arange(len(sources))[::-1]
+    asked = [100 * s["share_asked"] for s in sources]
+    got = [100 * s["share"] for s in sources]
+    ax.barh(y + 0.2, asked, height=0.38, color="#BBBBBB", label="asked")
+    ax.barh(y - 0.2, got, height=0.38, color="#DD8452", label="achieved")
+    for yi, s, g in zip(y, sources, got):
+        note = f" {g:.1f}% · {s['unique']:,} docs"
+        if s["repeated"]:
+            note += f" · {s['repeated']:,} repeats"
+        if s["sub_sampled"]:
+            note += f" · {s['sub_sampled']:,} left out"
+        ax.text(g, yi - 0.2, note, va="center", fontsize=7)
+    ax.set_yticks(y)
+    ax.set_yticklabels([f"{i + 1} {short_name(s['name'])}" for i, s in enumerate(sources)], fontsize=8)
+    ax.set_xlim(0, max(max(asked), max(got)) * 1.6 + 1)
+    ax.set_xlabel(f"share of the output ({mix['mix_by']}, %)")
+    ax.set_title(f"mixture of {len(sources)} sources by {mix['mix_by']}", fontsize=10)
+    ax.legend(loc="lower right", fontsize=8)
