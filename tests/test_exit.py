@@ -10,6 +10,7 @@ is left, and that ``/dev/shm`` holds nothing named after the child
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import json
 import os
@@ -228,7 +229,7 @@ def test_forked_item_workers_end_with_ctrl_c_and_with_their_parent(tmp_path):
     for how in ("SIGINT", "SIGKILL"):
         log = tmp_path / f"{how}.log"
         code = (f"import sys; sys.path.insert(0, {str(REPO / 'tests')!r}); from torchtune_helpers import Slow; "
-                "from vecpack.torchtune import corpus; corpus.POOL_WORTH_SECONDS = 0.0; "  # (no torch import)
+                "from vecpack.torchtune import chat as corpus; corpus.POOL_WORTH_SECONDS = 0.0; "  # (no torch import)
                 f"corpus.items_corpus(Slow(4000, {str(log)!r}), cache=False, n_jobs=2, progress=False)")
         tag = uuid.uuid4().hex
         runs[how] = (_start([], tag, code=code), tag, log)
@@ -240,7 +241,8 @@ def test_forked_item_workers_end_with_ctrl_c_and_with_their_parent(tmp_path):
     for how, (proc, tag, log) in runs.items():
         while not workers_busy(proc, log):
             if proc.poll() is not None or time.monotonic() > deadline:
-                os.killpg(proc.pid, signal.SIGKILL)
+                with contextlib.suppress(ProcessLookupError):  # (it may have ended: say why, not this)
+                    os.killpg(proc.pid, signal.SIGKILL)
                 pytest.fail(f"the workers never started: {proc.communicate()[1][-2000:]}")
             time.sleep(0.05)
         if how == "SIGINT":
