@@ -37,6 +37,12 @@ def no_loky(*args, **kwargs):
     raise AssertionError("a forked call used the loky pool")
 
 
+@pytest.fixture(autouse=True)
+def _verdicts_of_this_test(cache_dir):
+    """A private cache root: parity verdicts remembered on disk by another test do not skip this one's checks."""
+    yield
+
+
 @pytest.mark.parametrize("large", [False, True], ids=["tiktoken-served", "fastokens-inherited"])
 def test_forked_workers_give_loky_workers_bytes(sharegpt_file, qwen_dir, monkeypatch, large):
     """Forked or spawned, small call (workers build tiktoken) or large (the driver builds fastokens

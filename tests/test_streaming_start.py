@@ -25,6 +25,7 @@ from vecpack.streaming import encoding  # noqa: E402
 from vecpack.streaming.dataset import StreamingPackedDataset  # noqa: E402
 from vecpack.streaming.run import lay_out  # noqa: E402
 from vecpack.testing import make_sharegpt  # noqa: E402
+from vecpack.tokenizing import parity  # noqa: E402
 from vecpack.tokenizing import runtime as runtime_mod  # noqa: E402
 from vecpack.tokenizing.encoder import ChatEncoder  # noqa: E402
 
@@ -182,7 +183,6 @@ def test_a_verdict_is_remembered_on_disk(rows, fresh, qwen_dir, monkeypatch):
     """A check that passed is not run again by a fresh process (same tokenizer file, versions, sample),
     nor its HF process started ahead; another sample is checked."""
     from vecpack import _state
-    from vecpack.tokenizing import parity
 
     preloads = []
     preload, real_start = parity.preload, parity.start
@@ -195,9 +195,9 @@ def test_a_verdict_is_remembered_on_disk(rows, fresh, qwen_dir, monkeypatch):
     list(ds)
     start.finish()
     assert ds.encoder.pending_check is None
-    assert encoding._passed_before(qwen_dir, "tiktoken", texts)
-    assert encoding._passed_before(qwen_dir, "fastokens", texts)
-    assert not encoding._passed_before(qwen_dir, "fastokens", texts[1:])
+    assert parity.passed_before(qwen_dir, "tiktoken", texts)
+    assert parity.passed_before(qwen_dir, "fastokens", texts)
+    assert not parity.passed_before(qwen_dir, "fastokens", texts[1:])
     assert encoding.checked_before(str(qwen_dir)) and not encoding.checked_before(str(rows))
 
     _state.reset()                               # as a fresh process
@@ -210,7 +210,7 @@ def test_a_verdict_is_remembered_on_disk(rows, fresh, qwen_dir, monkeypatch):
     assert same(list(again), _hf_packs(rows, qwen_dir))
 
     # tiktoken's verdict remembered, fastokens' not: fastokens' check (HF's process) waits for its build
-    encoding._passed_file(qwen_dir, "fastokens", texts).unlink()
+    parity.passed_file(qwen_dir, "fastokens", texts).unlink()
     _state.reset()
     release, build = threading.Event(), runtime_mod.Runtime._new_fastokens
     monkeypatch.setattr(runtime_mod.Runtime, "_new_fastokens", lambda rt, p: release.wait(60) and build(rt, p))
@@ -225,7 +225,7 @@ def test_a_verdict_is_remembered_on_disk(rows, fresh, qwen_dir, monkeypatch):
     finally:
         release.set()
     start.finish()
-    assert calls == ["fastokens"] and encoding._passed_before(qwen_dir, "fastokens", texts)
+    assert calls == ["fastokens"] and parity.passed_before(qwen_dir, "fastokens", texts)
 
 
 def test_forked_loader_workers_check_for_themselves(rows, fresh, qwen_dir):
@@ -277,7 +277,6 @@ def test_no_warning_and_clean_exit_when_abandoned_at_once(rows, fresh, qwen_dir)
 def test_a_sentencepiece_stream_is_checked(rows, fresh, tmp_path, monkeypatch):
     """A SentencePiece-style tokenizer serves with fastokens from the start: its parity check still runs."""
     from vecpack.testing import make_mistral_sp_tokenizer
-    from vecpack.tokenizing import parity
 
     d = make_mistral_sp_tokenizer(tmp_path / "mistral")
     engines = []

@@ -20,6 +20,12 @@ def same(a, b):
                for x, y in zip(arrays(a), arrays(b)))
 
 
+@pytest.fixture(autouse=True)
+def _verdicts_of_this_test(cache_dir):
+    """A private cache root: parity verdicts remembered on disk by another test do not skip this one's checks."""
+    yield
+
+
 @pytest.fixture(scope="module")
 def hf(qwen_dir):
     transformers = pytest.importorskip("transformers")
@@ -255,6 +261,43 @@ def test_rows_that_passed_are_not_checked_again_in_the_process(sharegpt_file, qw
     b = vecpack.tokenize(sharegpt_file, qwen_dir, n_jobs=2, progress=False)
     assert seen[0] and all(t is None for t in seen[1:])
     assert a.tokens.tolist() == b.tokens.tolist()
+    _fresh_encoders()
+
+
+def test_a_passed_verdict_is_remembered_on_disk_for_the_next_process(sharegpt_file, qwen_dir, cache_dir,
+                                                                     tmp_path, monkeypatch):
+    """A fresh process (its memos forgotten) building the same rows with the same tokenizer finds the
+    verdict under ``<cache root>/parity`` and starts no check; another cache root checks again; a
+    failed check is never kept."""
+    _fresh_encoders()
+    seen = _spy_on_checks(monkeypatch)
+    first = vecpack.tokenize(sharegpt_file, qwen_dir, n_jobs=2, progress=False)
+    assert seen and seen[0] and list((cache_dir / "parity").glob("*.passed"))
+    seen.clear()
+    _fresh_encoders()   # as a new process: nothing remembered in memory
+    again = vecpack.tokenize(sharegpt_file, qwen_dir, n_jobs=2, progress=False)
+    assert not any(seen) and again.tokens.tolist() == first.tokens.tolist()
+    assert again.stats["backend"] == first.stats["backend"] != "tokenizers"
+    monkeypatch.setenv("VECPACK_CACHE", str(tmp_path / "elsewhere"))
+    _fresh_encoders()
+    vecpack.tokenize(sharegpt_file, qwen_dir, n_jobs=2, progress=False)
+    assert seen and seen[-1]   # no verdict there: checked again
+
+    from concurrent.futures import Future
+
+    from vecpack.tokenizing import pool
+
+    def failing(encoder, texts, n, share=0, serving=None):
+        fut = Future()
+        fut.set_result("engines differ (test)")
+        return fut
+
+    monkeypatch.setattr(pool, "start_check", failing)
+    monkeypatch.setenv("VECPACK_CACHE", str(tmp_path / "failing"))
+    _fresh_encoders()
+    with pytest.warns(RuntimeWarning, match="engines differ"):
+        vecpack.tokenize(sharegpt_file, qwen_dir, n_jobs=2, progress=False)
+    assert not list((tmp_path / "failing" / "parity").glob("*.passed"))
     _fresh_encoders()
 
 

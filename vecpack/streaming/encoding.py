@@ -20,9 +20,7 @@ from typing import Callable, Iterator
 import numpy as np
 
 from vecpack._state import current_state
-from vecpack._version import __version__
 from vecpack.errors import EncoderError
-from vecpack.options import cache_root
 from vecpack.tokenizing import parity
 from vecpack.tokenizing import pool as _pool
 from vecpack.tokenizing import runtime as _runtime
@@ -31,7 +29,7 @@ from vecpack.tokenizing.encoder import ChatEncoder
 from vecpack.tokenizing.exec import Local
 from vecpack.tokenizing.pool import tokenizer_dir
 from vecpack.tokenizing.rows import RowFailure, Rows, encode_rows
-from vecpack.tokenizing.spec import Unsupported, stat_key
+from vecpack.tokenizing.spec import Unsupported
 
 __all__ = ["Encoding", "EngineStart", "checked_before", "documents", "encode_batch", "encode_in_worker",
            "encoder_ready"]
@@ -104,55 +102,9 @@ def _in_thread(fn, name: str, nice: int = 0) -> Future:
     return fut
 
 
-def _tokenizer_tag(path) -> str | None:
-    """The first part of a remembered verdict's name: the tokenizer file (real path, size, mtime) and the
-    versions of vecpack and HF tokenizers (None without HF tokenizers)."""
-    import hashlib
-    from importlib.metadata import PackageNotFoundError, version
-
-
-    try:
-        hf = version("tokenizers")
-    except PackageNotFoundError:
-        return None
-    key = "\0".join((stat_key(pathlib.Path(path), "tokenizer.json"), __version__, hf))
-    return hashlib.blake2b(key.encode(), digest_size=8).hexdigest()
-
-
-def _passed_file(path, engine: str, texts) -> pathlib.Path | None:
-    """Where a parity check of ``engine`` on ``texts`` that passed is remembered on disk, or None.
-
-    Keyed by everything the verdict depends on: the tokenizer file (real path, size,
-    mtime), the engine, the versions of vecpack (its probes), of the engine's
-    library and of HF tokenizers, and the sample texts; the name starts with
-    the tokenizer's part (:func:`checked_before`). Only passes are kept (an
-    empty file), under ``<cache root>/parity/``, so a fresh process of the same
-    run (a restart, another rank) starts without waiting for HF tokenizers; a
-    failure is always found again.
-    """
-    import hashlib
-    from importlib.metadata import PackageNotFoundError, version
-
-
-    tag = _tokenizer_tag(path)
-    try:
-        lib = version("tiktoken" if engine == "tiktoken" else "fastokens")
-    except PackageNotFoundError:
-        return None
-    if tag is None:
-        return None
-    h = hashlib.blake2b(digest_size=16)
-    for part in (tag, engine, lib):
-        h.update(part.encode() + b"\0")
-    for t in texts:
-        b = t.encode("utf-8", "surrogatepass")
-        h.update(len(b).to_bytes(8, "little") + b)
-    return cache_root() / "parity" / f"{tag}-{h.hexdigest()}.passed"
-
-
 def checked_before(tokenizer) -> bool:
     """Whether a parity check of this tokenizer directory passed before, on any sample (a restart,
-    another rank, another stream of the same run).
+    another rank, another stream of the same run): :func:`vecpack.tokenizing.parity.checked_before`.
 
     A stream then does not start the check's HF process ahead of its encoder
     (:func:`vecpack.tokenizing.encoder.encoder_for`'s ``options["preload"]``): its own
@@ -163,25 +115,8 @@ def checked_before(tokenizer) -> bool:
     >>> checked_before(None)
     False
     """
-
     d = tokenizer_dir(tokenizer)
-    tag = None if d is None else _tokenizer_tag(pathlib.Path(d).expanduser().resolve())
-    return tag is not None and any((cache_root() / "parity").glob(f"{tag}-*.passed"))
-
-
-def _passed_before(path, engine: str, texts) -> bool:
-    f = _passed_file(path, engine, texts)
-    return f is not None and f.exists()
-
-
-def _remember_pass(path, engine: str, texts) -> None:
-    f = _passed_file(path, engine, texts)
-    if f is not None:
-        try:
-            f.parent.mkdir(parents=True, exist_ok=True)
-            f.touch()
-        except OSError:  # a read-only cache: the next process checks again
-            pass
+    return d is not None and parity.checked_before(pathlib.Path(d).expanduser().resolve())
 
 
 class _After:
@@ -268,7 +203,7 @@ class EngineStart:
 
         self._texts = texts
         self._needed.add(engine)
-        if _passed_before(self.base.path, engine, texts):
+        if parity.passed_before(self.base.path, engine, texts):
             self._trusted(engine)
             return None
 
@@ -366,7 +301,7 @@ class EngineStart:
         """``engine``'s check passed (kept on disk with ``remember``); once every check has, this
         process need not check again."""
         if remember:
-            _remember_pass(self.base.path, engine, self._texts)
+            parity.remember_pass(self.base.path, engine, self._texts)
         self._passed.add(engine)
         if self._passed >= self._needed:
             self.base.pending_check = None

@@ -449,12 +449,14 @@ class Pending:
     ``Pending.start(route, encoder, key, start)``; then :meth:`failed` says
     whether to throw the tiktoken output away (``""`` when it stands). A check
     that cannot run counts as failed (HF tokenizers then runs). Nothing to
-    check (another engine, no sample, a sample that passed before in this
-    process) is a ``Pending`` that never fails.
+    check (another engine, no sample, a sample that passed before: in this
+    process, or in another one, remembered on disk by
+    :func:`~vecpack.tokenizing.parity.remember_pass`) is a ``Pending`` that never fails.
     """
 
-    def __init__(self, check=None, digest: bytes | None = None, encoder=None):
+    def __init__(self, check=None, digest: bytes | None = None, encoder=None, passed=None):
         self.check, self.digest, self.encoder = check, digest, encoder
+        self._passed = passed   # (tokenizer path, engine, texts): remembered on disk when the check passes
         self._reason: str | None = None if check is not None else ""
 
     @classmethod
@@ -464,10 +466,11 @@ class Pending:
         if route.pending is None:
             return cls()
         digest = _digest((key if key is not None else encoder.path, route.serving), route.pending)
-        if digest in _PASSED:  # these very rows passed with this tokenizer in this process
+        passed = (encoder.path, route.serving, route.pending)
+        if digest in _PASSED or parity.passed_before(*passed):  # these very rows passed with this tokenizer
             encoder.pending_check = None
             return cls()
-        return cls(start(route.pending, route.serving), digest, encoder)
+        return cls(start(route.pending, route.serving), digest, encoder, passed)
 
     def known(self) -> str:
         """The verdict if it is already known (the engine cannot be built, the check cannot run)."""
@@ -485,6 +488,7 @@ class Pending:
             if not self._reason:
                 self.encoder.pending_check = None
                 _PASSED[self.digest] = True
+                parity.remember_pass(*self._passed)
         return self._reason
 
 

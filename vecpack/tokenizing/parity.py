@@ -34,6 +34,7 @@ driver instead.
 from __future__ import annotations
 
 import atexit
+import hashlib
 import os
 import pathlib
 import pickle
@@ -41,13 +42,16 @@ import subprocess
 import sys
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
+from importlib.metadata import PackageNotFoundError, version
 
+from vecpack._version import __version__
+from vecpack.options import cache_root
 from vecpack.tokenizing import _hf_server
 from vecpack.tokenizing.runtime import added_tokens, runtime
-from vecpack.tokenizing.spec import Unsupported, file_id
+from vecpack.tokenizing.spec import Unsupported, file_id, stat_key
 
-__all__ = ["PATHOLOGICAL", "PROBES", "Check", "HFProcessExited", "engine_ids", "preload", "probes", "reason",
-           "shutdown", "start", "verdict"]
+__all__ = ["PATHOLOGICAL", "PROBES", "Check", "HFProcessExited", "checked_before", "engine_ids", "passed_before",
+           "passed_file", "preload", "probes", "reason", "remember_pass", "shutdown", "start", "verdict"]
 
 PROBES = (
     "Hello world! It's 2024-06-01, isn't it? I'LL SEE you'RE 123456789 times.",
@@ -340,3 +344,72 @@ try:
     threading._register_atexit(shutdown, wait=False)
 except (AttributeError, RuntimeError):  # no such hook (another Python), or already exiting
     atexit.register(shutdown, wait=False)
+
+
+# --------------------------------------------------------------------------- verdicts remembered on disk
+
+
+def _tokenizer_tag(path) -> str | None:
+    """The first part of a remembered verdict's name: the tokenizer file (real path, size, mtime) and the
+    versions of vecpack and HF tokenizers (None without HF tokenizers)."""
+    try:
+        hf = version("tokenizers")
+    except PackageNotFoundError:
+        return None
+    key = "\0".join((stat_key(pathlib.Path(path), "tokenizer.json"), __version__, hf))
+    return hashlib.blake2b(key.encode(), digest_size=8).hexdigest()
+
+
+#: The library whose version a verdict on each engine depends on (vecpack's own BPE: vecpack's, in the tag).
+_ENGINE_LIBRARY = {"tiktoken": "tiktoken", "fastokens": "fastokens", "vecpack": None}
+
+
+def passed_file(path, engine: str, texts) -> pathlib.Path | None:
+    """Where a parity check of ``engine`` on ``texts`` that passed is remembered on disk, or None.
+
+    Keyed by everything the verdict depends on: the tokenizer file (real path, size,
+    mtime), the engine, the versions of vecpack (its probes and its own BPE), of the
+    engine's library and of HF tokenizers, and the sample texts (the rendered rows: the
+    template is in them); the name starts with the tokenizer's part (:func:`checked_before`).
+    Only passes are kept (an empty file), under ``<cache root>/parity/``, so a fresh process
+    of the same data (a restart, another rank, the same build again) starts without waiting
+    for HF tokenizers; a failure is always found again.
+    """
+    tag = None if path is None else _tokenizer_tag(path)
+    if tag is None or engine not in _ENGINE_LIBRARY:
+        return None
+    lib = _ENGINE_LIBRARY[engine]
+    try:
+        lib_version = version(lib) if lib else ""
+    except PackageNotFoundError:
+        return None
+    h = hashlib.blake2b(digest_size=16)
+    for part in (tag, engine, lib_version):
+        h.update(part.encode() + b"\0")
+    for t in texts:
+        b = t.encode("utf-8", "surrogatepass")
+        h.update(len(b).to_bytes(8, "little") + b)
+    return cache_root() / "parity" / f"{tag}-{h.hexdigest()}.passed"
+
+
+def checked_before(path) -> bool:
+    """Whether a parity check of the tokenizer directory ``path`` (resolved) passed before, on any sample."""
+    tag = _tokenizer_tag(path)
+    return tag is not None and any((cache_root() / "parity").glob(f"{tag}-*.passed"))
+
+
+def passed_before(path, engine: str, texts) -> bool:
+    """Whether ``engine``'s parity check on ``texts`` passed before (:func:`passed_file`)."""
+    f = passed_file(path, engine, texts)
+    return f is not None and f.exists()
+
+
+def remember_pass(path, engine: str, texts) -> None:
+    """Keep on disk that ``engine``'s parity check on ``texts`` passed (nothing on a read-only cache)."""
+    f = passed_file(path, engine, texts)
+    if f is not None:
+        try:
+            f.parent.mkdir(parents=True, exist_ok=True)
+            f.touch()
+        except OSError:  # a read-only cache: the next process checks again
+            pass
