@@ -217,6 +217,28 @@ def test_string_scan_8_bytes_at_a_time_equals_the_reference(odd):
             assert K._string(buf, start, len(raw)) == _string_reference(raw, start), (start, at)
 
 
+def test_content_checks_equal_the_reference():
+    """The template's content checks (render_rows passes them pointers and the tables' lengths), on
+    random contents and words, one character words at both edges, against plain Python."""
+    from vecpack.tokenizing.lane import _bytes_table
+
+    rng = np.random.default_rng(5)
+    alphabet = ["a", "b", " ", "é", "😀", "<", ">"]
+    for _ in range(300):
+        text = "".join(rng.choice(alphabet, int(rng.integers(1, 9))))
+        words = sorted({"".join(rng.choice(alphabet, int(rng.integers(1, 4)))) for _ in range(int(rng.integers(0, 4)))})
+        chars = sorted({str(rng.choice(alphabet)) for _ in range(int(rng.integers(0, 3)))})
+        raw = ("xx" + text + "yy").encode()
+        out = byte_array(raw)
+        a, b = 2, 2 + len(text.encode())
+        wb, wo = _bytes_table(words)
+        cb, co = _bytes_table(chars)
+        assert K._equal_any(out, a, b, wb, wo, len(words)) == (text in words), (text, words)
+        assert K._contains_any(out, a, b, wb, wo, len(words)) == any(w in text for w in words), (text, words)
+        assert K._edge_any(out, a, b, cb, co, len(chars)) == any(text.startswith(c) or text.endswith(c)
+                                                                 for c in chars), (text, chars)
+
+
 def test_newline_search_8_bytes_at_a_time_equals_the_reference():
     """Every alignment of the start, the newlines and the end, with bytes that differ from
     ``\\n`` by one bit (0x0B, 0x8A, 0x0E) around them: against ``bytes.find``/``bytes.count``."""

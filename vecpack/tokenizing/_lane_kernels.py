@@ -38,7 +38,7 @@ from vecpack.tokenizing._text_kernels import (  # noqa: F401 - the lane reaches 
     join_texts,
     same_prefix,
 )
-from vecpack.tokenizing._words import _HI, _LOW7, _copy, _count_zeros, _first, _load64, _ptr, _zeros
+from vecpack.tokenizing._words import _HI, _LOW7, _copy, _count_zeros, _first, _load64, _ptr, _range_hash, _same, _zeros
 
 CACHE = kernel_cache()  # False where numba cannot write its cache (then compiled per process)
 
@@ -156,18 +156,30 @@ def _string(buf, i, end):
 
 
 @njit(cache=CACHE)
-def _role(buf, a, b, names, names_off):
-    for r in range(names_off.shape[0] - 1):
-        if _equals(buf, a, b, names[names_off[r]:names_off[r + 1]]):
+def _equals_at(p, a, b, w, at, wn):
+    """Whether ``p[a:b]`` equals the ``wn`` bytes at ``w[at:]`` (uint8 pointers or arrays)."""
+    return b - a == wn and _same(p, a, w, at, wn)
+
+
+@njit(cache=CACHE)
+def _role(buf, a, b, names, names_off, n_names):
+    """Index of ``buf[a:b]`` among the ``n_names`` names of the table (``names`` bytes, from
+    ``names_off[r]``), or -1."""
+    for r in range(n_names):
+        if _equals_at(buf, a, b, names, names_off[r], names_off[r + 1] - names_off[r]):
             return r
     return -1
 
 
 @njit(cache=CACHE)
-def _scan_line(buf, i, end, column, role_key, text_key, names, names_off, m_role, m_start, m_stop,
-               m_esc, m):
-    """Parse one line from ``i``; fill messages from index ``m``. Returns the next message index,
-    or -1 (the line is SLOW)."""
+def _scan_line(buf, i, end, column, n_column, role_key, n_role_key, text_key, n_text_key, names, names_off,
+               n_names, m_role, m_start, m_stop, m_esc, n_messages, m):
+    """Parse one line from ``i``; fill messages from index ``m`` (at most ``n_messages``). Returns the
+    next message index, or -1 (the line is SLOW).
+
+    Every table comes as a pointer and its length (:func:`scan_lines`): a call per line, and the
+    helpers' calls per key and string, would incref and decref each array they receive (atomic
+    operations: most of the scan's time when they were arrays)."""
     i = _skip_ws(buf, i, end)
     if i >= end or buf[i] != 123:  # {
         return -1
@@ -175,7 +187,7 @@ def _scan_line(buf, i, end, column, role_key, text_key, names, names_off, m_role
     if i >= end or buf[i] != 34:
         return -1
     stop, esc = _string(buf, i + 1, end)
-    if stop < 0 or esc or not _equals(buf, i + 1, stop, column):
+    if stop < 0 or esc or not _equals_at(buf, i + 1, stop, column, 0, n_column):
         return -1
     i = _skip_ws(buf, stop + 1, end)
     if i >= end or buf[i] != 58:  # :
@@ -207,13 +219,13 @@ def _scan_line(buf, i, end, column, role_key, text_key, names, names_off, m_role
             vstop, vesc = _string(buf, i + 1, end)
             if vstop < 0:
                 return -1
-            if _equals(buf, ka, kstop, role_key):
+            if _equals_at(buf, ka, kstop, role_key, 0, n_role_key):
                 if role >= 0 or vesc:
                     return -1
-                role = _role(buf, i + 1, vstop, names, names_off)
+                role = _role(buf, i + 1, vstop, names, names_off, n_names)
                 if role < 0:
                     return -1
-            elif _equals(buf, ka, kstop, text_key):
+            elif _equals_at(buf, ka, kstop, text_key, 0, n_text_key):
                 if t0 >= 0:
                     return -1
                 t0, t1, tesc = i + 1, vstop, vesc
@@ -227,9 +239,9 @@ def _scan_line(buf, i, end, column, role_key, text_key, names, names_off, m_role
                 i += 1
                 break
             return -1
-        if role < 0 or t0 < 0 or m >= m_role.shape[0]:
+        if role < 0 or t0 < 0 or m >= n_messages:
             return -1
-        m_role[m], m_start[m], m_stop[m], m_esc[m] = role, t0, t1, tesc
+        m_role[m], m_start[m], m_stop[m], m_esc[m] = role, t0, t1, np.uint8(1 if tesc else 0)
         m += 1
         i = _skip_ws(buf, i, end)
         if i < end and buf[i] == 44:
@@ -303,13 +315,20 @@ def scan_lines(buf, newlines, column, role_key, text_key, names, names_off):
     m_role = np.empty(max_messages, np.int64)
     m_start = np.empty(max_messages, np.int64)
     m_stop = np.empty(max_messages, np.int64)
-    m_esc = np.empty(max_messages, np.bool_)
+    m_esc = np.empty(max_messages, np.uint8)  # (bools through a pointer: bytes, made bools below)
+    # the helpers get pointers, not arrays (see _scan_line)
+    bp = _ptr(buf)
+    p_column, p_role_key, p_text_key, p_names, p_names_off = (_ptr(column), _ptr(role_key), _ptr(text_key),
+                                                              _ptr(names), _ptr(names_off))
+    p_role, p_start, p_stop, p_esc = _ptr(m_role), _ptr(m_start), _ptr(m_stop), _ptr(m_esc)
+    n_column, n_role_key, n_text_key, n_names = (column.shape[0], role_key.shape[0], text_key.shape[0],
+                                                 names_off.shape[0] - 1)
     n = 0
     m = 0
     pos = 0
     k = 0
     while pos < end:
-        nl = _next_newline(buf, pos, end)
+        nl = _next_newline(bp, pos, end)
         last = nl - 1 if nl > pos and buf[nl - 1] == 13 else nl
         blank = True
         for j in range(pos, last):
@@ -319,8 +338,8 @@ def scan_lines(buf, newlines, column, role_key, text_key, names, names_off):
                 break
         if last > pos and not blank:
             line_key[n], line_start[n], line_stop[n] = k, pos, last
-            got = _scan_line(buf, pos, last, column, role_key, text_key, names, names_off, m_role,
-                             m_start, m_stop, m_esc, m)
+            got = _scan_line(bp, pos, last, p_column, n_column, p_role_key, n_role_key, p_text_key, n_text_key,
+                             p_names, p_names_off, n_names, p_role, p_start, p_stop, p_esc, max_messages, m)
             if got < 0:
                 status[n] = SLOW
             else:
@@ -331,7 +350,7 @@ def scan_lines(buf, newlines, column, role_key, text_key, names, names_off):
         k += 1
         pos = nl + 1
     return (line_key[:n], line_start[:n], line_stop[:n], status[:n], msg_first[:n], msg_count[:n],
-            m_role[:m], m_start[:m], m_stop[:m], m_esc[:m])
+            m_role[:m], m_start[:m], m_stop[:m], m_esc[:m] != 0)
 
 
 @njit(cache=CACHE)
@@ -461,7 +480,12 @@ def render_rows(buf, rows, layout_of, msg_first, msg_count, m_start, m_stop, m_e
     q1 = np.zeros(n, np.int64)
     o = 0
     q = 0
-    op, lp, sp = _ptr(out), _ptr(lit), _ptr(scratch)
+    # the helpers get pointers and lengths, not arrays (see _scan_line)
+    bp, op, lp, sp = _ptr(buf), _ptr(out), _ptr(lit), _ptr(scratch)
+    p_equal, p_equal_off, n_equal = _ptr(equal), _ptr(equal_off), equal_off.shape[0] - 1
+    p_inside, p_inside_off, n_inside = _ptr(inside), _ptr(inside_off), inside_off.shape[0] - 1
+    p_edges, p_edges_off, n_edges = _ptr(edges), _ptr(edges_off), edges_off.shape[0] - 1
+    n_out = out.shape[0]
     cs = np.empty(64, np.int64)  # content spans in scratch, per message
     ce = np.empty(64, np.int64)
     for j in range(n):
@@ -474,12 +498,13 @@ def render_rows(buf, rows, layout_of, msg_first, msg_count, m_start, m_stop, m_e
         s = 0
         for k in range(nm if good else 0):
             mi = m0 + k
-            e = _unescape(buf, m_start[mi], m_stop[mi], m_esc[mi], scratch, s)
+            e = _unescape(bp, m_start[mi], m_stop[mi], m_esc[mi], sp, s)
             if e < 0:
                 good = False
                 break
-            if (_equal_any(scratch, s, e, equal, equal_off) or _contains_any(scratch, s, e, inside, inside_off)
-                    or (e > s and _edge_any(scratch, s, e, edges, edges_off))):
+            if (_equal_any(sp, s, e, p_equal, p_equal_off, n_equal)
+                    or _contains_any(sp, s, e, p_inside, p_inside_off, n_inside)
+                    or (e > s and _edge_any(sp, s, e, p_edges, p_edges_off, n_edges))):
                 good = False
                 break
             cs[k], ce[k] = s, e
@@ -489,7 +514,7 @@ def render_rows(buf, rows, layout_of, msg_first, msg_count, m_start, m_stop, m_e
             q1[j] = q
             continue
         start, q_start = o, q
-        wide = _wide(scratch, s)  # over every content (a superset of what is rendered)
+        wide = _wide(sp, s)  # over every content (a superset of what is rendered)
         prefix_stop = o
         for p in range(part_off[L], part_off[L + 1]):
             if part_kind[p] == 0:
@@ -503,15 +528,15 @@ def render_rows(buf, rows, layout_of, msg_first, msg_count, m_start, m_stop, m_e
                 if part_strip[p] & 1:
                     while a < b and scratch[a] < 0x80 and _space(scratch[a]):
                         a += 1
-                    if a < b and scratch[a] >= 0x80 and _space(_code_point(scratch, a)[0]):
+                    if a < b and scratch[a] >= 0x80 and _space(_code_point(sp, a)[0]):
                         good = False
                         break
                 if part_strip[p] & 2:
                     while b > a and scratch[b - 1] < 0x80 and _space(scratch[b - 1]):
                         b -= 1
                     if b > a and scratch[b - 1] >= 0x80:
-                        z = _last_start(scratch, a, b)
-                        if _space(_code_point(scratch, z)[0]):
+                        z = _last_start(sp, a, b)
+                        if _space(_code_point(sp, z)[0]):
                             good = False
                             break
                 _copy(op, o, sp, a, b - a)
@@ -527,7 +552,8 @@ def render_rows(buf, rows, layout_of, msg_first, msg_count, m_start, m_stop, m_e
             q1[j] = q
             continue
         ok[j] = True
-        t0[j], t1[j], p1[j], ph[j], q1[j] = start, o, prefix_stop, _hash(out, start, prefix_stop), q
+        t0[j], t1[j], p1[j], q1[j] = start, o, prefix_stop, q
+        ph[j] = np.int64(_range_hash(op, start, prefix_stop, n_out))  # (_hash, on the pointer)
         flags[j] = (F_WIDE if wide else 0) | (F_LONG if o - start >= 100_000 else 0)
     return ok, t0, t1, p1, ph, flags, q1, o
 

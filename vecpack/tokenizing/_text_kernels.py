@@ -54,18 +54,24 @@ def _space(cp):
 
 
 @njit(cache=CACHE)
-def _equal_any(out, a, b, words, words_off):
-    """Whether ``out[a:b]`` equals one of ``words``."""
-    for w in range(words_off.shape[0] - 1):
-        if _equals(out, a, b, words[words_off[w]:words_off[w + 1]]):
+def _equal_any(out, a, b, words, words_off, n_words):
+    """Whether ``out[a:b]`` equals one of the ``n_words`` words (``words[words_off[w]:words_off[w + 1]]``).
+
+    These helpers take uint8 pointers or arrays (:func:`~vecpack.tokenizing._words._ptr`) and the
+    table's length: :func:`~vecpack.tokenizing._lane_kernels.render_rows` passes pointers, as an
+    array a call receives is increfed and decrefed (atomic operations, several a message)."""
+    for w in range(n_words):
+        w0 = words_off[w]
+        n = words_off[w + 1] - w0
+        if b - a == n and _same(out, a, words, w0, n):
             return True
     return False
 
 
 @njit(cache=CACHE)
-def _contains_any(out, a, b, words, words_off):
-    """Whether ``out[a:b]`` contains one of ``words`` (none empty)."""
-    for w in range(words_off.shape[0] - 1):
+def _contains_any(out, a, b, words, words_off, n_words):
+    """Whether ``out[a:b]`` contains one of the ``n_words`` words (none empty)."""
+    for w in range(n_words):
         w0, w1 = words_off[w], words_off[w + 1]
         n = w1 - w0
         for s in range(a, b - n + 1):
@@ -81,15 +87,16 @@ def _contains_any(out, a, b, words, words_off):
 
 
 @njit(cache=CACHE)
-def _edge_any(out, a, b, words, words_off):
-    """Whether ``out[a:b]`` (not empty) starts or ends with one of ``words``, each one character
-    (a valid UTF-8 sequence is its own boundary)."""
+def _edge_any(out, a, b, words, words_off, n_words):
+    """Whether ``out[a:b]`` (not empty) starts or ends with one of the ``n_words`` words, each one
+    character (a valid UTF-8 sequence is its own boundary)."""
     z = _last_start(out, a, b)
-    for w in range(words_off.shape[0] - 1):
-        word = words[words_off[w]:words_off[w + 1]]
-        if a + word.shape[0] <= b and _equals(out, a, a + word.shape[0], word):
+    for w in range(n_words):
+        w0 = words_off[w]
+        n = words_off[w + 1] - w0
+        if a + n <= b and _same(out, a, words, w0, n):
             return True
-        if _equals(out, z, b, word):
+        if b - z == n and _same(out, z, words, w0, n):
             return True
     return False
 
