@@ -202,7 +202,7 @@ def test_tokenizing_while_decompressing_gives_the_plain_arrays(forms, tmp_path, 
     t = vecpack.tokenize(str(forms["gzip"][0]), TOKENIZER, n_jobs=n_jobs, progress=False, chunk_bytes=20_000)
     assert t.stats["chunks"] > 4 and _arrays(t) == _arrays(ref)
     if n_jobs == 1:   # a failed parity check: the feed's tasks again, with HF tokenizers (one run is enough)
-        _rerun_after_a_failed_check(forms, ref, monkeypatch)
+        _rerun_after_a_failed_check(forms, ref, monkeypatch, tmp_path)
     # a stream corrupt half-way: the ranges before it are tokenized meanwhile; the run ends with its error
     data = forms["gzip"][0].read_bytes()
     bad = tmp_path / "late.jsonl.gz"
@@ -214,7 +214,7 @@ def test_tokenizing_while_decompressing_gives_the_plain_arrays(forms, tmp_path, 
     assert not leftover
 
 
-def _rerun_after_a_failed_check(forms, ref, monkeypatch):
+def _rerun_after_a_failed_check(forms, ref, monkeypatch, tmp_path):
     from concurrent.futures import Future
 
     from vecpack import _state
@@ -228,6 +228,7 @@ def _rerun_after_a_failed_check(forms, ref, monkeypatch):
     _state.reset()
     with monkeypatch.context() as m, pytest.warns(RuntimeWarning, match="differ on a sample at token 3"):
         m.setattr(pool, "start_check", failing)
+        m.setenv("VECPACK_CACHE", str(tmp_path / "cache"))  # (a pass remembered by another test would skip it)
         t = vecpack.tokenize(str(forms["gzip"][0]), TOKENIZER, n_jobs=1, progress=False, chunk_bytes=20_000)
     _state.reset()
     assert t.stats["backend"] == "tokenizers" and _arrays(t) == _arrays(ref)
