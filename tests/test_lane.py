@@ -9,7 +9,7 @@ import pytest
 from vecpack.inputs.jsonl import buffer_lines
 from vecpack.testing import make_sharegpt, make_short_chats
 from vecpack.tokenizing import _lane_kernels as K
-from vecpack.tokenizing import _token_kernels as TK
+from vecpack.tokenizing import _text_kernels as TK
 from vecpack.tokenizing.backend import lane_for
 from vecpack.tokenizing.encoder import ChatEncoder
 from vecpack.tokenizing.lane import byte_array, encode_range
@@ -479,7 +479,7 @@ def test_a_warming_worker_preloads_the_lane_only_for_a_call_that_takes_it(monkey
     assert lane_mod.preload_lane() is False
     pool_mod.set_up_for(64 << 20)
     assert lane_mod.preload_lane() is True
-    assert "vecpack.tokenizing._token_kernels" in sys.modules
+    assert "vecpack.tokenizing._text_kernels" in sys.modules
     monkeypatch.setenv("VECPACK_ROW_LANE", "0")
     assert lane_mod.preload_lane() is False
 

@@ -32,13 +32,12 @@ calls, see :data:`~vecpack.tokenizing.backend.FASTOKENS_WORTH_BYTES`), for
 ranges of 1 MB or more, once it has read 64 MB of JSONL or from the first
 range of a call that gives it 64 MB (:func:`expect_bytes`): loading numba
 (once per worker) then pays off. Labels and the cached
-prefixes' splice are kernels too (:mod:`vecpack.tokenizing._token_kernels`). ``VECPACK_ROW_LANE=0`` turns it
+prefixes' splice are kernels too (:mod:`vecpack.tokenizing._text_kernels`). ``VECPACK_ROW_LANE=0`` turns it
 off (see :func:`vecpack.tokenizing.backend.row_path`, which decides where the lane serves).
 """
 
 from __future__ import annotations
 
-import importlib
 import os
 import threading
 from typing import NamedTuple
@@ -54,7 +53,7 @@ from vecpack.tokenizing.rows import Rows, encode_rows
 
 # numba's kernels load on the lane's first range, not before (docs/architecture.md, "Deferred imports")
 _lane_kernels = lazy_module("vecpack.tokenizing._lane_kernels")
-_token_kernels = lazy_module("vecpack.tokenizing._token_kernels")
+_text_kernels = lazy_module("vecpack.tokenizing._text_kernels")  # (loaded by _lane_kernels's import)
 
 __all__ = ["LANE_AFTER_BYTES", "LANE_MAX_LINE_BYTES", "LANE_MIN_BYTES", "cut_joined", "encode_range", "expect_bytes",
            "join_separator", "lane_mode", "lane_of", "preload_lane", "range_repays", "splice_heads"]
@@ -134,7 +133,6 @@ def preload_lane(bpe: bool = False) -> bool:
     """
     if lane_mode() == "0" or (lane_mode() != "1" and _READ[0] < LANE_AFTER_BYTES and not _lane_repaid(bpe)):
         return False
-    importlib.import_module(_token_kernels._name)  # loaded here too (both modules' numba set-up)
     _lane_kernels.count_newlines(byte_array(b"{}\n"))  # numba's set-up and one kernel
     return True
 
@@ -204,7 +202,7 @@ class _Lane:
     @property
     def tk(self):
         """The kernels over token ids (numba): loaded on the lane's first range, as :attr:`k`."""
-        return _token_kernels
+        return _text_kernels
 
     def encode_file(self, path: str, start: int, stop: int, info: dict, *, on_error: str = "raise",
                     progress=None) -> Rows:
