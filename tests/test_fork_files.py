@@ -82,6 +82,41 @@ def test_short_rows_are_served_by_vecpacks_bpe_with_loky_workers_bytes(qwen_dir,
     assert not leftovers()
 
 
+def test_latin_tool_rows_are_served_by_vecpacks_bpe_with_loky_workers_bytes(templated, monkeypatch, tmp_path,
+                                                                          fresh_state):
+    """A large call of tool rows in Latin script: the driver builds vecpack's BPE (not fastokens) before it
+    forks, its parity check checks that engine, and the arrays are those of loky's workers on fastokens."""
+    import json
+
+    from vecpack.testing import tool_conversations
+    from vecpack.tokenizing.runtime import runtime
+
+    tok = templated("qwen2.5", "qwen2_5")
+    path = tmp_path / "tools.jsonl"
+    path.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in tool_conversations(600, seed=5)))
+    monkeypatch.setattr(corpus, "worker_share", lambda sources, n_jobs: 1 << 40)
+    monkeypatch.setenv("VECPACK_WORKER_START", "spawn")
+    ref = vecpack.tokenize(str(path), tok, style="openai", n_jobs=2, chunk_bytes=100_000, progress=False)
+    rt = runtime(str(tok), "fastokens")
+    assert rt.serving == "fastokens"   # (loky's workers are never told the rows: fastokens)
+    monkeypatch.setenv("VECPACK_WORKER_START", "auto")
+    monkeypatch.setattr(pool, "_executor", no_loky)
+    seen = tmp_path / "checked"   # (the check's engine side runs in a forked worker)
+
+    def checking(path, backend, texts):
+        with open(seen, "a") as f:
+            f.write(runtime(path, backend).serving + "\n")
+        return engine_ids(path, backend, texts)
+
+    monkeypatch.setattr(pool, "engine_ids", checking)
+    got = vecpack.tokenize(str(path), tok, style="openai", n_jobs=2, chunk_bytes=100_000, progress=False)
+    assert rt.serving == "vecpack"   # built here, inherited by the forked workers
+    assert seen.read_text().split() == ["vecpack"]
+    assert all(a.dtype == b.dtype and a.tobytes() == b.tobytes() for a, b in zip(arrays(ref), arrays(got)))
+    assert got.stats["backend"] == "fastokens" and got.stats["chunks"] > 2 and got.stats["agentic"]
+    assert not leftovers()
+
+
 def test_a_wrong_vecpack_bpe_fails_the_parity_check_and_hf_serves(qwen_dir, monkeypatch, tmp_path, fresh_state):
     """vecpack's BPE off by one id: the call's parity check (on a forked worker, which serves with it)
     fails, the output is thrown away and HF tokenizers tokenizes the rows again."""
