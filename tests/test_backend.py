@@ -148,7 +148,9 @@ def test_tool_rows_in_latin_script_are_served_by_vecpacks_bpe_others_by_fastoken
             "vecpack" if want else "fastokens")
         assert backend.row_kinds(files, BIG, True, "text") == (True, False)   # not a message style
         assert backend.row_kinds(files, BIG, False, "openai") == (False, False)   # loky's workers
-        assert backend.row_kinds(files, 1 << 20, True, "openai") == (False, False)   # a small call
+        assert backend.row_kinds(files, backend.BPE_TOOL_ROWS_BYTES - 1, True, "openai") == (False, False)  # small
+        assert backend.call_engine(1 << 20, *backend.row_kinds(files, 1 << 20, True, "openai")) == (
+            "vecpack" if want else "tiktoken")   # from BPE_TOOL_ROWS_BYTES; fastokens only from its own threshold
 
 
 # --------------------------------------------------------------------------- torchtune's engines
