@@ -278,12 +278,11 @@ def call_engine(share: int, dense: bool = False, short: bool = False) -> str:
 
     - ``"vecpack"`` where the driver found rows that vecpack's own BPE (:mod:`vecpack.tokenizing.bpe`)
       encodes as fast as fastokens or faster (``short``, :func:`row_kinds`): tool rows (``dense``) of
-      Latin-script text (:func:`~vecpack.tokenizing.latin.is_latin`; about the same time a byte as
-      fastokens, measured on 48k varied tool rows, 60k xlam rows) from :data:`BPE_TOOL_ROWS_BYTES`,
-      and short chat rows (:func:`short_rows`, of a style the row lane takes), from the row lane's
-      bytes, from :func:`worth_fastokens`. Its tables are built far sooner than fastokens, by the
-      driver before it forks its workers (:func:`~vecpack.tokenizing.exec.prepare`); loky's workers
-      are never told;
+      Latin-script text (:func:`~vecpack.tokenizing.latin.is_latin`; about as fast a byte as fastokens
+      on such JSON) from :data:`BPE_TOOL_ROWS_BYTES`, and short chat rows (:func:`short_rows`, of a
+      style the row lane takes), from the row lane's bytes, from :func:`worth_fastokens`. Its tables
+      are built far sooner than fastokens, by the driver before it forks its workers
+      (:func:`~vecpack.tokenizing.exec.prepare`); loky's workers are never told;
     - ``"tiktoken"`` below :func:`worth_fastokens` (quick to build);
     - ``"fastokens"`` otherwise: long and code-heavy rows, and text of other scripts (which vecpack's
       BPE leaves to tiktoken), which it encodes faster.
