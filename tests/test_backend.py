@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import json
 import pickle
 
 import pytest
@@ -127,6 +128,29 @@ def test_short_rows_and_tool_rows_are_told_here(tmp_path):
     assert backend.row_kinds(files, BIG, True, "sharegpt") == (False, True)
     assert backend.call_engine(BIG, *backend.row_kinds(files, BIG, True, "sharegpt")) == "vecpack"
     assert backend.call_engine(BIG, *backend.row_kinds(files, BIG, False, "sharegpt")) == "fastokens"
+
+
+def test_tool_rows_in_latin_script_are_served_by_vecpacks_bpe_others_by_fastokens(tmp_path):
+    """Tool rows (JSON text): vecpack's BPE where every sampled row is Latin-script text, which it encodes
+    itself; a row of another script (left to tiktoken's core by vecpack's BPE) keeps them on fastokens."""
+    from vecpack.inputs.sources import resolve_sources
+    from vecpack.testing import tool_conversations
+
+    rows = tool_conversations(20, seed=3)
+    for name, want in (("latin", True), ("other", False)):
+        if not want:
+            rows[7]["messages"][-1]["content"] += " 日本語で"
+        path = tmp_path / f"{name}.jsonl"
+        path.write_text("".join(json.dumps(r, ensure_ascii=want) + "\n" for r in rows), encoding="utf-8")
+        files = resolve_sources(str(path))
+        assert backend.row_kinds(files, BIG, True, "openai") == (True, want)
+        assert backend.call_engine(BIG, *backend.row_kinds(files, BIG, True, "openai")) == (
+            "vecpack" if want else "fastokens")
+        assert backend.row_kinds(files, BIG, True, "text") == (True, False)   # not a message style
+        assert backend.row_kinds(files, BIG, False, "openai") == (False, False)   # loky's workers
+        assert backend.row_kinds(files, backend.BPE_TOOL_ROWS_BYTES - 1, True, "openai") == (False, False)  # small
+        assert backend.call_engine(1 << 20, *backend.row_kinds(files, 1 << 20, True, "openai")) == (
+            "vecpack" if want else "tiktoken")   # from BPE_TOOL_ROWS_BYTES; fastokens only from its own threshold
 
 
 # --------------------------------------------------------------------------- torchtune's engines

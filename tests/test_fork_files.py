@@ -59,17 +59,17 @@ def test_forked_workers_give_loky_workers_bytes(sharegpt_file, qwen_dir, monkeyp
     assert not leftovers()
 
 
-def test_short_rows_are_served_by_vecpacks_bpe_with_loky_workers_bytes(qwen_dir, monkeypatch, tmp_path, fresh_state):
-    """A large call of short rows: the driver builds vecpack's BPE (not fastokens) before it forks, its
-    parity check checks that engine, and the arrays are those of loky's workers on fastokens."""
-    from vecpack.testing import make_short_chats
+def served_by_vecpacks_bpe(path, tok, monkeypatch, tmp_path, **kwargs):
+    """A large call of ``path`` on loky's workers (fastokens, never told the rows), then on forked workers: the
+    driver builds vecpack's BPE (not fastokens) before it forks, its parity check (on a forked worker) checks
+    that engine, and the arrays are loky's. Returns the forked call's result."""
     from vecpack.tokenizing.runtime import runtime
 
-    path = make_short_chats(tmp_path / "short.jsonl", 3000, seed=21)
     monkeypatch.setattr(corpus, "worker_share", lambda sources, n_jobs: 1 << 40)
     monkeypatch.setenv("VECPACK_WORKER_START", "spawn")
-    ref = vecpack.tokenize(path, qwen_dir, n_jobs=2, chunk_bytes=50_000, progress=False)
-    rt = runtime(str(qwen_dir), "fastokens")
+    ref = vecpack.tokenize(str(path), tok, n_jobs=2, progress=False, **kwargs)
+    rt = runtime(str(tok), "fastokens")
+    assert rt.serving == "fastokens"
     monkeypatch.setenv("VECPACK_WORKER_START", "auto")
     monkeypatch.setattr(pool, "_executor", no_loky)
     seen = tmp_path / "checked"   # (the check's engine side runs in a forked worker)
@@ -80,12 +80,35 @@ def test_short_rows_are_served_by_vecpacks_bpe_with_loky_workers_bytes(qwen_dir,
         return engine_ids(path, backend, texts)
 
     monkeypatch.setattr(pool, "engine_ids", checking)
-    got = vecpack.tokenize(path, qwen_dir, n_jobs=2, chunk_bytes=50_000, progress=False)
+    got = vecpack.tokenize(str(path), tok, n_jobs=2, progress=False, **kwargs)
     assert rt.serving == "vecpack"   # built here, inherited by the forked workers
     assert seen.read_text().split() == ["vecpack"]
     assert all(a.dtype == b.dtype and a.tobytes() == b.tobytes() for a, b in zip(arrays(ref), arrays(got)))
     assert got.stats["backend"] == "fastokens" and got.stats["chunks"] > 2
     assert not leftovers()
+    return got
+
+
+def test_short_rows_are_served_by_vecpacks_bpe_with_loky_workers_bytes(qwen_dir, monkeypatch, tmp_path, fresh_state):
+    """A large call of short rows: vecpack's BPE serves it (:func:`served_by_vecpacks_bpe`)."""
+    from vecpack.testing import make_short_chats
+
+    path = make_short_chats(tmp_path / "short.jsonl", 3000, seed=21)
+    served_by_vecpacks_bpe(path, qwen_dir, monkeypatch, tmp_path, chunk_bytes=50_000)
+
+
+def test_latin_tool_rows_are_served_by_vecpacks_bpe_with_loky_workers_bytes(templated, monkeypatch, tmp_path,
+                                                                          fresh_state):
+    """A large call of tool rows in Latin script: vecpack's BPE serves it (:func:`served_by_vecpacks_bpe`)."""
+    import json
+
+    from vecpack.testing import tool_conversations
+
+    path = tmp_path / "tools.jsonl"
+    path.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in tool_conversations(600, seed=5)))
+    got = served_by_vecpacks_bpe(path, templated("qwen2.5", "qwen2_5"), monkeypatch, tmp_path, style="openai",
+                                 chunk_bytes=100_000)
+    assert got.stats["agentic"]["tool_calls"] > 0
 
 
 def test_a_wrong_vecpack_bpe_fails_the_parity_check_and_hf_serves(qwen_dir, monkeypatch, tmp_path, fresh_state):
@@ -154,8 +177,11 @@ def test_a_callers_own_encoder_runs_on_loky(sharegpt_file, monkeypatch):
     assert used and t.stats["rows"] == 500 and enc.pool is None
 
 
-def test_a_killed_forked_worker_raises_and_leaves_nothing(sharegpt_file, qwen_dir, monkeypatch):
-    """The children inherit this process's code as it is at the fork: one of them dies mid-call."""
+def test_a_killed_forked_worker_raises_and_leaves_nothing(sharegpt_file, qwen_dir, monkeypatch, fresh_state):
+    """The children inherit this process's code as it is at the fork: one of them dies mid-call.
+
+    (``fresh_state``: the killed call's parity check, whose engine side was on the broken pool, fails, and
+    the process remembers its encoder on HF tokenizers; a later test of this process would inherit it.)"""
     real = pool.tokenize_chunk
 
     def dies_on_the_third(task, *args, **kwargs):

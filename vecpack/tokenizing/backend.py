@@ -43,15 +43,16 @@ which engine ran, and :attr:`ChatEncoder.backend_reason` why not a faster one.
 The engine that serves a call: a ``"fastokens"`` encoder is served by one of three engines,
 each exact on the same tiktoken tables, whose costs differ::
 
-    share per worker < FASTOKENS_WORTH_BYTES ──────────────────► tiktoken   (quick to build)
-    short rows, not tool rows, forked workers ─────────────────► vecpack    (quickest to build)
-    otherwise (long or code-heavy rows, tool rows, loky) ──────► fastokens  (slowest to build)
+    Latin-script tool rows, forked workers, from BPE_TOOL_ROWS_BYTES ► vecpack    (quickest to build)
+    share per worker < FASTOKENS_WORTH_BYTES ────────────────────────► tiktoken   (quick to build)
+    short chat rows, forked workers ─────────────────────────────────► vecpack
+    otherwise (long or code-heavy rows, other scripts, loky) ────────► fastokens  (slowest to build)
 
 A call below :data:`INLINE_MAX_BYTES` whose workers would save less than they cost to start
 (:func:`inline_is_sooner`, from its own first rows, measured in the driver) forks none: its tasks run
 in the driver, on the engine its whole input repays.
 
-The driver knows the rows (:func:`row_kinds`: tool rows and :func:`short_rows`)
+The driver knows the rows (:func:`row_kinds`: tool rows, :func:`short_rows`, their script)
 and builds the engine its forked workers inherit
 (:func:`vecpack.tokenizing.exec.prepare`); loky's workers learn only the
 share (:func:`vecpack.tokenizing.pool.set_up_for`). The parity check is run
@@ -63,6 +64,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import json
 import pathlib
 
 from vecpack._state import memo
@@ -72,10 +74,12 @@ from vecpack.options import FAST_ENGINES, usable_cores
 from vecpack.tokenizing import parity
 from vecpack.tokenizing import runtime as _runtime
 from vecpack.tokenizing.lane import LANE_MAX_LINE_BYTES, lane_mode, lane_of, range_repays
+from vecpack.tokenizing.latin import is_latin
 from vecpack.tokenizing.sp import sentencepiece_style, sp_spec
 from vecpack.tokenizing.spec import Unsupported, tiktoken_facts, tiktoken_file
 
-__all__ = ["FASTOKENS_WORTH_BYTES", "FASTOKENS_WORTH_BYTES_FEW_CORES", "INLINE_MAX_BYTES", "POOL_START_S",
+__all__ = ["BPE_TOOL_ROWS_BYTES", "FASTOKENS_WORTH_BYTES", "FASTOKENS_WORTH_BYTES_FEW_CORES", "INLINE_MAX_BYTES",
+           "POOL_START_S",
            "TORCHTUNE_ENGINES", "TORCHTUNE_FAMILIES", "Pending", "Route", "call_engine", "check_now",
            "chunk_path", "decide", "engine_for", "fall_back", "fast_engine", "inline_is_sooner", "lane_for",
            "route", "row_kinds", "row_path", "short_rows", "torchtune_family", "torchtune_route",
@@ -225,11 +229,18 @@ def check_now(encoder):
 FASTOKENS_WORTH_BYTES = 16 << 20
 #: The same for tool rows (``dense``: schemas and calls, JSON text that tiktoken encodes at about
 #: 0.06 µs a byte more than fastokens, about 77 µs an xlam row) on a machine of 2 cores or fewer.
-#: There the driver builds fastokens before its workers fork, beside its other work of that time
-#: (the packing kernels' load, the HF side of the parity check), which would otherwise take a core
-#: from the workers: measured on 2 cores, 20k xlam rows (12 MB a worker) took about 1 s of CPU
-#: less, and less wall. Plain chat rows at 8.7 MB a worker took 0.3 s more: they keep 16 MB.
+#: There the driver builds the call's engine before its workers fork, beside its other work of that
+#: time (the packing kernels' load, the HF side of the parity check), which would otherwise take a
+#: core from the workers: measured on 2 cores, 20k xlam rows (12 MB a worker) took about 1 s of CPU
+#: less, and less wall (with fastokens; tool rows in Latin script are served by vecpack's BPE now, from
+#: :data:`BPE_TOOL_ROWS_BYTES`). Plain chat rows at 8.7 MB a worker took 0.3 s more: they keep 16 MB.
 FASTOKENS_WORTH_BYTES_FEW_CORES = 8 << 20
+#: Input bytes per worker from which a call of tool rows in Latin script (:func:`row_kinds`) is served
+#: by vecpack's BPE rather than tiktoken: its tables and kernel load in the driver before the fork,
+#: beside numba's start that the packing kernels pay anyway, where each worker builds tiktoken's core
+#: and encodes slower. Measured on 2 cores (whole process of ``vecpack.build``, varied tool rows):
+#: about even at 100 rows (0.17 MB a worker), less wall and CPU from 300 rows (0.5 MB) on.
+BPE_TOOL_ROWS_BYTES = 256 << 10
 
 
 #: Seconds a call's forked workers cost before they save any: the forks, each worker's engine (tiktoken's
@@ -265,21 +276,29 @@ def call_engine(share: int, dense: bool = False, short: bool = False) -> str:
     """The engine that serves a byte-level BPE tokenizer (a ``"fastokens"`` encoder) in a call that
     gives each worker ``share`` bytes of input: the one place that decides it.
 
-    - ``"tiktoken"`` below :func:`worth_fastokens` (quick to build);
-    - ``"vecpack"`` for ``short`` chat rows (:func:`short_rows`, of a style the row lane takes) that
-      are not tool rows (``dense``):
-      vecpack's own BPE (:mod:`vecpack.tokenizing.bpe`), built far sooner than
-      fastokens, encodes such rows faster than fastokens, from the row lane's
-      bytes. The driver knows ``short`` and builds it before it forks its workers
+    - ``"vecpack"`` where the driver found rows that vecpack's own BPE (:mod:`vecpack.tokenizing.bpe`)
+      encodes as fast as fastokens or faster (``short``, :func:`row_kinds`): tool rows (``dense``) of
+      Latin-script text (:func:`~vecpack.tokenizing.latin.is_latin`; about as fast a byte as fastokens
+      on such JSON) from :data:`BPE_TOOL_ROWS_BYTES`, and short chat rows (:func:`short_rows`, of a
+      style the row lane takes), from the row lane's bytes, from :func:`worth_fastokens`. Its tables
+      are built far sooner than fastokens, by the driver before it forks its workers
       (:func:`~vecpack.tokenizing.exec.prepare`); loky's workers are never told;
-    - ``"fastokens"`` otherwise: long and code-heavy rows, which it encodes faster.
+    - ``"tiktoken"`` below :func:`worth_fastokens` (quick to build);
+    - ``"fastokens"`` otherwise: long and code-heavy rows, and text of other scripts (which vecpack's
+      BPE leaves to tiktoken), which it encodes faster.
 
     >>> call_engine(1 << 20), call_engine(64 << 20, short=True), call_engine(64 << 20)
     ('tiktoken', 'vecpack', 'fastokens')
+    >>> call_engine(1 << 20, dense=True, short=True), call_engine(64 << 20, dense=True)
+    ('vecpack', 'fastokens')
+    >>> call_engine(1 << 20, dense=True), call_engine(64 << 10, dense=True, short=True)
+    ('tiktoken', 'tiktoken')
     """
+    if dense and short and share >= BPE_TOOL_ROWS_BYTES:
+        return "vecpack"
     if not worth_fastokens(share, dense):
         return "tiktoken"
-    return "vecpack" if short and not dense else "fastokens"
+    return "vecpack" if short else "fastokens"
 
 
 def short_rows(paths, probe: int = 1 << 20) -> bool:
@@ -303,11 +322,15 @@ def short_rows(paths, probe: int = 1 << 20) -> bool:
     return True
 
 
-def _tool_rows(sources) -> bool:
-    """Whether the inputs' first rows carry tool schemas or calls: JSON text, which tiktoken encodes
-    slower a byte than prose, so fastokens repays its build from less input
+#: Rows of a call's inputs whose kinds :func:`row_kinds` reads (from the start of its inputs).
+_SAMPLED_ROWS = 16
+
+
+def _tool_rows(sources, rows=None) -> bool:
+    """Whether the inputs' first rows (``rows``: read already) carry tool schemas or calls: JSON text,
+    which tiktoken encodes slower a byte than prose, so a faster engine repays its build from less input
     (:data:`FASTOKENS_WORTH_BYTES_FEW_CORES`)."""
-    for row in sample_rows(sources, 16):
+    for row in sample_rows(sources, _SAMPLED_ROWS) if rows is None else rows:
         if row.get("tools"):
             return True
         for v in row.values():
@@ -317,17 +340,34 @@ def _tool_rows(sources) -> bool:
     return False
 
 
+def _latin_rows(rows) -> bool:
+    """Whether every one of ``rows`` (decoded JSON) holds Latin-script text only
+    (:func:`~vecpack.tokenizing.latin.is_latin`): text vecpack's BPE encodes itself, where it would
+    leave others to tiktoken's core (slower a byte than fastokens, and built in each worker).
+
+    >>> _latin_rows([{"messages": [{"content": "Olá — 👍"}]}]), _latin_rows([{"content": "日本"}])
+    (True, False)
+    """
+    return all(is_latin(json.dumps(row, ensure_ascii=False)) for row in rows)
+
+
 def row_kinds(sources, share: int, forking: bool, style: str | None) -> tuple[bool, bool]:
-    """``(dense, short)``: whether a call's inputs hold tool rows and short chat rows
-    (:func:`short_rows`, of a ``style`` the row lane takes), which decide the engine its forked
-    workers are served with (:func:`call_engine`); read only where they may decide it.
+    """``(dense, short)``: whether a call's inputs hold tool rows, and rows vecpack's BPE serves (short
+    chat rows, :func:`short_rows`, of a ``style`` the row lane takes; or Latin-script tool rows of a
+    message style), which decide the engine its forked workers are served with (:func:`call_engine`);
+    read only where they may decide it, from the inputs' first rows.
 
     Rows of other styles (text, prompt-completion) are encoded text by text, where vecpack's BPE
     costs more per call than fastokens (its set-up per call): they are never ``short``."""
-    if not forking or not worth_fastokens(share, True):
+    if not forking or share < BPE_TOOL_ROWS_BYTES:  # (the least share from which rows decide)
         return False, False
-    dense = _tool_rows(sources)
-    short = (not dense and style in MESSAGE_SHAPES and all(s.kind == "jsonl" for s in sources)
+    rows = sample_rows(sources, _SAMPLED_ROWS)
+    dense = _tool_rows(sources, rows)
+    if dense:
+        return True, style in MESSAGE_SHAPES and bool(rows) and _latin_rows(rows)
+    if not worth_fastokens(share, True):
+        return False, False
+    short = (style in MESSAGE_SHAPES and all(s.kind == "jsonl" for s in sources)
              and short_rows([s.name for s in sources]))
     return dense, short
 

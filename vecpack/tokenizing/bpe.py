@@ -5,9 +5,9 @@ so the row lane had to join its rendered rows' bytes, decode them and cut the
 ids back. This engine (numba kernels in :mod:`vecpack.tokenizing._bpe_kernels`)
 builds from the tiktoken ranks at once and encodes byte ranges where they
 lie: faster than fastokens on short chat rows, slower on code-heavy ones
-(``asv_bench/bench_bpe.py``; figures in ``docs/benchmarks.md``). It serves the
-row lane when a call is made of such rows
-(:func:`vecpack.tokenizing.backend.call_engine`)::
+(``asv_bench/bench_bpe.py``; figures in ``docs/benchmarks.md``), about as fast on
+Latin-script tool rows (JSON). It serves the row lane when a call is made of short rows, and
+the chunk path for tool rows (:func:`vecpack.tokenizing.backend.call_engine`)::
 
     rendered rows' bytes ──encode_ranges──▶ ids, lengths, ok (per range)
                                               └── ok False ──▶ tiktoken's core, on the decoded text

@@ -24,8 +24,8 @@ parallelism.
 A ``"fastokens"`` runtime may serve with vecpack's own BPE instead
 (:meth:`Runtime.serve`, :mod:`vecpack.tokenizing.bpe`): the same tables, built far
 sooner than fastokens, encoding UTF-8 byte ranges where they
-lie; a text it refuses goes to tiktoken's core. A call of short chat rows is served
-so (:func:`vecpack.tokenizing.backend.call_engine`), and its parity check checks it.
+lie; a text it refuses goes to tiktoken's core. A call of short chat rows, or of tool rows in
+Latin script, is served so (:func:`vecpack.tokenizing.backend.call_engine`), and its parity check checks it.
 """
 
 from __future__ import annotations
