@@ -178,10 +178,9 @@ def test_a_callers_own_encoder_runs_on_loky(sharegpt_file, monkeypatch):
 
 
 def test_a_killed_forked_worker_raises_and_leaves_nothing(sharegpt_file, qwen_dir, monkeypatch, fresh_state):
-    """The children inherit this process's code as it is at the fork: one of them dies mid-call.
-
-    (``fresh_state``: the killed call's parity check, whose engine side was on the broken pool, fails, and
-    the process remembers its encoder on HF tokenizers; a later test of this process would inherit it.)"""
+    """The children inherit this process's code as it is at the fork: one of them dies mid-call. The
+    parity check, whose engine side was on the broken pool, gives no verdict on the engine: the next
+    call of this process is on the fast engine again, not on HF tokenizers."""
     real = pool.tokenize_chunk
 
     def dies_on_the_third(task, *args, **kwargs):
@@ -198,6 +197,7 @@ def test_a_killed_forked_worker_raises_and_leaves_nothing(sharegpt_file, qwen_di
     monkeypatch.undo()
     t = vecpack.tokenize(sharegpt_file, qwen_dir, n_jobs=2, chunk_bytes=20_000, progress=False)
     assert t.stats["rows"] == 500  # the next call forks afresh
+    assert t.stats["backend"] != "tokenizers", t.stats["backend_reason"]
 
 
 def test_a_fork_while_the_hf_check_waits_for_its_reply_does_not_hang(qwen_dir):

@@ -2,7 +2,7 @@
 :func:`pack_turns`.
 
 With ``per_turn=True`` a conversation becomes one document per trained
-assistant turn (:mod:`vecpack.tokenizing.turns`): document ``i`` is the
+assistant turn (:mod:`vecpack.tokenizing.sink`): document ``i`` is the
 conversation up to turn ``t_i``, rendered as the template renders a final
 turn, with only that turn trained. The corpus holds them back to back, each
 with its conversation's row in ``row_ids``. Here a conversation's documents

@@ -27,8 +27,9 @@ import os
 import shutil
 import sys
 import time
+from concurrent.futures import BrokenExecutor
 
-from vecpack.errors import plural, warn_caller
+from vecpack.errors import WorkerDiedError, plural, warn_caller
 from vecpack.inputs.readers import reader, sample_rows
 from vecpack.options import FAST_ENGINES
 from vecpack.tokenizing import executors
@@ -215,8 +216,8 @@ class _Call:
     share: int
     t0: float
     warm: object = None    # background work to start (once) where it delays no fork: see tokenize_input
-    dense: bool = False    # tool rows (backend.row_kinds): fastokens repays its build from less input
-    short: bool = False    # short rows for forked workers (backend.short_rows): vecpack's BPE serves them
+    dense: bool = False    # tool rows (backend.row_kinds): a faster engine repays its build from less input
+    short: bool = False    # rows vecpack's BPE serves on forked workers (backend.row_kinds: short or Latin tool rows)
     scoped: object = None  # (encoder, runtime) made for this call alone (_serve_here): forgotten at its end
 
     @property
@@ -381,9 +382,11 @@ def _run(tasks, encoder, out_dir, estimate, chunk_bytes, check: Pending, run: di
             return merger.finish(), metas
         except BaseException as exc:
             merger.abort()
-            if isinstance(exc, Exception) and check.failed():
+            if isinstance(exc, Exception) and not isinstance(exc, _POOL_LOST) and check.failed():
                 # an error of the engine the check failed (a row only it rejects, tokens that do not
-                # spell the text) must not be reported: the rows are tokenized again with HF
+                # spell the text) must not be reported: the rows are tokenized again with HF. A worker
+                # that died took the check's engine side with it: its verdict says nothing of the engine
+                # (asked, it would keep this process's encoder on HF tokenizers for every later call)
                 raise _RetryWithFallback() from exc
             raise
     finally:
@@ -392,6 +395,10 @@ def _run(tasks, encoder, out_dir, estimate, chunk_bytes, check: Pending, run: di
 
 class _RetryWithFallback(Exception):
     pass
+
+
+#: Errors that end a call's pool, not its engine: the parity check's verdict is not asked.
+_POOL_LOST = (WorkerDiedError, BrokenExecutor)
 
 
 def _summary(s: dict) -> None:

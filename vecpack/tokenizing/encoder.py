@@ -62,7 +62,7 @@ from vecpack.options import ENGINES, cache_root, check_choice, check_options
 from vecpack.tokenizing import backend as _backend
 from vecpack.tokenizing import parity
 from vecpack.tokenizing.runtime import Runtime, is_nfc, runtime
-from vecpack.tokenizing.sink import _PREFIX_MAX_CHARS, ChunkSink, _with_heads  # noqa: F401  (re-exported)
+from vecpack.tokenizing.sink import _PREFIX_MAX_CHARS, ChunkSink, TurnSink, _with_heads  # noqa: F401  (re-exported)
 from vecpack.tokenizing.spec import (
     MISSING,
     SPEC_VERSION,
@@ -74,7 +74,6 @@ from vecpack.tokenizing.spec import (
     write_memo,
 )
 from vecpack.tokenizing.tokenized import label_runs, labels_from_parts, part_sizes
-from vecpack.tokenizing.turns import TurnSink
 
 __all__ = ["BACKENDS", "ChatEncoder", "ChunkSink", "encoder_for"]
 
@@ -124,7 +123,7 @@ class ChatEncoder:
         self.text_affixes = (tuple(text_affixes[0]), tuple(text_affixes[1]))
         self.chat_template_kwargs = _call_kwargs(chat_template_kwargs)
         self.train_reasoning = bool(train_reasoning)
-        self.per_turn = bool(per_turn)  # one document per trained assistant turn (vecpack.tokenizing.turns)
+        self.per_turn = bool(per_turn)  # one document per trained assistant turn (vecpack.tokenizing.sink)
         ids = ids or {}
         self.bos_id, self.eos_id, self.pad_id = ids.get("bos"), ids.get("eos"), ids.get("pad")
         self.pending_check = None  # sample texts of a deferred parity check (see from_tokenizer)
@@ -166,7 +165,7 @@ class ChatEncoder:
                 text untrained, the rest of its turn trained.
             per_turn: each row becomes one document per trained assistant
                 turn, the conversation up to it rendered as its final turn
-                (:mod:`vecpack.tokenizing.turns`; :mod:`vecpack.packing.turns` packs them).
+                (:mod:`vecpack.tokenizing.sink`; :mod:`vecpack.packing.turns` packs them).
 
         >>> from vecpack.testing import cached_tokenizer_dir
         >>> ChatEncoder.from_tokenizer(cached_tokenizer_dir("qwen2.5"), backend="tokenizers").backend
