@@ -360,3 +360,23 @@ def test_rays_shutdown_writes_nothing_to_stderr(capfd):
         os.write(2, b"Failed to push error to driver\n")
     os.write(2, b"after\n")
     assert capfd.readouterr().err == "before\nafter\n"
+
+
+def test_a_build_skips_the_last_collections_at_exit_and_the_exit_hooks_still_run(qwen_dir, sharegpt_file, tmp_path):
+    """While the process runs, a build leaves the collector as it was (nothing frozen); as the process
+    exits, every object is frozen (the interpreter's last collections have nothing to walk), and the
+    exit hooks registered before and after the build still run (a temporary directory is removed)."""
+    report = tmp_path / "report.txt"
+    code = textwrap.dedent(f"""
+        import atexit, gc, tempfile, vecpack
+        kept = tempfile.TemporaryDirectory()   # removed by its weakref.finalize hook at exit
+        atexit.register(lambda: open({str(report)!r}, "a").write(f"at exit frozen={{gc.get_freeze_count() > 0}}\\n"))
+        vecpack.build({str(sharegpt_file)!r}, {str(qwen_dir)!r}, 1024, n_jobs=1, progress=False,
+                      cache_dir={str(tmp_path / "cache")!r})
+        open({str(report)!r}, "a").write(f"after build frozen={{gc.get_freeze_count() > 0}} {{kept.name}}\\n")
+    """)
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=300, cwd=tmp_path,
+                   env={**os.environ, "VECPACK_CACHE": str(tmp_path / "root")})
+    after, at_exit = report.read_text().splitlines()
+    assert after.startswith("after build frozen=False") and at_exit == "at exit frozen=True"
+    assert not pathlib.Path(after.split()[-1]).exists()

@@ -48,7 +48,9 @@ priority ever waits on one that a busy machine starves.
 
 from __future__ import annotations
 
+import atexit
 import collections
+import gc
 import os
 import threading
 import time
@@ -135,6 +137,27 @@ _BODIES: set = set()  # kernels this process ran as Python bodies (compile_stats
 #: The estimated time of a kernel's Python body (microseconds) up to which :func:`runnable` runs it
 #: rather than wait for the kernel's compilation (1.5-3 s on a cold cache, 2 cores).
 PLAIN_US = 500_000
+
+
+def skip_last_collections() -> None:
+    """Freeze every object (:func:`gc.freeze`): the interpreter's last garbage collections, as the
+    process ends, then have nothing to walk. They would walk every object (numba's, jinja's, the
+    engines') to free memory that the exit frees anyway. Exit hooks (``atexit``, ``weakref.finalize``:
+    the workers', the temporary directories') still run, and objects outside reference cycles are
+    still freed one by one; only cycles are left to the exit, as Python allows."""
+    gc.freeze()
+
+
+def skip_last_collections_at_exit() -> None:
+    """Have this process run :func:`skip_last_collections` as it exits (registered once): the
+    ``vecpack.build`` and ``vecpack.tokenize`` of a process that ends next (a script, a job) do not
+    pay its last collections. Nothing changes while the process runs."""
+    if not _AT_EXIT:
+        _AT_EXIT.append(skip_last_collections)
+        atexit.register(skip_last_collections)
+
+
+_AT_EXIT: list = []
 
 
 def start_warming(fn: Callable[[], None], name: str) -> threading.Thread:

@@ -23,6 +23,7 @@ import warnings
 
 from vecpack import options
 from vecpack._lazy import lazy_module
+from vecpack._state import skip_last_collections
 from vecpack._version import __version__
 from vecpack.errors import VecpackError
 
@@ -63,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
     if status == 130 and console:
         _quiet_exit()
     if console:
-        _skip_last_collections()
+        skip_last_collections()  # the process ends next
     return status
 
 
@@ -116,16 +117,6 @@ def _ctrl_c_again() -> None:
     again = threading.Timer(0.01, _thread.interrupt_main)
     again.daemon = True
     again.start()
-
-
-def _skip_last_collections() -> None:
-    """The process ends next: its interpreter's last garbage collections walk every object
-    (numba's, jinja's, the engines', after the report is
-    out) to free memory that the exit frees anyway. Frozen, they have nothing to walk; the exit
-    hooks (atexit, the workers' and temporary directories' finalizers) still run."""
-    import gc
-
-    gc.freeze()
 
 
 def _quiet_exit() -> None:
