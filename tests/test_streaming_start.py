@@ -21,7 +21,6 @@ pytest.importorskip("tiktoken")
 
 from resume_harness import KEYS, same  # noqa: E402
 
-from vecpack.streaming import encoding  # noqa: E402
 from vecpack.streaming.dataset import StreamingPackedDataset  # noqa: E402
 from vecpack.streaming.run import lay_out  # noqa: E402
 from vecpack.testing import make_sharegpt  # noqa: E402
@@ -187,7 +186,7 @@ def test_a_verdict_is_remembered_on_disk(rows, fresh, qwen_dir, monkeypatch):
     preloads = []
     preload, real_start = parity.preload, parity.start
     monkeypatch.setattr(parity, "preload", lambda path: preloads.append(path) or preload(path))
-    assert not encoding.checked_before(str(qwen_dir))
+    assert not parity.checked_before(str(qwen_dir))
     ds = StreamingPackedDataset(rows, str(qwen_dir), **ARGS)
     assert len(preloads) == 1                    # never checked: HF loads beside the encoder's build
     start = ds._engine_start()
@@ -198,7 +197,7 @@ def test_a_verdict_is_remembered_on_disk(rows, fresh, qwen_dir, monkeypatch):
     assert parity.passed_before(qwen_dir, "tiktoken", texts)
     assert parity.passed_before(qwen_dir, "fastokens", texts)
     assert not parity.passed_before(qwen_dir, "fastokens", texts[1:])
-    assert encoding.checked_before(str(qwen_dir)) and not encoding.checked_before(str(rows))
+    assert parity.checked_before(str(qwen_dir)) and not parity.checked_before(str(rows))
 
     _state.reset()                               # as a fresh process
     calls = []

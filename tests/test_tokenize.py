@@ -275,8 +275,13 @@ def test_a_passed_verdict_is_remembered_on_disk_for_the_next_process(sharegpt_fi
     assert seen and seen[0] and list((cache_dir / "parity").glob("*.passed"))
     seen.clear()
     _fresh_encoders()   # as a new process: nothing remembered in memory
+    from vecpack.tokenizing import parity
+
+    preloads = []
+    monkeypatch.setattr(parity, "preload", preloads.append)
     again = vecpack.tokenize(sharegpt_file, qwen_dir, n_jobs=2, progress=False)
     assert not any(seen) and again.tokens.tolist() == first.tokens.tolist()
+    assert not preloads   # a tokenizer checked before: no HF process started ahead of a check
     assert again.stats["backend"] == first.stats["backend"] != "tokenizers"
     monkeypatch.setenv("VECPACK_CACHE", str(tmp_path / "elsewhere"))
     _fresh_encoders()

@@ -94,7 +94,7 @@ from vecpack.inputs.readers import Layout, default_shard, reader
 from vecpack.inputs.sources import resolve_sources
 from vecpack.options import STREAM_STRATEGIES, check_choice, check_int, check_seed
 from vecpack.pipeline.request import make_request
-from vecpack.streaming.encoding import EngineStart, checked_before
+from vecpack.streaming.encoding import EngineStart
 from vecpack.streaming.mix import SOURCE_STATS, BalancedStream, MixRun, mixture_stats, stream_sources
 from vecpack.streaming.run import STAT_KEYS, STATE_VERSION, Run, with_fill
 from vecpack.tokenizing.corpus import encoder_class
@@ -249,9 +249,7 @@ class StreamingPackedDataset(IterableDataset):
             chat = request.inputs[0].chat
             # (HF's process for the check starts now, unless this tokenizer was checked before)
             self._key, encoder = encoder_for(tokenizer, style, column, masking, sample,
-                                             defer=cls is None, cls=cls,
-                                             options={**chat.encoder_options(),
-                                                      "preload": not checked_before(tokenizer)})
+                                             defer=cls is None, cls=cls, options=chat.encoder_options())
             self._tokenizer = tokenizer
         self.encoder = encoder
         self._start = None

@@ -27,11 +27,10 @@ from vecpack.tokenizing import runtime as _runtime
 from vecpack.tokenizing.backend import fall_back
 from vecpack.tokenizing.encoder import ChatEncoder
 from vecpack.tokenizing.exec import Local
-from vecpack.tokenizing.pool import tokenizer_dir
 from vecpack.tokenizing.rows import RowFailure, Rows, encode_rows
 from vecpack.tokenizing.spec import Unsupported
 
-__all__ = ["Encoding", "EngineStart", "checked_before", "documents", "encode_batch", "encode_in_worker",
+__all__ = ["Encoding", "EngineStart", "documents", "encode_batch", "encode_in_worker",
            "encoder_ready"]
 
 
@@ -100,23 +99,6 @@ def _in_thread(fn, name: str, nice: int = 0) -> Future:
 
     threading.Thread(target=run, name=name).start()
     return fut
-
-
-def checked_before(tokenizer) -> bool:
-    """Whether a parity check of this tokenizer directory passed before, on any sample (a restart,
-    another rank, another stream of the same run): :func:`vecpack.tokenizing.parity.checked_before`.
-
-    A stream then does not start the check's HF process ahead of its encoder
-    (:func:`vecpack.tokenizing.encoder.encoder_for`'s ``options["preload"]``): its own
-    verdict is most likely remembered too, and that process (loading
-    Qwen2.5's tokenizer on a core) would only compete with the first
-    pack. If this sample was not checked, its check starts the process then.
-
-    >>> checked_before(None)
-    False
-    """
-    d = tokenizer_dir(tokenizer)
-    return d is not None and parity.checked_before(pathlib.Path(d).expanduser().resolve())
 
 
 class _After:

@@ -544,13 +544,13 @@ def encoder_for(tokenizer, style: str, column: str | None, masking: str, sources
     ``options``: more keyword arguments of ``from_tokenizer`` (``chat_template_kwargs``,
     ``train_reasoning``, ``per_turn``), part of the key. A ``per_turn`` encoder is the same encoder
     with ``per_turn`` set (it renders and encodes alike): made from the other, not built again.
-    ``options["preload"]`` (default True; not part of the key, not passed on): start the parity
-    check's HF process now, as a new encoder will want a check (a stream whose tokenizer was checked
-    before passes False).
+    ``options["preload"]`` (not part of the key, not passed on): start the parity check's HF process
+    now, as a new encoder will want a check; by default, unless a check of this tokenizer passed
+    before (:func:`~vecpack.tokenizing.parity.checked_before`: its verdict is most likely remembered).
     """
     options = dict(options or {})
     per_turn = bool(options.pop("per_turn", False))
-    preload = bool(options.pop("preload", True))
+    preload = options.pop("preload", None)
     key = (_tokenizer_key(tokenizer), style, column, masking)
     if options:
         key += (json.dumps(options, sort_keys=True, default=repr),)
@@ -562,8 +562,8 @@ def encoder_for(tokenizer, style: str, column: str | None, masking: str, sources
         enc = encoder_for(tokenizer, style, column, masking, sources, cls=cls, options=options)[1]._per_turn()
         _ENCODERS[key] = (enc, tokenizer)
     if enc is None:
-        path = tokenizer_dir(tokenizer) if preload else None
-        if path is not None:
+        path = tokenizer_dir(tokenizer) if preload is not False else None
+        if path is not None and (preload or not parity.checked_before(path)):
             parity.preload(path)  # a new encoder wants a parity check: HF loads meanwhile
         enc = (cls or ChatEncoder).from_tokenizer(tokenizer, masking=masking, style=style, column=column,
                                                   sample_rows=sample_rows(sources, 64), defer_check=True,

@@ -393,8 +393,20 @@ def passed_file(path, engine: str, texts) -> pathlib.Path | None:
 
 
 def checked_before(path) -> bool:
-    """Whether a parity check of the tokenizer directory ``path`` (resolved) passed before, on any sample."""
-    tag = _tokenizer_tag(path)
+    """Whether a parity check of the tokenizer directory ``path`` passed before, on any sample (a rerun,
+    another rank, another stream or build of the same run).
+
+    A new encoder of such a tokenizer does not start the check's HF process ahead
+    (:func:`vecpack.tokenizing.encoder.encoder_for`): its own verdict is most likely
+    remembered too, and that process (loading Qwen2.5's tokenizer on a core) would only
+    compete with the work. If this sample was not checked, its check starts the process then.
+
+    >>> checked_before(None)
+    False
+    """
+    if path is None:
+        return False
+    tag = _tokenizer_tag(pathlib.Path(path).expanduser().resolve())
     return tag is not None and any((cache_root() / "parity").glob(f"{tag}-*.passed"))
 
 
