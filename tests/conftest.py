@@ -9,6 +9,23 @@ from tiers import heavy_first, is_slow, scheduler_class
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _private_cache_root(tmp_path_factory):
+    """Every pytest run gets its own cache root, shared by its xdist workers, so that nothing a run remembers
+    on disk (parity verdicts, tokenizer pickles, cache entries) changes what a later run sees: CI runs the full
+    suite and then the fast tier in one checkout, and a developer's ~/.cache/vecpack is theirs. (vecpack's
+    caches are safe to share between processes: every entry is written atomically.)"""
+    base = tmp_path_factory.getbasetemp()
+    root = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "vecpack-cache"
+    before = os.environ.get("VECPACK_CACHE")
+    os.environ["VECPACK_CACHE"] = str(root)
+    yield
+    if before is None:
+        os.environ.pop("VECPACK_CACHE", None)
+    else:
+        os.environ["VECPACK_CACHE"] = before
+
+
 @pytest.fixture(scope="session")
 def qwen_dir() -> pathlib.Path:
     """The Qwen2.5 tokenizer (HF + torchtune files), built once per machine."""

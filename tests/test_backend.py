@@ -87,7 +87,7 @@ def test_the_row_lane_is_chosen_with_its_reason(enc, monkeypatch):
     assert row_path(enc, 10) == ("lane", "")
 
 
-def test_the_pending_check_is_the_routes_and_a_passed_sample_is_not_checked_again(enc):
+def test_the_pending_check_is_the_routes_and_a_passed_sample_is_not_checked_again(enc, cache_dir):
     started = []
 
     class Done:
