@@ -439,7 +439,8 @@ def prepare(tokenizer, share: int, dense: bool = False, short: bool = False):
                 return
             rt = runtime(path, "fastokens", serve=engine)
             expect_bytes(share)
-            preload_lane(bpe=rt.bpe is not None)  # (only when the share takes the lane from its first range)
+            if not dense:  # (tool rows never take the lane: its kernels would only hold the fork back)
+                preload_lane(bpe=rt.bpe is not None)  # (only when the share takes the lane from its first range)
         except Exception:  # noqa: BLE001 - only a head start: the workers build it and say why not
             pass
 

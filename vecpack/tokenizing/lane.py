@@ -209,9 +209,14 @@ class _Lane:
         """The :class:`Rows` of the bytes ``[start, stop)`` of the JSONL file ``path``: through the
         lane, unless its lines are long (then the Python path, which parses long rows faster)."""
         arr = read_array(path, start, stop, kept=True)  # nothing returned refers to it
-        info["newlines"] = lines = int(self.k.count_newlines(arr))
-        if len(arr) > LANE_MAX_LINE_BYTES * (lines + 1) and lane_mode() != "1":
-            return encode_rows(self.enc, buffer_lines(arr.tobytes()), on_error=on_error, progress=progress)
+        python = lane_mode() != "1" and _long_lines(arr[:_HEAD].tobytes())  # (tool rows: no kernel loaded)
+        if not python:
+            info["newlines"] = lines = int(self.k.count_newlines(arr))
+            python = _long_lines(arr, lines) and lane_mode() != "1"
+        if python:
+            text = arr.tobytes()
+            info["newlines"] = text.count(b"\n")
+            return encode_rows(self.enc, buffer_lines(text), on_error=on_error, progress=progress)
         return encode_range(self, arr, on_error=on_error, progress=progress, newlines=lines)
 
     def layout(self, codes: tuple):
@@ -239,6 +244,23 @@ class _Lane:
                           layout.n_cacheable, dup, len(lit.encode("utf-8")), not all(ord(ch) < 0x100 for ch in lit))
         self.layouts[codes] = out
         return out
+
+
+#: Bytes of a range that tell long lines before the lane's kernels are loaded (:func:`_long_lines`).
+_HEAD = 1 << 16
+
+
+def _long_lines(buf, newlines: int | None = None) -> bool:
+    """Whether the lines of ``buf`` (``newlines`` of them; counted here from ``bytes``) average over
+    :data:`LANE_MAX_LINE_BYTES`: the Python path then parses them faster than the lane. Asked of a
+    range's first :data:`_HEAD` bytes first, so that a range of long rows (tool rows) takes the
+    Python path without loading the lane's kernels; both paths give the same arrays.
+
+    >>> _long_lines(b'{"a": 1}\\n' * 100), _long_lines(b"x" * 5000 + b"\\n")
+    (False, True)
+    """
+    lines = buf.count(b"\n") if newlines is None else newlines
+    return len(buf) > LANE_MAX_LINE_BYTES * (lines + 1)
 
 
 def byte_array(buf: bytes) -> np.ndarray:
