@@ -485,15 +485,17 @@ def test_a_warming_worker_preloads_the_lane_only_for_a_call_that_takes_it(monkey
 
 
 def test_ranges_of_long_lines_take_the_python_path(qwen_dir, tmp_path, monkeypatch):
-    """orjson parses long rows faster than the lane: encode_file sends them to encode_rows."""
+    """orjson parses long rows faster than the lane: encode_file sends them to encode_rows, without asking
+    the lane's kernels (a worker of tool rows never loads them)."""
     from vecpack.tokenizing import lane as lane_mod
 
     monkeypatch.delenv("VECPACK_ROW_LANE", raising=False)
     enc = ChatEncoder.from_tokenizer(qwen_dir)
     lane = lane_for(enc)
-    calls = []
-    real = lane_mod.encode_range
+    calls, asked = [], []
+    real, kernels = lane_mod.encode_range, lane_mod._Lane.k
     monkeypatch.setattr(lane_mod, "encode_range", lambda *a, **k: calls.append(1) or real(*a, **k))
+    monkeypatch.setattr(lane_mod._Lane, "k", property(lambda self: asked.append(1) or kernels.fget(self)))
     long_rows = make_sharegpt(tmp_path / "long.jsonl", 60, seed=4, median_user=800, median_assistant=1500)
     short_rows = make_short_chats(tmp_path / "short.jsonl", 60, seed=4)
     for path, lane_used in ((long_rows, False), (short_rows, True)):
@@ -501,9 +503,10 @@ def test_ranges_of_long_lines_take_the_python_path(qwen_dir, tmp_path, monkeypat
         assert (len(data) / data.count(b"\n") > lane_mod.LANE_MAX_LINE_BYTES) != lane_used
         info = {}
         got = lane.encode_file(str(path), 0, len(data), info)
-        assert bool(calls) == lane_used and info["newlines"] == 60
+        assert bool(calls) == lane_used == bool(asked) and info["newlines"] == 60
         assert_same(got, encode_rows(enc, buffer_lines(data)))
         calls.clear()
+        asked.clear()
 
 
 def test_a_range_past_the_end_of_its_file_is_an_input_error_on_both_paths(tmp_path):

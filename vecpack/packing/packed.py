@@ -478,7 +478,7 @@ class DecodedLabels:
             yield bits_to_labels(self.tokens, self.bits, a, min(n, a + self._BLOCK))
 
 
-_MMAP_FROM = 4 << 20  # bytes from which a filled array gets pages of its own (see _empty): numpy's huge-page size
+_MMAP_FROM = 4 << 20  # from here a filled array gets pages of its own (see _empty); numpy asks huge pages from 4 MiB
 
 
 def _empty(shape: tuple[int, int]) -> np.ndarray:
