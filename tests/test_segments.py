@@ -108,3 +108,59 @@ def test_pieces_equal_transformers(templated, name):
         checked += 1
     assert checked == 60
     assert sum(v is not None for v in enc.template.__dict__.get("_pieces", {}).values()) >= 10
+
+
+def _qwen(qwen_dir):
+    src = (trl_templates() / "qwen2_5.jinja").read_text(encoding="utf-8")
+    base = ChatEncoder.from_tokenizer(qwen_dir, backend="tokenizers").template
+    return [ChatTemplate(src, variables=base.variables, added_tokens=base.added_tokens) for _ in range(2)]
+
+
+def test_flat_message_keys_equal_the_walk(qwen_dir):
+    """A message's memoised layout (segments._flat) gives the very key and texts of the full walk
+    (structure._key), whatever its keys' order, its unused keys, its empty or non-text values."""
+    from vecpack.chat.segments import _kinds
+    from vecpack.chat.structure import _key, _names
+
+    fast, _ = _qwen(qwen_dir)
+    used = _names(fast)
+    odd = [{"content": "c", "role": "user"}, {"role": "user", "content": "c", "note": "not in the template"},
+           {"role": "user", "content": ""}, {"role": "tool", "content": "r", "name": 7},
+           {"role": "assistant", "content": "a", "reasoning_content": "why", "thinking": "why"},
+           {"role": "user", "content": "c", "type": "text"}, {"role": 3, "content": "c"}]
+    rows = [read_conversation(r, "openai") for r in tool_conversations(40, seed=11)]
+    convs = rows + [type(rows[0])([m]) for m in odd]
+    flats: dict = {}
+    for _ in range(2):  # the memo's first sighting and its later ones
+        for conv in convs:
+            leaves, offsets, local, *_ = _kinds(conv, used, flats)
+            want_leaves, want_local = [], []
+            for m in conv.messages:
+                out: list = []
+                _key(m, out, want_leaves, used)
+                want_local.append(tuple(out))
+            assert local == want_local
+            assert leaves[:offsets[-1]] == want_leaves
+    assert any(v is not None for v in flats.values()) and None in flats.values()
+
+
+def test_rows_of_one_kind_with_other_texts_and_unused_keys(qwen_dir):
+    """Rows that differ only in their texts, or in a message key the template never names, share their
+    pieces (no new kind) and still equal Jinja's text and spans."""
+    fast, slow = _qwen(qwen_dir)
+    rows = tool_conversations(30, seed=3)
+    for row in rows:
+        conv = read_conversation(row, "openai")
+        assert _mask(*conversation_parts(fast, conv)[:2]) == _mask(*conversation_parts(slow, conv,
+                                                                                       compiled=False)[:2])
+    kinds = len(fast.__dict__["_pieces"])
+    for k, row in enumerate(rows):
+        other = json.loads(json.dumps(row))
+        for m in other["messages"]:
+            if m.get("content"):
+                m["content"] = m["content"][::-1] + f" {k}"
+            m["x_unused"] = "not rendered"
+        conv = read_conversation(other, "openai")
+        a = conversation_parts(fast, conv)
+        assert _mask(*a[:2]) == _mask(*conversation_parts(slow, conv, compiled=False)[:2]), k
+    assert len(fast.__dict__["_pieces"]) == kinds

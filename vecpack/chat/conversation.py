@@ -294,15 +294,25 @@ def _shared_schemas(tools: list) -> list:
     return out
 
 
-def _text(i: int, role: str, content) -> str:
-    """A message's content: a string, or text parts joined."""
-    return content if type(content) is str else _openai_content(i, role, content)
+_NO_ARGUMENTS: dict = {}  # (a call without 'arguments': never changed)
 
 
 def _calls(i: int, calls) -> list:
     if not isinstance(calls, list):
         raise InputError(f"message {i} (assistant) 'tool_calls' is a {_kind(calls)}, expected a list")
     for j, call in enumerate(calls):
+        fn = call.get("function", call) if type(call) is dict else None
+        if type(fn) is dict:  # (a well-formed call passes here, without a call per check)
+            name, args = fn.get("name"), fn.get("arguments", _NO_ARGUMENTS)
+            if type(name) is str and name:
+                if type(args) is str:
+                    try:
+                        _strict_loads(args)
+                        continue
+                    except ValueError:
+                        pass  # (json decides, and words the error)
+                elif type(args) is dict:
+                    continue
         _check_call(i, j, call)
     return list(calls)
 
@@ -334,6 +344,9 @@ def _where(i: int, j: int) -> str:
     return f"message {i} (assistant) tool call {j}"
 
 
+_NONE = type(None)
+
+
 def _message(i: int, msg, roles: dict, role_key: str, text_key: str, state: dict) -> dict | None:
     """One message as the template sees it (``None``: a message that is only a LLaMA-Factory call list)."""
     if not isinstance(msg, dict):
@@ -347,7 +360,11 @@ def _message(i: int, msg, roles: dict, role_key: str, text_key: str, state: dict
                     if other[0] in msg else "")
             raise InputError(f"message {i} has no {role_key!r} key{hint}")
         raise InputError(f"message {i} has unknown role {who!r} (expected one of {sorted(roles)})")
-    out = {k: v for k, v in msg.items() if v is not None and k not in TRAIN_KEYS}
+    flagged = not msg.keys().isdisjoint(TRAIN_KEYS)
+    if flagged or type(msg) is not dict or _NONE in map(type, msg.values()):  # (types compare by identity)
+        out = {k: v for k, v in msg.items() if v is not None and k not in TRAIN_KEYS}
+    else:  # (most messages: no null value, no train flag)
+        out = msg.copy()
     if role_key != "role":
         out.pop(role_key, None)
     content = out.pop(text_key, None)
@@ -363,15 +380,15 @@ def _message(i: int, msg, roles: dict, role_key: str, text_key: str, state: dict
     else:
         out["role"] = role
         if content is not None:
-            out["content"] = _text(i, who, content)
+            out["content"] = content if type(content) is str else _openai_content(i, who, content)
         elif role != "assistant":  # an assistant's null content is left out, as transformers does
             what = "null content" if text_key in msg else f"no {text_key!r} key"
             raise InputError(f"message {i} ({who}) has {what}")
     if "tool_calls" in out:
         if role != "assistant":
             raise InputError(f"message {i} ({who}) has 'tool_calls'; only an assistant message calls tools")
-        out["tool_calls"] = _calls(i, out["tool_calls"])
-        state["tool_calls"] += len(out["tool_calls"])
+        out["tool_calls"] = calls = _calls(i, out["tool_calls"])
+        state["tool_calls"] += len(calls)
         state["open"] = True
     elif role == "tool":
         if not state["open"]:
@@ -380,20 +397,21 @@ def _message(i: int, msg, roles: dict, role_key: str, text_key: str, state: dict
     elif role != "system":
         state["open"] = False
     # (out holds no None values: a reasoning key in it holds the reasoning)
-    reasoning = None if out.keys().isdisjoint(REASONING_KEYS) else next(out[k] for k in REASONING_KEYS if k in out)
-    if reasoning is not None:
+    if not out.keys().isdisjoint(REASONING_KEYS):
+        reasoning = next(out[k] for k in REASONING_KEYS if k in out)
         if role != "assistant":
             raise InputError(f"message {i} ({who}) has reasoning; only an assistant message reasons")
         if type(reasoning) is not str:
             raise InputError(f"message {i} (assistant) reasoning is a {_kind(reasoning)}, expected a string")
         out = {"thinking": reasoning, **out, "reasoning_content": reasoning}  # as transformers aliases them
         state["reasoning"] += 1
-    for key in () if msg.keys().isdisjoint(TRAIN_KEYS) else TRAIN_KEYS:
-        flag = msg.get(key)
-        if flag is not None and type(flag) is not bool:
-            raise InputError(f"message {i} ({who}) {key!r} is a {_kind(flag)}, expected true or false")
-        if flag is False:
-            state["untrained"].append(i)
+    if flagged:
+        for key in TRAIN_KEYS:
+            flag = msg.get(key)
+            if flag is not None and type(flag) is not bool:
+                raise InputError(f"message {i} ({who}) {key!r} is a {_kind(flag)}, expected true or false")
+            if flag is False:
+                state["untrained"].append(i)
     return out
 
 

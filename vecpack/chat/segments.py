@@ -38,9 +38,11 @@ from __future__ import annotations
 
 import json
 import re
+from operator import itemgetter
 
 from vecpack.chat.layout import OBJECT_RE, tracking_objects
-from vecpack.chat.structure import _compile, _Dumps, _key, _names, _stand_ins
+from vecpack.chat.structure import _DICT, _TEXT, _compile, _Dumps, _key, _names, _stand_ins
+from vecpack.chat.structure import _END as _END_KEY
 from vecpack.errors import InputError
 
 __all__ = ["segmented_parts"]
@@ -227,17 +229,70 @@ def _trained(template, conv, roles) -> list[bool]:
     return out
 
 
-def _kinds(conv, used):
+_STR = frozenset([str])
+_MAX_FLATS = 4096  # message layouts remembered per template (by their keys and role)
+
+
+def _flat(m: dict, used, flats: dict):
+    """``(key, getter, single)`` for a message whose every used key but ``role`` holds a text, where
+    its texts are non-empty strings: its :func:`~vecpack.chat.structure._key` (the same tuple), an
+    ``operator.itemgetter`` of its texts (one text alone when ``single``); ``None`` for other messages
+    (a call list, a ``type`` key, a role that is no string: :func:`_key` walks them). Found once per
+    key order and role (``flats``); the caller checks the texts' types and emptiness.
+
+    >>> key, get, single = _flat({"role": "user", "content": "Hi", "x": 1}, {"role", "content"}, {})
+    >>> key == (_DICT, "role", "'user'", "content", _TEXT, _END_KEY), get({"content": "Hi"}), single
+    (True, 'Hi', True)
+    """
+    role = m.get("role")
+    if type(role) is not str:
+        return None
+    sig = (tuple(m), role)
+    try:
+        return flats[sig]
+    except KeyError:
+        pass
+    got = None
+    if "tool_calls" not in m and "type" not in m and all(type(k) is str for k in m):
+        key, texts = [_DICT], []
+        for k in m:
+            if k not in used:
+                continue
+            if k == "role":
+                key += (k, repr(role))
+            else:
+                key += (k, _TEXT)
+                texts.append(k)
+        key.append(_END_KEY)
+        if texts:
+            got = (tuple(key), itemgetter(*texts), len(texts) == 1)
+    if len(flats) >= _MAX_FLATS:
+        flats.clear()
+    flats[sig] = got
+    return got
+
+
+def _kinds(conv, used, flats: dict):
     """``(leaves, offsets, local keys, options, schemas' keys, n)`` of a row: its texts and objects in
     :func:`~vecpack.chat.structure.shape`'s order (each message's, then the tool schemas), where each
     message's leaves start, each message's own structure, the template options as JSON, the top-level
-    keys of each tool schema, the number of messages."""
+    keys of each tool schema, the number of messages. ``flats``: :func:`_flat`'s memo."""
     messages = conv.messages
     n = len(messages)
     leaves: list = []
     offsets = [0]
     local = []
     for m in messages:
+        flat = _flat(m, used, flats) if type(m) is dict else None
+        if flat is not None:
+            vals = flat[1](m)
+            if flat[2]:
+                vals = (vals,)
+            if _STR.issuperset(map(type, vals)) and "" not in vals:  # (every text a non-empty str)
+                leaves += vals
+                local.append(flat[0])
+                offsets.append(len(leaves))
+                continue
         out: list = []
         _key(m, out, leaves, used)
         local.append(tuple(out))
@@ -254,7 +309,7 @@ def _kinds(conv, used):
 
 def _keys(template, conv, used):
     """``(keys, leaves, offsets)``: the kind of each piece of the row (head, one per message, tail)."""
-    leaves, offsets, local, baked, schemas, n = _kinds(conv, used)
+    leaves, offsets, local, baked, schemas, n = _kinds(conv, used, template.__dict__.setdefault("_flats", {}))
     roles = [m["role"] for m in conv.messages]
     trained = _trained(template, conv, roles)
     keys = [("h", local[0], baked, schemas)]
@@ -401,11 +456,11 @@ def _fill(got, leaves, offsets):
     train: list = []
     tools_at = offsets[-1]
     for j, piece in enumerate(got):
-        p = piece.parts.copy()
-        base = offsets[j - 1] if 0 < j < len(offsets) else 0
-        for pos, i, fn in piece.fills:
-            leaf = leaves[base + i] if i >= 0 else leaves[tools_at - 1 - i]
-            p[pos] = leaf if fn is None else fn(leaf)
-        parts += p
+        at = len(parts)
+        parts += piece.parts
         train += piece.train
+        base = offsets[j - 1] if 0 < j < len(offsets) else 0
+        for pos, i, fn in piece.fills:  # (filled in place: no copy of the piece's parts)
+            leaf = leaves[base + i] if i >= 0 else leaves[tools_at - 1 - i]
+            parts[at + pos] = leaf if fn is None else fn(leaf)
     return parts, train

@@ -27,8 +27,6 @@ every other assistant message marked untrained.
 
 from __future__ import annotations
 
-import itertools
-
 import numpy as np
 
 from vecpack.chat.conversation import Conversation, TextCompletion, read_row
@@ -47,8 +45,8 @@ class ChunkSink:
     """The rows of one chunk, encoded with the fast engine and labelled in one pass.
 
     Per row, :meth:`add` renders the conversation and keeps its text and the
-    UTF-8 size and trainability of each piece (references only: they are
-    flattened once, at :meth:`finish`). A prefix holding only template text and
+    UTF-8 size and trainability of each piece (added to two flat lists of ints and bools, which the
+    garbage collector never walks, as it would a list a row). A prefix holding only template text and
     the system prompt (the same in many rows) is tokenized once per process,
     and its ids are spliced in front of the rows that start with it, all rows
     at once. With fastokens every row's text is encoded in one
@@ -65,8 +63,8 @@ class ChunkSink:
         self.heads: list = []            # fast rows: cached prefix ids (or None)
         self.texts: list[str] = []       # fast rows: the text after the prefix (batch engines)
         self.ids: list[np.ndarray] = []  # fast rows: its ids (engines that encode text by text)
-        self.sizes: list = []            # fast rows: the UTF-8 size of each piece
-        self.train: list = []            # fast rows: whether each piece is trained
+        self.sizes: list = []            # fast rows: the UTF-8 size of each piece, row after row
+        self.train: list = []            # fast rows: whether each piece is trained, row after row
         self.slow: dict[int, tuple] = {}  # row index -> (tokens, labels) of a row HF encoded
         self.rows = 0
         self.counts: dict[str, int] = {}  # agentic rows' tool calls, results, reasoning (spans.conversation_parts)
@@ -93,11 +91,14 @@ class ChunkSink:
     def add_parts(self, parts, train, n_cache, layout) -> None:
         """Take one rendered row: ``template.parts(...)``'s output."""
         rt = self.rt
-        try:
-            sizes = part_sizes(parts, layout)
-        except UnicodeEncodeError:
-            raise InputError("text contains a lone surrogate (invalid Unicode)") from None
         text = rest = "".join(parts)
+        if layout is None and text.isascii():  # (each piece's size is its length)
+            sizes = list(map(len, parts))
+        else:
+            try:
+                sizes = part_sizes(parts, layout)
+            except UnicodeEncodeError:
+                raise InputError("text contains a lone surrogate (invalid Unicode)") from None
         head, exact = None, None
         if n_cache:
             c = sum(map(len, parts[:n_cache])) if n_cache > 1 else len(parts[0])
@@ -119,8 +120,8 @@ class ChunkSink:
         else:
             self.ids.append(rt.encode(rest, rt.allowed if layout is None else self.enc._allowed(layout, parts)))
         self.heads.append(head)
-        self.sizes.append(sizes)
-        self.train.append(train)
+        self.sizes += sizes
+        self.train += train
         self.rows += 1
 
     def finish(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -137,9 +138,8 @@ class ChunkSink:
             lengths = np.fromiter(map(len, self.ids), np.int64, len(self.ids))
             ids = np.concatenate(self.ids) if self.ids else np.zeros(0, np.int32)
         ids, lengths = _with_heads(ids, lengths, self.heads)
-        chain = itertools.chain.from_iterable
-        sizes = np.fromiter(chain(self.sizes), np.int64)
-        train = np.fromiter(chain(self.train), np.int8, len(sizes))
+        sizes = np.fromiter(self.sizes, np.int64, len(self.sizes))
+        train = np.fromiter(self.train, np.int8, len(self.train))
         done = rt.labels(ids, lengths, sizes, train, masking_all=self.enc.masking == "all",
                          empty_runs=getattr(self.enc.template, "has_generation", False))  # (empty blocks)
         if done is None:  # pragma: no cover - the engine's tokens do not spell the text
