@@ -313,7 +313,7 @@ def test_a_build_loads_its_packing_kernels_after_its_workers_fork(sharegpt_file,
     monkeypatch.setattr(corpus, "encoder_for", encoder_for)
     monkeypatch.setattr(pipeline, "warm_kernels", lambda *a, **k: events.append("warm"))
     monkeypatch.setattr(corpus, "_chunk_bytes", lambda sources, n_jobs: 50_000)  # several tasks
-    monkeypatch.setattr(corpus, "fork_will_wait", lambda: building)
+    monkeypatch.setattr(corpus, "fork_will_wait", lambda gil_free=False: building)
     monkeypatch.setattr(backend, "POOL_START_S", 0.0)  # workers cost nothing: this small call forks them
     packed = vecpack.build(sharegpt_file, qwen_dir, max_len=512, n_jobs=n_jobs, cache_dir=tmp_path, progress=False)
     assert len(packed) > 0 and packed.build_info.tokenize_stats["chunks"] > 2
@@ -326,14 +326,16 @@ def test_a_fork_waits_for_an_engine_still_building():
 
     from vecpack.tokenizing import exec as vexec
 
-    fut = Future()
-    vexec._PREPARING.append(fut)
+    fast, bpe = Future(), Future()   # fastokens' tables (built outside the interpreter lock), vecpack's BPE
+    vexec._PREPARING.extend([(fast, True), (bpe, False)])
     try:
-        assert vexec.fork_will_wait()
-        fut.set_result(None)
+        assert vexec.fork_will_wait() and vexec.fork_will_wait(gil_free=True)
+        fast.set_result(None)
+        assert vexec.fork_will_wait() and not vexec.fork_will_wait(gil_free=True)
+        bpe.set_result(None)
         assert not vexec.fork_will_wait()
     finally:
-        vexec._PREPARING.remove(fut)
+        vexec._PREPARING[:] = [p for p in vexec._PREPARING if p[0] not in (fast, bpe)]
 
 
 def _reply_half_then_wait(signal_file: str) -> None:

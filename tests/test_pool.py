@@ -500,10 +500,14 @@ def test_warm_for_starts_the_workers_that_the_call_would_start(sharegpt_file, qw
     monkeypatch.setattr(corpus, "prepare",
                         lambda tok, share, dense, short: started.append(("fork", tok, share, dense, short)))
     files = resolve_sources(sharegpt_file)  # (warm_for takes an input's resolved files)
-    assert corpus.warm_for(files, qwen_dir, n_jobs=2) is True
+    warmed = []
+    assert corpus.warm_for(files, qwen_dir, n_jobs=2, warm=lambda: warmed.append(1)) is True
     share = corpus.worker_share(files, 2)
     # plain rows (neither tool rows nor short rows: the call is too small to ask)
     assert started == [("loky", 2, share) if start == "spawn" else ("fork", qwen_dir, share, False, False)]
+    # the packing kernels load now beside loky's workers; a fork that waits for no engine built outside the
+    # interpreter lock would wait for them: they load once the workers are forked
+    assert warmed == ([1] if start == "spawn" else [])
     tiny = tmp_path / "tiny.jsonl"
     tiny.write_text("".join(open(sharegpt_file).readlines()[:3]))
     for args, kw in (((files, qwen_dir), dict(n_jobs=1)),                 # no pool: one process

@@ -212,20 +212,19 @@ EARLY_START_BYTES = 32 << 20
 
 def _start_early(request, inp):
     """``on_read`` for :func:`~vecpack.pipeline.request.corpus_key`: inputs that the hash memo does not know
-    are new data, most likely tokenized next (a cache miss), so the worker pool and the packing kernels
-    start loading now, while the driver reads them to hash them (I/O-bound when they are not in the
-    page cache). Small inputs are read at once: nothing to hide (and a hit on them, as a file written
-    just before it was last hashed can be, imports no tokenizer code). A hit after all leaves the pool
-    up for the next call."""
+    are new data, most likely tokenized next (a cache miss), so the worker pool (and the packing kernels,
+    where that holds no fork back: :func:`~vecpack.tokenizing.corpus.warm_for`) start loading now, while
+    the driver reads them to hash them (I/O-bound when they are not in the page cache). Small inputs are
+    read at once: nothing to hide (and a hit on them, as a file written just before it was last hashed can
+    be, imports no tokenizer code). A hit after all leaves the pool up for the next call."""
     tok, run, pk = request.tokenizer, request.run, request.pack
 
     def on_read(nbytes: int) -> None:
         if tok.encoder is not None or nbytes < EARLY_START_BYTES:
             return
         try:
-            if _tokenizing.warm_for(inp.files, tok.tokenizer, n_jobs=run.n_jobs, backend=run.executor,
-                                    style=inp.chat.style):
-                warm_kernels(pk.strategy, pk.long)
+            _tokenizing.warm_for(inp.files, tok.tokenizer, n_jobs=run.n_jobs, backend=run.executor,
+                                 style=inp.chat.style, warm=lambda: warm_kernels(pk.strategy, pk.long))
         except Exception:  # noqa: BLE001 - only a head start: the build itself reports any error
             pass
 

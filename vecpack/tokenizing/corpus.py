@@ -82,7 +82,8 @@ def _many_tasks(sources, chunk_bytes: int) -> bool:
     return _estimate_output_bytes(sources) > 2.5 * chunk_bytes
 
 
-def warm_for(files, tokenizer, *, n_jobs: int = -1, backend: str = "loky", style: str | None = None) -> bool:
+def warm_for(files, tokenizer, *, n_jobs: int = -1, backend: str = "loky", style: str | None = None,
+             warm=None) -> bool:
     """Start now the worker pool that :func:`tokenize` would start for ``data_files``, if it would.
 
     :func:`vecpack.build` calls it before it reads inputs that its hash memo
@@ -90,8 +91,9 @@ def warm_for(files, tokenizer, *, n_jobs: int = -1, backend: str = "loky", style
     start and build their engines while the driver reads the inputs. Only
     plain files (compressed ones start the pool themselves, while they are
     decompressed). ``style``: the rows' chat style, where known (it decides, with the
-    rows, whether vecpack's BPE serves: :func:`~vecpack.tokenizing.backend.row_kinds`). Returns whether the
-    pool was started.
+    rows, whether vecpack's BPE serves: :func:`~vecpack.tokenizing.backend.row_kinds`). ``warm()``: more
+    background work (the packing kernels' load), started too where it costs the workers' start nothing
+    (:func:`_warm_now`); :func:`tokenize_input` starts it otherwise. Returns whether the pool was started.
     """
     n_jobs = _pool.effective_n_jobs(n_jobs)
     if backend != "loky" or n_jobs < 2 or tokenizer is None:
@@ -103,7 +105,16 @@ def warm_for(files, tokenizer, *, n_jobs: int = -1, backend: str = "loky", style
         return False
     share, forking = worker_share(sources, n_jobs), _forking(backend, n_jobs, None)
     _start_workers(n_jobs, tokenizer, share, forking, *row_kinds(sources, share, forking, style))
+    if warm is not None and _warm_now(forking):
+        warm()
     return True
+
+
+def _warm_now(fork: bool) -> bool:
+    """Whether background work a fork must wait for (the packing kernels' load) starts now: where no
+    workers fork, or where the fork waits anyway for an engine built outside the interpreter lock;
+    else right after the fork, beside the workers (started before it, it held the fork back)."""
+    return not fork or fork_will_wait(gil_free=True)
 
 
 def _forking(backend: str, n_jobs: int, encoder) -> bool:
@@ -280,7 +291,7 @@ def _tokenize(call: _Call, feed) -> Tokenized:
             _start_workers(n_jobs - 1 if getattr(encoder, "slow_to_load", False) else n_jobs, tokenizer,
                            share, forking, call.dense, call.short)
     fork = forking and many
-    if not fork or fork_will_wait():
+    if _warm_now(fork):
         call.start_warm()  # nothing forks, or the fork waits for fastokens anyway: it loads meanwhile
     key, texts = None, None
     if encoder is None:

@@ -415,7 +415,7 @@ def forked_workers(encoder, n: int, after=None):
 
 # --------------------------------------------------------------------------- file calls
 
-_PREPARING: list = []  # futures of prepare() that the next fork waits for
+_PREPARING: list = []  # (future, built outside the interpreter lock) of prepare(): the next fork waits for them
 
 
 def prepare(tokenizer, share: int, dense: bool = False, short: bool = False):
@@ -445,14 +445,16 @@ def prepare(tokenizer, share: int, dense: bool = False, short: bool = False):
             pass
 
     fut = _pool._in_background(build)
-    _PREPARING.append(fut)
+    _PREPARING.append((fut, engine == "fastokens"))
     return fut
 
 
-def fork_will_wait() -> bool:
-    """Whether the next fork will wait for an engine :func:`prepare` is still building (other
-    background work then costs the fork nothing if it runs meanwhile)."""
-    return any(not f.done() for f in _PREPARING)
+def fork_will_wait(gil_free: bool = False) -> bool:
+    """Whether the next fork will wait for an engine :func:`prepare` is still building; ``gil_free``:
+    for one built outside the interpreter lock (fastokens' tables, in Rust), beside which other
+    background work (the packing kernels' load) costs the fork nothing. vecpack's BPE loads numba,
+    Python under the lock: work beside it delays the fork (12k tool rows: by about 0.1 s)."""
+    return any(not f.done() and (free or not gil_free) for f, free in _PREPARING)
 
 
 def _settle() -> None:
@@ -470,7 +472,7 @@ def _settle() -> None:
     for name in _ENGINE_MODULES:
         with contextlib.suppress(ImportError):
             importlib.import_module(name)
-    futs, _PREPARING[:] = list(_PREPARING), []
+    futs, _PREPARING[:] = [f for f, _ in _PREPARING], []
     wait(futs)
     finish_warming()  # the packing kernels' loads: inside numba's compiler lock
 
