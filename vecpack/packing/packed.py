@@ -489,9 +489,9 @@ def _empty(shape: tuple[int, int]) -> np.ndarray:
     distributions) and memory is fragmented, each first touch of such an array
     can wait for the kernel to compact memory, which made materializing
     large packs markedly slower than with plain pages. A private anonymous mapping gets
-    plain pages and is unmapped when the array is freed. (12k tool rows' 2,762 packs of 4,096, their
-    four arrays filled by the parallel kernel: 0.045 s in plain pages every time; with numpy's
-    request 0.017 s when huge pages are free and 0.14-0.20 s in about half the runs, when they are not.)
+    plain pages and is unmapped when the array is freed: a fill that takes as long every time, where
+    numpy's request made it quicker when huge pages were free and several times slower when they were
+    not (docs/benchmarks.md).
     """
     nbytes = int(np.prod(shape)) * 4
     if nbytes < _MMAP_FROM:

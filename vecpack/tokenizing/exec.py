@@ -453,7 +453,7 @@ def fork_will_wait(gil_free: bool = False) -> bool:
     """Whether the next fork will wait for an engine :func:`prepare` is still building; ``gil_free``:
     for one built outside the interpreter lock (fastokens' tables, in Rust), beside which other
     background work (the packing kernels' load) costs the fork nothing. vecpack's BPE loads numba,
-    Python under the lock: work beside it delays the fork (12k tool rows: by about 0.1 s)."""
+    Python under the lock: work beside it delays the fork."""
     return any(not f.done() and (free or not gil_free) for f, free in _PREPARING)
 
 
