@@ -294,25 +294,10 @@ def _shared_schemas(tools: list) -> list:
     return out
 
 
-_NO_ARGUMENTS: dict = {}  # (a call without 'arguments': never changed)
-
-
 def _calls(i: int, calls) -> list:
     if not isinstance(calls, list):
         raise InputError(f"message {i} (assistant) 'tool_calls' is a {_kind(calls)}, expected a list")
     for j, call in enumerate(calls):
-        fn = call.get("function", call) if type(call) is dict else None
-        if type(fn) is dict:  # (a well-formed call passes here, without a call per check)
-            name, args = fn.get("name"), fn.get("arguments", _NO_ARGUMENTS)
-            if type(name) is str and name:
-                if type(args) is str:
-                    try:
-                        _strict_loads(args)
-                        continue
-                    except ValueError:
-                        pass  # (json decides, and words the error)
-                elif type(args) is dict:
-                    continue
         _check_call(i, j, call)
     return list(calls)
 

@@ -41,8 +41,7 @@ import re
 from operator import itemgetter
 
 from vecpack.chat.layout import OBJECT_RE, tracking_objects
-from vecpack.chat.structure import _DICT, _TEXT, _compile, _Dumps, _key, _names, _stand_ins
-from vecpack.chat.structure import _END as _END_KEY
+from vecpack.chat.structure import _BAKED, _compile, _Dumps, _key, _names, _stand_ins
 from vecpack.errors import InputError
 
 __all__ = ["segmented_parts"]
@@ -234,38 +233,32 @@ _MAX_FLATS = 4096  # message layouts remembered per template (by their keys and 
 
 
 def _flat(m: dict, used, flats: dict):
-    """``(key, getter, single)`` for a message whose every used key but ``role`` holds a text, where
-    its texts are non-empty strings: its :func:`~vecpack.chat.structure._key` (the same tuple), an
-    ``operator.itemgetter`` of its texts (one text alone when ``single``); ``None`` for other messages
-    (a call list, a ``type`` key, a role that is no string: :func:`_key` walks them). Found once per
-    key order and role (``flats``); the caller checks the texts' types and emptiness.
+    """``(key, getter, single)`` for a message whose every used key holds a non-empty text but its
+    :data:`~vecpack.chat.structure._BAKED` ones (a role...): its :func:`~vecpack.chat.structure._key`,
+    computed by ``_key`` once per key order and baked values (``flats``), and an ``operator.itemgetter``
+    of its texts (one text alone when ``single``); ``None`` for other messages (a call list, a number,
+    a key that is no string: ``_key`` walks them each time). The caller checks that another message of
+    the same keys holds non-empty texts too.
 
-    >>> key, get, single = _flat({"role": "user", "content": "Hi", "x": 1}, {"role", "content"}, {})
-    >>> key == (_DICT, "role", "'user'", "content", _TEXT, _END_KEY), get({"content": "Hi"}), single
+    >>> m, used = {"role": "user", "content": "Hi", "x": 1}, {"role", "content"}
+    >>> key, get, single = _flat(m, used, {})
+    >>> out = []; _key(m, out, [], used); (key == tuple(out), get(m), single)
     (True, 'Hi', True)
     """
-    role = m.get("role")
-    if type(role) is not str:
+    baked = tuple(m.get(b) for b in _BAKED)
+    if any(v is not None and type(v) is not str for v in baked):
         return None
-    sig = (tuple(m), role)
+    sig = (tuple(m), baked)
     try:
         return flats[sig]
     except KeyError:
         pass
     got = None
-    if "tool_calls" not in m and "type" not in m and all(type(k) is str for k in m):
-        key, texts = [_DICT], []
-        for k in m:
-            if k not in used:
-                continue
-            if k == "role":
-                key += (k, repr(role))
-            else:
-                key += (k, _TEXT)
-                texts.append(k)
-        key.append(_END_KEY)
-        if texts:
-            got = (tuple(key), itemgetter(*texts), len(texts) == 1)
+    texts = [k for k in m if k in used and k not in _BAKED]
+    if texts and all(type(k) is str for k in m) and all(type(m[k]) is str and m[k] for k in texts):
+        out: list = []
+        _key(m, out, [], used)
+        got = (tuple(out), itemgetter(*texts), len(texts) == 1)
     if len(flats) >= _MAX_FLATS:
         flats.clear()
     flats[sig] = got
