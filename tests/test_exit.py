@@ -380,3 +380,49 @@ def test_a_build_skips_the_last_collections_at_exit_and_the_exit_hooks_still_run
     after, at_exit = report.read_text().splitlines()
     assert after.startswith("after build frozen=False") and at_exit == "at exit frozen=True"
     assert not pathlib.Path(after.split()[-1]).exists()
+
+
+def test_a_build_collects_less_often_while_it_runs_and_puts_the_threshold_back(qwen_dir, sharegpt_file, tmp_path,
+                                                                             monkeypatch):
+    """During a build the youngest generation's threshold is BUILD_GC_THRESHOLD; after it, the caller's
+    again. A caller's higher threshold, or 0 (collection off), is left alone; nested and concurrent builds
+    put it back once, as the last ends."""
+    import gc
+    import threading
+
+    import vecpack
+    from vecpack._state import BUILD_GC_THRESHOLD, fewer_collections
+    from vecpack.pipeline import route
+
+    seen = []
+    key = ("local", "chat")
+    real = route.ROUTES[key]
+    monkeypatch.setitem(route.ROUTES, key, lambda request, t0: seen.append(gc.get_threshold()) or real(request, t0))
+    saved = gc.get_threshold()
+    try:
+        gc.set_threshold(700, 10, 10)
+        vecpack.build(str(sharegpt_file), str(qwen_dir), 1024, n_jobs=1, progress=False, cache_dir=str(tmp_path))
+        assert seen == [(BUILD_GC_THRESHOLD, 10, 10)] and gc.get_threshold() == (700, 10, 10)
+        for own in ((0, 10, 10), (2 * BUILD_GC_THRESHOLD, 5, 5)):
+            gc.set_threshold(*own)
+            with fewer_collections():
+                assert gc.get_threshold() == own
+            assert gc.get_threshold() == own
+        gc.set_threshold(700, 10, 10)
+        inside, go = threading.Event(), threading.Event()
+
+        def other():
+            with fewer_collections():
+                inside.set()
+                go.wait(30)
+
+        t = threading.Thread(target=other)
+        with fewer_collections():
+            t.start()
+            assert inside.wait(30)
+        assert gc.get_threshold()[0] == BUILD_GC_THRESHOLD   # the other build still runs
+        go.set()
+        t.join(30)
+        assert gc.get_threshold() == (700, 10, 10)
+    finally:
+        gc.set_threshold(*saved)

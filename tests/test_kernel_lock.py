@@ -92,3 +92,29 @@ def test_a_lock_held_too_long_is_not_waited_for(tmp_path, monkeypatch):
     finally:
         holder.kill()
         holder.wait()
+
+
+def test_a_signature_numbas_cache_holds_loads_without_the_lock(tmp_path):
+    """A kernel numba's cache already holds is loaded, not compiled: no lock (two forked workers loading
+    it at once would otherwise wait on each other); one it does not hold takes the lock."""
+    (tmp_path / "lockmod3.py").write_text(MODULE)
+    compile_it = "import lockmod3\nassert lockmod3.kernel(10) == 145\n"
+    subprocess.run([sys.executable, "-c", compile_it], env=_env(tmp_path), check=True, timeout=120)
+    probe = textwrap.dedent('''
+        from vecpack import _state
+        taken = []
+        real = _state._acquire
+        _state._acquire = lambda path: taken.append(path.rsplit("/", 1)[-1]) or real(path)
+        import lockmod3
+        assert lockmod3.kernel(10) == 145                 # int64: in the cache
+        hits = sum(lockmod3.kernel._cache_hits.values()) + sum(lockmod3.helper._cache_hits.values())
+        print(hits, len(taken))
+        assert lockmod3.kernel(10.0) == 145.0             # float64: not in it
+        print(sorted(taken))
+    ''')
+    out = subprocess.run([sys.executable, "-c", probe], env=_env(tmp_path), capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr
+    first, second = out.stdout.splitlines()
+    assert first == "1 0"   # kernel loaded from the cache (its callee is inside it), no lock
+    assert "lockmod3.kernel" in second

@@ -549,3 +549,28 @@ def test_lane_on_vecpacks_bpe_equals_fastokens_python_path(qwen_dir, llama3_dir,
     assert calls and max(calls) > 300
     assert_same(got, want)
     assert_same(python_path, want)
+
+
+def test_the_preloaded_lane_kernels_are_those_a_range_calls(qwen_dir, tmp_path):
+    """:func:`vecpack.tokenizing.lane.preload_lane` loads each kernel with the types a range of
+    vecpack's BPE passes it (else the workers would still load their own on their first range). In a
+    fresh process: every signature a range added is one preloaded."""
+    import subprocess
+    import sys
+
+    data = make_short_chats(tmp_path / "s.jsonl", 200, seed=3)
+    code = f"""
+from vecpack.tokenizing.encoder import ChatEncoder
+from vecpack.tokenizing.backend import lane_for
+from vecpack.tokenizing.lane import _lane_signatures, byte_array, encode_range
+enc = ChatEncoder.from_tokenizer({str(qwen_dir)!r})
+assert enc.runtime.serve("vecpack") == "vecpack"
+encode_range(lane_for(enc), byte_array(open({str(data)!r}, "rb").read()), on_error="skip")
+for module, name, sig in _lane_signatures():
+    got = [tuple(s) for s in getattr(module, name).signatures]
+    print(name, got == [tuple(sig)], got)
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert len(lines) == 4 and all(line.split()[1] == "True" for line in lines), out.stdout

@@ -31,10 +31,11 @@ The lock is taken inside numba's own compiler lock, so in one process only one
 thread ever waits on a file lock, and a kernel's callees are locked after it
 (the call graph has no cycles), so two processes cannot wait on each other.
 A POSIX record lock is dropped when its process dies (``SIGKILL`` included)
-and is not inherited by a fork. A signature already compiled in the process
-takes no lock; where numba cannot keep a cache there is nothing to share, and
-nothing is locked. A process that waits longer than :data:`WAIT` compiles on
-its own, as numba would have. The low-priority processes of a first run's warm-up
+and is not inherited by a fork. A signature already compiled in the process,
+or one that numba's cache holds (a load, read-only), takes no lock; where
+numba cannot keep a cache there is nothing to share, and nothing is locked.
+A process that waits longer than :data:`WAIT` compiles on its own, as numba
+would have. The low-priority processes of a first run's warm-up
 (``vecpack._state._start_compiler``) compile past these locks, so that no process of normal
 priority ever waits on one that a busy machine starves.
 
@@ -50,14 +51,15 @@ from __future__ import annotations
 
 import atexit
 import collections
+import contextlib
 import gc
 import os
 import threading
 import time
 from typing import Callable
 
-__all__ = ["WAIT", "WORKER_STATE", "Memo", "compile_once", "compile_stats", "current_state", "finish_warming",
-           "kernel_cache", "memo", "on_reset", "plain", "reset", "runnable", "start_warming"]
+__all__ = ["WAIT", "WORKER_STATE", "Memo", "compile_once", "compile_stats", "current_state", "fewer_collections",
+           "finish_warming", "kernel_cache", "memo", "on_reset", "plain", "reset", "runnable", "start_warming"]
 
 
 class Memo(collections.OrderedDict):
@@ -158,6 +160,51 @@ def skip_last_collections_at_exit() -> None:
 
 
 _AT_EXIT: list = []
+
+
+#: The youngest generation's collection threshold while a build runs (:func:`fewer_collections`).
+BUILD_GC_THRESHOLD = 100_000
+_GC_LOCK = threading.Lock()
+_GC_CALLS = [0, None]  # builds running in this process; the threshold they replaced
+
+
+@contextlib.contextmanager
+def fewer_collections():
+    """While a build runs, the cyclic garbage collector collects its youngest generation every
+    :data:`BUILD_GC_THRESHOLD` allocations instead of every 700 (Python's default); the threshold is
+    put back as the last running build ends. Nothing is left uncollected: a collection comes later.
+
+    A build allocates millions of short-lived objects that are in no reference cycle (numba's load
+    and type registries, parsed rows, rendered pieces): each of the default's thousands of young
+    collections walked them for nothing, and the older generations' walks went over numba's whole
+    heap (``docs/benchmarks.md`` has the measure). The forked workers inherit it for the call. A
+    threshold the caller set higher, or 0 (collection off), is kept.
+
+    >>> import gc
+    >>> before = gc.get_threshold()
+    >>> with fewer_collections():
+    ...     gc.get_threshold()[0] == max(before[0], BUILD_GC_THRESHOLD) or before[0] == 0
+    True
+    >>> gc.get_threshold() == before
+    True
+    """
+    with _GC_LOCK:
+        if _GC_CALLS[0] == 0:
+            now = gc.get_threshold()
+            _GC_CALLS[1] = now if 0 < now[0] < BUILD_GC_THRESHOLD else None
+            if _GC_CALLS[1] is not None:
+                gc.set_threshold(BUILD_GC_THRESHOLD, *now[1:])
+        _GC_CALLS[0] += 1
+    try:
+        yield
+    finally:
+        with _GC_LOCK:
+            _GC_CALLS[0] -= 1
+            saved = _GC_CALLS[1]
+            if _GC_CALLS[0] == 0 and saved is not None:
+                _GC_CALLS[1] = None
+                if gc.get_threshold()[0] == BUILD_GC_THRESHOLD:  # (not changed by the caller meanwhile)
+                    gc.set_threshold(*saved)
 
 
 def start_warming(fn: Callable[[], None], name: str) -> threading.Thread:
@@ -544,8 +591,8 @@ def _locked(dispatcher, compile, path: str):
     def locked_compile(sig):
         with global_compiler_lock:   # (an RLock: numba takes it again inside)
             args, _ = sigutils.normalize_signature(sig)
-            if tuple(args) in dispatcher.overloads:
-                return compile(sig)
+            if tuple(args) in dispatcher.overloads or _cached(dispatcher, sig):
+                return compile(sig)  # a load from numba's cache: read-only, nothing to wait for
             fd = _acquire(path)
             try:
                 return compile(sig)
@@ -554,6 +601,20 @@ def _locked(dispatcher, compile, path: str):
                     os.close(fd)   # closing drops the lock
 
     return locked_compile
+
+
+def _cached(dispatcher, sig) -> bool:
+    """Whether numba's cache on disk holds ``dispatcher``'s kernel for ``sig`` (its index, as numba's
+    own load reads it): then a load needs no lock. Numba replaces its index and data files whole
+    (written aside, then renamed), so a load beside another process's compile reads either the old
+    index or the new one, each complete. (Two workers forked with a kernel unloaded, each loading it
+    on its first task, took turns: one slept through the other's load.)"""
+    try:
+        cache = dispatcher._cache
+        key = cache._index_key(sig, dispatcher.targetctx.codegen())
+        return key in cache._cache_file._load_index()
+    except Exception:  # noqa: BLE001 - numba's internals moved: the lock, as before
+        return False
 
 
 def _acquire(path: str) -> int | None:

@@ -48,7 +48,7 @@ import time
 import numpy as np
 
 from vecpack._lazy import lazy_module
-from vecpack._state import skip_last_collections_at_exit
+from vecpack._state import fewer_collections, skip_last_collections_at_exit
 from vecpack.packing.mix import union_offsets
 from vecpack.packing.packed import Packed
 from vecpack.pipeline.info import BuildInfo, jsonable, packed_from_entries
@@ -338,9 +338,10 @@ def tokenize(data_files, tokenizer=None, *, style: str = "sharegpt", column: str
 def tokenize_request(request, out_dir=None) -> Tokenized:
     """The tokenize stage of a :class:`~vecpack.pipeline.request.Request`: every input, in order."""
     skip_last_collections_at_exit()
-    if request.mixture:
-        return _tokenize_inputs(request, out_dir)
-    return _tokenizing.tokenize_input(request.inputs[0], request.tokenizer, request.run, out_dir)
+    with fewer_collections():
+        if request.mixture:
+            return _tokenize_inputs(request, out_dir)
+        return _tokenizing.tokenize_input(request.inputs[0], request.tokenizer, request.run, out_dir)
 
 
 def _tokenize_inputs(request, out_dir) -> Tokenized:

@@ -46,7 +46,7 @@ import time
 import numpy as np
 
 from vecpack._lazy import lazy_module
-from vecpack._state import skip_last_collections_at_exit
+from vecpack._state import fewer_collections, skip_last_collections_at_exit
 from vecpack.errors import UselessOutputError
 from vecpack.options import IGNORE_INDEX, useless_reason
 from vecpack.packing.mix import mix_pair_plan, mix_plan, union_offsets
@@ -110,7 +110,8 @@ def run_build(request, t0: float | None = None):
     (decided once, when the request was made); returns a ``Packed``."""
     t0 = time.perf_counter() if t0 is None else t0
     skip_last_collections_at_exit()
-    return ROUTES[request.where, request.kind](request, t0)
+    with fewer_collections():
+        return ROUTES[request.where, request.kind](request, t0)
 
 
 def _local(request, t0: float):

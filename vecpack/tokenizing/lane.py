@@ -134,7 +134,29 @@ def preload_lane(bpe: bool = False) -> bool:
     if lane_mode() == "0" or (lane_mode() != "1" and _READ[0] < LANE_AFTER_BYTES and not _lane_repaid(bpe)):
         return False
     _lane_kernels.count_newlines(byte_array(b"{}\n"))  # numba's set-up and one kernel
+    for module, name, sig in _lane_signatures():  # the rest, with the types encode_range passes
+        getattr(module, name).compile(sig)
     return True
+
+
+def _lane_signatures() -> list:
+    """(kernel module, kernel, signature) of each kernel :func:`encode_range` calls on a range of
+    vecpack's BPE, as it calls it: :func:`preload_lane` loads them in the driver, and the forked
+    workers inherit them (else each worker loaded its own on its first range).
+    ``tests/test_lane.py`` checks them against the types of a real range."""
+    from numba import types
+
+    u8, u8r, i64, i8, b = (types.Array(types.uint8, 1, "C"), types.Array(types.uint8, 1, "C", readonly=True),
+                           types.Array(types.int64, 1, "C"), types.Array(types.int8, 1, "C"),
+                           types.Array(types.boolean, 1, "C"))
+    i32 = types.Array(types.int32, 1, "C")
+    return [
+        (_lane_kernels, "scan_lines", (u8, types.int64, u8r, u8r, u8r, u8, i64)),
+        (_lane_kernels, "render_rows", (u8, i64, i64, i64, i64, i64, i64, b, i64, i8, i64, i8, b, u8r, i64, i64,
+                                        u8, i64, u8, i64, u8, i64, u8, u8, i64, b)),
+        (_text_kernels, "label_tokens", (i32, i32, i64, b, i64, i64, types.boolean, types.int64)),
+        (_text_kernels, "same_prefix", (u8, i64, types.int64, types.int64)),
+    ]
 
 
 #: Mean line length above which a range takes the Python path: orjson parses a long row
