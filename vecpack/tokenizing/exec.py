@@ -334,7 +334,7 @@ class ForkPool:
         if freeze:
             gc.freeze()
         try:
-            with _fork_env(), _pool._sigint_blocked(), warnings.catch_warnings():
+            with _fork_env(), _pool._sigint_blocked(tracker=False), warnings.catch_warnings():
                 # Python >= 3.12 warns on any fork of a process with threads; the precautions are above
                 warnings.filterwarnings("ignore", r".*multi-threaded.*fork", DeprecationWarning)
                 self._ex = ProcessPoolExecutor(n, mp_context=multiprocessing.get_context("fork"),

@@ -248,7 +248,7 @@ def _executor(n_jobs: int):
 
 
 @contextlib.contextmanager
-def _sigint_blocked():
+def _sigint_blocked(tracker: bool = True):
     """Block SIGINT in this thread while it starts worker processes.
 
     A terminal's Ctrl-C goes to the whole process group: a worker that got it
@@ -263,10 +263,13 @@ def _sigint_blocked():
         yield
         return
     # multiprocessing's resource tracker, when it starts, *unblocks* SIGINT in the thread that
-    # starts it (Python < 3.12): start it first (loky needs it anyway)
-    from multiprocessing import resource_tracker
+    # starts it (Python < 3.12): start it first where the workers need it (loky's, spawned ones).
+    # ``tracker=False``: forked workers, whose queues' semaphores are unlinked at once and never
+    # registered (a fork context's); starting it would cost a Python process for nothing
+    if tracker:
+        from multiprocessing import resource_tracker
 
-    resource_tracker.ensure_running()
+        resource_tracker.ensure_running()
     old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
     try:
         yield
