@@ -332,8 +332,27 @@ def _where(i: int, j: int) -> str:
 _NONE = type(None)
 
 
+#: Message keys that take :func:`_message`'s general path (calls, reasoning, train flags).
+_SPECIAL_KEYS = frozenset(("tool_calls", *REASONING_KEYS, *TRAIN_KEYS))
+
+
 def _message(i: int, msg, roles: dict, role_key: str, text_key: str, state: dict) -> dict | None:
     """One message as the template sees it (``None``: a message that is only a LLaMA-Factory call list)."""
+    if type(msg) is dict and role_key == "role":  # an OpenAI message of texts alone (most): as below, sooner
+        who, content = msg.get("role"), msg.get(text_key)
+        if (type(who) is str and type(content) is str and roles.get(who) == who
+                and msg.keys().isdisjoint(_SPECIAL_KEYS) and _NONE not in map(type, msg.values())):
+            if who == "tool":
+                if not state["open"]:
+                    raise InputError(f"message {i} is a tool result with no tool call before it")
+                state["tool_results"] += 1
+            elif who != "system":
+                state["open"] = False
+            out = msg.copy()
+            if next(reversed(out)) != text_key:  # (the text last, as the general path leaves it)
+                del out[text_key]
+                out[text_key] = content
+            return out
     if not isinstance(msg, dict):
         raise InputError(f"message {i} is a {_kind(msg)}, expected an object with {role_key!r} and {text_key!r}")
     who = msg.get(role_key)

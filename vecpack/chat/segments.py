@@ -245,9 +245,10 @@ def _flat(m: dict, used, flats: dict):
     >>> out = []; _key(m, out, [], used); (key == tuple(out), get(m), single)
     (True, 'Hi', True)
     """
-    baked = tuple(m.get(b) for b in _BAKED)
-    if any(v is not None and type(v) is not str for v in baked):
-        return None
+    baked = tuple(map(m.get, _BAKED))
+    for v in baked:
+        if v is not None and type(v) is not str:
+            return None
     sig = (tuple(m), baked)
     try:
         return flats[sig]
