@@ -342,12 +342,7 @@ def _message(i: int, msg, roles: dict, role_key: str, text_key: str, state: dict
         who, content = msg.get("role"), msg.get(text_key)
         if (type(who) is str and type(content) is str and roles.get(who) == who
                 and msg.keys().isdisjoint(_SPECIAL_KEYS) and _NONE not in map(type, msg.values())):
-            if who == "tool":
-                if not state["open"]:
-                    raise InputError(f"message {i} is a tool result with no tool call before it")
-                state["tool_results"] += 1
-            elif who != "system":
-                state["open"] = False
+            _no_call(i, who, state)
             out = msg.copy()
             if next(reversed(out)) != text_key:  # (the text last, as the general path leaves it)
                 del out[text_key]
@@ -394,12 +389,8 @@ def _message(i: int, msg, roles: dict, role_key: str, text_key: str, state: dict
         out["tool_calls"] = calls = _calls(i, out["tool_calls"])
         state["tool_calls"] += len(calls)
         state["open"] = True
-    elif role == "tool":
-        if not state["open"]:
-            raise InputError(f"message {i} is a tool result with no tool call before it")
-        state["tool_results"] += 1
-    elif role != "system":
-        state["open"] = False
+    else:
+        _no_call(i, role, state)
     # (out holds no None values: a reasoning key in it holds the reasoning)
     if not out.keys().isdisjoint(REASONING_KEYS):
         reasoning = next(out[k] for k in REASONING_KEYS if k in out)
@@ -417,6 +408,17 @@ def _message(i: int, msg, roles: dict, role_key: str, text_key: str, state: dict
             if flag is False:
                 state["untrained"].append(i)
     return out
+
+
+def _no_call(i: int, role: str, state: dict) -> None:
+    """Count message ``i`` of ``role``, which calls no tool: a tool result answers an open call, any
+    other message but the system prompt closes the calls."""
+    if role == "tool":
+        if not state["open"]:
+            raise InputError(f"message {i} is a tool result with no tool call before it")
+        state["tool_results"] += 1
+    elif role != "system":
+        state["open"] = False
 
 
 def _messages(conv, style: str, state: dict) -> list[dict]:
