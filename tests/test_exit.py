@@ -391,7 +391,7 @@ def test_a_build_collects_less_often_while_it_runs_and_puts_the_threshold_back(q
     import threading
 
     import vecpack
-    from vecpack._state import BUILD_GC_THRESHOLD, fewer_collections
+    from vecpack._collect import BUILD_GC_THRESHOLD, fewer_collections
     from vecpack.pipeline import route
 
     seen = []

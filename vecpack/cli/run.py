@@ -22,8 +22,8 @@ import sys
 import warnings
 
 from vecpack import options
+from vecpack._collect import skip_last_collections
 from vecpack._lazy import lazy_module
-from vecpack._state import skip_last_collections
 from vecpack._version import __version__
 from vecpack.errors import VecpackError
 

@@ -47,8 +47,8 @@ import time
 
 import numpy as np
 
+from vecpack._collect import fewer_collections, skip_last_collections_at_exit
 from vecpack._lazy import lazy_module
-from vecpack._state import fewer_collections, skip_last_collections_at_exit
 from vecpack.packing.mix import union_offsets
 from vecpack.packing.packed import Packed
 from vecpack.pipeline.info import BuildInfo, jsonable, packed_from_entries

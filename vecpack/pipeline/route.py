@@ -45,8 +45,8 @@ import time
 
 import numpy as np
 
+from vecpack._collect import fewer_collections, skip_last_collections_at_exit
 from vecpack._lazy import lazy_module
-from vecpack._state import fewer_collections, skip_last_collections_at_exit
 from vecpack.errors import UselessOutputError
 from vecpack.options import IGNORE_INDEX, useless_reason
 from vecpack.packing.mix import mix_pair_plan, mix_plan, union_offsets
