@@ -109,7 +109,7 @@ def _pid_then_sleep(i, marks):
 def test_ctrl_c_stops_the_run_and_leaves_no_worker(tmp_path, start):
     """Ctrl-C to the process group (as a terminal sends it) mid-run: the driver raises KeyboardInterrupt (one
     traceback, its own), and its workers, in the middle of long tasks, are killed at once, not waited for."""
-    from helpers import python_child
+    from helpers import default_sigint, python_child
 
     if start == "fork" and fork_refusal() is not None:
         pytest.skip(f"no fork here: {fork_refusal()}")
@@ -122,7 +122,7 @@ def test_ctrl_c_stops_the_run_and_leaves_no_worker(tmp_path, start):
         from vecpack.tokenizing.exec import Local
         with Local(2) as ex:
             ex.run(_pid_then_sleep, [(i,) for i in range(4)], {str(marks)!r})
-    """, start_new_session=True)
+    """, start_new_session=True, preexec_fn=default_sigint)  # Ctrl-C's disposition, whatever the suite inherited
     try:
         deadline = time.monotonic() + 120
         while len(os.listdir(marks)) < 2:
