@@ -92,13 +92,10 @@ class ChunkSink:
         """Take one rendered row: ``template.parts(...)``'s output."""
         rt = self.rt
         text = rest = "".join(parts)
-        if layout is None and text.isascii():  # (each piece's size is its length)
-            sizes = list(map(len, parts))
-        else:
-            try:
-                sizes = part_sizes(parts, layout)
-            except UnicodeEncodeError:
-                raise InputError("text contains a lone surrogate (invalid Unicode)") from None
+        try:
+            sizes = part_sizes(parts, layout, text)
+        except UnicodeEncodeError:
+            raise InputError("text contains a lone surrogate (invalid Unicode)") from None
         head, exact = None, None
         if n_cache:
             c = sum(map(len, parts[:n_cache])) if n_cache > 1 else len(parts[0])

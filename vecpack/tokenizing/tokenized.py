@@ -182,13 +182,19 @@ def merge_stats(stats: list, names: list) -> dict:
     return out
 
 
-def part_sizes(parts, layout=None) -> list[int]:
+def part_sizes(parts, layout=None, text: str | None = None) -> list[int]:
     """UTF-8 sizes of ``parts``; with their template ``layout``, only the contents are measured.
+    ``text``: the parts joined, where the caller has it: if it is ASCII, each part's size is its length.
+
+    >>> part_sizes(["a", "é"]), part_sizes(["a", "b"], text="ab")
+    ([1, 2], [1, 1])
 
     Raises:
         UnicodeEncodeError: a part holds a lone surrogate.
     """
     if layout is None:
+        if text is not None and text.isascii():
+            return list(map(len, parts))
         return [len(p) if p.isascii() else len(p.encode("utf-8")) for p in parts]
     sizes = layout.nbytes.copy()
     for pos in layout.unsized:
