@@ -231,10 +231,11 @@ class _Lane:
         """The :class:`Rows` of the bytes ``[start, stop)`` of the JSONL file ``path``: through the
         lane, unless its lines are long (then the Python path, which parses long rows faster)."""
         arr = read_array(path, start, stop, kept=True)  # nothing returned refers to it
-        python = lane_mode() != "1" and _long_lines(arr[:_HEAD].tobytes())  # (tool rows: no kernel loaded)
+        may = lane_mode() != "1"  # (VECPACK_ROW_LANE=1: the lane whatever the lines)
+        python = may and _long_lines(arr[:_HEAD].tobytes())  # (tool rows: no kernel loaded)
         if not python:
             info["newlines"] = lines = int(self.k.count_newlines(arr))
-            python = _long_lines(arr, lines) and lane_mode() != "1"
+            python = may and _long_lines(arr, lines)
         if python:
             text = arr.tobytes()
             info["newlines"] = text.count(b"\n")
