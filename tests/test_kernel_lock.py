@@ -118,3 +118,42 @@ def test_a_signature_numbas_cache_holds_loads_without_the_lock(tmp_path):
     first, second = out.stdout.splitlines()
     assert first == "1 0"   # kernel loaded from the cache (its callee is inside it), no lock
     assert "lockmod3.kernel" in second
+
+
+def test_a_cached_kernel_loads_without_refreshing_numbas_registries(tmp_path):
+    """A load from numba's cache skips the refresh of numba's typing and lowering registries that a
+    compile needs (most of a first load's time): the packing kernels (the parallel fill among them)
+    and the row lane's load without one in a fresh process, and a pack there gives the same bytes as
+    in a process that compiled or refreshed."""
+    sample = REPO / "examples"
+    code = textwrap.dedent(f'''
+        import sys
+        from numba.core import base
+        refreshed = []
+        real = base.BaseContext.refresh
+        base.BaseContext.refresh = lambda self: refreshed.append(1) or real(self)
+        from vecpack.packing import _kernels as K
+        from vecpack.tokenizing import lane
+        sigs = [(K, n, s) for half in K.FIRST_RUN for n, s in half] + [(K, n, s) for n, s in K.LATER]
+        sigs += lane._lane_signatures()
+        for mod, n, s in sigs:
+            getattr(mod, n).compile(s)
+        misses = sum(sum(getattr(mod, n)._cache_misses.values()) for mod, n, _ in sigs)
+        hits = sum(sum(getattr(mod, n)._cache_hits.values()) for mod, n, _ in sigs)
+        loaded = len(refreshed)
+        from vecpack.cli import main
+        assert main(["pack", {str(sample / "sharegpt_sample.jsonl")!r}, "--tokenizer", {str(sample / "tokenizer")!r},
+                     "--max-len", "2048", "-o", sys.argv[1], "--cache-dir", sys.argv[2]]) == 0
+        print("RESULT", len(sigs), misses, hits, loaded)
+    ''')
+    results = []
+    for run in ("a", "b"):
+        out = subprocess.run([sys.executable, "-c", code, str(tmp_path / run), str(tmp_path / f"cache-{run}")],
+                             env=_env(tmp_path), capture_output=True, text=True, timeout=600, cwd=tmp_path)
+        assert out.returncode == 0, out.stderr[-3000:]
+        results.append([int(x) for x in out.stdout.rsplit("RESULT", 1)[1].split()])
+    n, misses, hits, refreshes = results[1]
+    assert n >= 10 and misses == 0 and hits == n, results    # the second process loaded every one...
+    assert refreshes == 0, results                           # ... and refreshed no registry for it
+    for name in ("tokens.npy", "doc_index.npy", "doc_start.npy", "doc_length.npy", "pack_offsets.npy"):
+        assert (tmp_path / "a" / name).read_bytes() == (tmp_path / "b" / name).read_bytes(), name

@@ -34,6 +34,8 @@ A POSIX record lock is dropped when its process dies (``SIGKILL`` included)
 and is not inherited by a fork. A signature already compiled in the process,
 or one that numba's cache holds (a load, read-only), takes no lock; where
 numba cannot keep a cache there is nothing to share, and nothing is locked.
+A load skips numba's refresh of its typing and lowering registries, which only a
+compile needs (:func:`_load`).
 A process that waits longer than :data:`WAIT` compiles on its own, as numba
 would have. The low-priority processes of a first run's warm-up
 (``vecpack._state._start_compiler``) compile past these locks, so that no process of normal
@@ -406,13 +408,6 @@ def _compile_apart(module_name: str) -> bool:
     return True
 
 
-def _cached(kernel, sig) -> bool:
-    """Whether numba's cache has ``kernel`` for ``sig`` (its index says so: nothing is loaded here)."""
-    cache, ctx = kernel._cache, kernel.targetctx
-    ctx.refresh()
-    return cache._index_key(sig, ctx.codegen()) in cache._cache_file._load_index()
-
-
 def _track(home: dict, events: dict) -> None:
     """Register ``events`` (kernel name -> event) in :data:`_APART`, keyed by each kernel's own module (``home``)."""
     with _LISTEN_LOCK:
@@ -522,8 +517,11 @@ def _locked(dispatcher, compile, path: str):
     def locked_compile(sig):
         with global_compiler_lock:   # (an RLock: numba takes it again inside)
             args, _ = sigutils.normalize_signature(sig)
-            if tuple(args) in dispatcher.overloads or _cached(dispatcher, sig):
-                return compile(sig)  # a load from numba's cache: read-only, nothing to wait for
+            if tuple(args) in dispatcher.overloads:
+                return compile(sig)
+            if _cached(dispatcher, sig):  # a load from numba's cache: read-only, nothing to wait for
+                entry = _load(dispatcher, sig)
+                return compile(sig) if entry is None else entry
             fd = _acquire(path)
             try:
                 return compile(sig)
@@ -546,6 +544,32 @@ def _cached(dispatcher, sig) -> bool:
         return key in cache._cache_file._load_index()
     except Exception:  # noqa: BLE001 - numba's internals moved: the lock, as before
         return False
+
+
+def _load(dispatcher, sig):
+    """``dispatcher``'s kernel for ``sig`` loaded from numba's cache, as numba's own compile loads it but
+    for the refresh of its typing and lowering registries; its entry point, or None (then numba's own
+    compile, which refreshes them, loads or compiles it). Under numba's compiler lock.
+
+    A compile needs those registries (every numba module of types and lowerings imported and
+    installed: most of a first load's time), a load does not: a cached kernel is machine code, whose
+    callees are linked in. What that code calls outside itself is numba's runtime (initialized here)
+    and the C helpers every target context registers as it is made. Each cached signature of every
+    vecpack kernel is loaded this way in a fresh process by ``tests/test_kernel_lock.py``."""
+    try:
+        from numba.core.runtime import nrt
+
+        ctx = dispatcher.targetctx
+        nrt.rtsys.initialize(ctx)
+        cres = dispatcher._cache._load_overload(sig, ctx)
+        if cres is None or cres.objectmode:
+            return None
+        dispatcher._cache_hits[sig] += 1
+        ctx.insert_user_function(cres.entry_point, cres.fndesc, [cres.library])
+        dispatcher.add_overload(cres)
+        return cres.entry_point
+    except Exception:  # noqa: BLE001 - numba's internals moved (or the entry is stale): its own compile
+        return None
 
 
 def _acquire(path: str) -> int | None:
