@@ -122,9 +122,10 @@ def test_a_signature_numbas_cache_holds_loads_without_the_lock(tmp_path):
 
 def test_a_cached_kernel_loads_without_refreshing_numbas_registries(tmp_path):
     """A load from numba's cache skips the refresh of numba's typing and lowering registries that a
-    compile needs (most of a first load's time): the packing kernels (the parallel fill among them)
-    and the row lane's load without one in a fresh process, and a pack there gives the same bytes as
-    in a process that compiled or refreshed."""
+    compile needs (most of a first load's time): the packing kernels (the parallel fill among them),
+    the row lane's and every other signature the cache holds of a vecpack kernel load without one in a
+    fresh process (a symbol left unresolved would end it), and a pack there gives the same bytes as in
+    a process that compiled or refreshed."""
     sample = REPO / "examples"
     code = textwrap.dedent(f'''
         import sys
@@ -141,10 +142,26 @@ def test_a_cached_kernel_loads_without_refreshing_numbas_registries(tmp_path):
         misses = sum(sum(getattr(mod, n)._cache_misses.values()) for mod, n, _ in sigs)
         hits = sum(sum(getattr(mod, n)._cache_hits.values()) for mod, n, _ in sigs)
         loaded = len(refreshed)
+        # then every signature numba's cache holds of every vecpack kernel: each loads without the refresh
+        import importlib, pathlib
+        from numba.core.registry import CPUDispatcher
+        from vecpack import _state
+        root = pathlib.Path(_state.__file__).parent
+        names = sorted(".".join(("vecpack",) + p.relative_to(root).with_suffix("").parts)
+                       for p in root.rglob("*.py") if "compile_once(globals())" in p.read_text())
+        every = failed = 0
+        for name in names:
+            for d in list(vars(importlib.import_module(name)).values()):
+                if isinstance(d, CPUDispatcher) and d.__module__ == name and "compile" in vars(d):
+                    for key in list(d._cache._cache_file._load_index()):
+                        if tuple(key[0]) not in d.overloads and _state._cached(d, key[0]):
+                            every += 1
+                            failed += _state._load(d, key[0]) is None
+        loaded += len(refreshed)
         from vecpack.cli import main
         assert main(["pack", {str(sample / "sharegpt_sample.jsonl")!r}, "--tokenizer", {str(sample / "tokenizer")!r},
                      "--max-len", "2048", "-o", sys.argv[1], "--cache-dir", sys.argv[2]]) == 0
-        print("RESULT", len(sigs), misses, hits, loaded)
+        print("RESULT", len(sigs), misses, hits, loaded, len(names), every, failed)
     ''')
     results = []
     for run in ("a", "b"):
@@ -152,8 +169,9 @@ def test_a_cached_kernel_loads_without_refreshing_numbas_registries(tmp_path):
                              env=_env(tmp_path), capture_output=True, text=True, timeout=600, cwd=tmp_path)
         assert out.returncode == 0, out.stderr[-3000:]
         results.append([int(x) for x in out.stdout.rsplit("RESULT", 1)[1].split()])
-    n, misses, hits, refreshes = results[1]
+    n, misses, hits, refreshes, modules, every, failed = results[1]
     assert n >= 10 and misses == 0 and hits == n, results    # the second process loaded every one...
-    assert refreshes == 0, results                           # ... and refreshed no registry for it
+    assert refreshes == 0, results                           # ... and refreshed no registry for it,
+    assert modules >= 7 and every >= 1 and failed == 0, results  # nor for any other signature cached
     for name in ("tokens.npy", "doc_index.npy", "doc_start.npy", "doc_length.npy", "pack_offsets.npy"):
         assert (tmp_path / "a" / name).read_bytes() == (tmp_path / "b" / name).read_bytes(), name

@@ -554,8 +554,8 @@ def _load(dispatcher, sig):
     A compile needs those registries (every numba module of types and lowerings imported and
     installed: most of a first load's time), a load does not: a cached kernel is machine code, whose
     callees are linked in. What that code calls outside itself is numba's runtime (initialized here)
-    and the C helpers every target context registers as it is made. Each cached signature of every
-    vecpack kernel is loaded this way in a fresh process by ``tests/test_kernel_lock.py``."""
+    and the C helpers every target context registers as it is made. ``tests/test_kernel_lock.py``
+    loads every signature numba's cache holds of every vecpack kernel this way in a fresh process."""
     try:
         from numba.core.runtime import nrt
 
