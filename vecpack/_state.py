@@ -519,9 +519,9 @@ def _locked(dispatcher, compile, path: str):
             args, _ = sigutils.normalize_signature(sig)
             if tuple(args) in dispatcher.overloads:
                 return compile(sig)
-            if _cached(dispatcher, sig):  # a load from numba's cache: read-only, nothing to wait for
-                entry = _load(dispatcher, sig)
-                return compile(sig) if entry is None else entry
+            entry = _load(dispatcher, sig)  # a load from numba's cache: read-only, nothing to wait for
+            if entry is not None:
+                return entry
             fd = _acquire(path)
             try:
                 return compile(sig)
@@ -534,10 +534,7 @@ def _locked(dispatcher, compile, path: str):
 
 def _cached(dispatcher, sig) -> bool:
     """Whether numba's cache on disk holds ``dispatcher``'s kernel for ``sig`` (its index, as numba's
-    own load reads it): then a load needs no lock. Numba replaces its index and data files whole
-    (written aside, then renamed), so a load beside another process's compile reads either the old
-    index or the new one, each complete. (Two workers forked with a kernel unloaded, each loading it
-    on its first task, took turns: one slept through the other's load.)"""
+    own load reads it; nothing is loaded)."""
     try:
         cache = dispatcher._cache
         key = cache._index_key(sig, dispatcher.targetctx.codegen())
@@ -548,8 +545,12 @@ def _cached(dispatcher, sig) -> bool:
 
 def _load(dispatcher, sig):
     """``dispatcher``'s kernel for ``sig`` loaded from numba's cache, as numba's own compile loads it but
-    for the refresh of its typing and lowering registries; its entry point, or None (then numba's own
-    compile, which refreshes them, loads or compiles it). Under numba's compiler lock.
+    for the refresh of its typing and lowering registries; its entry point, or None where the cache does
+    not hold it (then numba's own compile, which refreshes them, compiles it under the lock). Under
+    numba's compiler lock, without the file lock: numba replaces its index and data files whole
+    (written aside, then renamed), so a load beside another process's compile reads either the old
+    index or the new one, each complete. (Two workers forked with a kernel unloaded, each loading it
+    on its first task, took turns under the file lock: one slept through the other's load.)
 
     A compile needs those registries (every numba module of types and lowerings imported and
     installed: most of a first load's time), a load does not: a cached kernel is machine code, whose
