@@ -9,6 +9,7 @@ import glob
 import json
 import os
 import signal
+import tempfile
 import threading
 import time
 
@@ -531,6 +532,36 @@ def test_ready_waits_for_the_workers_that_warm_started(qwen_dir):
         return sorted({backend for _, backend, *_ in runtime._RUNTIMES})
 
     assert pool._executor(2).submit(engines).result(timeout=60) == ["fastokens"]
+
+
+def test_a_warm_up_task_holds_its_worker_until_the_others_have_taken_theirs(tmp_path, monkeypatch):
+    """A worker that finished its warm-up before the pool's other worker had started took the second
+    warm-up too, and the other worker met the call cold (seen in CI as two warm-ups on one pid). Each
+    task now waits for as many workers as tasks to have taken one, at most the driver's MEET_WAIT seconds."""
+    meet = tmp_path / "meet"
+    meet.mkdir()
+    (meet / "111").touch()  # this worker's own mark
+    threading.Timer(0.3, (meet / "222").touch).start()  # the other worker takes its task 0.3 s later
+    t0 = time.monotonic()
+    pool._meet(str(meet), 2, 60)
+    assert 0.25 <= time.monotonic() - t0 < 60
+    t0 = time.monotonic()
+    pool._meet(str(meet), 3, 0.2)  # a worker that never comes: the wait ends
+    assert time.monotonic() - t0 >= 0.2
+    monkeypatch.setattr(pool, "MEET_WAIT", 120.0)  # (a slow host: the late worker comes whenever it can)
+    root = pool._shm_root() or tempfile.gettempdir()
+    places = lambda: set(glob.glob(os.path.join(root, f"*vecpack-chunks-{os.getpid()}-*")))  # noqa: E731
+    before = places()
+    pool.shutdown()
+    busy = pool._executor(2).submit(time.sleep, 1.0)  # one worker late to take its warm-up (as one slow to start)
+    pool.warm(2, None)  # no engine to build: the other worker's warm-up takes no time
+    assert len(set(pool.ready(timeout=120))) == 2  # one warm-up in each worker
+    busy.result(timeout=60)
+    deadline = time.monotonic() + 10
+    while places() - before and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert not places() - before  # the meeting place is gone with the warm-up
+    pool.shutdown()
 
 
 def test_only_short_chat_rows_of_the_lanes_styles_are_served_by_vecpacks_bpe(tmp_path):

@@ -35,6 +35,7 @@ import signal
 import sys
 import tempfile
 import threading
+import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor, wait  # its exit hook first (see _stop_at_exit)
 
@@ -144,8 +145,11 @@ def _engine_ids(path: str, backend: str, texts, share: int = 0):
     return engine_ids(path, backend, texts)
 
 
-def _warm(tokenizer_path: str | None = None, modules: tuple = (), share: int = 0) -> int:
-    """Start a worker; with a tokenizer directory, also build its fast engine now; import ``modules``."""
+def _warm(tokenizer_path: str | None = None, modules: tuple = (), share: int = 0, meet: tuple | None = None) -> int:
+    """Start a worker; with a tokenizer directory, also build its fast engine now; import ``modules``.
+    ``meet``: ``(directory, n, seconds)``, see :func:`_meet`."""
+    if meet is not None:
+        open(os.path.join(meet[0], str(os.getpid())), "w").close()  # this worker has taken a warm-up task
     _worker_setup(share)
     for name in modules:  # what the encoder will need (a dataset's classes import torch...)
         try:
@@ -165,7 +169,27 @@ def _warm(tokenizer_path: str | None = None, modules: tuple = (), share: int = 0
     # (every second or so in a large call), and each collection walked them all (45 ms)
     gc.collect()
     gc.freeze()
+    if meet is not None:
+        _meet(*meet)
     return os.getpid()
+
+
+#: Seconds a warm-up task holds its worker, at most, for the pool's other workers to take theirs.
+MEET_WAIT = 5.0
+
+
+def _meet(directory: str, n: int, seconds: float) -> None:
+    """Hold this worker until ``n`` workers have each taken a warm-up task (a file named by its pid in
+    ``directory``), or ``seconds`` (the driver's :data:`MEET_WAIT`). A worker that finished its warm-up
+    before the others had started took the next one too, and a worker of the call started cold."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        try:
+            if len(os.listdir(directory)) >= n:
+                return
+        except OSError:  # (the driver removed it: the warm-up is over)
+            return
+        time.sleep(0.005)
 
 
 # --------------------------------------------------------------------------- driver side
@@ -359,12 +383,32 @@ def warm(n_jobs: int, tokenizer=None, modules: tuple = (), share: int = 0):
         with _POOL.lock:  # the exit hook waits for this (or this sees `closing` and stops)
             ex = _executor(n_jobs)
             if not _POOL.warming:  # else already warming
-                _POOL.warming = [ex.submit(_warm, path, tuple(modules), share) for _ in range(n_jobs)]
+                meet = (chunk_dir(0), n_jobs, MEET_WAIT) if n_jobs > 1 else None  # each worker warms once (_meet)
+                _POOL.warming = [ex.submit(_warm, path, tuple(modules), share, meet) for _ in range(n_jobs)]
+                if meet is not None:
+                    _remove_when_done(_POOL.warming, meet[0])
 
     _stop_at_exit()  # before the start: the exit hook must exist before a pool can
     fut = _in_background(start)
     _POOL.starting = fut
     return fut
+
+
+def _remove_when_done(futures: list, directory: str) -> None:
+    """Remove ``directory`` once every one of ``futures`` is done (or cancelled); a process killed before
+    leaves it to :func:`_sweep_stale` (its name is a chunk directory's)."""
+    left = [len(futures)]
+    lock = threading.Lock()
+
+    def done(_):
+        with lock:
+            left[0] -= 1
+            last = left[0] == 0
+        if last:
+            shutil.rmtree(directory, ignore_errors=True)
+
+    for f in futures:
+        f.add_done_callback(done)
 
 
 def warmed() -> bool:
