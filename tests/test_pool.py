@@ -369,8 +369,13 @@ def test_stale_chunk_dirs_of_dead_processes_are_swept(tmp_path):
     dead.mkdir()
     alive = tmp_path / f"vecpack-chunks-{os.getppid()}-0123abcd"
     alive.mkdir()
+    dead_meeting = tmp_path / "vecpack-warm-999999999-k3_x9qa1"
+    alive_meeting = tmp_path / f"vecpack-warm-{os.getppid()}-a"
+    dead_meeting.mkdir()
+    alive_meeting.mkdir()
     pool._sweep_stale(str(tmp_path))
     assert not dead.exists() and alive.exists()
+    assert not dead_meeting.exists() and alive_meeting.exists()  # (pool.warm's meeting places, pool._meeting)
 
 
 def test_a_finished_process_leaves_nothing_in_dev_shm(data, tmp_path):
@@ -550,7 +555,7 @@ def test_a_warm_up_task_holds_its_worker_until_the_others_have_taken_theirs(tmp_
     assert time.monotonic() - t0 >= 0.2
     monkeypatch.setattr(pool, "MEET_WAIT", 120.0)  # (a slow host: the late worker comes whenever it can)
     root = pool._shm_root() or tempfile.gettempdir()
-    places = lambda: set(glob.glob(os.path.join(root, f"*vecpack-chunks-{os.getpid()}-*")))  # noqa: E731
+    places = lambda: set(glob.glob(os.path.join(root, f"vecpack-warm-{os.getpid()}-*")))  # noqa: E731
     before = places()
     pool.shutdown()
     busy = pool._executor(2).submit(time.sleep, 1.0)  # one worker late to take its warm-up (as one slow to start)

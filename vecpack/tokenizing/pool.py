@@ -149,7 +149,10 @@ def _warm(tokenizer_path: str | None = None, modules: tuple = (), share: int = 0
     """Start a worker; with a tokenizer directory, also build its fast engine now; import ``modules``.
     ``meet``: ``(directory, n, seconds)``, see :func:`_meet`."""
     if meet is not None:
-        open(os.path.join(meet[0], str(os.getpid())), "w").close()  # this worker has taken a warm-up task
+        try:
+            open(os.path.join(meet[0], str(os.getpid())), "w").close()  # this worker has taken a warm-up task
+        except OSError:  # (its directory is gone: the warm-up was called off)
+            meet = None
     _worker_setup(share)
     for name in modules:  # what the encoder will need (a dataset's classes import torch...)
         try:
@@ -383,7 +386,7 @@ def warm(n_jobs: int, tokenizer=None, modules: tuple = (), share: int = 0):
         with _POOL.lock:  # the exit hook waits for this (or this sees `closing` and stops)
             ex = _executor(n_jobs)
             if not _POOL.warming:  # else already warming
-                meet = (chunk_dir(0), n_jobs, MEET_WAIT) if n_jobs > 1 else None  # each worker warms once (_meet)
+                meet = _meeting(n_jobs)
                 _POOL.warming = [ex.submit(_warm, path, tuple(modules), share, meet) for _ in range(n_jobs)]
                 if meet is not None:
                     _remove_when_done(_POOL.warming, meet[0])
@@ -394,9 +397,20 @@ def warm(n_jobs: int, tokenizer=None, modules: tuple = (), share: int = 0):
     return fut
 
 
+def _meeting(n_jobs: int) -> tuple | None:
+    """``(directory, n_jobs, MEET_WAIT)`` for :func:`_warm`'s ``meet`` (each worker warms once), or None for
+    one worker, or where no directory can be made (then a worker may warm twice, as before)."""
+    if n_jobs < 2:
+        return None
+    try:
+        return tempfile.mkdtemp(prefix=f"vecpack-warm-{os.getpid()}-", dir=_shm_root()), n_jobs, MEET_WAIT
+    except OSError:
+        return None
+
+
 def _remove_when_done(futures: list, directory: str) -> None:
-    """Remove ``directory`` once every one of ``futures`` is done (or cancelled); a process killed before
-    leaves it to :func:`_sweep_stale` (its name is a chunk directory's)."""
+    """Remove ``directory`` once every one of ``futures`` is done (or cancelled); one a killed process
+    left in ``/dev/shm`` is removed by :func:`_sweep_stale`."""
     left = [len(futures)]
     lock = threading.Lock()
 
@@ -486,16 +500,17 @@ def _shm_root() -> str | None:
 
 
 def _sweep_stale(root: str) -> None:
-    """Remove chunk directories left by vecpack processes that no longer exist (e.g. SIGKILLed)."""
+    """Remove chunk directories (and warm-ups' meeting places, :func:`_meeting`) left by vecpack processes
+    that no longer exist (e.g. SIGKILLed)."""
     try:
         names = os.listdir(root)
     except OSError:
         return
     for name in names:
-        m = re.fullmatch(r"vecpack-chunks-(\d+)-[0-9a-f]{8}", name)
+        m = re.fullmatch(r"vecpack-chunks-(\d+)-[0-9a-f]{8}|vecpack-warm-(\d+)-\w+", name)
         if not m:
             continue
-        pid = int(m.group(1))
+        pid = int(m.group(1) or m.group(2))
         if pid == os.getpid():
             continue
         try:
