@@ -5,7 +5,10 @@ tiktoken is the plain reference: the project proves it exact against HF (``test_
 """
 
 import json
+import os
 import random
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -135,6 +138,31 @@ def test_random_strings(setup):
                               tables.maxdig).tolist()
         want = np.cumsum([len(p.encode("utf-8")) for p in regex.findall(pattern, t)]).tolist()
         assert ends == want, (t, regex.findall(pattern, t))
+
+
+_FREED_IS_UNMAPPED = {"MALLOC_MMAP_THRESHOLD_": "65536", "MALLOC_TRIM_THRESHOLD_": "0", "MALLOC_TOP_PAD_": "0"}
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's malloc settings")
+def test_the_kernel_uses_no_array_after_freeing_it(qwen):
+    """The kernel's own arrays that it uses through their pointers (its piece cache's ids, the merge
+    buffers) live until it returns: numba freed them after their last use as arrays, and the kernel
+    went on writing there. With glibc told to give back every freed block of 64 KiB or more at once,
+    such a write is a segmentation fault instead of silent damage to the heap (as a 200k-row pack
+    first showed, with the piece cache's 256 KiB of ids)."""
+    code = ("import numpy as np; from vecpack.tokenizing import bpe; from vecpack.testing import cached_tokenizer_dir; "
+            "rng = np.random.default_rng(0); letters = np.array(list('abcdefghijklmnopqrstuvwxyzáéíóúçãõ')); "
+            "words = [''.join(rng.choice(letters, rng.integers(3, 14))) for _ in range(20000)]; "
+            "texts = [' '.join(rng.choice(words, 60)) for _ in range(400)]; "
+            "t = bpe.tables(cached_tokenizer_dir('qwen2.5')); "
+            "ids, lengths, ok = bpe.encode_ranges(*bpe.utf8_ranges(texts), t); "
+            "print(int(ok.sum()), ids.tobytes().hex())")
+    here = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert here.returncode == 0, here.stderr  # (compiles the kernel into numba's cache: the next run loads it)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                         env={**os.environ, **_FREED_IS_UNMAPPED})
+    assert out.returncode == 0, (out.returncode, out.stderr[-2000:])
+    assert out.stdout == here.stdout and out.stdout.startswith("400 ")
 
 
 def test_rendered_rows(qwen, tmp_path):

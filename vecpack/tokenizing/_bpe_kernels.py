@@ -24,7 +24,19 @@ from numba import njit
 
 from vecpack._state import compile_once, kernel_cache
 from vecpack.tokenizing._pretok_kernels import _piece_end
-from vecpack.tokenizing._words import _C0, _ONES, _fin, _has_byte, _load64, _ptr, _range_hash, _same, _step, _word
+from vecpack.tokenizing._words import (
+    _C0,
+    _ONES,
+    _alive,
+    _fin,
+    _has_byte,
+    _load64,
+    _ptr,
+    _range_hash,
+    _same,
+    _step,
+    _word,
+)
 
 CACHE = kernel_cache()
 
@@ -381,6 +393,11 @@ def encode_ranges(buf, starts, stops, cls_table, fold, maxdig, table, tok_bytes,
             continue
         lengths[r] = count - first
         ok[r] = True
+    _alive(pstart)  # these five are used through their pointers only: alive until here (see _alive)
+    _alive(prank)
+    _alive(pid)
+    _alive(cids)
+    _alive(cstate)
     return ids[:count].copy(), lengths, ok
 
 

@@ -43,6 +43,24 @@ def _ptr(typingctx, arr):
     return sig, codegen
 
 
+@intrinsic
+def _alive(typingctx, arr):
+    """A use of the array ``arr`` that makes no code: it lives at least until here.
+
+    numba frees a kernel's own array after its last use *as an array*; one the
+    kernel goes on using through its :func:`_ptr` would be written after it was
+    freed (the heap's own bookkeeping, or whatever was allocated there next). A
+    kernel that allocates an array and then uses only its pointer ends with
+    ``_alive(arr)`` after the pointer's last use.
+    """
+    sig = types.void(arr)
+
+    def codegen(context, builder, signature, args):
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
 def _data(context, builder, ty, value):
     """The uint8 pointer of an intrinsic's argument: itself, or an array's data."""
     if isinstance(ty, types.Array):
