@@ -160,7 +160,7 @@ def pack_run(path: str, tokenizer: str, tree: str) -> dict:
     """``vecpack pack`` in a fresh process, into a fresh cache directory."""
     cache = tempfile.mkdtemp(prefix="seed-limit-cache-")
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(x for x in (tree, os.environ.get("PYTHONPATH", "")) if x))
-    cmd = [sys.executable, "-c", "import sys; from vecpack.cli import main; sys.exit(main())",  # as the console script
+    cmd = [sys.executable, "-m", "vecpack.cli",  # as the console script runs it (vecpack.cli.console)
            "pack", path, "--tokenizer", tokenizer, "--max-len", str(MAX_LEN), "--cache-dir", cache]
     logs = tempfile.TemporaryFile("w+"), tempfile.TemporaryFile("w+")
     import psutil
@@ -169,7 +169,7 @@ def pack_run(path: str, tokenizer: str, tree: str) -> dict:
     mine = {c.pid for c in psutil.Process().children()}
     try:
         t0 = time.perf_counter()
-        # (cwd: not a checkout, whose vecpack `python -c` would import ahead of PYTHONPATH's tree)
+        # (cwd: not a checkout, whose vecpack `python -m` would import ahead of PYTHONPATH's tree)
         proc = subprocess.Popen(cmd, env=env, stdout=logs[0], stderr=logs[1], text=True, cwd=cache)
         rss = TreeRSS(proc.pid)
         _, status, usage = os.wait4(proc.pid, 0)  # (Popen.wait would not give the rusage)

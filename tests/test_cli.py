@@ -492,6 +492,47 @@ def test_version_and_bare_command():
     assert proc.returncode == 2 and "pack" in proc.stdout
 
 
+@pytest.mark.parametrize("args, status", [(["cache", "list"], 0), (["pack"], 2)])
+def test_the_console_entry_runs_every_exit_step_then_ends(args, status, tmp_path):
+    """``vecpack.cli.console`` (the console script, ``python -m vecpack.cli``) ends the process without the
+    interpreter's teardown, but only after what any exit does: the threads it waits for are joined, the
+    ``atexit`` hooks run, the streams are flushed, and the status is the command's."""
+    marker = tmp_path / "joined"
+    code = ("import atexit, sys, threading, time; from vecpack.cli import console; marker = sys.argv[1]; "
+            "threading.Thread(target=lambda: (time.sleep(0.3), open(marker, 'w').close())).start(); "
+            "atexit.register(print, 'hook ran'); sys.stdout.write('buffered '); "
+            "sys.argv = ['vecpack', *sys.argv[2:]]; console(); print('not reached')")
+    env = dict(os.environ, VECPACK_CACHE=str(tmp_path / "cache"))
+    env.pop("PYTHONUNBUFFERED", None)
+    out = subprocess.run([sys.executable, "-c", code, str(marker), *args], capture_output=True, text=True,
+                         cwd=REPO, env=env, timeout=120)
+    assert out.returncode == status, out.stderr
+    assert out.stdout.startswith("buffered ") and out.stdout.rstrip().endswith("hook ran"), out.stdout
+    assert "not reached" not in out.stdout and marker.exists()
+    assert status == 0 or "are required: INPUT" in out.stderr
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="counts threads in /proc")
+@pytest.mark.parametrize("given", [None, "2"])
+def test_the_console_command_starts_no_blas_threads(given, tmp_path):
+    """``vecpack`` as a command has numpy's OpenBLAS start no threads (each spun a while on a core
+    after numpy's import); a value the caller set is kept, and a caller's ``main(argv)`` sets nothing."""
+    code = ("import os, sys; from vecpack.cli.run import main; sys.argv = ['vecpack', 'cache', 'list']; "
+            "assert main([]) == 2 and os.environ.get('OPENBLAS_NUM_THREADS') == {given!r}; "
+            "assert 'numpy' not in sys.modules and main() == 0 and 'numpy' in sys.modules; "
+            "print(os.environ['OPENBLAS_NUM_THREADS'], len(os.listdir('/proc/self/task')))")
+    env = {k: v for k, v in os.environ.items() if k != "OPENBLAS_NUM_THREADS"}
+    env["VECPACK_CACHE"] = str(tmp_path)
+    if given:
+        env["OPENBLAS_NUM_THREADS"] = given
+    out = subprocess.run([sys.executable, "-c", code.format(given=given)], capture_output=True, text=True,
+                         cwd=REPO, env=env, timeout=120)
+    assert out.returncode == 0, out.stderr
+    blas, threads = out.stdout.split()[-2:]
+    assert blas == (given or "1")
+    assert given or threads == "1"
+
+
 def test_building_the_parser_imports_nothing_heavy():
     code = ("import sys, vecpack.cli as c; c.build_parser(); "
             "heavy = {'torch', 'transformers', 'pyarrow', 'matplotlib', 'ray', 'datasets'} & set(sys.modules); "

@@ -1,7 +1,5 @@
 """``python -m vecpack.cli``: the ``vecpack`` command."""
 
-import sys
+from vecpack.cli.run import console
 
-from vecpack.cli.run import main
-
-sys.exit(main())
+console()

@@ -27,7 +27,7 @@ from vecpack._lazy import lazy_module
 from vecpack._version import __version__
 from vecpack.errors import VecpackError
 
-__all__ = ["PROG", "UsageError", "build_parser", "main"]
+__all__ = ["PROG", "UsageError", "build_parser", "console", "main"]
 
 
 # the commands (and the pipeline under them) load once the arguments parse: `--help` and usage errors answer
@@ -49,6 +49,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     debug = "--debug" in argv
     if console:
+        _no_blas_threads()
         _keep_swallowed_interrupts()
     try:
         parser = build_parser()
@@ -66,6 +67,55 @@ def main(argv: list[str] | None = None) -> int:
     if console:
         skip_last_collections()  # the process ends next
     return status
+
+
+def console():
+    """The ``vecpack`` command's entry point (the console script, ``python -m vecpack.cli``): :func:`main`,
+    then the process ends with its status.
+
+    The exit does what any exit does first: the threads the interpreter waits for
+    are joined (``threading``'s own exit step: the worker pool's, a parity check's),
+    the ``atexit`` hooks run (workers and Ray stopped, temporary directories
+    removed) and the standard streams are flushed. Only the interpreter's teardown
+    after them is skipped (every module's objects freed one by one, numba's and
+    LLVM's among them): the operating system frees the process at once.
+    """
+    _end(main())
+
+
+def _end(status: int):
+    """End this process now with ``status``, after its exit hooks (see :func:`console`)."""
+    import atexit
+    import threading
+
+    join = getattr(threading, "_shutdown", None)
+    if join is None:  # (not CPython's threading: the interpreter's own exit)
+        sys.exit(status)
+    try:
+        try:
+            join()
+        except KeyboardInterrupt:  # Ctrl-C while a thread is joined: the hooks still run
+            status = 130
+        atexit._run_exitfuncs()  # (a hook's error is printed, as at any exit)
+        for stream in (sys.stdout, sys.stderr):
+            if stream is not None:
+                stream.flush()
+    except BaseException:  # noqa: BLE001 - a second Ctrl-C, a closed stream: the status stands
+        pass
+    os._exit(status)
+
+
+def _no_blas_threads() -> None:
+    """The command does no linear algebra: numpy's OpenBLAS starts no threads in it.
+
+    As numpy is imported, OpenBLAS starts a thread for each core but one, and each
+    spins a while waiting for work before it sleeps: core time taken from the
+    command's start (its imports, its engine's load), for nothing. Set before numpy
+    loads (after, it would change nothing), for this process and the workers it
+    starts; a value the caller set is kept.
+    """
+    if "numpy" not in sys.modules:
+        os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 
 def _keep_swallowed_interrupts() -> None:
