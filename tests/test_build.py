@@ -119,6 +119,34 @@ def test_max_len_or_strategy_change_replans_without_retokenizing(rows500, tmp_pa
     np.testing.assert_array_equal(c.labels, ref.labels)
 
 
+def test_a_miss_plans_while_its_corpus_is_synced_and_a_hit_plans_here(rows500, tmp_path, monkeypatch):
+    """On a corpus miss the plan is made in a thread from the arrays just written, while the cache checks and
+    syncs them; on a corpus hit, here. Either way it is the plan of the published corpus, and an error
+    planning raises where the plan stage raised it, leaving no plan entry."""
+    import threading
+
+    from vecpack.pipeline import route
+
+    made_on = []
+    make = route.ChatPlanner.make
+    monkeypatch.setattr(route.ChatPlanner, "make",
+                        lambda self, corpora: made_on.append(threading.current_thread().name) or make(self, corpora))
+    kw = dict(encoder=CountingEncoder(), cache_dir=tmp_path / "c", n_jobs=1, progress=False)
+    miss = vecpack.build(rows500, None, 1024, **kw)
+    replanned = vecpack.build(rows500, None, 1000, **kw)
+    assert made_on == ["vecpack-plan-ahead", "MainThread"]
+    assert not miss.build_info.corpus_hit and replanned.build_info.corpus_hit
+    ref = vecpack.pack(np.array(miss.tokens), np.array(miss.offsets), 1024, labels=np.array(miss.token_labels))
+    for name in ("doc_index", "doc_start", "doc_length", "pack_offsets"):
+        np.testing.assert_array_equal(getattr(miss.plan, name), getattr(ref.plan, name))
+    assert miss.plan.stats == vecpack.load(miss.build_info.plan_path).plan.stats
+
+    with pytest.raises(ValueError, match="longer than max_len"):
+        vecpack.build(rows500, None, 64, long="error", **dict(kw, cache_dir=tmp_path / "d"))
+    assert made_on[-1] == "vecpack-plan-ahead"
+    assert [p.name.split("-")[0] for p in (tmp_path / "d").iterdir() if p.is_dir()] == ["corpus"]
+
+
 def test_one_byte_change_in_input_misses(rows500, tmp_path):
     counter = tmp_path / "count"
     kw = dict(encoder=CountingEncoder(counter), cache_dir=tmp_path / "c", n_jobs=1, progress=False)

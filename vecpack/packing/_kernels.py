@@ -1,7 +1,8 @@
 """numba kernels that plan packs. No Python glue here: see plan.py; the packs are laid out by
 :mod:`vecpack.packing._fill_kernels`.
 
-Every kernel is ``@njit(cache=CACHE)`` and works on flat arrays only: lengths and indices are ``int64``, tokens and
+Every kernel is ``@njit(cache=CACHE, nogil=True)`` (the interpreter lock is released while it runs: a plan made
+in a thread lets the calling thread go on) and works on flat arrays only: lengths and indices are ``int64``, tokens and
 labels ``int32`` (labels may be a bit mask: :func:`vecpack.packing._fill_kernels._label`). The glue passes inputs
 as read-only views (see :func:`vecpack.packing.plan._ro`) so that each kernel is compiled once, whether its inputs
 are in-memory or memory-mapped.
@@ -79,7 +80,7 @@ def _full(n, value):
     return out
 
 
-@njit(cache=CACHE)
+@njit(cache=CACHE, nogil=True)
 def expand_entries(lengths, max_len, policy):
     """Turn document lengths into entries of 1..max_len tokens.
 
@@ -138,7 +139,7 @@ def expand_entries(lengths, max_len, policy):
     return entry_doc[:k], entry_start[:k], entry_len[:k], stats
 
 
-@njit(cache=CACHE)
+@njit(cache=CACHE, nogil=True)
 def assign_greedy(entry_len, max_len):
     """Next-fit in input order; returns ``pack_offsets`` (int64, P+1).
 
@@ -189,7 +190,7 @@ def _order_decreasing(entry_len, max_len):
     return order, counts
 
 
-@njit(cache=CACHE)
+@njit(cache=CACHE, nogil=True)
 def assign_ffd(entry_len, max_len):
     """First-fit decreasing over all entries.
 
@@ -277,7 +278,7 @@ def _tree_next(tree, size, leaf):
     return -1
 
 
-@njit(cache=CACHE)
+@njit(cache=CACHE, nogil=True)
 def assign_bfd(entry_len, max_len):
     """Best-fit decreasing over all entries in O(E log max_len).
 
@@ -343,7 +344,7 @@ def _splitmix64(state):
     return state, z ^ (z >> np.uint64(31))
 
 
-@njit(cache=CACHE)
+@njit(cache=CACHE, nogil=True)
 def shuffle_ranks(num_packs, seed):
     """A uniform random permutation of ``range(num_packs)`` from ``seed``.
 
@@ -369,7 +370,7 @@ def shuffle_ranks(num_packs, seed):
     return ranks
 
 
-@njit(cache=CACHE)
+@njit(cache=CACHE, nogil=True)
 def group_entries(order, pack_sorted, counts, num_packs, ranks, entry_doc, entry_start,
                   identity, split):
     """Lay entries out pack by pack.
@@ -414,7 +415,7 @@ def group_entries(order, pack_sorted, counts, num_packs, ranks, entry_doc, entry
     return doc_index, doc_start, doc_length, pack_offsets
 
 
-@njit(cache=CACHE)
+@njit(cache=CACHE, nogil=True)
 def check_plan(doc_lengths, doc_index, doc_start, doc_length, pack_offsets, max_len):
     """Check a plan against a corpus. Returns ``(code, where)``; code 0 is OK. 1: pack_offsets does not
     start at 0, decrease or end at len(doc_index) (where = pack); 2: doc_index out of range (entry); 3: entry
@@ -446,7 +447,7 @@ def check_plan(doc_lengths, doc_index, doc_start, doc_length, pack_offsets, max_
     return 0, 0
 
 
-@njit(cache=CACHE)
+@njit(cache=CACHE, nogil=True)
 def check_pair_plan(doc_lengths, pair_index, pair_lens, pack_offsets, max_len, shared):
     """Check a pair plan against a corpus of ``3 * pairs`` documents. Returns ``(code, where)``; 0 is OK.
 
@@ -482,7 +483,7 @@ def check_pair_plan(doc_lengths, pair_index, pair_lens, pack_offsets, max_len, s
     return 0, 0
 
 
-@njit(cache=CACHE)
+@njit(cache=CACHE, nogil=True)
 def split_entries(lengths, max_len):
     """``split_across_pack=True``: the documents as one stream, cut every ``max_len`` tokens.
 
@@ -534,7 +535,7 @@ def split_entries(lengths, max_len):
     return entry_doc[:k], entry_start[:k], entry_len[:k], cuts[:p + 2].copy()
 
 
-@njit(cache=CACHE)
+@njit(cache=CACHE, nogil=True)
 def trained_tokens(labels, offsets, doc_index, doc_start, doc_length, ignore_index):
     """Tokens of the packs that carry a loss: each entry's labels other than ``ignore_index``, its first
     one excepted (a pack sets it to ``ignore_index``). One thread: a count over memory, which ``parallel=True``

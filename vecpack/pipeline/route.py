@@ -41,6 +41,7 @@ import contextlib
 import dataclasses
 import logging
 import pathlib
+import threading
 import time
 
 import numpy as np
@@ -118,11 +119,12 @@ def _local(request, t0: float):
     """This machine's route for text: each input's corpus (from the cache, or tokenized), the plan of the
     kind's planner (:data:`~vecpack.pipeline.route.PLANNERS`), then the packs over the corpora."""
     store = _cache.Cache(request.run.cache_dir) if request.run.cache else None
+    planner = planner_for(request)
+    ahead = _PlanAhead(planner) if store is not None and len(request.inputs) == 1 and not request.mixture else None
     corpora = []
     for inp in request.inputs:
-        corpora.append(corpus_of(request, inp, store, keep=[c.key for c in corpora]))
-    planner = planner_for(request)
-    plan, entry = _plan_stage(planner, corpora, store, request.run.verify)
+        corpora.append(corpus_of(request, inp, store, keep=[c.key for c in corpora], ahead=ahead))
+    plan, entry = _plan_stage(planner, corpora, store, request.run.verify, ahead)
     packed = planner.packed(corpora, plan, validate=entry is None)
     tstats = _tokenize_stats(request, corpora)  # (once: a mixture merges its sources' stats)
     _check_useful(request, planner.useful(plan), tstats)
@@ -140,8 +142,9 @@ def _vision(request, t0: float):
 # --------------------------------------------------------------------------- the corpus stage
 
 
-def corpus_of(request, inp, store, keep=()) -> Corpus:
-    """The corpus of one input: from the cache (made on a miss), or made now with ``store=None``."""
+def corpus_of(request, inp, store, keep=(), ahead=None) -> Corpus:
+    """The corpus of one input: from the cache (made on a miss), or made now with ``store=None``.
+    ``ahead``: a :class:`_PlanAhead`, started on a miss's arrays as soon as they are written."""
     tok, run, pk = request.tokenizer, request.run, request.pack
     kernels = None if request.pairs else (lambda: warm_kernels(pk.strategy, pk.long, bits=store is not None
                                                                and stores_bits(tok.encoder)))
@@ -155,6 +158,8 @@ def corpus_of(request, inp, store, keep=()) -> Corpus:
 
     def make(tmp):
         t = _tokenize_input(inp, tok, run, tmp, warm=kernels)  # they load beside the tokenizing
+        if ahead is not None:  # the plan, while the cache checks the arrays and syncs them
+            ahead.start(Corpus(inp, _written(tmp), {}, 0, described))
         return t, default_pad_id(tok.tokenizer, t.encoder or tok.encoder)
 
     entry = corpus_entry(store, inputs, described, make, bits=stores_bits(tok.encoder), verify=run.verify,
@@ -241,15 +246,51 @@ def _tokenize_input(inp, tok, run, out_dir=None, warm=None):
 # --------------------------------------------------------------------------- the plan stage
 
 
-def _plan_stage(planner, corpora, store, verify: bool):
-    """(the plan, its cache entry or None): through the cache when there is one and the planner keys it."""
+def _written(tmp: pathlib.Path) -> dict:
+    """The arrays of a corpus entry being built in ``tmp``, as its entry will map them."""
+    return {p.stem: np.load(p, mmap_mode="r") for p in sorted(tmp.glob("*.npy"))}
+
+
+class _PlanAhead:
+    """The plan of a one-input build, made in a thread from its corpus's arrays as soon as they are written,
+    while the cache checks them and waits for the disk to hold them (the corpus entry's checksums and
+    fsyncs): the plan stage then takes it instead of making it. The same planner on the same arrays: the
+    same plan; an error it raises is raised where the plan stage would have raised it."""
+
+    def __init__(self, planner):
+        self.planner, self._thread, self._made = planner, None, None
+
+    def start(self, corpus: Corpus) -> None:
+        def run():
+            try:
+                self._made = (True, self.planner.make([corpus]))
+            except BaseException as e:  # noqa: BLE001 - raised by make() in the plan stage
+                self._made = (False, e)
+
+        self._thread = threading.Thread(target=run, name="vecpack-plan-ahead", daemon=True)
+        self._thread.start()
+
+    def make(self, corpora):
+        """The plan started ahead, else :meth:`make` of the planner now."""
+        if self._thread is None:
+            return self.planner.make(corpora)
+        self._thread.join()
+        ok, made = self._made
+        if not ok:
+            raise made
+        return made
+
+
+def _plan_stage(planner, corpora, store, verify: bool, ahead: _PlanAhead | None = None):
+    """(the plan, its cache entry or None): through the cache when there is one and the planner keys it
+    (made ``ahead`` where it was started)."""
     key = planner.key(corpora) if store is not None else None
     if key is None:
         return planner.finish(planner.make(corpora)), None
     kind, inputs = key
 
     def build_plan(tmp: pathlib.Path) -> dict:
-        p = planner.make(corpora)
+        p = (ahead or planner).make(corpora)
         planner.save(p, tmp)
         return {"stats": jsonable(dict(p.stats))}
 

@@ -377,7 +377,9 @@ class ChunkMerger:
         """Flush the written part of the big files to disk in a thread, while tokenizing goes on.
 
         The cache fsyncs an entry before publishing it; flushing as we go
-        leaves only the tail for that fsync instead of a gigabyte.
+        leaves only the tail for that fsync instead of a gigabyte. :meth:`finish`
+        does not wait for the last flush: the cache's fsync does, while the
+        caller goes on (the plan is made meanwhile).
         """
         if self._syncer is not None and self._syncer.is_alive():
             return
@@ -403,8 +405,6 @@ class ChunkMerger:
 
         if self.pending:
             raise RuntimeError(f"chunk {self.next} never arrived (have {sorted(self.pending)})")
-        if self._syncer is not None:
-            self._syncer.join()
         if self.mode == "bits" and self._carry.size:
             self.files["trained"].append(np.packbits(self._carry, bitorder="little"))
         if self.mode == "dense":
