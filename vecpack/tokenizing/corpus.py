@@ -113,7 +113,7 @@ def warm_for(files, tokenizer, *, n_jobs: int = -1, backend: str = "loky", style
 def _warm_now(fork: bool) -> bool:
     """Whether background work a fork must wait for (the packing kernels' load) starts now: where no
     workers fork, or where the fork waits anyway for an engine built outside the interpreter lock;
-    else right after the fork, beside the workers (started before it, it held the fork back)."""
+    else beside the workers, once their first chunk is in (started before the fork, it held the fork back)."""
     return not fork or fork_will_wait(gil_free=True)
 
 
@@ -246,8 +246,9 @@ def tokenize_input(inp, tok, run, out_dir=None, warm=None) -> Tokenized:
     ``tok`` as ``run`` says; ``out_dir``: write the arrays there, memory-mapped.
 
     ``warm()``: background work that a fork must wait for (the packing kernels' load,
-    :func:`vecpack.packing.packed.warm_kernels`): started at once where no workers fork, else right
-    after they fork, beside them (started first, it held the fork back by its whole load)."""
+    :func:`vecpack.packing.packed.warm_kernels`): started at once where no workers fork, else as the
+    forked workers' first chunk is in, beside them (started first, it held the fork back by its whole
+    load; started at the fork, it held back the first chunks' dispatch)."""
     n_jobs = _pool.effective_n_jobs(run.n_jobs)
     t0 = time.perf_counter()
     sources = list(inp.files)
@@ -317,9 +318,10 @@ def _tokenize(call: _Call, feed) -> Tokenized:
     workers = n_jobs if backend == "loky" and many else 1
 
     def forked(enc):  # the chunk workers, forked with ``enc`` in them (else loky's run them)
-        return forked_workers(enc, n_jobs, after=call.start_warm) if fork else contextlib.nullcontext()
+        return forked_workers(enc, n_jobs) if fork else contextlib.nullcontext()
 
-    run = dict(executor=backend, n_jobs=n_jobs, on_error=call.run.on_error, progress=call.run.progress, share=share)
+    run = dict(executor=backend, n_jobs=n_jobs, on_error=call.run.on_error, progress=call.run.progress, share=share,
+               started=call.start_warm)
     if backend == "loky" and workers == 1 and not inline:  # every task here: this process's engine for the
         _serve_here(encoder, sources, call)                 # call's size (an inline call got it when measured)
     with forked(encoder):

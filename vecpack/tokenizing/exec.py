@@ -374,15 +374,12 @@ def _shutdown(ex: ProcessPoolExecutor, wait: bool = True, kill_workers: bool = F
 
 
 @contextlib.contextmanager
-def forked_workers(encoder, n: int, after=None):
+def forked_workers(encoder, n: int):
     """``encoder.pool``: a :class:`ForkPool` of ``n`` workers for the ``with`` block, then stopped.
 
     Yields the pool, or None (and nothing forks) for ``n < 2``, when
     :func:`fork_refusal` says no, or when the fork fails (``OSError``, with a
-    warning): the caller then runs its loky path. ``after()``, if given, runs
-    once the workers are forked (or once it is known that none will be): work
-    that a fork would have to wait for (the packing kernels' load) starts there,
-    beside the workers, instead of delaying them.
+    warning): the caller then runs its loky path.
     """
     fp = None
     if n >= 2 and fork_refusal() is None:
@@ -391,13 +388,6 @@ def forked_workers(encoder, n: int, after=None):
         except OSError as e:  # no memory or no process left for a fork: the caller's loky path
             warnings.warn(f"vecpack: cannot fork item workers ({e}); using loky workers", RuntimeWarning,
                           stacklevel=3)
-    if after is not None:
-        try:
-            after()
-        except BaseException:
-            if fp is not None:
-                fp.shutdown(wait=True, kill_workers=True)
-            raise
     if fp is None:
         yield None
         return

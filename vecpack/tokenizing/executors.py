@@ -41,7 +41,7 @@ __all__ = ["earlier", "execute"]
 
 def execute(tasks: list[ChunkTask] | TaskFeed, encoder, out_dir: str, *, executor: str = "loky",
             n_jobs: int = 1, on_error: str = "raise", progress: bool = True, desc: str = "tokenize",
-            merger: ChunkMerger | None = None, share: int = 0) -> list[ChunkMeta]:
+            merger: ChunkMerger | None = None, share: int = 0, started=None) -> list[ChunkMeta]:
     """Run every task and return the metas in input order.
 
     ``executor="loky"`` runs them in this process (``n_jobs <= 1`` or a single
@@ -56,6 +56,9 @@ def execute(tasks: list[ChunkTask] | TaskFeed, encoder, out_dir: str, *, executo
 
     ``share``: the call's input bytes per worker, which decides what pool
     workers set up for it (:func:`~vecpack.tokenizing.pool.set_up_for`).
+    ``started()``, if given, runs once, as the first task's result is in (or
+    as the call ends without one): background work that would hold back the
+    first tasks' dispatch, under the interpreter lock, starts there.
 
     Every executor reports failures the same way. On a bad record
     (``on_error="raise"``), an encoder bug, a dead worker, an unreadable
@@ -73,7 +76,7 @@ def execute(tasks: list[ChunkTask] | TaskFeed, encoder, out_dir: str, *, executo
                 feed.wait(0.5)
         else:
             feed.all()
-        run = _Execution(feed, out_dir, merger, _Bar(feed, progress, desc))
+        run = _Execution(feed, out_dir, merger, _Bar(feed, progress, desc), started)
         if executor == "ray":
             _ray.execute(run.tasks, encoder, out_dir, on_error=on_error, done=run.done)
         elif n_jobs <= 1 or (feed.finished and len(feed.tasks) <= 1):
@@ -84,6 +87,7 @@ def execute(tasks: list[ChunkTask] | TaskFeed, encoder, out_dir: str, *, executo
                           driver=forked is None and bool(getattr(encoder, "slow_to_load", False)), forked=forked,
                           share=share)
         run.bar.close(final=sum(m.records for m in run.metas))
+        run.start()
         return run.metas  # type: ignore[return-value]
     except ChunkError as e:
         if run is not None:
@@ -107,8 +111,8 @@ class _Execution:
     worker maps the size it was given, which covers its own slot.
     """
 
-    def __init__(self, feed: TaskFeed, out_dir: str, merger, bar):
-        self.feed, self.out_dir, self.merger, self.bar = feed, out_dir, merger, bar
+    def __init__(self, feed: TaskFeed, out_dir: str, merger, bar, started=None):
+        self.feed, self.out_dir, self.merger, self.bar, self.started = feed, out_dir, merger, bar, started
         self.tasks: list[ChunkTask] = []
         self.progress_path = os.path.join(out_dir, "progress.i64")
         open(self.progress_path, "wb").close()
@@ -164,6 +168,13 @@ class _Execution:
         if self.merger is not None and not self.failed:
             self.merger.add(meta)
         self.bar.update(self.slots)
+        self.start()
+
+    def start(self) -> None:
+        """Run ``started()`` (once)."""
+        fn, self.started = self.started, None
+        if fn is not None:
+            fn()
 
     def close(self) -> None:
         del self.slots
