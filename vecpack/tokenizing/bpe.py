@@ -189,8 +189,6 @@ def tables(path) -> BpeTables:
     Raises:
         Unsupported: as :func:`build_tables` or :func:`~vecpack.tokenizing.spec.tiktoken_spec`.
     """
-    import regex
-
     def derive(spec) -> BpeTables | str:
         pattern, ranks, added, _ = spec
         try:
@@ -198,10 +196,23 @@ def tables(path) -> BpeTables:
         except Unsupported as e:
             return str(e)
 
-    hit = derived(pathlib.Path(path), f"bpe{_TABLES_VERSION}-{regex.__version__}", derive)
+    hit = derived(pathlib.Path(path), f"bpe{_TABLES_VERSION}-{_regex_version()}", derive)
     if type(hit) is str:
         raise Unsupported(hit)
     return hit
+
+
+def _regex_version() -> str:
+    """The installed ``regex`` module's version, from its distribution's metadata: a memo's hit imports no
+    ``regex`` (its import compiles patterns of its own, under the interpreter lock), only a build does."""
+    from importlib import metadata
+
+    try:
+        return metadata.version("regex")
+    except metadata.PackageNotFoundError:  # (not installed as a distribution: the module says)
+        import regex
+
+        return regex.__version__
 
 
 def encode_ranges(buf: np.ndarray, starts: np.ndarray, stops: np.ndarray, t: BpeTables, *,
