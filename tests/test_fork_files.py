@@ -292,8 +292,9 @@ def test_workers_forked_after_the_driver_encoded_on_several_threads(sharegpt_fil
 def test_a_build_loads_its_packing_kernels_after_its_workers_fork(sharegpt_file, qwen_dir, monkeypatch, tmp_path,
                                                                     n_jobs, building):
     """A fork waits for the kernels' background load; a build that forks starts that load once its
-    workers are forked (beside them, not before them), unless the fork waits for fastokens' build
-    anyway; one that does not fork starts it before its encoder is set up (beside that)."""
+    workers' first chunk is in (beside them, not before them, nor beside the first chunks' dispatch),
+    unless the fork waits for fastokens' build anyway; one that does not fork starts it before its
+    encoder is set up (beside that)."""
     from vecpack.pipeline import route as pipeline
     from vecpack.tokenizing import backend
     from vecpack.tokenizing import exec as vexec

@@ -21,6 +21,7 @@ import vecpack
 from vecpack.chat.formats import to_messages
 from vecpack.errors import InputError, WorkerDiedError
 from vecpack.inputs.sources import resolve_sources
+from vecpack.tokenizing import corpus as corpus_mod
 from vecpack.tokenizing import merge, pool
 from vecpack.tokenizing import rows as chunk_rows
 from vecpack.tokenizing import tasks as chunk_tasks
@@ -106,6 +107,43 @@ def test_plan_chunks_cover_file_on_line_boundaries(data):
         for a, b in zip(tasks, tasks[1:]):
             assert a.stop == b.start and raw[b.start - 1:b.start] == b"\n"
         assert tasks[0].first_line == 1 and all(t.first_line is None for t in tasks[1:])
+
+
+def test_a_calls_last_ranges_are_cut_finer_on_line_boundaries(data):
+    """``finer_tail``: the last ranges are cut in up to TAIL_PIECES of at least ``min_piece`` bytes, whole lines
+    still, the others as before; a call with workers cuts them so, and its result is the same."""
+    path, _ = data
+    raw = open(path, "rb").read()
+    src = resolve_sources(path)
+    plain = chunk_tasks.plan_chunks(src, chunk_bytes=8192)
+    finer = chunk_tasks.plan_chunks(src, chunk_bytes=8192, finer_tail=2, min_piece=2000)
+    assert [(t.start, t.stop) for t in finer[:len(plain) - 2]] == [(t.start, t.stop) for t in plain[:-2]]
+    tail = finer[len(plain) - 2:]
+    for whole in plain[-2:]:  # each cut in up to TAIL_PIECES pieces of about min_piece bytes or more
+        pieces = [t for t in tail if whole.start <= t.start < whole.stop]
+        assert pieces[0].start == whole.start and pieces[-1].stop == whole.stop
+        assert 1 <= len(pieces) <= min(chunk_tasks.TAIL_PIECES, (whole.stop - whole.start) // 2000) or len(pieces) == 1
+    assert len(tail) > 2 and tail[-1].stop == len(raw) and [t.index for t in finer] == list(range(len(finer)))
+    for a, b in zip(tail, tail[1:]):
+        assert a.stop == b.start and raw[b.start - 1:b.start] == b"\n" and b.stop - b.start < 8192
+    big = chunk_tasks.plan_chunks(src, chunk_bytes=8192, finer_tail=2, min_piece=1 << 20)
+    assert [(t.start, t.stop) for t in big] == [(t.start, t.stop) for t in plain]  # (pieces under min_piece: none)
+    seen = []
+    real = chunk_tasks.plan_chunks
+
+    def planned(*args, **kwargs):
+        seen.append(kwargs.get("finer_tail"))
+        return real(*args, **kwargs)
+
+    ref = vecpack.tokenize(path, encoder=ByteEncoder(), n_jobs=1, chunk_bytes=4096, progress=False)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(corpus_mod, "plan_chunks", planned)
+        mp.setattr(corpus_mod, "LANE_MIN_BYTES", 1024)  # (this file is small: pieces of 1 KiB or more)
+        mp.setattr(corpus_mod, "_chunk_bytes", lambda sources, n_jobs: 8192)
+        got = vecpack.tokenize(path, encoder=ByteEncoder(), n_jobs=2, progress=False)
+    assert seen == [2] and got.stats["chunks"] > len(plain)
+    for name in ("tokens", "labels", "offsets", "row_ids"):
+        np.testing.assert_array_equal(getattr(got, name), getattr(ref, name))
 
 
 def test_one_document_per_row_in_order(data):

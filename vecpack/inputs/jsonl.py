@@ -52,7 +52,7 @@ from vecpack.errors import InputError
 from vecpack.inputs.base import BOM, BadRecord, Reader, json_type, to_record
 from vecpack.options import cache_root
 
-__all__ = ["BLOCK_ROWS", "JSON_ARRAY_READER", "READER", "count_newlines", "index"]
+__all__ = ["BLOCK_ROWS", "JSON_ARRAY_READER", "READER", "count_newlines", "index", "split_lines"]
 
 
 BLOCK_ROWS = 64                      # rows per streaming shuffle block
@@ -78,6 +78,26 @@ def aligned(f, pos: int, size: int) -> int:
         i = block.find(b"\n")
         if i >= 0:
             return min(size, f.tell() - len(block) + i + 1)
+
+
+def split_lines(path: str, start: int, stop: int, n: int) -> list[tuple[int, int]]:
+    """``[start, stop)`` of a JSON Lines file (``start`` a line's start) as at most ``n`` ranges of whole
+    lines, about equal in bytes (fewer where a line spans a cut point).
+
+    >>> import tempfile, os
+    >>> p = os.path.join(tempfile.mkdtemp(), "f.jsonl")
+    >>> _ = open(p, "wb").write(b"a\\nbb\\nccc\\nd\\n")
+    >>> split_lines(p, 0, 11, 3), split_lines(p, 2, 11, 9)
+    ([(0, 5), (5, 9), (9, 11)], [(2, 5), (5, 9), (9, 11)])
+    """
+    bounds = [start]
+    with open(path, "rb") as f:
+        for k in range(1, n):
+            b = aligned(f, start + (stop - start) * k // n, stop)
+            if bounds[-1] < b < stop:
+                bounds.append(b)
+    bounds.append(stop)
+    return list(zip(bounds[:-1], bounds[1:]))
 
 
 def count_newlines(path: str, stop: int, start: int = 0) -> int:

@@ -46,7 +46,7 @@ from vecpack.tokenizing.backend import (
 )
 from vecpack.tokenizing.encoder import encoder_for, remember
 from vecpack.tokenizing.exec import fork_refusal, fork_will_wait, forked_workers, prepare
-from vecpack.tokenizing.lane import expect_bytes
+from vecpack.tokenizing.lane import LANE_MIN_BYTES, expect_bytes
 from vecpack.tokenizing.merge import ChunkMerger
 from vecpack.tokenizing.pairs import PairEncoder
 from vecpack.tokenizing.runtime import built_runtime, forget_runtime, runtime
@@ -285,7 +285,9 @@ def _tokenize(call: _Call, feed) -> Tokenized:
     if feed is not None:   # compressed inputs: tasks as their text is decompressed
         tasks, many = feed, estimate > 2.5 * chunk_bytes   # (the pool was warmed for many)
     else:
-        tasks = plan_chunks(sources, chunk_bytes=chunk_bytes)
+        tasks = plan_chunks(sources, chunk_bytes=chunk_bytes,  # (its last tasks short: the workers end together;
+                            finer_tail=n_jobs if call.pool and call.run.chunk_bytes is None else 0,  # in the lane)
+                            min_piece=LANE_MIN_BYTES)
         many = len(tasks) > 1
         if call.pool and many and getattr(encoder, "pool", None) is None:  # (a forked pool is up already)
             # one task runs here: starting workers would only take CPU from it

@@ -57,7 +57,7 @@ import numpy as np
 
 from vecpack.errors import EncoderError, InputError
 from vecpack.inputs.compressed import Unpacking
-from vecpack.inputs.jsonl import aligned
+from vecpack.inputs.jsonl import aligned, split_lines
 from vecpack.inputs.readers import locate, reader, split_source
 from vecpack.inputs.sources import InputFile, resolve_sources
 
@@ -148,13 +148,21 @@ def default_chunk_bytes(total_bytes: int, n_jobs: int) -> int:
     return int(min(8 << 20, max(256 << 10, total_bytes // max(1, 16 * n_jobs))))
 
 
-def plan_chunks(sources, *, chunk_bytes: int = 4 << 20) -> list[ChunkTask]:
+#: Pieces each of a call's last ranges is cut into (:func:`plan_chunks`' ``finer_tail``).
+TAIL_PIECES = 4
+
+
+def plan_chunks(sources, *, chunk_bytes: int = 4 << 20, finer_tail: int = 0, min_piece: int = 1) -> list[ChunkTask]:
     """Cut inputs into :class:`ChunkTask` ranges of about ``chunk_bytes``, in input order.
 
     Args:
         sources: :class:`vecpack.inputs.sources.InputFile` list (see
             :func:`vecpack.inputs.sources.resolve_sources`), or ``data_files``.
         chunk_bytes: target bytes per range. The result never depends on it.
+        finer_tail: the last input's last ``finer_tail`` ranges are cut in up to
+            :data:`TAIL_PIECES` of at least ``min_piece`` bytes (JSON Lines): the
+            tasks that end a call are short, so its workers end it together (give
+            the number of workers). The result does not depend on it either.
     """
     if not (isinstance(sources, list) and all(isinstance(s, InputFile) for s in sources)):
         sources = resolve_sources(sources)
@@ -167,6 +175,10 @@ def plan_chunks(sources, *, chunk_bytes: int = 4 << 20) -> list[ChunkTask]:
             if not src.label:
                 raise
             raise InputError(e.reason, file=src.label, line=e.line, row=e.row) from None
+        if finer_tail > 0 and si == len(sources) - 1 and src.kind == "jsonl":
+            ranges = ranges[:-finer_tail] + [
+                (a, b, None) for start, stop, _ in ranges[-finer_tail:]
+                for a, b in split_lines(src.name, start, stop, min(TAIL_PIECES, (stop - start) // min_piece))]
         for start, stop, first_row in ranges:
             payload = r.task_payload(src, start, stop)
             first_line = 1 if (r.text and start == 0) else None
