@@ -285,9 +285,10 @@ def _tokenize(call: _Call, feed) -> Tokenized:
     if feed is not None:   # compressed inputs: tasks as their text is decompressed
         tasks, many = feed, estimate > 2.5 * chunk_bytes   # (the pool was warmed for many)
     else:
-        tasks = plan_chunks(sources, chunk_bytes=chunk_bytes,  # (its last tasks short: the workers end together;
-                            finer_tail=n_jobs if call.pool and call.run.chunk_bytes is None else 0,  # in the lane)
-                            min_piece=LANE_MIN_BYTES)
+        # its last tasks short, so the workers end together (each still in the lane, where rows take it)
+        tasks = plan_chunks(sources, chunk_bytes=chunk_bytes,
+                            finer_tail=n_jobs if call.pool and call.run.chunk_bytes is None else 0,
+                            min_piece=1 if call.dense else LANE_MIN_BYTES)
         many = len(tasks) > 1
         if call.pool and many and getattr(encoder, "pool", None) is None:  # (a forked pool is up already)
             # one task runs here: starting workers would only take CPU from it
