@@ -130,10 +130,8 @@ def _derive_classes() -> np.ndarray:
 
 def class_table() -> np.ndarray:
     """``[classes, fold]`` per code point (:func:`_derive_classes`), memoised under
-    ``$VECPACK_CACHE/bpe`` per version of the ``regex`` module (its Unicode tables)."""
-    import regex
-
-    memo = cache_root() / "bpe" / f"classes-{regex.__version__}-{RANGES[-1][1]:x}.pkl"
+    ``$VECPACK_CACHE/bpe`` per version of the ``regex`` module (its Unicode tables: :func:`_regex_version`)."""
+    memo = cache_root() / "bpe" / f"classes-{_regex_version()}-{RANGES[-1][1]:x}.pkl"
     both = read_memo(memo, lambda o: type(o) is np.ndarray and o.shape == (2, RANGES[-1][1] + 1))
     if both is MISSING:
         both = _derive_classes()
